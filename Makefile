@@ -1,0 +1,26 @@
+# `make demo` and `make test` each work alone on a fresh clone with Python 3.10+ and pip.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PACKAGES := -e '.[test]' -e backends/cpu_ref
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml backends/cpu_ref/pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt $(PACKAGES)
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/hetero backends
+	$(BIN)/hetero explain cpu_ref
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest benchmarks --benchmark-only
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,134 @@
+"""The ``hetero`` command: backends | explain (more subcommands join as they land)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from hetero.errors import BackendNotFound
+from hetero.ops import BACKEND
+from hetero.registry import Registry, default_registry
+from hetero.spec import OP_NAMES, SPEC_VERSION
+
+__all__ = ["main", "backends_report", "explain_report"]
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def backends_report(registry: Registry) -> list[dict[str, Any]]:
+    """One row per known backend: package, version, device, status, reason and op counts."""
+    rows = []
+    for name in registry.names():
+        entry = registry.backends[name]
+        ops, avail = registry.inspect(name)
+        status = entry.status if entry.status != "ok" else ("available" if avail.ok else "unavailable")
+        info = ops.explain() if ops is not None else {}
+        native = [op for op, i in info.items() if i.origin == BACKEND or i.origin.startswith("override")]
+        rows.append({
+            "name": name,
+            "plugin": entry.plugin,
+            "package": registry.plugins[entry.plugin].dist if entry.plugin in registry.plugins else "",
+            "version": entry.version,
+            "status": status,
+            "reason": avail.reason if not avail.ok or avail.reason else "",
+            "device": avail.device_name if avail.ok else "",
+            "priority": entry.cls.priority if entry.cls is not None else None,
+            "native_ops": native,
+            "fallback_ops": [op for op in info if op not in native],
+            "warnings": list(entry.warnings),
+        })
+    return rows
+
+
+def explain_report(registry: Registry, name: str) -> dict[str, Any]:
+    """Per op of ``name``: implementation, origin (backend, override:<plugin>, fallback) and reasons."""
+    entry = registry.entry(name)
+    ops, avail = registry.inspect(name)
+    return {
+        "backend": name,
+        "spec_version": SPEC_VERSION,
+        "backend_spec_version": getattr(entry.cls, "spec_version", None),
+        "version": entry.version,
+        "status": entry.status if entry.status != "ok" else ("available" if avail.ok else "unavailable"),
+        "reason": avail.reason,
+        "device": avail.device_name,
+        "details": {k: str(v) for k, v in dict(avail.details).items()},
+        "ops": [i.as_dict() for i in ops.explain().values()] if ops is not None else [],
+    }
+
+
+def _status_style(status: str) -> str:
+    return {"available": "green", "unavailable": "yellow"}.get(status, "red")
+
+
+def _print_backends(console: Console, rows: list[dict[str, Any]]) -> None:
+    table = Table(title=f"hetero backends (spec {SPEC_VERSION})")
+    for col in ("name", "package", "device", "status", "native/fallback", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        ops = f"{len(r['native_ops'])}/{len(r['fallback_ops'])}" if r["native_ops"] or r["fallback_ops"] else "-"
+        style = _status_style(r["status"])
+        table.add_row(r["name"], f"{r['package']} {r['version']}", r["device"] or "-", f"[{style}]{r['status']}[/]", ops, r["reason"])
+    console.print(table)
+
+
+def _print_explain(console: Console, report: dict[str, Any]) -> None:
+    style = _status_style(report["status"])
+    head = f"[bold]{report['backend']}[/] {report['version']}: [{style}]{report['status']}[/]"
+    console.print(head + (f" on {report['device']}" if report["device"] else "") + (f" ({report['reason']})" if report["reason"] else ""))
+    table = Table(show_header=True)
+    for col in ("op", "origin", "implementation", "reasons"):
+        table.add_column(col, overflow="fold")
+    for op in report["ops"]:
+        origin_style = "green" if op["origin"] == BACKEND or op["origin"].startswith("override") else "yellow"
+        table.add_row(op["op"], f"[{origin_style}]{op['origin']}[/]", op["implementation"], "; ".join(op["reasons"]))
+    console.print(table)
+
+
+def _cmd_backends(args: argparse.Namespace, registry: Registry, console: Console) -> int:
+    rows = backends_report(registry)
+    if args.json:
+        print(json.dumps({"spec_version": SPEC_VERSION, "backends": rows}, indent=2))
+    else:
+        _print_backends(console, rows)
+    return EXIT_OK
+
+
+def _cmd_explain(args: argparse.Namespace, registry: Registry, console: Console) -> int:
+    report = explain_report(registry, args.name)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_explain(console, report)
+    return EXIT_OK if report["status"] in ("available", "unavailable") else EXIT_FAIL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hetero", description="hardware-neutral LLM inference operators")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("backends", help="list installed backends, their status and op coverage")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_cmd_backends)
+    p = sub.add_parser("explain", help=f"per op of a backend ({len(OP_NAMES)} ops): implementation, origin, reasons")
+    p.add_argument("name", help="backend name, e.g. cpu_ref")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_cmd_explain)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console()
+    try:
+        return args.func(args, registry or default_registry(), console)
+    except BackendNotFound as e:
+        Console(stderr=True).print(f"[red]hetero {args.command}:[/] {e}", highlight=False)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

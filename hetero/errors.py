@@ -1,0 +1,53 @@
+"""Exceptions raised by hetero. Every message names what failed and why."""
+from __future__ import annotations
+
+__all__ = [
+    "HeteroError",
+    "OpError",
+    "BackendNotFound",
+    "BackendUnavailable",
+    "BackendIncompatible",
+    "OpNotAvailable",
+]
+
+
+class HeteroError(Exception):
+    """Base class of every error hetero raises on purpose."""
+
+
+class OpError(HeteroError, ValueError):
+    """Bad input to an operator: names the op, the argument, what was expected and what came."""
+
+    def __init__(self, op: str, arg: str, expected: str, got: str):
+        self.op, self.arg, self.expected, self.got = op, arg, expected, got
+        super().__init__(f"{op}: argument '{arg}': expected {expected}, got {got}")
+
+
+class BackendNotFound(HeteroError, LookupError):
+    """No backend of that name is registered."""
+
+    def __init__(self, name: str, known: list[str], closest: str | None):
+        self.name, self.known, self.closest = name, known, closest
+        hint = f"; did you mean '{closest}'?" if closest else ""
+        known_s = ", ".join(known) if known else "none (no hetero backend package is installed)"
+        super().__init__(f"unknown hetero backend '{name}'{hint} Known backends: {known_s}")
+
+
+class BackendUnavailable(HeteroError, RuntimeError):
+    """The backend exists but cannot run here (its probe said why), or its plugin is broken."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+        super().__init__(f"hetero backend '{name}' is unavailable: {reason}")
+
+
+class BackendIncompatible(BackendUnavailable):
+    """The backend implements a spec major version other than this hetero's."""
+
+
+class OpNotAvailable(HeteroError, NotImplementedError):
+    """An op the backend does not implement natively, asked for with strict=True or unsupported."""
+
+    def __init__(self, backend: str, op: str, reason: str):
+        self.backend, self.op, self.reason = backend, op, reason
+        super().__init__(f"{op}: not available natively on backend '{backend}': {reason}")

@@ -1,0 +1,139 @@
+"""Ops: the resolved op table an engine calls. One attribute per op, no dispatch per call."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hetero.backend import Backend
+from hetero.errors import OpNotAvailable
+from hetero.spec import OP_NAMES, OPS
+
+__all__ = ["Ops", "OpInfo", "Binding"]
+
+BACKEND, FALLBACK, MISSING = "backend", "fallback", "missing"
+
+
+@dataclass
+class OpInfo:
+    """How one op is served: the callable's qualified name, its origin and every reason recorded."""
+
+    op: str
+    implementation: str
+    origin: str  # "backend", "override:<plugin>", "fallback" or "missing"
+    reasons: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "implementation": self.implementation, "origin": self.origin, "reasons": list(self.reasons)}
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A candidate implementation of an op: the callable, where it came from, and its own supports()."""
+
+    fn: Callable
+    origin: str
+    supports: Callable[..., str | None] | None = None
+
+
+def _qualname(fn: Callable) -> str:
+    fn = getattr(fn, "__func__", fn)
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _refusal(backend: str, op: str, reason: str) -> Callable:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise OpNotAvailable(backend, op, reason)
+
+    refuse.__qualname__ = f"refuse[{op}]"
+    return refuse
+
+
+class Ops:
+    """The op table of one backend on one device: ``ops.gemm(a, b)`` is a plain Python call.
+
+    Each op attribute is the native implementation (or an override from another
+    plugin); an op the backend lacks is the reference's, reported as fallback, or,
+    with ``strict=True``, a callable that raises OpNotAvailable.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        reference: Backend | None,
+        overrides: dict[str, Binding],
+        *,
+        strict: bool = False,
+    ):
+        self.backend = backend
+        self.reference = reference
+        self.strict = strict
+        self._native: dict[str, Binding] = {}
+        self._info: dict[str, OpInfo] = {}
+        native = set(type(backend).native_ops())
+        for op in OP_NAMES:
+            if op in overrides:
+                binding = overrides[op]
+            elif op in native:
+                binding = Binding(getattr(backend, op), BACKEND, lambda op=op, **s: backend.supports(op, **s))
+            else:
+                binding = None
+            if binding is None:
+                self._bind_fallback(op, f"not implemented by backend '{backend.name}'")
+            else:
+                self._native[op] = binding
+                setattr(self, op, binding.fn)
+                self._info[op] = OpInfo(op, _qualname(binding.fn), binding.origin)
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def device(self):
+        return self.backend.device
+
+    def _note(self, op: str, reason: str) -> None:
+        reasons = self._info[op].reasons
+        if reason not in reasons:
+            reasons.append(reason)
+
+    def _bind_fallback(self, op: str, reason: str) -> None:
+        self._info[op] = OpInfo(op, "", FALLBACK if self.reference is not None else MISSING, [reason])
+        if self.reference is None:
+            fn = _refusal(self.backend.name, op, f"{reason}, and the reference backend is not installed")
+        elif self.strict:
+            fn = _refusal(self.backend.name, op, f"{reason} (strict=True refuses the reference fallback)")
+        else:
+            fn = getattr(self.reference, op)
+        setattr(self, op, fn)
+        self._info[op].implementation = _qualname(fn)
+
+    def resolve(self, op: str, **static: Any) -> Callable:
+        """The implementation to use for ``op`` in a static configuration (dtype=..., head_dim=...).
+
+        Asks the implementation's ``supports`` once; when it declines, returns the
+        reference (recording the reason, shown by ``explain``), or raises
+        OpNotAvailable under ``strict=True``. Call it at layer init, not per step.
+        """
+        if op not in OPS:
+            raise OpNotAvailable(self.backend.name, op, f"'{op}' is not an op of the spec; ops: {', '.join(OP_NAMES)}")
+        binding = self._native.get(op)
+        if binding is None:
+            return getattr(self, op)
+        reason = binding.supports(**static) if binding.supports is not None else None
+        if reason is None:
+            return binding.fn
+        detail = ", ".join(f"{k}={v}" for k, v in sorted(static.items()))
+        reason = f"{binding.origin} declined ({detail}): {reason}"
+        self._note(op, reason)
+        if self.strict or self.reference is None:
+            raise OpNotAvailable(self.backend.name, op, reason)
+        return getattr(self.reference, op)
+
+    def explain(self) -> dict[str, OpInfo]:
+        """Per op: the implementation, its origin and the reasons recorded so far."""
+        return {op: OpInfo(i.op, i.implementation, i.origin, list(i.reasons)) for op, i in self._info.items()}
+
+    def __repr__(self) -> str:
+        fallback = sum(1 for i in self._info.values() if i.origin != BACKEND and not i.origin.startswith("override"))
+        return f"<Ops {self.backend.name!r} on {self.backend.device}: {len(OP_NAMES) - fallback} native, {fallback} fallback>"

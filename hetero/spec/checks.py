@@ -1,0 +1,141 @@
+"""Argument validation shared by every backend: each failure is an OpError naming the op,
+the argument, what was expected and what came.
+
+The metadata checks read tensors on the host; a backend calls them where a
+host sync is acceptable (the reference always does).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from hetero.errors import OpError
+from hetero.spec.types import AttentionMeta
+
+__all__ = [
+    "expect",
+    "check_tensor",
+    "check_same_device",
+    "check_meta",
+    "check_slot_mapping",
+    "check_cu_seqlens",
+    "check_group_ends",
+    "check_ids",
+]
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _names(dtypes: Iterable[torch.dtype]) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def expect(cond: bool, op: str, arg: str, expected: str, got: object) -> None:
+    """Raise OpError(op, arg, expected, got) unless cond holds."""
+    if not cond:
+        raise OpError(op, arg, expected, str(got))
+
+
+def check_tensor(
+    op: str,
+    arg: str,
+    x: object,
+    *,
+    ndim: int | None = None,
+    dtypes: Sequence[torch.dtype] | None = None,
+    shape: Sequence[int | None] | None = None,
+) -> torch.Tensor:
+    """Check that x is a tensor of the given rank, dtype and shape (None in shape = any size)."""
+    expect(isinstance(x, torch.Tensor), op, arg, "a torch.Tensor", type(x).__name__)
+    assert isinstance(x, torch.Tensor)
+    if shape is not None:
+        ndim = len(shape)
+    if ndim is not None:
+        expect(x.ndim == ndim, op, arg, f"a {ndim}-D tensor", f"shape {tuple(x.shape)}")
+    if shape is not None:
+        ok = all(want is None or want == have for want, have in zip(shape, x.shape))
+        want_s = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        expect(ok, op, arg, f"shape {want_s}", f"shape {list(x.shape)}")
+    if dtypes is not None:
+        expect(x.dtype in dtypes, op, arg, f"dtype {_names(dtypes)}", str(x.dtype).replace("torch.", ""))
+    return x
+
+
+def check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
+    """All given tensors (None ones skipped) live on one device."""
+    items = [(k, v) for k, v in tensors.items() if v is not None]
+    if not items:
+        return
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        expect(t.device == first.device, op, name, f"device {first.device} (that of '{first_name}')", t.device)
+
+
+def check_cu_seqlens(op: str, arg: str, cu: torch.Tensor, total: int, batch: int | None = None) -> list[int]:
+    """A cumulative [B+1] index tensor from 0 to total, non-decreasing; returns it as a host list."""
+    check_tensor(op, arg, cu, ndim=1, dtypes=INDEX_DTYPES)
+    if batch is not None:
+        expect(cu.shape[0] == batch + 1, op, arg, f"{batch + 1} entries (B+1)", f"{cu.shape[0]}")
+    vals = cu.tolist()
+    expect(len(vals) >= 1 and vals[0] == 0, op, arg, "first entry 0", vals[:1])
+    bad = next((i for i in range(1, len(vals)) if vals[i] < vals[i - 1]), None)
+    expect(bad is None, op, arg, "non-decreasing values", f"{vals[bad - 1]} then {vals[bad]} at index {bad}" if bad else "")
+    expect(vals[-1] == total, op, arg, f"last entry equal to the token count {total}", vals[-1])
+    return vals
+
+
+def check_meta(op: str, meta: AttentionMeta, num_tokens: int, num_blocks: int, block_size: int) -> tuple[list[int], list[int], list[list[int]]]:
+    """Validate AttentionMeta against T tokens and a cache of NB blocks of BS slots.
+
+    Returns host lists (query_start_loc, seq_lens, used block ids per sequence).
+    """
+    expect(isinstance(meta, AttentionMeta), op, "meta", "an AttentionMeta", type(meta).__name__)
+    check_tensor(op, "meta.seq_lens", meta.seq_lens, ndim=1, dtypes=INDEX_DTYPES)
+    batch = meta.seq_lens.shape[0]
+    qsl = check_cu_seqlens(op, "meta.query_start_loc", meta.query_start_loc, num_tokens, batch)
+    check_tensor(op, "meta.block_table", meta.block_table, ndim=2, dtypes=INDEX_DTYPES)
+    expect(meta.block_table.shape[0] == batch, op, "meta.block_table", f"{batch} rows (one per sequence)", meta.block_table.shape[0])
+    seq_lens = meta.seq_lens.tolist()
+    table = meta.block_table.tolist()
+    blocks: list[list[int]] = []
+    for b, L in enumerate(seq_lens):
+        n = qsl[b + 1] - qsl[b]
+        expect(L >= n, op, "meta.seq_lens", f"seq_lens[{b}] >= its query length {n}", L)
+        used = -(-L // block_size)
+        expect(used <= len(table[b]), op, "meta.block_table", f"at least {used} columns for seq_lens[{b}]={L} with block size {block_size}", len(table[b]))
+        row = table[b][:used]
+        bad = next((j for j, v in enumerate(row) if not 0 <= v < num_blocks), None)
+        expect(bad is None, op, "meta.block_table", f"block ids in [0, {num_blocks})", f"{row[bad]} at [{b}, {bad}]" if bad is not None else "")
+        blocks.append(row)
+    expect(meta.max_query_len >= max((qsl[b + 1] - qsl[b] for b in range(batch)), default=0), op, "meta.max_query_len", "at least the longest query", meta.max_query_len)
+    expect(meta.max_seq_len >= max(seq_lens, default=0), op, "meta.max_seq_len", "at least the longest sequence", meta.max_seq_len)
+    return qsl, seq_lens, blocks
+
+
+def check_slot_mapping(op: str, slot_mapping: torch.Tensor, num_tokens: int, num_slots: int) -> None:
+    """int64 [T] with every entry in [-1, NB*BS)."""
+    check_tensor(op, "slot_mapping", slot_mapping, shape=(num_tokens,), dtypes=(torch.int64,))
+    if num_tokens:
+        lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
+        expect(lo >= -1 and hi < num_slots, op, "slot_mapping", f"slots in [-1, {num_slots})", f"values in [{lo}, {hi}]")
+
+
+def check_group_ends(op: str, group_ends: torch.Tensor, groups: int, rows: int) -> list[int]:
+    """int32 [G], non-decreasing, within [0, M]; returns it as a host list."""
+    check_tensor(op, "group_ends", group_ends, shape=(groups,), dtypes=INDEX_DTYPES)
+    vals = group_ends.tolist()
+    bad = next((g for g in range(len(vals)) if vals[g] < (vals[g - 1] if g else 0)), None)
+    expect(bad is None, op, "group_ends", "non-decreasing values >= 0", f"{vals[bad]} at index {bad}" if bad is not None else "")
+    expect(not vals or vals[-1] <= rows, op, "group_ends", f"values <= the row count {rows}", vals[-1] if vals else "")
+    return vals
+
+
+def check_ids(op: str, ids: torch.Tensor, rows: int, num_experts: int) -> int:
+    """Expert ids int32 [M, k] in [0, E); returns k."""
+    check_tensor(op, "ids", ids, ndim=2, dtypes=INDEX_DTYPES)
+    expect(ids.shape[0] == rows, op, "ids", f"{rows} rows (one per token)", ids.shape[0])
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        expect(lo >= 0 and hi < num_experts, op, "ids", f"expert ids in [0, {num_experts})", f"values in [{lo}, {hi}]")
+    return ids.shape[1]

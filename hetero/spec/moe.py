@@ -1,0 +1,97 @@
+"""Mixture-of-experts operators: routing, permutation by expert, and the fused expert MLP.
+
+M tokens, hidden size H, E experts of intermediate size I, top-k slots per token.
+Expert ids are int32; routing weights are float32.
+"""
+from __future__ import annotations
+
+import torch
+
+from hetero.spec._op import spec_op
+
+__all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe", "SCORING", "ACTIVATIONS"]
+
+SCORING = ("softmax", "sigmoid")
+ACTIVATIONS = ("silu",)
+
+
+@spec_op()
+def route(
+    router_logits: torch.Tensor,
+    *,
+    top_k: int,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    n_group: int = 1,
+    topk_group: int = 1,
+    correction_bias: torch.Tensor | None = None,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick each token's top-k experts and their weights.
+
+    router_logits [M, E], any floating dtype (computed in float32 or wider).
+
+    1. ``scores = softmax(logits)`` or ``sigmoid(logits)`` (``scoring``).
+    2. Selection scores: ``scores + correction_bias`` (float32 [E]) when given,
+       else ``scores``. The bias only selects; it never enters a weight.
+    3. With ``n_group > 1`` (must divide E): the experts form n_group equal
+       groups; a group's score is the sum of its two largest selection scores when
+       ``correction_bias`` is given (DeepSeek-V3), else its largest score
+       (DeepSeek-V2). Only the ``topk_group`` best groups stay; the other experts'
+       selection scores become -inf.
+    4. ``ids`` = the top_k experts by selection score, in descending order.
+    5. ``weights = scores[ids]`` (unbiased), divided by their sum when
+       ``renormalize``, then multiplied by ``routed_scaling_factor``.
+
+    Qwen3-MoE: softmax, renormalize = norm_topk_prob. DeepSeek-V3: sigmoid,
+    n_group 8, topk_group 4, correction bias, renormalize, factor 2.5.
+    Returns (weights float32 [M, top_k], ids int32 [M, top_k]).
+    """
+
+
+@spec_op()
+def moe_permute(
+    x: torch.Tensor, ids: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort the (token, slot) pairs by expert so each expert's rows are contiguous.
+
+    x [M, H]; ids int32 [M, k], each in [0, num_experts). The pair (m, s) has the
+    flat index ``m * k + s``; pairs are sorted by expert id, stably (ties keep
+    flat order). Returns x_sorted [M*k, H] (row r is ``x[perm[r] // k]``),
+    group_ends int32 [num_experts] (cumulative row counts per expert, the
+    ``grouped_gemm`` form) and perm int64 [M*k] (the flat pair index of each row).
+    """
+
+
+@spec_op()
+def moe_unpermute(
+    y_sorted: torch.Tensor, perm: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Gather the expert outputs back to their tokens and sum them with the routing weights.
+
+    y_sorted [M*k, H] in the order of ``moe_permute``; perm int64 [M*k] from it;
+    weights float32 [M, k]. ``y[m] = sum_s weights[m, s] * y_sorted[r]`` where
+    ``perm[r] = m * k + s``, accumulated in float32 or wider. Returns [M, H] in
+    y_sorted's dtype.
+    """
+
+
+@spec_op()
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """The routed expert MLP of a MoE layer, summed over each token's experts.
+
+    x [M, H]; w13 [E, 2I, H] with the gate projection in rows [0, I) and the up
+    projection in rows [I, 2I); w2 [E, H, I]; weights float32 [M, k]; ids int32
+    [M, k]. ``y[m] = sum_s weights[m, s] * w2[e] @ (silu(gate_e x_m) * up_e x_m)``
+    with ``e = ids[m, s]``. Intermediate activations are rounded to x's dtype as a
+    composition of ``moe_permute``, ``grouped_gemm``, ``silu_and_mul``,
+    ``grouped_gemm`` and ``moe_unpermute`` would. Returns [M, H] in x's dtype.
+    """
