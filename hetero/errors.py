@@ -44,6 +44,10 @@ class BackendUnavailable(HeteroError, RuntimeError):
 class BackendIncompatible(BackendUnavailable):
     """The backend implements a spec major version other than this hetero's."""
 
+    def __init__(self, name: str, reason: str):
+        super().__init__(name, reason)
+        self.args = (f"hetero backend '{name}' is incompatible: {reason}",)
+
 
 class OpNotAvailable(HeteroError, NotImplementedError):
     """An op the backend does not implement natively, asked for with strict=True or unsupported."""

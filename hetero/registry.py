@@ -47,7 +47,7 @@ class Registry:
             return
         self._discovered = True
         eps = self._explicit_eps if self._explicit_eps is not None else md.entry_points(group=ENTRY_POINT_GROUP)
-        for ep in eps:
+        for ep in sorted(eps, key=lambda e: (e.name, e.value)):  # a stable order whatever sys.path holds
             self._loader.load_entry_point(ep)
 
     def register(self, plugin: object, name: str, *, version: str = "in-process") -> PluginRecord:

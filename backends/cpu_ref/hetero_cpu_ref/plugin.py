@@ -8,7 +8,10 @@ import torch
 import hetero
 from hetero.spec import SPEC_VERSION
 
-from hetero_cpu_ref import attention, gemm, layers, moe
+from hetero_cpu_ref import attention as _attention
+from hetero_cpu_ref import gemm as _gemm
+from hetero_cpu_ref import layers as _layers
+from hetero_cpu_ref import moe as _moe
 
 __all__ = ["CpuRefBackend", "hetero_backends"]
 
@@ -30,25 +33,25 @@ class CpuRefBackend(hetero.Backend):
             details={"torch": torch.__version__, "threads": torch.get_num_threads()},
         )
 
-    write_kv = staticmethod(attention.write_kv)
-    paged_attention = staticmethod(attention.paged_attention)
-    varlen_attention = staticmethod(attention.varlen_attention)
-    write_mla_kv = staticmethod(attention.write_mla_kv)
-    mla_attention = staticmethod(attention.mla_attention)
-    merge_attention = staticmethod(attention.merge_attention)
+    write_kv = staticmethod(_attention.write_kv)
+    paged_attention = staticmethod(_attention.paged_attention)
+    varlen_attention = staticmethod(_attention.varlen_attention)
+    write_mla_kv = staticmethod(_attention.write_mla_kv)
+    mla_attention = staticmethod(_attention.mla_attention)
+    merge_attention = staticmethod(_attention.merge_attention)
 
-    gemm = staticmethod(gemm.gemm)
-    scaled_gemm = staticmethod(gemm.scaled_gemm)
-    grouped_gemm = staticmethod(gemm.grouped_gemm)
+    gemm = staticmethod(_gemm.gemm)
+    scaled_gemm = staticmethod(_gemm.scaled_gemm)
+    grouped_gemm = staticmethod(_gemm.grouped_gemm)
 
-    route = staticmethod(moe.route)
-    moe_permute = staticmethod(moe.moe_permute)
-    moe_unpermute = staticmethod(moe.moe_unpermute)
-    fused_moe = staticmethod(moe.fused_moe)
+    route = staticmethod(_moe.route)
+    moe_permute = staticmethod(_moe.moe_permute)
+    moe_unpermute = staticmethod(_moe.moe_unpermute)
+    fused_moe = staticmethod(_moe.fused_moe)
 
-    rms_norm = staticmethod(layers.rms_norm)
-    rotary_embedding = staticmethod(layers.rotary_embedding)
-    silu_and_mul = staticmethod(layers.silu_and_mul)
+    rms_norm = staticmethod(_layers.rms_norm)
+    rotary_embedding = staticmethod(_layers.rotary_embedding)
+    silu_and_mul = staticmethod(_layers.silu_and_mul)
 
 
 @hetero.hookimpl

@@ -1,0 +1,46 @@
+"""Fixtures that make real plugin distributions on disk (importlib.metadata finds them on sys.path)."""
+from __future__ import annotations
+
+import importlib
+import itertools
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+_counter = itertools.count()
+
+
+class DistMaker:
+    """Writes `<site>/<pkg>/plugin.py` and `<site>/<dist>-<ver>.dist-info` with a hetero.backends entry point."""
+
+    def __init__(self, site: Path):
+        self.site = site
+        self.packages: list[str] = []
+
+    def __call__(self, ep_name: str, plugin_source: str, *, version: str = "0.3.1") -> str:
+        pkg = f"hetero_testplugin_{ep_name.replace('-', '_')}_{next(_counter)}"
+        dist = pkg.replace("_", "-")
+        (self.site / pkg).mkdir(parents=True)
+        (self.site / pkg / "__init__.py").write_text("")
+        (self.site / pkg / "plugin.py").write_text(textwrap.dedent(plugin_source))
+        info = self.site / f"{pkg}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text(f"[hetero.backends]\n{ep_name} = {pkg}.plugin\n")
+        self.packages.append(pkg)
+        importlib.invalidate_caches()
+        return dist
+
+
+@pytest.fixture
+def make_dist(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    maker = DistMaker(site)
+    yield maker
+    for pkg in maker.packages:
+        for mod in [m for m in sys.modules if m == pkg or m.startswith(pkg + ".")]:
+            del sys.modules[mod]
