@@ -1,0 +1,120 @@
+"""Reference glue ops: RMS normalization, rotary embedding, gated SiLU.
+
+Plain PyTorch on whatever device the inputs live on. Each op computes in
+float32 (float64 when any input is float64) and rounds once to the input's
+dtype; inputs are never modified.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+
+from hetero.spec.checks import check_same_device, check_tensor, expect
+
+from hetero_cpu_ref._util import acc_dtype, up
+
+__all__ = ["rms_norm", "rotary_embedding", "silu_and_mul"]
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_at_least_1d(op: str, arg: str, x: object) -> torch.Tensor:
+    check_tensor(op, arg, x, dtypes=FLOAT_DTYPES)
+    assert isinstance(x, torch.Tensor)
+    expect(x.ndim >= 1, op, arg, "a tensor of at least 1 dimension", f"shape {tuple(x.shape)}")
+    return x
+
+
+def _normalize(h: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.dtype) -> torch.Tensor:
+    """rms_norm of h computed in `acc`, rounded once to h's dtype."""
+    a = up(h, acc)
+    inv_rms = torch.rsqrt(a.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (a * inv_rms * up(weight, acc)).to(h.dtype)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    op = "rms_norm"
+    _check_at_least_1d(op, "x", x)
+    hidden = x.shape[-1]
+    check_tensor(op, "weight", weight, shape=(hidden,), dtypes=FLOAT_DTYPES)
+    ok_eps = isinstance(eps, numbers.Real) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0
+    expect(ok_eps, op, "eps", "a positive finite number", repr(eps))
+    if residual is not None:
+        check_tensor(op, "residual", residual, dtypes=(x.dtype,))
+        expect(residual.shape == x.shape, op, "residual", f"shape {list(x.shape)} (that of 'x')", f"shape {list(residual.shape)}")
+    check_same_device(op, x=x, weight=weight, residual=residual)
+
+    acc = acc_dtype(x, weight, residual)
+    eps = float(eps)
+    if residual is None:
+        return _normalize(x, weight, eps, acc)
+    h = (up(x, acc) + up(residual, acc)).to(x.dtype)  # the add makes a new tensor
+    return _normalize(h, weight, eps, acc), h
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int, is_neox: bool, acc: torch.dtype) -> torch.Tensor:
+    """x [T, H, D] with its first `rot` dims rotated; cos/sin [T, 1, rot/2] in `acc`."""
+    out = x.to(acc, copy=True)
+    part = out[..., :rot]
+    half = rot // 2
+    if is_neox:
+        x1, x2 = part[..., :half], part[..., half:]
+    else:
+        x1, x2 = part[..., 0::2], part[..., 1::2]
+    new1 = x1 * cos - x2 * sin
+    new2 = x2 * cos + x1 * sin
+    x1.copy_(new1)
+    x2.copy_(new2)
+    return out.to(x.dtype)
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    *,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    op = "rotary_embedding"
+    check_tensor(op, "q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    tokens, _, head_dim = q.shape
+    check_tensor(op, "k", k, ndim=3, dtypes=FLOAT_DTYPES)
+    expect(k.shape[0] == tokens, op, "k", f"{tokens} tokens (that of 'q')", f"shape {list(k.shape)}")
+    expect(k.shape[2] == head_dim, op, "k", f"head dim {head_dim} (that of 'q')", f"shape {list(k.shape)}")
+    check_tensor(op, "positions", positions, shape=(tokens,), dtypes=(torch.int64,))
+    check_tensor(op, "cos_sin_cache", cos_sin_cache, ndim=2, dtypes=FLOAT_DTYPES)
+    max_pos, rot = cos_sin_cache.shape
+    expect(rot > 0 and rot % 2 == 0 and rot <= head_dim, op, "cos_sin_cache",
+           f"a positive even number of columns (rot) <= the head dim {head_dim}", f"shape {list(cos_sin_cache.shape)}")
+    expect(isinstance(is_neox, bool), op, "is_neox", "a bool", type(is_neox).__name__)
+    check_same_device(op, q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache)
+    if tokens:
+        lo, hi = int(positions.min()), int(positions.max())
+        expect(lo >= 0 and hi < max_pos, op, "positions", f"positions in [0, {max_pos}) (rows of 'cos_sin_cache')", f"values in [{lo}, {hi}]")
+
+    acc = acc_dtype(q, k, cos_sin_cache)
+    rows = up(cos_sin_cache.index_select(0, positions), acc)  # [T, rot]
+    half = rot // 2
+    cos = rows[:, :half].unsqueeze(1)
+    sin = rows[:, half:].unsqueeze(1)
+    return _rotate(q, cos, sin, rot, is_neox, acc), _rotate(k, cos, sin, rot, is_neox, acc)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    op = "silu_and_mul"
+    _check_at_least_1d(op, "x", x)
+    width = x.shape[-1]
+    expect(width % 2 == 0, op, "x", "an even last dimension (2I)", f"shape {list(x.shape)}")
+    a = up(x, acc_dtype(x))
+    inter = width // 2
+    return (F.silu(a[..., :inter]) * a[..., inter:]).to(x.dtype)
