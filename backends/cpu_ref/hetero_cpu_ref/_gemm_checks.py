@@ -1,0 +1,88 @@
+"""Argument validation of the reference GEMM ops (gemm, scaled_gemm, grouped_gemm).
+
+Every failure is a hetero.OpError naming the op, the argument, what was expected
+and what came.
+"""
+from __future__ import annotations
+
+import torch
+
+from hetero.spec.checks import check_tensor, expect
+from hetero.spec.gemm import SCALE_BLOCK
+from hetero.spec.types import FLOAT_DTYPES
+
+__all__ = [
+    "QUANT_DTYPES",
+    "SCALED_OUT_DTYPES",
+    "check_operands",
+    "check_out_dtype",
+    "check_bias",
+    "scale_form",
+    "blocks",
+]
+
+#: Operand dtypes of scaled_gemm: fp8 (OCP e4m3, and AMD MI300's e4m3fnuz) and int8.
+QUANT_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.int8)
+#: Output dtypes of scaled_gemm.
+SCALED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _dt(d: object) -> str:
+    return str(d).replace("torch.", "")
+
+
+def blocks(n: int) -> int:
+    """ceil(n / SCALE_BLOCK): the number of 128-blocks covering n columns or rows."""
+    return -(-n // SCALE_BLOCK)
+
+
+def check_operands(op: str, a: object, b: object, dtypes: tuple[torch.dtype, ...], b_ndim: int = 2) -> None:
+    """a [M, K] and b [..., N, K] (b_ndim dims) of one dtype from `dtypes`, on one device, K matching."""
+    check_tensor(op, "a", a, ndim=2, dtypes=dtypes)
+    check_tensor(op, "b", b, ndim=b_ndim, dtypes=dtypes)
+    assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+    expect(b.dtype == a.dtype, op, "b", f"dtype {_dt(a.dtype)} (that of 'a')", _dt(b.dtype))
+    expect(b.device == a.device, op, "b", f"device {a.device} (that of 'a')", b.device)
+    layout = "[N, K]" if b_ndim == 2 else "[G, N, K]"
+    expect(b.shape[-1] == a.shape[1], op, "b", f"shape {layout} with K = {a.shape[1]} (a's columns; b is in nn.Linear layout)", f"shape {list(b.shape)}")
+
+
+def check_out_dtype(op: str, out_dtype: object, allowed: tuple[torch.dtype, ...]) -> None:
+    expect(out_dtype in allowed, op, "out_dtype", "one of " + ", ".join(_dt(d) for d in allowed), _dt(out_dtype))
+
+
+def check_bias(op: str, bias: object, n: int, dtypes: tuple[torch.dtype, ...], device: torch.device) -> None:
+    """bias None, or [N] of one of `dtypes` on `device`."""
+    if bias is None:
+        return
+    check_tensor(op, "bias", bias, shape=(n,), dtypes=dtypes)
+    assert isinstance(bias, torch.Tensor)
+    expect(bias.device == device, op, "bias", f"device {device} (that of 'a')", bias.device)
+
+
+def scale_form(op: str, arg: str, scale: object, rows: int, block_rows: int, k: int, device: torch.device) -> str:
+    """Which form a scale of scaled_gemm has: "tensor", "row" or "block".
+
+    rows: M for a_scale, N for b_scale; block_rows: M for a_scale (one per
+    token), ceil(N/128) for b_scale (one per 128 output channels). A shape that
+    fits two forms (a_scale [M, 1] with K <= 128, say) means the same thing in both.
+    """
+    per = "token" if arg == "a_scale" else "output channel"
+    brows = "M" if arg == "a_scale" else "ceil(N/128)"
+    accepted = (
+        f"float32 of one of the forms: per tensor (shape [], [1] or [1, 1]); per {per} [{rows}, 1]; "
+        f"128-blocks [{brows}, ceil(K/128)] = [{block_rows}, {blocks(k)}]"
+    )
+    expect(isinstance(scale, torch.Tensor), op, arg, "a torch.Tensor " + accepted, type(scale).__name__)
+    assert isinstance(scale, torch.Tensor)
+    expect(scale.dtype == torch.float32, op, arg, accepted, f"dtype {_dt(scale.dtype)}")
+    expect(scale.device == device, op, arg, f"device {device} (that of 'a')", scale.device)
+    shape = tuple(scale.shape)
+    if scale.ndim <= 2 and all(s == 1 for s in shape):
+        return "tensor"
+    if shape == (rows, 1):
+        return "row"
+    if shape == (block_rows, blocks(k)):
+        return "block"
+    expect(False, op, arg, accepted, f"shape {list(shape)}")
+    return ""

@@ -1,0 +1,93 @@
+"""Argument validation of the reference MoE ops (route, moe_permute, moe_unpermute, fused_moe).
+
+Every failure is a hetero.OpError naming the op, the argument, what was expected
+and what came.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from hetero.spec.checks import check_ids, check_same_device, check_tensor, expect
+from hetero.spec.moe import ACTIVATIONS, SCORING
+from hetero.spec.types import FLOAT_DTYPES
+
+__all__ = ["WEIGHT_DTYPES", "check_int", "check_route", "check_weights", "check_perm", "check_fused_moe"]
+
+#: Routing weights: float32 (float64 in the oracle's float64 run).
+WEIGHT_DTYPES = (torch.float32, torch.float64)
+
+
+def check_int(op: str, arg: str, value: object, lo: int, hi: int | None = None, why: str = "") -> int:
+    """An integer (not a bool) in [lo, hi] (hi None = unbounded)."""
+    is_int = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    rng = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+    expect(is_int, op, arg, rng + why, repr(value))
+    expect(int(value) >= lo and (hi is None or int(value) <= hi), op, arg, rng + why, repr(value))
+    return int(value)
+
+
+def check_route(op: str, logits: object, top_k: object, scoring: object, renormalize: object, n_group: object,
+                topk_group: object, bias: object, factor: object) -> None:
+    """Validate every argument of route."""
+    check_tensor(op, "router_logits", logits, ndim=2, dtypes=FLOAT_DTYPES)
+    assert isinstance(logits, torch.Tensor)
+    experts = logits.shape[1]
+    expect(scoring in SCORING, op, "scoring", "one of " + ", ".join(repr(s) for s in SCORING), repr(scoring))
+    expect(isinstance(renormalize, bool), op, "renormalize", "a bool", repr(renormalize))
+    ok_factor = isinstance(factor, numbers.Real) and not isinstance(factor, bool) and math.isfinite(factor)
+    expect(ok_factor, op, "routed_scaling_factor", "a finite number", repr(factor))
+    groups = check_int(op, "n_group", n_group, 1)
+    expect(experts % groups == 0, op, "n_group", f"a divisor of the expert count E = {experts}", groups)
+    k = check_int(op, "top_k", top_k, 1, experts, f" (E = {experts} experts)")
+    kept = check_int(op, "topk_group", topk_group, 1, groups, f" (n_group = {groups})")
+    per_group = experts // groups
+    expect(kept * per_group >= k, op, "topk_group", f"topk_group * E/n_group >= top_k = {k} (groups of {per_group} experts)", kept)
+    if bias is None:
+        return
+    check_tensor(op, "correction_bias", bias, shape=(experts,), dtypes=FLOAT_DTYPES)
+    check_same_device(op, router_logits=logits, correction_bias=bias)
+    expect(groups == 1 or per_group >= 2, op, "n_group",
+           f"groups of at least 2 experts with correction_bias (the group score sums the top 2; E = {experts})", groups)
+
+
+def check_weights(op: str, weights: object, ids_shape: tuple[int, ...] | None) -> None:
+    """Routing weights float32 (float64 for the oracle) [M, k], k >= 1, of the shape of ids when given."""
+    check_tensor(op, "weights", weights, ndim=2, dtypes=WEIGHT_DTYPES)
+    assert isinstance(weights, torch.Tensor)
+    if ids_shape is not None:
+        expect(tuple(weights.shape) == ids_shape, op, "weights", f"shape {list(ids_shape)} (that of 'ids')", f"shape {list(weights.shape)}")
+    expect(weights.shape[1] >= 1, op, "weights", "at least one column (top_k >= 1)", f"shape {list(weights.shape)}")
+
+
+def check_perm(op: str, perm: object, rows: int) -> None:
+    """perm int64 [rows]: a permutation of range(rows), as moe_permute returns."""
+    check_tensor(op, "perm", perm, shape=(rows,), dtypes=(torch.int64,))
+    assert isinstance(perm, torch.Tensor)
+    if rows:
+        want = f"a permutation of 0..{rows - 1} (from moe_permute)"
+        lo, hi = int(perm.min()), int(perm.max())
+        expect(lo >= 0 and hi < rows, op, "perm", want, f"values in [{lo}, {hi}]")
+        expect(bool((torch.bincount(perm, minlength=rows) == 1).all()), op, "perm", want, "repeated values")
+
+
+def check_fused_moe(op: str, x: object, w13: object, w2: object, weights: object, ids: object, activation: object) -> None:
+    """Validate every argument of fused_moe."""
+    expect(activation in ACTIVATIONS, op, "activation", "one of " + ", ".join(repr(a) for a in ACTIVATIONS), repr(activation))
+    check_tensor(op, "x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    assert isinstance(x, torch.Tensor)
+    rows, hidden = x.shape
+    check_tensor(op, "w13", w13, ndim=3, dtypes=(x.dtype,))
+    assert isinstance(w13, torch.Tensor)
+    experts, two_i, _ = w13.shape
+    expect(two_i % 2 == 0 and w13.shape[2] == hidden, op, "w13", f"shape [E, 2I, H] with an even 2I and H = {hidden} (x's columns)", f"shape {list(w13.shape)}")
+    inter = two_i // 2
+    check_tensor(op, "w2", w2, shape=(experts, hidden, inter), dtypes=(x.dtype,))
+    check_tensor(op, "ids", ids)
+    check_tensor(op, "weights", weights)
+    check_same_device(op, x=x, w13=w13, w2=w2, weights=weights, ids=ids)  # before reading values
+    check_ids(op, ids, rows, experts)
+    assert isinstance(ids, torch.Tensor)
+    check_weights(op, weights, tuple(ids.shape))

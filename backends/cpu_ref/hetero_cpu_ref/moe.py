@@ -1,0 +1,120 @@
+"""Reference MoE ops: routing, permutation by expert, and the expert MLP as their composition.
+
+Plain PyTorch on whatever device the inputs live on. Routing computes in float32
+(float64 when the logits or the bias are float64) and returns float32 weights and
+int32 ids. Group-limited routing masks the dropped groups with -inf, as
+DeepSeek's reference code and vLLM do (some Hugging Face routers use 0.0, which
+differs once scores plus bias go negative).
+"""
+from __future__ import annotations
+
+import torch
+
+from hetero.spec.checks import check_ids, check_same_device, check_tensor, expect
+from hetero.spec.types import FLOAT_DTYPES
+
+from hetero_cpu_ref._moe_checks import check_fused_moe, check_int, check_perm, check_route, check_weights
+from hetero_cpu_ref._util import acc_dtype, up
+from hetero_cpu_ref.gemm import grouped_gemm
+from hetero_cpu_ref.layers import silu_and_mul
+
+__all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe"]
+
+
+def _limit_groups(select: torch.Tensor, n_group: int, topk_group: int, top2: bool) -> torch.Tensor:
+    """Selection scores with every expert outside each token's topk_group best groups at -inf.
+
+    A group's score is the sum of its two largest selection scores (top2,
+    DeepSeek-V3) or its largest one (DeepSeek-V2).
+    """
+    rows, experts = select.shape
+    grouped = select.reshape(rows, n_group, experts // n_group)
+    group_score = grouped.topk(2, dim=-1).values.sum(dim=-1) if top2 else grouped.amax(dim=-1)
+    best = group_score.topk(topk_group, dim=-1).indices
+    keep = torch.zeros(rows, n_group, dtype=torch.bool, device=select.device).scatter_(1, best, True)
+    keep = keep.repeat_interleave(experts // n_group, dim=1)
+    return select.masked_fill(~keep, float("-inf"))
+
+
+def route(
+    router_logits: torch.Tensor,
+    *,
+    top_k: int,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    n_group: int = 1,
+    topk_group: int = 1,
+    correction_bias: torch.Tensor | None = None,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    op = "route"
+    check_route(op, router_logits, top_k, scoring, renormalize, n_group, topk_group, correction_bias, routed_scaling_factor)
+
+    acc = acc_dtype(router_logits, correction_bias)
+    logits = up(router_logits, acc)
+    scores = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
+    select = scores if correction_bias is None else scores + up(correction_bias, acc)
+    if n_group > 1:
+        select = _limit_groups(select, n_group, topk_group, top2=correction_bias is not None)
+    ids = select.topk(top_k, dim=-1, sorted=True).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    weights = weights * routed_scaling_factor
+    return weights.float(), ids.to(torch.int32)
+
+
+def moe_permute(
+    x: torch.Tensor, ids: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    op = "moe_permute"
+    check_tensor(op, "x", x, ndim=2)
+    experts = check_int(op, "num_experts", num_experts, 1)
+    check_tensor(op, "ids", ids)
+    check_same_device(op, x=x, ids=ids)  # before reading its values
+    k = check_ids(op, ids, x.shape[0], experts)
+    expect(k >= 1, op, "ids", "at least one column (top_k >= 1)", f"shape {list(ids.shape)}")
+
+    flat = ids.reshape(-1).long()  # pair (m, s) sits at m * k + s
+    perm = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=experts)
+    group_ends = counts.cumsum(0).to(torch.int32)
+    return x[perm // k], group_ends, perm
+
+
+def moe_unpermute(
+    y_sorted: torch.Tensor, perm: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    op = "moe_unpermute"
+    check_tensor(op, "y_sorted", y_sorted, ndim=2, dtypes=FLOAT_DTYPES)
+    check_weights(op, weights, None)
+    rows, k = weights.shape
+    check_tensor(op, "y_sorted", y_sorted, shape=(rows * k, None))
+    check_tensor(op, "perm", perm)
+    check_same_device(op, y_sorted=y_sorted, perm=perm, weights=weights)  # before reading its values
+    check_perm(op, perm, rows * k)
+
+    acc = acc_dtype(y_sorted, weights)
+    pair_weight = up(weights, acc).reshape(-1)[perm]  # the weight of each sorted row
+    out = torch.zeros(rows, y_sorted.shape[1], dtype=acc, device=y_sorted.device)
+    out.index_add_(0, perm // k, up(y_sorted, acc) * pair_weight.unsqueeze(1))
+    return out.to(y_sorted.dtype)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+) -> torch.Tensor:
+    op = "fused_moe"
+    check_fused_moe(op, x, w13, w2, weights, ids, activation)
+
+    x_sorted, group_ends, perm = moe_permute(x, ids, w13.shape[0])
+    gate_up = grouped_gemm(x_sorted, w13, group_ends)  # [M*k, 2I] in x's dtype
+    hidden = silu_and_mul(gate_up)  # [M*k, I]
+    y_sorted = grouped_gemm(hidden, w2, group_ends)  # [M*k, H]
+    return moe_unpermute(y_sorted, perm, weights)
