@@ -108,6 +108,18 @@ class Ops:
         setattr(self, op, fn)
         self._info[op].implementation = _qualname(fn)
 
+    def native(self, op: str, **static: Any) -> tuple[Binding | None, str | None]:
+        """The native (backend or override) binding of ``op`` and, when its ``supports``
+        declines this static configuration, the reason; (None, why) when the op is
+        not native at all. Records nothing: conformance asks this per case."""
+        if op not in OPS:
+            raise OpNotAvailable(self.backend.name, op, f"'{op}' is not an op of the spec; ops: {', '.join(OP_NAMES)}")
+        binding = self._native.get(op)
+        if binding is None:
+            return None, self._info[op].reasons[0]
+        reason = binding.supports(**static) if binding.supports is not None else None
+        return binding, reason
+
     def resolve(self, op: str, **static: Any) -> Callable:
         """The implementation to use for ``op`` in a static configuration (dtype=..., head_dim=...).
 
@@ -115,12 +127,9 @@ class Ops:
         reference (recording the reason, shown by ``explain``), or raises
         OpNotAvailable under ``strict=True``. Call it at layer init, not per step.
         """
-        if op not in OPS:
-            raise OpNotAvailable(self.backend.name, op, f"'{op}' is not an op of the spec; ops: {', '.join(OP_NAMES)}")
-        binding = self._native.get(op)
+        binding, reason = self.native(op, **static)
         if binding is None:
             return getattr(self, op)
-        reason = binding.supports(**static) if binding.supports is not None else None
         if reason is None:
             return binding.fn
         detail = ", ".join(f"{k}={v}" for k, v in sorted(static.items()))
