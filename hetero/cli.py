@@ -1,4 +1,4 @@
-"""The ``hetero`` command: backends | explain (more subcommands join as they land)."""
+"""The ``hetero`` command: backends | explain | conformance (more subcommands join as they land)."""
 from __future__ import annotations
 
 import argparse
@@ -117,7 +117,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="backend name, e.g. cpu_ref")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_explain)
+    _add_conformance(sub)
     return parser
+
+
+def _cmd_conformance_missing(args: argparse.Namespace, registry: Registry, console: Console) -> int:
+    Console(stderr=True).print("hetero conformance: install hetero-conformance (pip install hetero-conformance)", highlight=False)
+    return EXIT_USAGE
+
+
+def _add_conformance(sub: Any) -> None:
+    """The `conformance` subcommand comes from hetero_conformance, when it is installed."""
+    try:
+        from hetero_conformance.cli import add_parser
+    except ModuleNotFoundError as e:
+        if e.name is None or not e.name.startswith("hetero_conformance"):
+            raise
+        p = sub.add_parser("conformance", help="check a backend against the reference (needs hetero-conformance)", add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_cmd_conformance_missing)
+        return
+    add_parser(sub)
 
 
 def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None) -> int:

@@ -1,0 +1,26 @@
+"""hetero-conformance: proves a backend computes the same functions as the float64 reference.
+
+Imports are lazy: the pytest plugin entry point loads this package in every
+pytest run of an environment, and must cost nothing there.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["Case", "CaseResult", "Runner", "catalog"]
+
+_LAZY = {
+    "Case": "hetero_conformance.case",
+    "CaseResult": "hetero_conformance.runner",
+    "Runner": "hetero_conformance.runner",
+    "catalog": "hetero_conformance.cases",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hetero_conformance' has no attribute {name!r}")

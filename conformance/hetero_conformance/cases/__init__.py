@@ -1,0 +1,20 @@
+"""The case catalog: every op of the spec on real-model shapes and edge cases, per dtype."""
+from __future__ import annotations
+
+from hetero_conformance.case import Case
+from hetero_conformance.cases import attention, gemm, layers, moe
+
+__all__ = ["catalog"]
+
+_FAMILIES = (attention, gemm, moe, layers)
+
+
+def catalog(*, quick: bool = False) -> list[Case]:
+    """All cases (the full tier), or only those marked quick (the CI tier)."""
+    cases = [c for family in _FAMILIES for c in family.cases()]
+    seen: set[str] = set()
+    for c in cases:
+        if c.id in seen:
+            raise ValueError(f"duplicate conformance case id {c.id}")
+        seen.add(c.id)
+    return [c for c in cases if c.quick] if quick else cases

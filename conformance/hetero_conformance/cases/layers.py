@@ -1,0 +1,75 @@
+"""Cases of the glue ops: rms_norm (with and without the residual), rotary_embedding, silu_and_mul."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hetero_conformance.case import Case
+from hetero_conformance.cases._draw import randn
+from hetero_conformance.shapes import MODELS
+
+__all__ = ["cases"]
+
+FLOATS = ("float32", "float16", "bfloat16")
+
+
+def _rms(tokens: int, hidden: int, residual: bool, noncontig: bool):
+    def build(gen: torch.Generator, dtype: torch.dtype):
+        x = randn(gen, (tokens, hidden * 2 if noncontig else hidden), dtype)
+        if noncontig:
+            x = x[:, ::2]  # a strided view, as a slice of a packed tensor would be
+        args = {"x": x, "weight": 1 + 0.1 * randn(gen, (hidden,), dtype), "eps": 1e-6}
+        if residual:
+            args["residual"] = randn(gen, (tokens, hidden), dtype)
+        return args
+
+    return build
+
+
+def _cos_sin(positions: int, rot: int, base: float = 1e6) -> torch.Tensor:
+    inv = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
+
+
+def _rotary(tokens: int, hq: int, hkv: int, d: int, rot: int, neox: bool, max_pos: int = 4096):
+    def build(gen: torch.Generator, dtype: torch.dtype):
+        return {
+            "positions": torch.randint(0, max_pos, (tokens,), generator=gen, dtype=torch.int64),
+            "q": randn(gen, (tokens, hq, d), dtype),
+            "k": randn(gen, (tokens, hkv, d), dtype),
+            "cos_sin_cache": _cos_sin(max_pos, rot),
+            "is_neox": neox,
+        }
+
+    return build
+
+
+def _silu(tokens: int, inter: int):
+    return lambda gen, dtype: {"x": 2 * randn(gen, (tokens, 2 * inter), dtype)}
+
+
+def cases() -> list[Case]:
+    out: list[Case] = []
+    q8, ds = MODELS["qwen3-8b"], MODELS["deepseek-v3"]
+    for dt in FLOATS:
+        quick = dt in ("float32", "bfloat16")
+        out += [
+            Case("rms_norm", "qwen3-8b.t7", dt, _rms(7, q8.hidden, False, False), {"dtype": dt, "hidden": q8.hidden}, quick),
+            Case("rms_norm", "qwen3-8b.t7.residual", dt, _rms(7, q8.hidden, True, False), {"dtype": dt, "hidden": q8.hidden}, quick),
+            Case("rms_norm", "qwen3-8b.qk-norm.t5", dt, _rms(5 * q8.heads, q8.head_dim, False, False), {"dtype": dt, "hidden": q8.head_dim}),
+            Case("rms_norm", "deepseek-v3.t3.noncontig", dt, _rms(3, ds.hidden, True, True), {"dtype": dt, "hidden": ds.hidden}),
+            Case("rms_norm", "qwen3-8b.t1", dt, _rms(1, q8.hidden, True, False), {"dtype": dt, "hidden": q8.hidden}),
+            Case("rms_norm", "qwen3-8b.t0", dt, _rms(0, q8.hidden, True, False), {"dtype": dt, "hidden": q8.hidden}),
+            Case("rotary_embedding", "qwen3-8b.neox.t9", dt, _rotary(9, q8.heads, q8.kv_heads, q8.head_dim, q8.head_dim, True),
+                 {"dtype": dt, "head_dim": q8.head_dim, "rotary_dim": q8.head_dim, "is_neox": True}, quick),
+            Case("rotary_embedding", "deepseek-v3.interleaved.t6", dt, _rotary(6, ds.heads, 1, ds.qk_rope_head_dim, ds.qk_rope_head_dim, False),
+                 {"dtype": dt, "head_dim": ds.qk_rope_head_dim, "rotary_dim": ds.qk_rope_head_dim, "is_neox": False}, quick),
+            Case("rotary_embedding", "partial-rotary.d128.rot64.t5", dt, _rotary(5, 8, 2, 128, 64, True),
+                 {"dtype": dt, "head_dim": 128, "rotary_dim": 64, "is_neox": True}),
+            Case("silu_and_mul", "qwen3-8b.t7", dt, _silu(7, q8.intermediate), {"dtype": dt}, quick),
+            Case("silu_and_mul", "qwen3-30b-a3b.experts.t64", dt, _silu(64, MODELS["qwen3-30b-a3b"].moe_intermediate), {"dtype": dt}),
+            Case("silu_and_mul", "t0", dt, _silu(0, 256), {"dtype": dt}),
+        ]
+    return out

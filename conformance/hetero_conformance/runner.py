@@ -1,0 +1,178 @@
+"""Runs conformance cases against one backend: oracle, reference in the test dtype, backend, verdict."""
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, MutableMapping
+
+import torch
+
+from hetero.backend import Backend
+from hetero.ops import Ops
+from hetero.spec import OPS
+
+from hetero_conformance.case import Case, dtype_name
+from hetero_conformance.metrics import compare
+from hetero_conformance.oracles import clone_inputs, run_oracle, to_device
+from hetero_conformance.outputs import INPLACE, OutputMismatch, align_route, kind_of, outputs_of
+from hetero_conformance.tolerances import tolerance
+
+__all__ = ["CaseResult", "Expected", "Runner", "STATUSES", "FAILING"]
+
+STATUSES = ("pass", "fail", "error", "skipped", "fallback", "crashed", "timeout")
+FAILING = ("fail", "error", "crashed", "timeout")
+
+
+@dataclass
+class CaseResult:
+    """The verdict on one case, with the metrics of every output against its bound."""
+
+    id: str
+    op: str
+    family: str
+    shape: str
+    dtype: str
+    status: str
+    message: str = ""
+    seed: int = 0
+    seconds: float = 0.0
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tolerance: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, case: Case, status: str, message: str = "", **kw: Any) -> "CaseResult":
+        return cls(case.id, case.op, case.family, case.shape, case.dtype, status, message, **kw)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Expected:
+    """A case's inputs (CPU, case dtype), the oracle's outputs and the reference's, in the test dtype."""
+
+    inputs: dict[str, Any]
+    oracle: dict[str, torch.Tensor]
+    reference: dict[str, torch.Tensor]
+    layout: dict[str, tuple[tuple[int, ...], torch.dtype]]  # each output's shape and dtype, as the reference returns it
+
+
+def call(fn: Callable, op: str, inputs: dict[str, Any]) -> Any:
+    """Invoke an implementation with the case's arguments bound to the spec signature."""
+    bound = OPS[op].signature.bind(**inputs)
+    return fn(*bound.args, **bound.kwargs)
+
+
+def _comparable(op: str, outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    outs = {k: v.detach().cpu() for k, v in outputs.items()}
+    return {**outs, **align_route(outs)} if op == "route" else outs
+
+
+class Runner:
+    """Checks ``ops`` (one backend on one device) case by case.
+
+    ``cache`` (any mapping, shared between runners) keeps each case's inputs and
+    expected outputs so several backends can be checked against one oracle run.
+    """
+
+    def __init__(self, ops: Ops, reference: Backend, *, seed: int = 0, cache: MutableMapping[tuple[str, int], Expected] | None = None):
+        self.ops, self.reference, self.seed = ops, reference, seed
+        self.cache = cache if cache is not None else {}
+
+    def expected(self, case: Case) -> Expected:
+        key = (case.id, self.seed)
+        if key not in self.cache:
+            inputs = case.inputs(self.seed)
+            raw, oracle_in = run_oracle(self.reference, case.op, clone_inputs(inputs), lambda fn, i: call(fn, case.op, i))
+            oracle = outputs_of(case.op, oracle_in, raw)
+            ref_in = clone_inputs(inputs)
+            ref = outputs_of(case.op, ref_in, call(getattr(self.reference, case.op), case.op, ref_in))
+            layout = {k: (tuple(v.shape), v.dtype) for k, v in ref.items()}
+            self.cache[key] = Expected(inputs, _comparable(case.op, oracle), _comparable(case.op, ref), layout)
+        return self.cache[key]
+
+    def run(self, case: Case) -> CaseResult:
+        start = time.perf_counter()
+        result = self._run(case)
+        result.seed, result.seconds = case.seed(self.seed), time.perf_counter() - start
+        return result
+
+    def _run(self, case: Case) -> CaseResult:
+        binding, reason = self.ops.native(case.op, **case.static)
+        if binding is None:
+            return CaseResult.of(case, "fallback", f"{reason}: the reference ran, nothing of the backend was tested")
+        if reason is not None:
+            return CaseResult.of(case, "skipped", f"supports() declined: {reason}")
+        try:
+            exp = self.expected(case)
+        except Exception as e:
+            return CaseResult.of(case, "error", f"the reference failed on this case (a catalog bug): {type(e).__name__}: {e}")
+        inputs = to_device(exp.inputs, self.ops.device)
+        poisoned = self._poison_out(case, inputs, exp)
+        untouched = {k: v.detach().cpu().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in INPLACE.get(case.op, ()) and k != "out"}
+        try:
+            raw = call(binding.fn, case.op, inputs)
+            if self.ops.device.type != "cpu" and hasattr(torch, "accelerator"):
+                torch.accelerator.synchronize()
+        except Exception as e:
+            tb = traceback.format_exception_only(type(e), e)[-1].strip()
+            return CaseResult.of(case, "error", f"{binding.origin} raised {tb}")
+        try:
+            outputs = outputs_of(case.op, inputs, raw)
+        except OutputMismatch as e:
+            return CaseResult.of(case, "fail", str(e))
+        problems = self._structure(outputs, exp, poisoned)
+        problems += [f"modified its input '{k}'" for k, v in untouched.items() if not _same(inputs[k], v)]
+        return self._verdict(case, _comparable(case.op, outputs), exp, problems)
+
+    def _poison_out(self, case: Case, inputs: dict[str, Any], exp: Expected) -> torch.Tensor | None:
+        if "out" not in OPS[case.op].signature.parameters or "out" in inputs:
+            return None
+        shape, dtype = exp.layout["out"]
+        inputs["out"] = torch.full(shape, float("nan"), dtype=dtype, device=self.ops.device)
+        return inputs["out"]
+
+    @staticmethod
+    def _structure(outputs: dict[str, torch.Tensor], exp: Expected, poisoned: torch.Tensor | None) -> list[str]:
+        problems = []
+        if set(outputs) != set(exp.layout):
+            problems.append(f"returned outputs {sorted(outputs)}, expected {sorted(exp.layout)}")
+        for name, t in outputs.items():
+            want = exp.layout.get(name)
+            if want is not None and (tuple(t.shape) != want[0] or t.dtype != want[1]):
+                problems.append(f"'{name}' is {dtype_name(t.dtype)}{list(t.shape)}, expected {dtype_name(want[1])}{list(want[0])}")
+        if poisoned is not None and "out" in outputs and outputs["out"].data_ptr() != poisoned.data_ptr():
+            problems.append("did not return the out= buffer it was given")
+        return problems
+
+    def _verdict(self, case: Case, got: dict[str, torch.Tensor], exp: Expected, problems: list[str]) -> CaseResult:
+        tol = tolerance(case.op, case.dtype)
+        report: dict[str, dict[str, Any]] = {}
+        for name, want in exp.oracle.items():
+            g = got.get(name)
+            if g is None or tuple(g.shape) != tuple(want.shape):
+                continue
+            kind = kind_of(case.op, name, want)
+            if kind != "float":
+                mismatched = int((g.to(torch.int64) != want.to(torch.int64)).sum())
+                report[name] = {"kind": kind, "mismatched": mismatched, "numel": want.numel()}
+                if mismatched:
+                    problems.append(f"'{name}': {mismatched} of {want.numel()} elements differ ({kind})")
+                continue
+            m, ref = compare(g, want), compare(exp.reference[name], want)
+            bound = 2 * ref.max_abs + tol.floor * m.scale
+            report[name] = {"kind": kind, **m.as_dict(), "ref_max_abs": ref.max_abs, "ref_rel_l2": ref.rel_l2, "bound_max_abs": bound, "bound_rel_l2": tol.max_rel_l2}
+            if m.nonfinite_mismatch:
+                problems.append(f"'{name}': {m.nonfinite_mismatch} elements NaN/Inf where the oracle is not (or the reverse)")
+            if m.max_abs > bound:
+                problems.append(f"'{name}': max abs error {m.max_abs:.3g} > bound {bound:.3g} (2 x reference {ref.max_abs:.3g} + floor)")
+            if m.rel_l2 > tol.max_rel_l2:
+                problems.append(f"'{name}': relative L2 error {m.rel_l2:.3g} > {tol.max_rel_l2:.3g}")
+        status = "fail" if problems else "pass"
+        return CaseResult.of(case, status, "; ".join(problems), outputs=report, tolerance=tol.as_dict())
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a = a.detach().cpu()
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b) or ((a == b) | (a != a) & (b != b)).all())

@@ -1,0 +1,88 @@
+"""The suite proves itself: every planted bug fails on its op and on no other op."""
+from __future__ import annotations
+
+import pytest
+
+import hetero
+import hetero_cpu_ref.plugin
+from hetero_conformance.cases import catalog
+from hetero_conformance.runner import FAILING, Runner
+
+from broken_backends import BUGS, make_plugin
+
+QUICK = catalog(quick=True)
+
+
+@pytest.fixture(scope="module")
+def suite():
+    """A registry with the reference, and one oracle cache shared by every backend checked."""
+    registry = hetero.Registry(entry_points=[])
+    registry.register(hetero_cpu_ref.plugin, "cpu_ref")
+    reference = registry.backends["cpu_ref"].cls()
+    cache: dict = {}
+
+    def check(plugin=None) -> dict[str, list[str]]:
+        """Failing cases by op. Ops whose implementation is the reference's very function
+        are not run again: the reference's own run (the first test) is their verdict."""
+        name = "cpu_ref"
+        if plugin is not None:
+            obj, name, _ = plugin
+            registry.register(obj, name)
+        ops = registry.load(name)
+        runner = Runner(ops, reference, cache=cache)
+        changed = {op for op in {c.op for c in QUICK} if name == "cpu_ref" or getattr(ops, op) is not getattr(reference, op)}
+        if plugin is not None:
+            assert changed == {plugin[2]}, changed
+        failed: dict[str, list[str]] = {}
+        for case in (c for c in QUICK if c.op in changed):
+            res = runner.run(case)
+            assert res.status in ("pass", *FAILING), (case.id, res.status, res.message)
+            if res.status != "pass":
+                failed.setdefault(case.op, []).append(f"{case.id}: {res.status}: {res.message}")
+        return failed
+
+    return check
+
+
+def test_reference_passes_every_quick_case(suite):
+    assert suite() == {}
+
+
+def test_control_backend_passes(suite):
+    """The bug-free mini attention passes: the planted bugs below are the only difference."""
+    assert suite(make_plugin(None)) == {}
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_planted_bug_fails_on_its_op_only(suite, bug):
+    plugin = make_plugin(bug)
+    failed = suite(plugin)
+    assert list(failed) == [plugin[2]], failed
+
+
+def test_unimplemented_ops_are_fallback_never_pass():
+    class GemmOnly(hetero.Backend):
+        name, spec_version = "gemm_only", hetero.SPEC_VERSION
+        gemm = staticmethod(hetero_cpu_ref.plugin.CpuRefBackend.gemm)
+
+    class Plugin:
+        @hetero.hookimpl
+        def hetero_backends(self):
+            return [GemmOnly]
+
+    registry = hetero.Registry(entry_points=[])
+    registry.register(hetero_cpu_ref.plugin, "cpu_ref")
+    registry.register(Plugin(), "gemm_only")
+    runner = Runner(registry.load("gemm_only"), registry.backends["cpu_ref"].cls())
+    statuses = {(c.op, runner.run(c).status) for c in QUICK if c.op in ("gemm", "rms_norm", "silu_and_mul")}
+    assert ("rms_norm", "fallback") in statuses and ("silu_and_mul", "fallback") in statuses
+    assert all(s == "pass" for op, s in statuses if op == "gemm") and all(s == "fallback" for op, s in statuses if op != "gemm")
+
+
+def test_reference_passes_the_full_catalog():
+    """Every case of the full tier is well-formed and the reference meets its own tolerances."""
+    registry = hetero.Registry(entry_points=[])
+    registry.register(hetero_cpu_ref.plugin, "cpu_ref")
+    runner = Runner(registry.load("cpu_ref"), registry.backends["cpu_ref"].cls())
+    bad = [(c.id, r.status, r.message) for c in catalog() for r in [runner.run(c)] if r.status != "pass"]
+    assert bad == []
