@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Sequence
 
@@ -142,7 +143,8 @@ def _add_conformance(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console()
+    # piped into a CI log, rich would fold tables to 80 columns; COLUMNS still wins when set
+    console = Console() if sys.stdout.isatty() or "COLUMNS" in os.environ else Console(width=160)
     try:
         return args.func(args, registry or default_registry(), console)
     except BackendNotFound as e:
