@@ -42,4 +42,14 @@ MODELS = {m.name: m for m in [
     Model("deepseek-v2-lite", hidden=2048, heads=16, kv_heads=16, head_dim=192, intermediate=10944,
           experts=64, top_k=6, moe_intermediate=1408, scoring="softmax",
           kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128),
+    # Models for attention features the ones above do not use (the cases set the feature values).
+    # Gemma-2-9B: head dim 256, attention softcap 50.0, sliding window 4096 on alternate layers.
+    Model("gemma-2-9b", hidden=3584, heads=16, kv_heads=8, head_dim=256, intermediate=14336),
+    # gpt-oss-20b: head dim 64, sliding window 128 on alternate layers, attention sinks.
+    Model("gpt-oss-20b", hidden=2880, heads=64, kv_heads=8, head_dim=64, intermediate=2880,
+          experts=32, top_k=4, moe_intermediate=2880),
+    # Llama-2-7B: MHA (GQA ratio 1).
+    Model("llama-2-7b", hidden=4096, heads=32, kv_heads=32, head_dim=128, intermediate=11008),
+    # Falcon-7B: MQA with 71 query heads (not a power of two); dense MLP of 4 * hidden.
+    Model("falcon-7b", hidden=4544, heads=71, kv_heads=1, head_dim=64, intermediate=18176),
 ]}

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from hetero_conformance.case import Case
-from hetero_conformance.cases import attention, gemm, layers, moe
+from hetero_conformance.cases import attention, gemm, layers, mla, moe
 
 __all__ = ["catalog"]
 
-_FAMILIES = (attention, gemm, moe, layers)
+_FAMILIES = (attention, mla, gemm, moe, layers)
 
 
 def catalog(*, quick: bool = False) -> list[Case]:
