@@ -1,0 +1,238 @@
+"""Triton MoE ops: route (torch), moe_permute, moe_unpermute and fused_moe.
+
+Semantics: ``hetero.spec.moe``. Kernels: ``hetero.kernels._moe_kernels`` (the stable counting
+sort and the weighted combine) and ``hetero.kernels._gemm_kernels`` (the grouped GEMM).
+
+fused_moe is six launches (plus one memset), none of which synchronizes with the host:
+
+1. the stable counting sort of the (token, slot) pairs by expert (count, offsets, place)
+   -> group_ends, perm and its inverse inv;
+2. grouped GEMM 1 over the sorted pairs, reading x's rows through perm (x_sorted is never
+   materialized), gate and up tiles of one column block computed together, each rounded to
+   x's dtype, silu(gate) * up stored in x's dtype (silu_and_mul fused in the epilogue);
+3. grouped GEMM 2 (w2) -> y_sorted in x's dtype;
+4. the combine: y[m] = sum_s weights[m, s] * y_sorted[inv[m * k + s]] in float32.
+
+The roundings are those of the reference composition (permute, grouped_gemm, silu_and_mul,
+grouped_gemm, unpermute). Only cheap checks run (ranks, dtypes, shapes, devices): expert ids
+and perm are not range-checked, since that would read them on the host.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from hetero.kernels import _moe_kernels as kern
+from hetero.kernels._triton import triton_modules
+from hetero.kernels.gemm import interpreted, launch_grouped
+from hetero.kernels.tuning import Tuning
+from hetero.spec.checks import check_same_device, check_tensor, expect
+from hetero.spec.moe import ACTIVATIONS, SCORING
+from hetero.spec.types import FLOAT_DTYPES
+
+triton, tl = triton_modules()
+
+__all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe"]
+
+_INDEX = (torch.int32, torch.int64)
+_WEIGHT_DTYPES = (torch.float32, torch.float64)
+#: launch parameters of the data-movement kernels when the tuning table has no entry for them
+_DEFAULTS = {
+    "moe_permute": {"BLOCK_P": 128, "BLOCK_E": 64, "BLOCK_B": 16, "BLOCK_R": 16, "BLOCK_H": 256, "num_warps": 4},
+    "moe_unpermute": {"BLOCK_T": 16, "BLOCK_H": 256, "num_warps": 4},
+}
+_INTERPRETED = {  # the interpreter pays per program and per op, not per element
+    "moe_permute": {"BLOCK_P": 512, "BLOCK_E": 512, "BLOCK_B": 64, "BLOCK_R": 64, "BLOCK_H": 4096},
+    "moe_unpermute": {"BLOCK_T": 64, "BLOCK_H": 4096},
+}
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _params(tuning: Tuning, kernel: str) -> tuple[dict, dict]:
+    params = dict(_DEFAULTS[kernel])
+    if tuning.interpreted:
+        params.update(_INTERPRETED[kernel])
+    params.update(tuning(kernel))
+    return Tuning.launch_options(params)
+
+
+# ----------------------------------------------------------------------------- checks
+
+def _check_int(op: str, arg: str, value: object, lo: int, hi: int | None = None) -> int:
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    rng = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+    expect(ok and int(value) >= lo and (hi is None or int(value) <= hi), op, arg, rng, repr(value))
+    return int(value)
+
+
+def _check_ids(op: str, ids: object, rows: int) -> int:
+    check_tensor(op, "ids", ids, ndim=2, dtypes=_INDEX)
+    expect(ids.shape[0] == rows, op, "ids", f"{rows} rows (one per token)", ids.shape[0])
+    expect(ids.shape[1] >= 1, op, "ids", "at least one column (top_k >= 1)", f"shape {list(ids.shape)}")
+    return ids.shape[1]
+
+
+def _check_weights(op: str, weights: object, shape: tuple[int, ...] | None) -> None:
+    check_tensor(op, "weights", weights, ndim=2, dtypes=_WEIGHT_DTYPES)
+    if shape is not None:
+        expect(tuple(weights.shape) == shape, op, "weights", f"shape {list(shape)} (that of 'ids')", f"shape {list(weights.shape)}")
+    expect(weights.shape[1] >= 1, op, "weights", "at least one column (top_k >= 1)", f"shape {list(weights.shape)}")
+
+
+# ----------------------------------------------------------------------------- route (torch)
+
+def route(router_logits, *, top_k, scoring="softmax", renormalize=True, n_group=1, topk_group=1,
+          correction_bias=None, routed_scaling_factor=1.0):
+    op = "route"
+    check_tensor(op, "router_logits", router_logits, ndim=2, dtypes=FLOAT_DTYPES)
+    experts = router_logits.shape[1]
+    expect(scoring in SCORING, op, "scoring", "one of " + ", ".join(repr(s) for s in SCORING), repr(scoring))
+    expect(isinstance(renormalize, bool), op, "renormalize", "a bool", repr(renormalize))
+    factor_ok = isinstance(routed_scaling_factor, numbers.Real) and not isinstance(routed_scaling_factor, bool) \
+        and math.isfinite(routed_scaling_factor)
+    expect(factor_ok, op, "routed_scaling_factor", "a finite number", repr(routed_scaling_factor))
+    groups = _check_int(op, "n_group", n_group, 1)
+    expect(experts % groups == 0, op, "n_group", f"a divisor of the expert count E = {experts}", groups)
+    k = _check_int(op, "top_k", top_k, 1, experts)
+    kept = _check_int(op, "topk_group", topk_group, 1, groups)
+    per_group = experts // groups
+    expect(kept * per_group >= k, op, "topk_group", f"topk_group * E/n_group >= top_k = {k}", kept)
+    if correction_bias is not None:
+        check_tensor(op, "correction_bias", correction_bias, shape=(experts,), dtypes=FLOAT_DTYPES)
+        check_same_device(op, router_logits=router_logits, correction_bias=correction_bias)
+        expect(groups == 1 or per_group >= 2, op, "n_group", "groups of at least 2 experts with correction_bias", groups)
+
+    wide = torch.float64 in (router_logits.dtype, getattr(correction_bias, "dtype", None))
+    acc = torch.float64 if wide else torch.float32
+    logits = router_logits.to(acc)
+    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
+    select = scores if correction_bias is None else scores + correction_bias.to(acc)
+    if groups > 1:
+        rows = select.shape[0]
+        by_group = select.view(rows, groups, per_group)
+        if correction_bias is not None:  # DeepSeek-V3: sum of the two best of each group
+            group_score = by_group.topk(2, dim=-1).values.sum(dim=-1)
+        else:  # DeepSeek-V2: the best of each group
+            group_score = by_group.amax(dim=-1)
+        best = group_score.topk(kept, dim=-1).indices
+        keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best, True)
+        select = select.masked_fill(~keep.repeat_interleave(per_group, dim=1), float("-inf"))
+    ids = select.topk(k, dim=-1, sorted=True).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return (weights * routed_scaling_factor).float(), ids.to(torch.int32)
+
+
+# ----------------------------------------------------------------------------- the stable sort
+
+def _sort_pairs(flat_ids: torch.Tensor, experts: int, tuning: Tuning, *, want_inv: bool):
+    """(perm int64 [P], group_ends int32 [E], inv int32 [P] or None) of the expert ids of the P pairs."""
+    device, pairs = flat_ids.device, flat_ids.numel()
+    meta, launch = _params(tuning, "moe_permute")
+    e_pow2 = _pow2(experts)
+    # the one-hot tile is [BLOCK_P, E_POW2]: keep it near 16K elements on hardware
+    cap = meta["BLOCK_P"] if tuning.interpreted else max(16, 16384 // e_pow2)
+    block_p = max(16, min(int(meta["BLOCK_P"]), cap, _pow2(pairs)))
+    block_e = min(int(meta["BLOCK_E"]), e_pow2)
+    nb = triton.cdiv(pairs, block_p)
+    counts = torch.empty(nb, experts, dtype=torch.int32, device=device)
+    offsets = torch.empty(nb, experts, dtype=torch.int32, device=device)
+    totals = torch.zeros(experts, dtype=torch.int32, device=device)
+    ends = torch.empty(experts, dtype=torch.int32, device=device)
+    perm = torch.empty(pairs, dtype=torch.int64, device=device)
+    inv = torch.empty(pairs, dtype=torch.int32, device=device) if want_inv else None
+    kern._count_kernel[(nb,)](flat_ids, counts, totals, pairs, experts, E_POW2=e_pow2, BLOCK_P=block_p, **launch)
+    kern._offsets_kernel[(triton.cdiv(experts, block_e),)](
+        counts, totals, offsets, ends, nb, experts, E_POW2=e_pow2, BLOCK_E=block_e, BLOCK_B=int(meta["BLOCK_B"]), **launch)
+    kern._place_kernel[(nb,)](flat_ids, offsets, perm, inv if want_inv else perm, pairs, experts,
+                              WRITE_INV=want_inv, E_POW2=e_pow2, BLOCK_P=block_p, **launch)
+    return perm, ends, inv
+
+
+def _combine(y_sorted: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor, tuning: Tuning) -> torch.Tensor:
+    rows, k = weights.shape
+    hidden = y_sorted.shape[1]
+    out = torch.empty(rows, hidden, dtype=y_sorted.dtype, device=y_sorted.device)
+    if rows == 0 or hidden == 0:
+        return out
+    meta, launch = _params(tuning, "moe_unpermute")
+    bt, bh = max(1, min(int(meta["BLOCK_T"]), _pow2(rows))), min(int(meta["BLOCK_H"]), _pow2(hidden))
+    wide = torch.float64 in (y_sorted.dtype, weights.dtype)
+    kern._combine_kernel[(triton.cdiv(rows, bt), triton.cdiv(hidden, bh))](
+        y_sorted, inv, weights, out, rows, hidden, k,
+        y_sorted.stride(0), y_sorted.stride(1), weights.stride(0), weights.stride(1), out.stride(0), out.stride(1),
+        ACC=tl.float64 if wide else tl.float32, SOFT_RTNE=interpreted(tuning), BLOCK_T=bt, BLOCK_H=bh, **launch)
+    return out
+
+
+# ----------------------------------------------------------------------------- ops
+
+def moe_permute(x, ids, num_experts, *, tuning: Tuning):
+    op = "moe_permute"
+    check_tensor(op, "x", x, ndim=2)
+    experts = _check_int(op, "num_experts", num_experts, 1)
+    rows, hidden = x.shape
+    k = _check_ids(op, ids, rows)
+    check_same_device(op, x=x, ids=ids)
+    pairs = rows * k
+    if pairs == 0:
+        return (x.new_empty(0, hidden), torch.zeros(experts, dtype=torch.int32, device=x.device),
+                torch.empty(0, dtype=torch.int64, device=x.device))
+    perm, ends, _ = _sort_pairs(ids.reshape(-1).contiguous(), experts, tuning, want_inv=False)
+    x_sorted = x.new_empty(pairs, hidden)
+    if hidden:
+        meta, launch = _params(tuning, "moe_permute")
+        br, bh = min(int(meta["BLOCK_R"]), _pow2(pairs)), min(int(meta["BLOCK_H"]), _pow2(hidden))
+        kern._gather_rows_kernel[(triton.cdiv(pairs, br), triton.cdiv(hidden, bh))](
+            x, perm, x_sorted, pairs, hidden, k, x.stride(0), x.stride(1), x_sorted.stride(0), x_sorted.stride(1),
+            BLOCK_R=br, BLOCK_H=bh, **launch)
+    return x_sorted, ends, perm
+
+
+def moe_unpermute(y_sorted, perm, weights, *, tuning: Tuning):
+    op = "moe_unpermute"
+    check_tensor(op, "y_sorted", y_sorted, ndim=2, dtypes=FLOAT_DTYPES)
+    _check_weights(op, weights, None)
+    rows, k = weights.shape
+    check_tensor(op, "y_sorted", y_sorted, shape=(rows * k, None))
+    check_tensor(op, "perm", perm, shape=(rows * k,), dtypes=(torch.int64,))
+    check_same_device(op, y_sorted=y_sorted, perm=perm, weights=weights)
+    pairs = rows * k
+    inv = torch.empty(pairs, dtype=torch.int32, device=y_sorted.device)
+    if pairs:
+        meta, launch = _params(tuning, "moe_permute")
+        block = min(int(meta["BLOCK_P"]), _pow2(pairs))
+        kern._invert_kernel[(triton.cdiv(pairs, block),)](perm, inv, pairs, perm.stride(0), BLOCK=block, **launch)
+    return _combine(y_sorted, inv, weights, tuning)
+
+
+def fused_moe(x, w13, w2, weights, ids, *, activation="silu", tuning: Tuning):
+    op = "fused_moe"
+    expect(activation in ACTIVATIONS, op, "activation", "one of " + ", ".join(repr(a) for a in ACTIVATIONS), repr(activation))
+    check_tensor(op, "x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    rows, hidden = x.shape
+    check_tensor(op, "w13", w13, ndim=3, dtypes=(x.dtype,))
+    experts, two_i, _ = w13.shape
+    expect(two_i % 2 == 0 and w13.shape[2] == hidden, op, "w13",
+           f"shape [E, 2I, H] with an even 2I and H = {hidden} (x's columns)", f"shape {list(w13.shape)}")
+    inter = two_i // 2
+    check_tensor(op, "w2", w2, shape=(experts, hidden, inter), dtypes=(x.dtype,))
+    k = _check_ids(op, ids, rows)
+    _check_weights(op, weights, tuple(ids.shape))
+    check_same_device(op, x=x, w13=w13, w2=w2, weights=weights, ids=ids)
+
+    pairs = rows * k
+    if pairs == 0:
+        return x.new_empty(rows, hidden)
+    perm, ends, inv = _sort_pairs(ids.reshape(-1).contiguous(), experts, tuning, want_inv=True)
+    act = x.new_empty(pairs, inter)  # silu(gate) * up of every sorted pair
+    launch_grouped(x, w13, ends, act, tuning=tuning, kernel="fused_moe", perm=perm, topk=k, swiglu=True)
+    y_sorted = x.new_empty(pairs, hidden)
+    launch_grouped(act, w2, ends, y_sorted, tuning=tuning, kernel="fused_moe")
+    return _combine(y_sorted, inv, weights, tuning)
