@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU check of the cuda backend, for a machine with an NVIDIA GPU:
+#   1. the full conformance catalog (`hetero conformance cuda`), JSON + Markdown reports;
+#   2. every op timed on realistic shapes against the torch reference and the H200 roofline
+#      (scripts/gpu_check.py), written as a Markdown table.
+#
+# usage: scripts/gpu_check.sh [--smoke] [OUT.md]      (default OUT: docs/perf/gpu_check.md)
+#   --smoke  tiny shapes and a few conformance ops through Triton's interpreter on the CPU
+#            (HETERO_TRITON_INTERPRET=1): proves the script runs end to end without a GPU.
+# Environment: PYTHON (default .venv/bin/python, else python3); HETERO_CUDA_VENDOR=0 times the
+# Triton kernels in place of the vendor paths.
+# Exit status: 0 when conformance passed and every op ran, else 1.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+smoke=0
+out=docs/perf/gpu_check.md
+for arg in "$@"; do
+  case "$arg" in
+    --smoke) smoke=1 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -*) echo "gpu_check.sh: unknown option $arg" >&2; exit 2 ;;
+    *) out=$arg ;;
+  esac
+done
+
+if [[ -n "${PYTHON:-}" ]]; then py=$PYTHON
+elif [[ -x .venv/bin/python ]]; then py=.venv/bin/python
+else py=python3
+fi
+
+bench_args=()
+conformance_args=(--isolate)  # on a GPU a faulting kernel kills its worker, not the run
+if (( smoke )); then
+  export HETERO_TRITON_INTERPRET=1
+  bench_args+=(--smoke)
+  conformance_args=(--quick --ops rms_norm,silu_and_mul)
+fi
+
+mkdir -p "$(dirname "$out")"
+base=${out%.md}
+echo "== conformance: hetero conformance cuda ${conformance_args[*]:-}"
+"$py" -m hetero.cli conformance cuda "${conformance_args[@]}" --json "$base.conformance.json" --markdown "$base.conformance.md"
+conformance_rc=$?
+
+echo "== timing every op -> $out"
+"$py" scripts/gpu_check.py "${bench_args[@]}" --conformance "$base.conformance.json" "$out"
+bench_rc=$?
+
+echo "== conformance exit $conformance_rc, timing exit $bench_rc; report: $out"
+(( conformance_rc == 0 && bench_rc == 0 ))
