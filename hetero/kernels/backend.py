@@ -16,6 +16,7 @@ import torch
 
 from hetero.backend import Availability, Backend
 from hetero.kernels._triton import interpreter_requested, triton_missing_reason
+from hetero.kernels.limits import kernel_reason
 from hetero.kernels.tuning import Tuning, TuningTable
 from hetero.spec import SPEC_VERSION, AttentionMeta
 
@@ -56,6 +57,11 @@ class TritonBackend(Backend):
             return Availability(ok=False, reason=f"HETERO_TRITON_INTERPRET=1 but {missing}")
         return Availability(ok=True, reason="interpreted on CPU (HETERO_TRITON_INTERPRET=1)", device_name="cpu (triton interpreter)",
                             details={"arch": "interpreter"})
+
+    def supports(self, op: str, **static: Any) -> str | None:
+        """The portable kernels' own limits (dtype families, head dims, options); a vendor
+        subclass puts its architecture's limits in front of these."""
+        return kernel_reason(op, static)
 
     @classmethod
     def probe(cls) -> Availability:

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from hetero.kernels.limits import MAX_HEAD_DIM, dtype_name, dtype_reason, shape_reason
+
 __all__ = ["reason", "dtype_name", "FP8_BY_ARCH", "MAX_HEAD_DIM"]
 
-#: The Triton attention kernels pad head dims to a power of two; 576 (MLA: 512 latent + 64 rope) is the largest case.
-MAX_HEAD_DIM = 576
-FLOATS = ("float16", "bfloat16", "float32", "float64")
 FNUZ, OCP = "float8_e4m3fnuz", "float8_e4m3fn"
-QUANTS = (OCP, FNUZ, "int8")
-DOT_OPS = frozenset({"paged_attention", "varlen_attention", "mla_attention", "gemm", "grouped_gemm", "fused_moe"})
 
 #: The fp8 dtypes each architecture's matrix cores compute. MI300 (gfx94x) has the "fnuz" encoding
 #: (no negative zero, bias 8); MI350 (gfx950) and RDNA4 (gfx12) have OCP e4m3; CDNA2 and RDNA3 have none.
@@ -30,11 +27,6 @@ FP8_BY_ARCH: Mapping[str, tuple[str, ...]] = {
 }
 _NAMES = {"gfx942": "gfx942 (MI300)", "gfx950": "gfx950 (MI350)", "gfx90a": "gfx90a (MI200)", "gfx908": "gfx908 (MI100)"}
 _NO_BF16 = ("gfx900", "gfx906")  # Vega: no bfloat16 dot instructions
-
-
-def dtype_name(dtype: Any) -> str | None:
-    """"bfloat16" for torch.bfloat16, "torch.bfloat16" or "bfloat16"; None for None."""
-    return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
 def _fp8_reason(dtype: str, arch: str | None) -> str | None:
@@ -51,36 +43,11 @@ def _fp8_reason(dtype: str, arch: str | None) -> str | None:
     return f"float8_e4m3fnuz is MI300's fp8; {name} computes float8_e4m3fn"
 
 
-def _dtype_reason(op: str, dtype: str, arch: str | None) -> str | None:
+def _arch_reason(op: str, dtype: str, arch: str | None) -> str | None:
     if op == "scaled_gemm":
-        if dtype not in QUANTS:
-            return f"scaled_gemm takes {', '.join(QUANTS)} operands, not {dtype}"
         return _fp8_reason(dtype, arch)
-    if dtype in QUANTS:
-        return f"{op} takes floating tensors; {dtype} operands go through scaled_gemm"
-    if dtype not in FLOATS:
-        return f"{op} takes {', '.join(FLOATS)} tensors, not {dtype}"
-    if dtype == "float64" and op in DOT_OPS:
-        return f"the Triton {op} kernel has no float64 matrix-core path (float64 is the reference's dtype)"
     if dtype == "bfloat16" and arch in _NO_BF16:
         return f"bfloat16 needs matrix cores (gfx908+), this device is {arch}"
-    return None
-
-
-def _shape_reason(op: str, static: Mapping[str, Any]) -> str | None:
-    for key in ("head_dim", "head_dim_v"):
-        value = static.get(key)
-        if value is not None and int(value) > MAX_HEAD_DIM:
-            return f"{key} {int(value)} > {MAX_HEAD_DIM} unsupported by the Triton {op} kernel"
-        if value is not None and int(value) < 1:
-            return f"{key} {int(value)} is not a head dimension"
-    block_size = static.get("block_size")
-    if block_size is not None and int(block_size) < 1:
-        return f"block_size {int(block_size)}: a KV block holds at least one token"
-    if op == "fused_moe" and static.get("activation", "silu") != "silu":
-        return f"the fused_moe kernel applies silu, not {static['activation']!r}"
-    if op == "route" and static.get("scoring", "softmax") not in ("softmax", "sigmoid"):
-        return f"route scores with softmax or sigmoid, not {static['scoring']!r}"
     return None
 
 
@@ -88,7 +55,7 @@ def reason(op: str, static: Mapping[str, Any], arch: str | None) -> str | None:
     """None if ``op`` runs natively with ``static`` (dtype=..., head_dim=..., block_size=...), else why not."""
     dtype = dtype_name(static.get("dtype"))
     if dtype is not None:
-        why = _dtype_reason(op, dtype, arch)
+        why = dtype_reason(op, dtype) or _arch_reason(op, dtype, arch)
         if why:
             return why
-    return _shape_reason(op, static)
+    return shape_reason(op, static)

@@ -1,0 +1,59 @@
+"""What the portable Triton kernels compute, whatever the chip: dtype families and shape limits.
+
+``kernel_reason(op, static)`` is ``TritonBackend.supports``; a vendor backend adds
+its architecture's own limits (bf16 or fp8 support per generation) in front of it.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+__all__ = ["dtype_name", "dtype_reason", "shape_reason", "kernel_reason", "MAX_HEAD_DIM", "FLOATS", "QUANTS", "DOT_OPS"]
+
+#: The attention kernels pad head dims to a power of two; 576 (MLA: 512 latent + 64 rope) is the largest case.
+MAX_HEAD_DIM = 576
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+QUANTS = ("float8_e4m3fn", "float8_e4m3fnuz", "int8")
+#: Ops whose kernels multiply with tl.dot (tensor or matrix cores): no float64 path there.
+DOT_OPS = frozenset({"paged_attention", "varlen_attention", "mla_attention", "gemm", "grouped_gemm", "fused_moe"})
+
+
+def dtype_name(dtype: Any) -> str | None:
+    """"bfloat16" for torch.bfloat16, "torch.bfloat16" or "bfloat16"; None for None."""
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def dtype_reason(op: str, dtype: str) -> str | None:
+    """None if the kernels of ``op`` take ``dtype`` at all, else why not."""
+    if op == "scaled_gemm":
+        return None if dtype in QUANTS else f"scaled_gemm takes {', '.join(QUANTS)} operands, not {dtype}"
+    if dtype in QUANTS:
+        return f"{op} takes floating tensors; {dtype} operands go through scaled_gemm"
+    if dtype not in FLOATS:
+        return f"{op} takes {', '.join(FLOATS)} tensors, not {dtype}"
+    if dtype == "float64" and op in DOT_OPS:
+        return f"the Triton {op} kernel has no float64 matrix-core path (float64 is the reference's dtype)"
+    return None
+
+
+def shape_reason(op: str, static: Mapping[str, Any]) -> str | None:
+    """None if the static shapes and options of ``op`` are within the kernels' limits, else why not."""
+    for key in ("head_dim", "head_dim_v"):
+        value = static.get(key)
+        if value is not None and int(value) > MAX_HEAD_DIM:
+            return f"{key} {int(value)} > {MAX_HEAD_DIM} unsupported by the Triton {op} kernel"
+        if value is not None and int(value) < 1:
+            return f"{key} {int(value)} is not a head dimension"
+    block_size = static.get("block_size")
+    if block_size is not None and int(block_size) < 1:
+        return f"block_size {int(block_size)}: a KV block holds at least one token"
+    if op == "fused_moe" and static.get("activation", "silu") != "silu":
+        return f"the fused_moe kernel applies silu, not {static['activation']!r}"
+    if op == "route" and static.get("scoring", "softmax") not in ("softmax", "sigmoid"):
+        return f"route scores with softmax or sigmoid, not {static['scoring']!r}"
+    return None
+
+
+def kernel_reason(op: str, static: Mapping[str, Any]) -> str | None:
+    """None if the portable kernels run ``op`` for ``static`` (dtype=..., head_dim=..., ...), else why not."""
+    dtype = dtype_name(static.get("dtype"))
+    return (dtype_reason(op, dtype) if dtype is not None else None) or shape_reason(op, static)
