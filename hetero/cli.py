@@ -1,4 +1,4 @@
-"""The ``hetero`` command: backends | explain | conformance (more subcommands join as they land)."""
+"""The ``hetero`` command: backends | explain | conformance | new-backend (more subcommands join as they land)."""
 from __future__ import annotations
 
 import argparse
@@ -119,7 +119,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_explain)
     _add_conformance(sub)
+    p = sub.add_parser("new-backend", help="write a ready plugin package hetero-NAME/ for a new chip",
+                       description="Write hetero-NAME/: pyproject.toml with the hetero.backends entry point, the Backend "
+                                   "subclass (every op falls back to the reference until you implement it), a conformance "
+                                   "test for CI and a README on what to implement next.")
+    p.add_argument("name", help="backend name: lowercase letters, digits, underscores (e.g. mychip)")
+    p.add_argument("--triton", action="store_true", help="subclass hetero.kernels.TritonBackend: every op native through the portable Triton kernels")
+    p.add_argument("--dir", default=".", metavar="D", help="where to create hetero-NAME/ (default: the current directory)")
+    p.set_defaults(func=_cmd_new_backend, needs_registry=False)
     return parser
+
+
+def _cmd_new_backend(args: argparse.Namespace, registry: Registry | None, console: Console) -> int:
+    from hetero._scaffold import ScaffoldError, create
+
+    try:
+        root = create(args.name, args.dir, triton=args.triton)
+    except ScaffoldError as e:
+        print(f"hetero new-backend: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        console.print(f"wrote {path}", style="dim", highlight=False, markup=False)
+    console.print(f"next: pip install -e {root} && hetero explain {args.name} && hetero conformance {args.name} --quick",
+                  highlight=False, markup=False)
+    return EXIT_OK
 
 
 def _cmd_conformance_missing(args: argparse.Namespace, registry: Registry, console: Console) -> int:
@@ -145,6 +168,8 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None)
     args = build_parser().parse_args(argv)
     # piped into a CI log, rich would fold tables to 80 columns; COLUMNS still wins when set
     console = Console() if sys.stdout.isatty() or "COLUMNS" in os.environ else Console(width=160)
+    if not getattr(args, "needs_registry", True):
+        return args.func(args, registry, console)
     try:
         return args.func(args, registry or default_registry(), console)
     except BackendNotFound as e:
