@@ -54,6 +54,11 @@ class Backend:
         return None
 
     @classmethod
+    def op_notes(cls) -> Mapping[str, str]:
+        """Notes ``hetero explain`` shows per native op (e.g. "never run on an NPU"); none by default."""
+        return {}
+
+    @classmethod
     def native_ops(cls) -> tuple[str, ...]:
         """The spec ops this class (or a base other than Backend) defines."""
         return tuple(op for op in OP_NAMES if callable(getattr(cls, op, None)))

@@ -70,6 +70,7 @@ class Ops:
         self._native: dict[str, Binding] = {}
         self._info: dict[str, OpInfo] = {}
         native = set(type(backend).native_ops())
+        notes = type(backend).op_notes()
         for op in OP_NAMES:
             if op in overrides:
                 binding = overrides[op]
@@ -82,7 +83,7 @@ class Ops:
             else:
                 self._native[op] = binding
                 setattr(self, op, binding.fn)
-                self._info[op] = OpInfo(op, _qualname(binding.fn), binding.origin)
+                self._info[op] = OpInfo(op, _qualname(binding.fn), binding.origin, [notes[op]] if op in notes and binding.origin == BACKEND else [])
 
     @property
     def name(self) -> str:

@@ -1,0 +1,172 @@
+"""The ascend backend: documented torch_npu fused operators, the portable Triton kernels via triton-ascend, HCCL.
+
+Selected as ``hetero.load("ascend")``. The ops in ``support.MAPPED`` call torch_npu; every
+argument conversion lives in ``hetero_ascend.convert`` and is tested on CPU against a reference
+written from the torch_npu docs. NONE of the torch_npu paths has run on an NPU yet: the probe
+says so and every mapped method's docstring says so. The other ops are the Triton kernels
+(TritonBackend) and run only where triton-ascend is installed; otherwise ``supports`` declines
+them and the engine falls back to the reference. torch_npu is imported only inside functions.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+import torch
+
+import hetero
+from hetero.kernels import TritonBackend
+
+from hetero_ascend import convert, support
+
+__all__ = ["AscendBackend", "hetero_backends"]
+
+
+def _npu() -> Any:
+    return importlib.import_module("torch_npu")
+
+
+class AscendBackend(TritonBackend):
+    """Huawei Ascend NPUs (Atlas A2/A3) through torch_npu; HCCL collectives."""
+
+    name = "ascend"
+    device_type = "npu"
+    priority = 100
+    dist_backend = "hccl"
+    spec_version = hetero.SPEC_VERSION
+    #: Ops mapped to torch_npu that have never run on an NPU (shown by the probe and by explain).
+    UNVERIFIED_OPS = tuple(support.MAPPED)
+
+    @classmethod
+    def op_notes(cls) -> dict[str, str]:
+        triton = "portable Triton kernel (needs triton-ascend); never run on an NPU"
+        return {op: f"mapped to torch_npu.{support.MAPPED[op]}; {support.NEVER_RUN}" if op in support.MAPPED else triton
+                for op in cls.native_ops()}
+
+    @classmethod
+    def probe(cls) -> hetero.Availability:
+        if importlib.util.find_spec("torch_npu") is None:
+            return hetero.Availability(ok=False, reason="torch_npu is not installed", details=cls._unverified())
+        try:
+            torch_npu = _npu()
+            count = torch_npu.npu.device_count() if torch_npu.npu.is_available() else 0
+        except Exception as e:  # a torch_npu / CANN mismatch raises at import
+            return hetero.Availability(ok=False, reason=f"torch_npu failed to load: {type(e).__name__}: {e}",
+                                       details=cls._unverified())
+        if count == 0:
+            return hetero.Availability(ok=False, reason="no NPU visible (check the driver and ASCEND_RT_VISIBLE_DEVICES)",
+                                       details=cls._unverified())
+        index = torch_npu.npu.current_device()
+        soc = torch_npu.npu.get_device_name(index)
+        return hetero.Availability(ok=True, reason=f"torch_npu paths {support.NEVER_RUN}", device_name=soc, details={
+            "soc": soc, "devices": count, "torch": torch.__version__, **cls._unverified()})
+
+    @classmethod
+    def _unverified(cls) -> dict[str, Any]:
+        """The marker `hetero explain ascend` shows: which ops are torch_npu mappings never run on an NPU."""
+        return {"triton_ascend": support.triton_ascend_version() or "not installed",
+                **{op: f"torch_npu.{fn}; {support.NEVER_RUN}" for op, fn in support.MAPPED.items()}}
+
+    def supports(self, op: str, **static: Any) -> str | None:
+        return support.reason(op, static, support.triton_ascend_version() is not None)
+
+    # -- attention ------------------------------------------------------------------------
+    def _fia(self, query, key, value, q_lens, kv_lens, *, scale, causal, window, return_lse, block_table=None,
+             block_size=0, num_kv_heads, query_rope=None, key_rope=None):
+        sp = convert.sparse_args(causal, window)
+        out, lse = _npu().npu_fused_infer_attention_score(
+            convert.tnd_query(query), key, value, query_rope=query_rope, key_rope=key_rope,
+            atten_mask=convert.causal_mask(str(query.device)) if sp["mask"] else None,
+            actual_seq_lengths=q_lens, actual_seq_lengths_kv=kv_lens, block_table=block_table, block_size=block_size,
+            num_heads=query.shape[1], num_key_value_heads=num_kv_heads, scale=scale, input_layout="TND",
+            sparse_mode=sp["sparse_mode"], pre_tokens=sp["pre_tokens"], next_tokens=sp["next_tokens"],
+            softmax_lse_flag=return_lse)
+        return (out, convert.lse_from_npu(lse)) if return_lse else out
+
+    def paged_attention(self, query, k_cache, v_cache, meta, *, scale, causal=True, window=(-1, -1), softcap=0.0,
+                        sinks=None, out=None, return_lse=False):
+        """torch_npu.npu_fused_infer_attention_score, TND + block_table; never run on an NPU (conversions tested on CPU)."""
+        q_lens, kv_lens = convert.paged_lengths(meta)
+        res = self._fia(query, convert.paged_kv_bsh(k_cache), convert.paged_kv_bsh(v_cache), q_lens, kv_lens,
+                        scale=scale, causal=causal, window=window, return_lse=return_lse, block_table=meta.block_table,
+                        block_size=k_cache.shape[1], num_kv_heads=k_cache.shape[2])
+        if out is None:
+            return res
+        out.copy_(res[0] if return_lse else res)
+        return (out, res[1]) if return_lse else out
+
+    def varlen_attention(self, query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, scale,
+                         causal=True, window=(-1, -1), softcap=0.0, return_lse=False):
+        """torch_npu.npu_fused_infer_attention_score, dense TND; never run on an NPU (conversions tested on CPU)."""
+        q_lens, kv_lens = convert.varlen_lengths(cu_seqlens_q, cu_seqlens_k)
+        return self._fia(query, key.contiguous(), value.contiguous(), q_lens, kv_lens, scale=scale, causal=causal,
+                         window=window, return_lse=return_lse, num_kv_heads=key.shape[1])
+
+    def mla_attention(self, q_nope, q_pe, ckv_cache, kpe_cache, meta, *, scale, causal=True, return_lse=False):
+        """FIA's MLA form (query_rope/key_rope, D = 512); never run on an NPU (conversions tested on CPU).
+        FIA takes 1..16 query rows per sequence here (doc): longer chunks go to the Triton kernel."""
+        if meta.max_query_len > 16 or return_lse:
+            return super().mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, scale=scale, causal=causal,
+                                         return_lse=return_lse)
+        q_lens, kv_lens = convert.paged_lengths(meta)
+        ckv = convert.paged_kv_bsh(ckv_cache)
+        return self._fia(q_nope, ckv, ckv, q_lens, kv_lens, scale=scale, causal=causal and meta.max_query_len > 1,
+                         window=(-1, -1), return_lse=False, block_table=meta.block_table, block_size=ckv_cache.shape[1],
+                         num_kv_heads=1, query_rope=convert.tnd_query(q_pe), key_rope=convert.paged_kv_bsh(kpe_cache))
+
+    # -- gemm / moe -----------------------------------------------------------------------
+    def grouped_gemm(self, a, b, group_ends, *, out_dtype=None):
+        """torch_npu.npu_grouped_matmul (split_item 2, group_type 0, cumsum group_list); never run on an NPU
+        (conversions tested on CPU)."""
+        w = convert.grouped_weights(b)
+        y = _npu().npu_grouped_matmul([a], [w[g] for g in range(w.shape[0])], group_list=convert.group_list(group_ends, 0),
+                                      split_item=2, group_type=0, group_list_type=0)[0]
+        rows = torch.arange(a.shape[0], device=a.device).unsqueeze(1)
+        y = y.masked_fill(rows >= group_ends[-1:].to(torch.int64), 0)  # hetero: rows past the last group are zero
+        return y if out_dtype in (None, y.dtype) else y.to(out_dtype)
+
+    def route(self, router_logits, *, top_k, scoring="softmax", renormalize=True, n_group=1, topk_group=1,
+              correction_bias=None, routed_scaling_factor=1.0):
+        """torch_npu.npu_moe_gating_top_k; never run on an NPU (conversions tested on CPU)."""
+        args = convert.gating_args(top_k, scoring, n_group, topk_group, correction_bias is not None, routed_scaling_factor)
+        bias = None if correction_bias is None else correction_bias.to(router_logits.dtype)
+        weights, ids, _ = _npu().npu_moe_gating_top_k(router_logits, bias=bias, **args)
+        return weights.float(), ids.to(torch.int32)
+
+    def moe_permute(self, x, ids, num_experts):
+        """torch_npu.npu_moe_init_routing_v2 (dropless, cumsum counts); never run on an NPU (conversions tested on CPU)."""
+        x_sorted, row_idx, ends, _ = _npu().npu_moe_init_routing_v2(
+            x, ids.to(torch.int32), active_num=ids.numel(), expert_num=num_experts, drop_pad_mode=0,
+            expert_tokens_num_type=0, expert_tokens_num_flag=True, row_idx_type=0)
+        return x_sorted, ends.to(torch.int32), convert.perm_from_row_idx(row_idx)
+
+    def moe_unpermute(self, y_sorted, perm, weights):
+        """torch_npu.npu_moe_token_unpermute; never run on an NPU (conversions tested on CPU)."""
+        y = _npu().npu_moe_token_unpermute(y_sorted.float(), convert.unpermute_indices(perm), weights.float())
+        return y.to(y_sorted.dtype)
+
+    # -- layers ---------------------------------------------------------------------------
+    def rms_norm(self, x, weight, eps, *, residual=None):
+        """torch_npu.npu_rms_norm / npu_add_rms_norm; never run on an NPU (conversions tested on CPU)."""
+        if residual is None:
+            return _npu().npu_rms_norm(x, weight.to(x.dtype), epsilon=eps)[0]
+        y, _, h = _npu().npu_add_rms_norm(x, residual, weight.to(x.dtype), eps)
+        return y, h
+
+    def rotary_embedding(self, positions, q, k, cos_sin_cache, *, is_neox=True):
+        """torch_npu.npu_rotary_mul (neox half-rotation), rotary dims only; never run on an NPU
+        (conversions tested on CPU)."""
+        r1, r2 = convert.rotary_factors(positions, cos_sin_cache.to(q.dtype))
+        rot = cos_sin_cache.shape[-1]
+
+        def apply(x):
+            head = _npu().npu_rotary_mul(x[..., :rot].unsqueeze(1).contiguous(), r1, r2).squeeze(1)
+            return torch.cat([head, x[..., rot:]], dim=-1) if rot < x.shape[-1] else head
+
+        return apply(q), apply(k)
+
+
+@hetero.hookimpl
+def hetero_backends() -> list[type[hetero.Backend]]:
+    return [AscendBackend]

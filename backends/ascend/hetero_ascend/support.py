@@ -1,0 +1,116 @@
+"""What the ascend backend runs natively, per op and static configuration (the body of ``supports``).
+
+Limits are the documented ones; doc = Ascend/op-plugin docs/context/torch_npu-npu_fused_infer_attention_score.md
+(FIA) unless said. A number that could not be confirmed says "unverified" in its reason.
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+from typing import Any, Mapping
+
+from hetero.kernels.limits import dtype_name, kernel_reason
+
+__all__ = ["MAPPED", "NEVER_RUN", "reason", "triton_ascend_version"]
+
+#: op -> the torch_npu operator it is mapped to.
+MAPPED = {
+    "paged_attention": "npu_fused_infer_attention_score",
+    "varlen_attention": "npu_fused_infer_attention_score",
+    "mla_attention": "npu_fused_infer_attention_score (query_rope/key_rope)",
+    "grouped_gemm": "npu_grouped_matmul",
+    "route": "npu_moe_gating_top_k",
+    "moe_permute": "npu_moe_init_routing_v2",
+    "moe_unpermute": "npu_moe_token_unpermute",
+    "rms_norm": "npu_rms_norm / npu_add_rms_norm",
+    "rotary_embedding": "npu_rotary_mul",
+}
+NEVER_RUN = "never run on an NPU (conversions tested on CPU)"
+
+HALF = ("float16", "bfloat16")  # FIA query: float16, bfloat16 (doc, A2/A3)
+HALF_FP32 = ("float16", "bfloat16", "float32")  # npu_rms_norm, npu_moe_gating_top_k, npu_grouped_matmul (A2/A3)
+PAGED_BLOCKS = (128, 256, 384, 512)  # doc: page attention (Q_S > 1) block_size min 128, max 512, multiple of 128
+MLA_BLOCKS = (16, 128)  # doc: MLA (D = 512) with page attention, block_size 16 or 128
+MLA_HEADS = (32, 64, 128)  # doc: MLA query n 32/64/128
+MAX_GATING_TOPK = 32  # ptaoplist_002365 (Pytorch 7.0.0): k in [1, 32] on A2/A3
+MAX_GATING_EXPERTS = 2048  # aclnnMoeGatingTopK (CANN 8.5): expert count <= 2048 (7.0.0 said only 256)
+
+
+def triton_ascend_version() -> str | None:
+    """triton-ascend's version when installed (never imported here), else None."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        return md.version("triton-ascend")
+    except md.PackageNotFoundError:
+        return None
+
+
+def _attention_reason(op: str, s: Mapping[str, Any]) -> str | None:
+    hd, hdv = s.get("head_dim"), s.get("head_dim_v")
+    if hd is not None and (int(hd) % 16 or int(hd) > 512):
+        return f"FIA takes head dims that are multiples of 16 up to 512 (float16/bfloat16), not {int(hd)}"
+    if float(s.get("softcap", 0.0) or 0.0) > 0:
+        return "FIA has no logit softcap"
+    if s.get("sinks") is not None and s.get("sinks") is not False:
+        return "FIA has no attention sinks"
+    window = tuple(s.get("window", (-1, -1)) or (-1, -1))
+    if window != (-1, -1):
+        return ("FIA with the TND layout takes only sparse_mode 0 or 3 (no band window), and ignores "
+                "pre_tokens/next_tokens when Q_S = 1 (doc)")
+    hq, hkv = s.get("num_heads"), s.get("num_kv_heads")
+    if hq is not None and hkv is not None and int(hq) // max(int(hkv), 1) > 64:
+        return f"FIA takes num_heads / num_key_value_heads <= 64, not {int(hq)}/{int(hkv)}"
+    if op == "paged_attention":
+        bs = s.get("block_size")
+        if bs is not None and int(bs) not in PAGED_BLOCKS:
+            return f"FIA page attention takes block_size 128..512 in multiples of 128 (doc, Q_S > 1), not {int(bs)}"
+        if hd is not None and hdv is not None and int(hd) != int(hdv):
+            return "FIA page attention keeps key and value head dims equal"
+    return None
+
+
+def _mla_reason(s: Mapping[str, Any]) -> str | None:
+    if s.get("return_lse"):
+        return "FIA's MLA form (D = 512) does not output softmax_lse (doc)"
+    hq, bs = s.get("num_heads"), s.get("block_size")
+    if hq is not None and int(hq) not in MLA_HEADS:
+        return f"FIA's MLA form takes 32, 64 or 128 query heads (doc), not {int(hq)}"
+    if bs is not None and int(bs) not in MLA_BLOCKS:
+        return f"FIA's MLA form takes block_size 16 or 128 (doc), not {int(bs)}"
+    for key, want in (("head_dim", 512), ("latent_dim", 512), ("rope_dim", 64)):
+        if s.get(key) is not None and int(s[key]) != want:
+            return f"FIA's MLA form takes {key} {want} (doc), not {int(s[key])}"
+    return None
+
+
+def _mapped_reason(op: str, s: Mapping[str, Any]) -> str | None:
+    dtype = dtype_name(s.get("dtype"))
+    if op in ("paged_attention", "varlen_attention", "mla_attention"):
+        if dtype is not None and dtype not in HALF:
+            return f"FIA takes float16 or bfloat16 queries, not {dtype}"
+        return _mla_reason(s) if op == "mla_attention" else _attention_reason(op, s)
+    if dtype is not None and dtype not in HALF_FP32 and op != "moe_permute" and op != "moe_unpermute":
+        return f"torch_npu.{MAPPED[op]} takes float16, bfloat16 or float32, not {dtype}"
+    if op == "route":
+        k, e = s.get("top_k"), s.get("num_experts")
+        if k is not None and not 1 <= int(k) <= MAX_GATING_TOPK:
+            return f"npu_moe_gating_top_k takes top_k 1..{MAX_GATING_TOPK}, not {int(k)}"
+        if e is not None and int(e) > MAX_GATING_EXPERTS:
+            return f"npu_moe_gating_top_k takes at most {MAX_GATING_EXPERTS} experts, not {int(e)}"
+        if s.get("renormalize") is False:
+            return "npu_moe_gating_top_k always renormalizes the top-k weights (y / (sum y + eps))"
+        if s.get("scoring", "softmax") == "softmax":
+            return "npu_moe_gating_top_k's softmax scoring (norm_type 0) is in newer CANN docs only: unverified"
+    if op == "rotary_embedding" and s.get("is_neox") is False:
+        return "npu_rotary_mul's interleaved (GPT-J) mode is unverified"
+    return None
+
+
+def reason(op: str, static: Mapping[str, Any], triton_ok: bool) -> str | None:
+    """None if ``op`` runs natively with ``static``, else why not."""
+    if op in MAPPED:
+        return _mapped_reason(op, static)
+    if not triton_ok:
+        return "no torch_npu fused op and triton-ascend is not installed"
+    return kernel_reason(op, static)
