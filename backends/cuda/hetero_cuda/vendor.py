@@ -22,6 +22,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from hetero.kernels.torch_paths import linear_gemm, named
+
 __all__ = ["ENV", "off_reason", "bind", "installed", "cublas_gemm", "torch_grouped_gemm", "torch_scaled_gemm", "flash_attn_varlen"]
 
 ENV = "HETERO_CUDA_VENDOR"
@@ -69,22 +71,13 @@ def bind(backend: Any) -> dict[str, Callable]:
     return paths
 
 
-def _named(fn: Callable, name: str) -> Callable:
-    fn.__name__ = fn.__qualname__ = name
-    return fn
 
 
 # ----------------------------------------------------------------------------- gemm
 
 def cublas_gemm(triton_gemm: Callable) -> Callable:
-    """torch's linear (cuBLAS/cuBLASLt, bias in the epilogue) when operands, bias and output share a dtype."""
-
-    def gemm(a, b, *, bias=None, out_dtype=None):
-        if a.dtype == b.dtype and out_dtype in (None, a.dtype) and (bias is None or bias.dtype == a.dtype):
-            return F.linear(a, b, bias)
-        return triton_gemm(a, b, bias=bias, out_dtype=out_dtype)
-
-    return _named(gemm, "cublas_gemm")
+    """torch's linear (cuBLAS/cuBLASLt) when operands, bias and output share a dtype."""
+    return linear_gemm(triton_gemm, "cublas_gemm", __name__)
 
 
 def _grouped_fits(a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, out_dtype: torch.dtype | None) -> bool:
@@ -106,7 +99,7 @@ def torch_grouped_gemm(triton_grouped_gemm: Callable) -> Callable:
         rows = torch.arange(a.shape[0], device=a.device).unsqueeze(1)
         return out.masked_fill_(rows >= group_ends[-1:], 0)  # grouped_mm leaves them unwritten
 
-    return _named(grouped_gemm, "torch_grouped_gemm")
+    return named(grouped_gemm, "torch_grouped_gemm")
 
 
 def _scale_form(scale: torch.Tensor, rows: int) -> str:
@@ -146,7 +139,7 @@ def torch_scaled_gemm(triton_scaled_gemm: Callable, *, rowwise: bool) -> Callabl
             return out
         return out.add_(bias).to(out_dtype)
 
-    return _named(scaled_gemm, "torch_scaled_gemm")
+    return named(scaled_gemm, "torch_scaled_gemm")
 
 
 # ----------------------------------------------------------------------------- attention
@@ -189,4 +182,4 @@ def flash_attn_varlen(triton_varlen: Callable, fa_varlen: Callable) -> Callable:
         lse = res[1].t().contiguous()
         return res[0], lse.masked_fill_(lse == float("inf"), float("-inf"))
 
-    return _named(varlen_attention, "flash_attn_varlen")
+    return named(varlen_attention, "flash_attn_varlen")

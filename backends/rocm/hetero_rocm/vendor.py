@@ -24,6 +24,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from hetero.kernels.torch_paths import linear_gemm, named
+
 __all__ = ["ENV", "off_reason", "bind", "installed", "hipblaslt_gemm", "torch_scaled_gemm", "aiter_varlen"]
 
 ENV = "HETERO_ROCM_VENDOR"
@@ -65,20 +67,11 @@ def bind(backend: Any) -> dict[str, Callable]:
     return paths
 
 
-def _named(fn: Callable, name: str) -> Callable:
-    fn.__name__ = fn.__qualname__ = name
-    return fn
 
 
 def hipblaslt_gemm(triton_gemm: Callable) -> Callable:
-    """torch's linear (hipBLASLt on ROCm, bias in the epilogue) when operands, bias and output share a dtype."""
-
-    def gemm(a, b, *, bias=None, out_dtype=None):
-        if a.dtype == b.dtype and out_dtype in (None, a.dtype) and (bias is None or bias.dtype == a.dtype):
-            return F.linear(a, b, bias)
-        return triton_gemm(a, b, bias=bias, out_dtype=out_dtype)
-
-    return _named(gemm, "hipblaslt_gemm")
+    """torch's linear (hipBLASLt on ROCm) when operands, bias and output share a dtype."""
+    return linear_gemm(triton_gemm, "hipblaslt_gemm", __name__)
 
 
 def _tensorwise(a, b, a_scale, b_scale, fp8: torch.dtype) -> bool:
@@ -97,7 +90,7 @@ def torch_scaled_gemm(triton_scaled_gemm: Callable, fp8: torch.dtype) -> Callabl
         out = torch._scaled_mm(a, b.t(), scale_a=a_scale.reshape(()), scale_b=b_scale.reshape(()), out_dtype=mm_dtype)
         return out if bias is None else out.add_(bias).to(out_dtype)
 
-    return _named(scaled_gemm, "torch_scaled_gemm")
+    return named(scaled_gemm, "torch_scaled_gemm")
 
 
 def _aiter_varlen_func() -> Callable | None:
@@ -135,4 +128,4 @@ def aiter_varlen(triton_varlen: Callable, ck_varlen: Callable) -> Callable:
         lse = res[1].t().contiguous()
         return out, lse.masked_fill_(lse == float("inf"), float("-inf"))
 
-    return _named(varlen_attention, "aiter_varlen")
+    return named(varlen_attention, "aiter_varlen")
