@@ -10,6 +10,7 @@ from hetero.errors import (
     BackendIncompatible,
     BackendNotFound,
     BackendUnavailable,
+    CommError,
     HeteroError,
     OpError,
     OpNotAvailable,
@@ -38,4 +39,5 @@ __all__ = [
     "BackendNotFound",
     "BackendUnavailable",
     "BackendIncompatible",
+    "CommError",
 ]

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import torch
 
 from hetero.spec import OP_NAMES
+
+if TYPE_CHECKING:
+    from hetero.spec.comm import Communicator
 
 __all__ = ["Backend", "Availability"]
 
@@ -62,6 +65,16 @@ class Backend:
     def native_ops(cls) -> tuple[str, ...]:
         """The spec ops this class (or a base other than Backend) defines."""
         return tuple(op for op in OP_NAMES if callable(getattr(cls, op, None)))
+
+    def communicator(self, group: Any = None) -> "Communicator":
+        """A ``Communicator`` over a ``torch.distributed`` process group (None: the default group).
+
+        The default group must be initialized, e.g. by ``hetero.distributed.init(backend)``,
+        which uses this backend's ``dist_backend``.
+        """
+        from hetero.distributed import TorchCommunicator
+
+        return TorchCommunicator(group)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} on {self.device}>"

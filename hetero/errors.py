@@ -8,6 +8,7 @@ __all__ = [
     "BackendUnavailable",
     "BackendIncompatible",
     "OpNotAvailable",
+    "CommError",
 ]
 
 
@@ -55,3 +56,13 @@ class OpNotAvailable(HeteroError, NotImplementedError):
     def __init__(self, backend: str, op: str, reason: str):
         self.backend, self.op, self.reason = backend, op, reason
         super().__init__(f"{op}: not available natively on backend '{backend}': {reason}")
+
+
+class CommError(HeteroError, RuntimeError):
+    """A collective failed (a peer died, or did not arrive within the timeout), or the process group could not start."""
+
+    def __init__(self, collective: str, rank: int | None, world_size: int | None, timeout: float | None, cause: str):
+        self.collective, self.rank, self.world_size, self.timeout, self.cause = collective, rank, world_size, timeout, cause
+        where = f"rank {rank} of world size {world_size}" if rank is not None else "this process"
+        limit = f"{timeout:g} s" if timeout is not None else "unknown"
+        super().__init__(f"{collective}: collective failed on {where} (timeout {limit}): {cause}")

@@ -113,6 +113,16 @@ class TritonBackend(Backend):
     def fused_moe(self, x, w13, w2, weights, ids, *, activation="silu") -> torch.Tensor:
         return _family("moe").fused_moe(x, w13, w2, weights, ids, activation=activation, tuning=self.tune)
 
+    def ep_dispatch(self, x, ids, weights, *, num_experts, comm) -> Any:
+        from hetero import _ep  # collectives and index bookkeeping: device-agnostic torch, shared with the reference
+
+        return _ep.ep_dispatch(x, ids, weights, num_experts=num_experts, comm=comm)
+
+    def ep_combine(self, y_local, dispatch) -> torch.Tensor:
+        from hetero import _ep
+
+        return _ep.ep_combine(y_local, dispatch)
+
     # -- layers --------------------------------------------------------------------------
     def rms_norm(self, x, weight, eps, *, residual=None) -> Any:
         return _family("layers").rms_norm(x, weight, eps, residual=residual, tuning=self.tune)

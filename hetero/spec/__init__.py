@@ -9,12 +9,16 @@ from types import MappingProxyType, ModuleType
 
 from hetero.spec import attention, gemm, layers, moe
 from hetero.spec._op import OpSpec
-from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
+from hetero.spec.comm import REDUCE_OPS, Communicator
+from hetero.spec.types import FLOAT_DTYPES, AttentionMeta, EPDispatch
 
-__all__ = ["SPEC_VERSION", "OPS", "OP_NAMES", "FAMILIES", "OpSpec", "AttentionMeta", "FLOAT_DTYPES"]
+__all__ = [
+    "SPEC_VERSION", "OPS", "OP_NAMES", "FAMILIES", "OpSpec", "AttentionMeta", "EPDispatch",
+    "Communicator", "REDUCE_OPS", "FLOAT_DTYPES",
+]
 
 #: Semver of the interface. Major: an op's meaning or signature changed. Minor: ops were added.
-SPEC_VERSION = "1.0.0"
+SPEC_VERSION = "1.1.0"
 
 _FAMILY_MODULES: tuple[ModuleType, ...] = (attention, gemm, moe, layers)
 

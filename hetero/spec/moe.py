@@ -8,8 +8,10 @@ from __future__ import annotations
 import torch
 
 from hetero.spec._op import spec_op
+from hetero.spec.comm import Communicator
+from hetero.spec.types import EPDispatch
 
-__all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe", "SCORING", "ACTIVATIONS"]
+__all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe", "ep_dispatch", "ep_combine", "SCORING", "ACTIVATIONS"]
 
 SCORING = ("softmax", "sigmoid")
 ACTIVATIONS = ("silu",)
@@ -94,4 +96,49 @@ def fused_moe(
     with ``e = ids[m, s]``. Intermediate activations are rounded to x's dtype as a
     composition of ``moe_permute``, ``grouped_gemm``, ``silu_and_mul``,
     ``grouped_gemm`` and ``moe_unpermute`` would. Returns [M, H] in x's dtype.
+    """
+
+
+@spec_op()
+def ep_dispatch(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    num_experts: int,
+    comm: Communicator,
+) -> EPDispatch:
+    """Expert parallelism, first half: send each token to the ranks that hold its experts.
+
+    A collective: every rank of ``comm`` calls it. x [M, H] (this rank's tokens;
+    M = 0 is legal), ids int32 [M, k] in [0, num_experts), weights float32 [M, k]
+    (from ``route``). With R = ``comm.world_size``, rank r owns the experts
+    ``[r*E/R, (r+1)*E/R)``; ``num_experts % R != 0`` is an OpError.
+
+    1. The ranks first exchange counts (how many tokens each sends to each).
+    2. ONE ``all_to_all`` then carries the tokens, each token sent once to each
+       rank holding at least one of its experts (not once per expert), together
+       with its routing weights and local expert ids for that rank.
+    3. The receiving rank expands them to one row per (token, local expert) pair,
+       grouped by local expert.
+
+    Returns an :class:`~hetero.spec.types.EPDispatch`: ``x`` [P, H] and
+    ``group_ends`` int32 [E/R] are ready for ``grouped_gemm`` with the local
+    experts' weights; the rest is the routing state ``ep_combine`` needs. A rank
+    with no tokens, and an expert with no tokens, are legal.
+    """
+
+
+@spec_op()
+def ep_combine(y_local: torch.Tensor, dispatch: EPDispatch) -> torch.Tensor:
+    """Expert parallelism, second half: return each token's weighted expert sum to its source rank.
+
+    A collective: every rank calls it with its own ``ep_dispatch`` result.
+    y_local [P, H]: the local experts' outputs, row for row as ``dispatch.x``.
+    The expert rank multiplies each pair's row by its routing weight and sums the
+    pairs of each token (float32 or wider), sends these partial sums back with one
+    ``all_to_all``, and the source rank sums the partials of each of its tokens.
+    Returns [M, H] in y_local's dtype: on the concatenation of all ranks' batches
+    it equals ``fused_moe``'s weighted sum (up to summation order); a token's
+    row is zero if it has no expert (k = 0).
     """

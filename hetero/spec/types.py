@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-__all__ = ["AttentionMeta", "FLOAT_DTYPES"]
+if TYPE_CHECKING:
+    from hetero.spec.comm import Communicator
+
+__all__ = ["AttentionMeta", "EPDispatch", "FLOAT_DTYPES"]
 
 #: Activation dtypes every floating-point op accepts (float64 is the oracle's).
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -62,3 +65,47 @@ class AttentionMeta:
             max_query_len=max((int(n) for n in query_lens), default=0),
             max_seq_len=max((int(s) for s in seq_lens), default=0),
         )
+
+
+@dataclass(frozen=True)
+class EPDispatch:
+    """What ``ep_dispatch`` returns on one rank: its experts' rows, and the routing state ``ep_combine`` needs.
+
+    R ranks, E experts; this rank r owns the E/R experts ``[expert_offset,
+    expert_offset + E/R)``. P is the number of (token, local expert) pairs this
+    rank received, N the number of distinct tokens it received, S the number of
+    token rows it sent.
+
+    - ``x`` [P, H]: one row per (token, local expert) pair, grouped by local
+      expert (expert order, and within an expert by source rank, then source
+      token index, then top-k slot), in the dtype of the dispatched x.
+    - ``group_ends`` int32 [E/R]: cumulative row counts per local expert (the
+      ``grouped_gemm`` form); an expert with no rows repeats the previous end.
+    - ``weights`` float32 [P]: the routing weight of each pair.
+    - ``token_index`` int64 [P]: which of the N received tokens each pair came from.
+    - ``recv_splits``: N split per source rank (tokens received from each rank, in rank order).
+    - ``send_splits``: S split per destination rank (tokens this rank sent to each rank).
+    - ``send_index`` int64 [S]: the index in this rank's x of each token it sent,
+      grouped by destination rank.
+    - ``num_tokens``: M, this rank's token count; ``num_experts``: E; ``comm``: the communicator used.
+    """
+
+    x: torch.Tensor
+    group_ends: torch.Tensor
+    weights: torch.Tensor
+    token_index: torch.Tensor
+    recv_splits: tuple[int, ...]
+    send_splits: tuple[int, ...]
+    send_index: torch.Tensor
+    num_tokens: int
+    num_experts: int
+    comm: "Communicator"
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.num_experts // self.comm.world_size
+
+    @property
+    def expert_offset(self) -> int:
+        """The global id of this rank's first expert."""
+        return self.comm.rank * self.num_local_experts

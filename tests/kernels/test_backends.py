@@ -272,7 +272,7 @@ def test_interpreted_conformance_runs_every_op_natively(backend, tmp_path):
     failing = [f"{c['id']}: {c['status']}: {c['message'][:200]}" for c in cases if c["status"] not in ("pass", "skipped")]
     assert not fallback, f"ops on the reference fallback: {fallback}"
     assert proc.returncode == 0, "\n".join(failing) or proc.stderr[-3000:]
-    assert {c["op"] for c in cases} == set(OP_NAMES)
+    assert {c["op"] for c in cases} == set(OP_NAMES) - {"ep_dispatch", "ep_combine"}  # collectives: multi-process conformance
     skipped = {c["id"]: c["message"] for c in cases if c["status"] == "skipped"}
     if backend == "cuda":  # only AMD's fp8 is declined
         assert all("float8_e4m3fnuz" in case_id for case_id in skipped), skipped
@@ -291,5 +291,5 @@ def test_gpu_check_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "**interpreted**" in text and "time.perf_counter" in text and "| error:" not in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| op ")]
-    assert {row.split(" | ")[0].removeprefix("| ") for row in rows} == set(OP_NAMES)
+    assert {row.split(" | ")[0].removeprefix("| ") for row in rows} == set(OP_NAMES) - {"ep_dispatch", "ep_combine"}  # collectives: not timed on one GPU
     assert (out.parent / "gpu_check.conformance.json").exists()

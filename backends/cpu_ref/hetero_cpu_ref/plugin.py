@@ -9,6 +9,7 @@ import hetero
 from hetero.spec import SPEC_VERSION
 
 from hetero_cpu_ref import attention as _attention
+from hetero_cpu_ref import ep as _ep
 from hetero_cpu_ref import gemm as _gemm
 from hetero_cpu_ref import layers as _layers
 from hetero_cpu_ref import moe as _moe
@@ -48,6 +49,8 @@ class CpuRefBackend(hetero.Backend):
     moe_permute = staticmethod(_moe.moe_permute)
     moe_unpermute = staticmethod(_moe.moe_unpermute)
     fused_moe = staticmethod(_moe.fused_moe)
+    ep_dispatch = staticmethod(_ep.ep_dispatch)
+    ep_combine = staticmethod(_ep.ep_combine)
 
     rms_norm = staticmethod(_layers.rms_norm)
     rotary_embedding = staticmethod(_layers.rotary_embedding)
