@@ -45,6 +45,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--isolate", action="store_true", help="run each op family in a worker process: a crash or hang is reported, the run goes on")
     p.add_argument("--timeout", type=_positive, default=300.0, metavar="S",
                    help="with --isolate: seconds one case may run before its worker is killed (default 300)")
+    p.add_argument("--world-size", type=int, default=1, metavar="N",
+                   help="spawn N ranks and check the collectives and ep_dispatch/ep_combine against the single-process "
+                        "reference (default 1: the op catalog in this process); --timeout: seconds a rank may spend on one case")
     p.add_argument("--list", action="store_true", help="print the selected case ids and exit")
     p.add_argument("--catalog", default=None, metavar="MODULE:FUNC", help="another case catalog (a function taking quick=); default: the built-in one")
     p.set_defaults(func=command)
@@ -67,6 +70,9 @@ def _canonical(args: argparse.Namespace, selection: Any) -> list[str]:
         argv += ["-k", pattern]
     argv += ["--seed", str(args.seed)]
     argv += ["--isolate", "--timeout", f"{args.timeout:g}"] if args.isolate else []
+    world = getattr(args, "world_size", 1)
+    argv += ["--world-size", str(world)] if world > 1 else []
+    argv += ["--timeout", f"{args.timeout:g}"] if world > 1 and not args.isolate else []
     return argv + (["--catalog", args.catalog] if args.catalog else [])
 
 
@@ -98,10 +104,22 @@ def command(args: argparse.Namespace, registry: Any, console: Any) -> int:
     err = Console(stderr=True)
     selection = _selection(args)
     try:
+        world = getattr(args, "world_size", 1)
+        if world < 1:
+            raise SelectionError(f"--world-size must be >= 1, got {world}")
+        if world > 1 and args.list:
+            from hetero_conformance.distributed import dist_cases
+            return _list(console, [c for c in dist_cases(world, quick=args.quick)])
         if args.list:
             return _list(console, selected_cases(selection))
-        suite = run_suite(registry, args.name, selection, seed=args.seed, isolate=args.isolate, timeout=args.timeout,
-                          console=console, argv=_canonical(args, selection))
+        if world > 1:
+            from hetero_conformance.distributed import run_world_suite
+
+            suite = run_world_suite(registry, args.name, world, selection, seed=args.seed, timeout=args.timeout,
+                                    console=console, argv=_canonical(args, selection))
+        else:
+            suite = run_suite(registry, args.name, selection, seed=args.seed, isolate=args.isolate, timeout=args.timeout,
+                              console=console, argv=_canonical(args, selection))
     except (SelectionError, BackendUnavailable, BackendIncompatible) as e:
         err.print(f"[red]hetero conformance:[/] {escape(str(e))}", highlight=False)
         return EXIT_USAGE

@@ -161,7 +161,7 @@ def environment(avail: Availability, device: torch.device) -> dict[str, Any]:
 
 
 def build_meta(registry: Registry, name: str, device: torch.device, *, seed: int, selection: Selection,
-               isolate: bool, timeout: float | None, argv: Sequence[str] | None = None) -> dict[str, Any]:
+               isolate: bool, timeout: float | None, argv: Sequence[str] | None = None, world_size: int = 1) -> dict[str, Any]:
     """Everything about a run but its results: versions, backend, device, environment, selectors."""
     base = name.split(":")[0]
     entry, avail = registry.entry(base), registry.availability(base)
@@ -186,7 +186,8 @@ def build_meta(registry: Registry, name: str, device: torch.device, *, seed: int
             "tier": selection.tier,
             "selection": selection.as_dict(),
             "isolate": isolate,
-            "timeout_s": timeout if isolate else None,
+            "world_size": world_size,
+            "timeout_s": timeout if isolate or world_size > 1 else None,
             "command": shlex.join(["hetero", "conformance", *argv]) if argv is not None else shlex.join(sys.argv),
             "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "duration_s": 0.0,
