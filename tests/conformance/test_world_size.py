@@ -133,3 +133,40 @@ def test_torchrun_entry_point():
                            "cpu_ref", "--quick"], capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, "HETERO_COMM_TIMEOUT": "30"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pass     ep_dispatch+ep_combine/world2.deepseek-v3.t4/float32" in proc.stdout
+
+
+EP_DROPS_WEIGHTS_PLUGIN = '''
+import dataclasses
+
+import torch
+
+import hetero
+from hetero_cpu_ref.plugin import CpuRefBackend
+
+
+class DropsWeights(CpuRefBackend):
+    """ep_combine sums the expert outputs without the routing weights (as DeepEP's normal combine does)."""
+
+    name = "{name}"
+    priority = -2000
+
+    @staticmethod
+    def ep_combine(y_local, dispatch):
+        unweighted = dataclasses.replace(dispatch, weights=torch.ones_like(dispatch.weights))
+        return CpuRefBackend.ep_combine(y_local, unweighted)
+
+
+@hetero.hookimpl
+def hetero_backends():
+    return [DropsWeights]
+'''
+
+
+def test_a_combine_without_routing_weights_fails_on_ep_only(site, tmp_path):
+    _install(site, "unweighted", EP_DROPS_WEIGHTS_PLUGIN.format(name="unweighted"))
+    path = tmp_path / "r.json"
+    assert main(["conformance", "unweighted", "--world-size", "2", "--quick", "--timeout", "60", "--json", str(path)], registry=Registry()) == 1
+    doc = json.loads(path.read_text())
+    failed = {c["op"] for c in doc["cases"] if c["status"] == "fail"}
+    assert failed == {"ep_dispatch+ep_combine"}, doc["cases"]
+    assert all(c["status"] == "pass" for c in doc["cases"] if c["op"] != "ep_dispatch+ep_combine")
