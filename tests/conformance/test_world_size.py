@@ -36,6 +36,14 @@ class DiesInBroadcast(TorchCommunicator):
         return super().broadcast(x, src)
 
 
+class HangsInBroadcast(TorchCommunicator):
+    def broadcast(self, x, src):
+        if self.rank == 1:
+            import time
+            time.sleep(3600)
+        return super().broadcast(x, src)
+
+
 class Bad(CpuRefBackend):
     name = "{name}"
     priority = -2000
@@ -170,3 +178,18 @@ def test_a_combine_without_routing_weights_fails_on_ep_only(site, tmp_path):
     failed = {c["op"] for c in doc["cases"] if c["status"] == "fail"}
     assert failed == {"ep_dispatch+ep_combine"}, doc["cases"]
     assert all(c["status"] == "pass" for c in doc["cases"] if c["op"] != "ep_dispatch+ep_combine")
+
+
+def test_a_hanging_rank_is_reported_as_timeout(site, tmp_path):
+    import time
+
+    _install(site, "hangs", BAD_COMM_PLUGIN.format(name="hangs", comm="HangsInBroadcast"))
+    path = tmp_path / "r.json"
+    start = time.monotonic()
+    assert main(["conformance", "hangs", "--world-size", "2", "--quick", "--timeout", "8", "--json", str(path)], registry=Registry()) == 1
+    elapsed = time.monotonic() - start
+    doc = json.loads(path.read_text())
+    first = next(c for c in doc["cases"] if c["op"] == "broadcast")
+    assert first["status"] in ("timeout", "error"), first
+    assert any(c["status"] == "timeout" for c in doc["cases"]), doc["cases"]
+    assert elapsed < 8 * 2 + 60, elapsed  # the collective timeout, then the stall watch; never an hour
