@@ -18,7 +18,7 @@ import torch
 import hetero
 from hetero.kernels import TritonBackend
 
-from hetero_ascend import convert, support
+from hetero_ascend import convert, ep, support
 
 __all__ = ["AscendBackend", "hetero_backends"]
 
@@ -41,8 +41,12 @@ class AscendBackend(TritonBackend):
     @classmethod
     def op_notes(cls) -> dict[str, str]:
         triton = "portable Triton kernel (needs triton-ascend); never run on an NPU"
-        return {op: f"mapped to torch_npu.{support.MAPPED[op]}; {support.NEVER_RUN}" if op in support.MAPPED else triton
-                for op in cls.native_ops()}
+        notes = {op: f"mapped to torch_npu.{support.MAPPED[op]}; {support.NEVER_RUN}" if op in support.MAPPED else triton
+                 for op in cls.native_ops()}
+        for op in ("ep_dispatch", "ep_combine"):
+            notes[op] = (f"mapped to torch_npu.{support.MAPPED[op]} where its documented limits allow, else the "
+                         f"portable hetero._ep path; {support.NEVER_RUN}")
+        return notes
 
     @classmethod
     def probe(cls) -> hetero.Availability:
@@ -145,6 +149,58 @@ class AscendBackend(TritonBackend):
         """torch_npu.npu_moe_token_unpermute; never run on an NPU (conversions tested on CPU)."""
         y = _npu().npu_moe_token_unpermute(y_sorted.float(), convert.unpermute_indices(perm), weights.float())
         return y.to(y_sorted.dtype)
+
+    # -- expert parallelism ---------------------------------------------------------------
+    @staticmethod
+    def _hccl_group(x, comm) -> Any | None:
+        """The process group when this call may use torch_npu (x on an NPU, comm over an HCCL group), else None.
+        Checks the device first so torch_npu is never imported for CPU tensors."""
+        if getattr(x, "device", None) is None or x.device.type != "npu":
+            return None
+        if importlib.util.find_spec("torch_npu") is None:
+            return None
+        from hetero.distributed import TorchCommunicator
+        if not isinstance(comm, TorchCommunicator):
+            return None
+        import torch.distributed as dist
+        group = comm.group if comm.group is not None else dist.group.WORLD
+        try:
+            return group if dist.get_backend(group) == "hccl" else None
+        except Exception:
+            return None
+
+    def ep_dispatch(self, x, ids, weights, *, num_experts, comm):
+        """torch_npu.npu_moe_distribute_dispatch where its documented limits hold (checked on all ranks with one
+        small all_reduce), else the portable hetero._ep path; never run on an NPU (conversions tested on CPU)."""
+        from hetero import _ep
+        group = self._hccl_group(x, comm)
+        if group is None:
+            return _ep.ep_dispatch(x, ids, weights, num_experts=num_experts, comm=comm)
+        stats = comm.all_reduce(ep.rank_stats(x.shape[0], ep.duplicate_ids(ids), x.device), "max").tolist()
+        max_bs, min_bs, dup = int(stats[0]), -int(stats[1]), bool(stats[2])
+        torch_npu = _npu()
+        product = ep.product_of(torch_npu.npu.get_device_name(x.device.index))
+        why = ep.dispatch_limit_reason(product=product, world=comm.world_size, num_experts=num_experts,
+                                       top_k=ids.shape[1], hidden=x.shape[1], min_bs=min_bs, max_bs=max_bs,
+                                       dtype=x.dtype, duplicates=dup, buffsize_mb=ep.hccl_buffsize_mb())
+        if why is not None:  # the same on every rank: all inputs to it are rank-uniform
+            return _ep.ep_dispatch(x, ids, weights, num_experts=num_experts, comm=comm)
+        import torch.distributed as dist
+        name = group._get_backend(torch.device("npu")).get_hccl_comm_name(dist.get_rank())
+        args = ep.dispatch_args(comm_name=name, world=comm.world_size, rank=comm.rank, num_experts=num_experts,
+                                max_bs=max_bs)
+        ids32 = ids.to(torch.int32)
+        outs = torch_npu.npu_moe_distribute_dispatch(x, ids32, quant_mode=0, **args)
+        return ep.from_dispatch_outputs(tuple(outs), ids=ids32, weights=weights, num_tokens=x.shape[0],
+                                        num_experts=num_experts, comm=comm, args=args)
+
+    def ep_combine(self, y_local, dispatch):
+        """torch_npu.npu_moe_distribute_combine for a dispatch made by npu_moe_distribute_dispatch, else the
+        portable hetero._ep path; never run on an NPU (conversions tested on CPU)."""
+        if isinstance(dispatch, ep.NpuEPDispatch):
+            return _npu().npu_moe_distribute_combine(**ep.combine_args(y_local, dispatch)).to(y_local.dtype)
+        from hetero import _ep
+        return _ep.ep_combine(y_local, dispatch)
 
     # -- layers ---------------------------------------------------------------------------
     def rms_norm(self, x, weight, eps, *, residual=None):

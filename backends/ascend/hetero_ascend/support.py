@@ -24,6 +24,8 @@ MAPPED = {
     "moe_unpermute": "npu_moe_token_unpermute",
     "rms_norm": "npu_rms_norm / npu_add_rms_norm",
     "rotary_embedding": "npu_rotary_mul",
+    "ep_dispatch": "npu_moe_distribute_dispatch",
+    "ep_combine": "npu_moe_distribute_combine",
 }
 NEVER_RUN = "never run on an NPU (conversions tested on CPU)"
 
@@ -34,6 +36,20 @@ MLA_BLOCKS = (16, 128)  # doc: MLA (D = 512) with page attention, block_size 16 
 MLA_HEADS = (32, 64, 128)  # doc: MLA query n 32/64/128
 MAX_GATING_TOPK = 32  # ptaoplist_002365 (Pytorch 7.0.0): k in [1, 32] on A2/A3
 MAX_GATING_EXPERTS = 2048  # aclnnMoeGatingTopK (CANN 8.5): expert count <= 2048 (7.0.0 said only 256)
+
+# npu_moe_distribute_dispatch / _combine (doc = Ascend/op-plugin docs/context/torch_npu-npu_moe_distribute_dispatch.md,
+# hiascend Pytorch 7.0.0 ptaoplist_002364). "A2" = Atlas A2 (Ascend910B*), "A3" = Atlas A3 (Ascend910_93*);
+# the SoC-name -> product mapping is unverified. None = product unknown: the intersection of both.
+EP_DTYPES = ("float16", "bfloat16")  # doc: x bfloat16, float16
+EP_WORLD = {"A2": (16, 32, 64), "A3": (8, 16, 32, 64, 128, 144, 256, 288)}  # doc: ep_world_size
+EP_MAX_BS = {"A2": 256, "A3": 512}  # doc: 0 < BS <= 256 (A2), <= 512 (A3)
+EP_MAX_TOPK = 8  # doc: 0 < K <= 8 (A3 and the 7.0.0 page; the newer doc allows 16 on A2 -- not used)
+EP_MAX_EXPERTS = 512  # doc: moe_expert_num in [1, 512], divisible by ep_world_size
+EP_A2_MAX_LOCAL_EXPERTS = 24  # doc: A2 moe_expert_num / ep_world_size <= 24
+EP_A2_MAX_HIDDEN = 7168  # doc: A2 H in (0, 7168], a multiple of 32
+EP_A2_HIDDEN_MULTIPLE = 32
+EP_A3_HIDDEN = 7168  # doc: A3 H only 7168
+HCCL_BUFFSIZE_DEFAULT_MB = 200  # doc: HCCL_BUFFSIZE default 200 MB
 
 
 def triton_ascend_version() -> str | None:
@@ -109,6 +125,10 @@ def _mapped_reason(op: str, s: Mapping[str, Any]) -> str | None:
 
 def reason(op: str, static: Mapping[str, Any], triton_ok: bool) -> str | None:
     """None if ``op`` runs natively with ``static``, else why not."""
+    if op in ("ep_dispatch", "ep_combine"):
+        # always accepted: the method itself checks the npu_moe_distribute_* limits at run time
+        # (hetero_ascend.ep.dispatch_limit_reason) and otherwise runs the portable hetero._ep path
+        return None
     if op in MAPPED:
         return _mapped_reason(op, static)
     if not triton_ok:
