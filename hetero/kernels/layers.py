@@ -34,7 +34,7 @@ import torch
 
 from hetero.kernels._triton import interpreter_requested, triton_modules
 from hetero.kernels.tuning import Tuning
-from hetero.spec.checks import check_same_device, check_tensor, expect
+from hetero.spec.checks import check_rotary, check_same_device, check_tensor, expect
 from hetero.spec.types import FLOAT_DTYPES
 
 triton, tl = triton_modules()
@@ -290,22 +290,9 @@ def rms_norm(x, weight, eps, *, residual=None, tuning: Tuning):
 
 
 def rotary_embedding(positions, q, k, cos_sin_cache, *, is_neox=True, tuning: Tuning):
-    op = "rotary_embedding"
-    check_tensor(op, "q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    tokens, hq, head_dim = q.shape
-    check_tensor(op, "k", k, ndim=3, dtypes=FLOAT_DTYPES)
-    expect(k.shape[0] == tokens, op, "k", f"{tokens} tokens (that of 'q')", f"shape {list(k.shape)}")
-    expect(k.shape[2] == head_dim, op, "k", f"head dim {head_dim} (that of 'q')", f"shape {list(k.shape)}")
-    check_tensor(op, "positions", positions, shape=(tokens,), dtypes=(torch.int64,))
-    check_tensor(op, "cos_sin_cache", cos_sin_cache, ndim=2, dtypes=FLOAT_DTYPES)
-    max_pos, rot = cos_sin_cache.shape
-    expect(rot > 0 and rot % 2 == 0 and rot <= head_dim, op, "cos_sin_cache",
-           f"a positive even number of columns (rot) <= the head dim {head_dim}", f"shape {list(cos_sin_cache.shape)}")
-    expect(isinstance(is_neox, bool), op, "is_neox", "a bool", type(is_neox).__name__)
-    check_same_device(op, q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache)
-    if tokens and positions.device.type == "cpu":  # the range costs a device sync elsewhere
-        lo, hi = int(positions.min()), int(positions.max())
-        expect(lo >= 0 and hi < max_pos, op, "positions", f"positions in [0, {max_pos}) (rows of 'cos_sin_cache')", f"values in [{lo}, {hi}]")
+    tokens, head_dim, max_pos, rot = check_rotary("rotary_embedding", positions, q, k, cos_sin_cache, is_neox,
+                                                  read_positions=positions.device.type == "cpu")  # a device sync elsewhere
+    hq = q.shape[1]
 
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)

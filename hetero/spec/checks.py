@@ -22,6 +22,7 @@ __all__ = [
     "check_cu_seqlens",
     "check_group_ends",
     "check_ids",
+    "check_rotary",
 ]
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -139,3 +140,29 @@ def check_ids(op: str, ids: torch.Tensor, rows: int, num_experts: int) -> int:
         lo, hi = int(ids.min()), int(ids.max())
         expect(lo >= 0 and hi < num_experts, op, "ids", f"expert ids in [0, {num_experts})", f"values in [{lo}, {hi}]")
     return ids.shape[1]
+
+
+def check_rotary(op: str, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
+                 is_neox: object, *, read_positions: bool = True) -> tuple[int, int, int, int]:
+    """The arguments of rotary_embedding; returns (tokens, head_dim, max_pos, rot).
+
+    ``read_positions=False`` skips the range check of ``positions``, which reads them on the host.
+    """
+    from hetero.spec.types import FLOAT_DTYPES
+
+    check_tensor(op, "q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    tokens, _, head_dim = q.shape
+    check_tensor(op, "k", k, ndim=3, dtypes=FLOAT_DTYPES)
+    expect(k.shape[0] == tokens, op, "k", f"{tokens} tokens (that of 'q')", f"shape {list(k.shape)}")
+    expect(k.shape[2] == head_dim, op, "k", f"head dim {head_dim} (that of 'q')", f"shape {list(k.shape)}")
+    check_tensor(op, "positions", positions, shape=(tokens,), dtypes=(torch.int64,))
+    check_tensor(op, "cos_sin_cache", cos_sin_cache, ndim=2, dtypes=FLOAT_DTYPES)
+    max_pos, rot = cos_sin_cache.shape
+    expect(rot > 0 and rot % 2 == 0 and rot <= head_dim, op, "cos_sin_cache",
+           f"a positive even number of columns (rot) <= the head dim {head_dim}", f"shape {list(cos_sin_cache.shape)}")
+    expect(isinstance(is_neox, bool), op, "is_neox", "a bool", type(is_neox).__name__)
+    check_same_device(op, q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache)
+    if tokens and read_positions:
+        lo, hi = int(positions.min()), int(positions.max())
+        expect(lo >= 0 and hi < max_pos, op, "positions", f"positions in [0, {max_pos}) (rows of 'cos_sin_cache')", f"values in [{lo}, {hi}]")
+    return tokens, head_dim, max_pos, rot

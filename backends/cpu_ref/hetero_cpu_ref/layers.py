@@ -12,7 +12,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from hetero.spec.checks import check_same_device, check_tensor, expect
+from hetero.spec.checks import check_rotary, check_same_device, check_tensor, expect
 
 from hetero_cpu_ref._util import acc_dtype, up
 
@@ -85,22 +85,7 @@ def rotary_embedding(
     *,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    op = "rotary_embedding"
-    check_tensor(op, "q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    tokens, _, head_dim = q.shape
-    check_tensor(op, "k", k, ndim=3, dtypes=FLOAT_DTYPES)
-    expect(k.shape[0] == tokens, op, "k", f"{tokens} tokens (that of 'q')", f"shape {list(k.shape)}")
-    expect(k.shape[2] == head_dim, op, "k", f"head dim {head_dim} (that of 'q')", f"shape {list(k.shape)}")
-    check_tensor(op, "positions", positions, shape=(tokens,), dtypes=(torch.int64,))
-    check_tensor(op, "cos_sin_cache", cos_sin_cache, ndim=2, dtypes=FLOAT_DTYPES)
-    max_pos, rot = cos_sin_cache.shape
-    expect(rot > 0 and rot % 2 == 0 and rot <= head_dim, op, "cos_sin_cache",
-           f"a positive even number of columns (rot) <= the head dim {head_dim}", f"shape {list(cos_sin_cache.shape)}")
-    expect(isinstance(is_neox, bool), op, "is_neox", "a bool", type(is_neox).__name__)
-    check_same_device(op, q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache)
-    if tokens:
-        lo, hi = int(positions.min()), int(positions.max())
-        expect(lo >= 0 and hi < max_pos, op, "positions", f"positions in [0, {max_pos}) (rows of 'cos_sin_cache')", f"values in [{lo}, {hi}]")
+    _, _, _, rot = check_rotary("rotary_embedding", positions, q, k, cos_sin_cache, is_neox)
 
     acc = acc_dtype(q, k, cos_sin_cache)
     rows = up(cos_sin_cache.index_select(0, positions), acc)  # [T, rot]
