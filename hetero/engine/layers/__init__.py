@@ -1,0 +1,1 @@
+"""Model building blocks that compute only through hetero ops, resolved once at init."""

@@ -1,0 +1,36 @@
+"""Paged attention: new keys and values go into the cache (``write_kv``), queries read it (``paged_attention``)."""
+from __future__ import annotations
+
+import torch
+
+from hetero.engine.context import ModelContext
+from hetero.engine.models.base import CachedLayer
+from hetero.engine.step import Step
+
+__all__ = ["Attention"]
+
+
+class Attention(CachedLayer):
+    """One op for prefill, chunked prefill and decode over this layer's paged KV cache.
+
+    q [T, Hq, D], k/v [T, Hkv, D] of this rank's heads; returns [T, Hq, D].
+    """
+
+    def __init__(self, ctx: ModelContext, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 *, window: tuple[int, int] = (-1, -1)):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale, self.window = float(scale), window
+        self._write_kv = ctx.op("write_kv")
+        self._attention = ctx.op("paged_attention", head_dim=head_dim)
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def cache_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"k_cache": (self.num_kv_heads, self.head_dim), "v_cache": (self.num_kv_heads, self.head_dim)}
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Step) -> torch.Tensor:
+        if self.k_cache is None:
+            raise RuntimeError("Attention: the KV cache is not allocated (ModelRunner binds it before the first step)")
+        self._write_kv(k, v, self.k_cache, self.v_cache, step.slot_mapping)
+        return self._attention(q, self.k_cache, self.v_cache, step.meta, scale=self.scale, window=self.window)

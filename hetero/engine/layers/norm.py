@@ -1,0 +1,30 @@
+"""RMSNorm through ``rms_norm``, with the fused residual add."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hetero.engine.context import ModelContext
+from hetero.engine.layers.linear import copy_checked
+
+__all__ = ["RMSNorm"]
+
+
+class RMSNorm(nn.Module):
+    """``norm(x)``, or with ``residual``: ``(norm(x + residual), x + residual)``.
+
+    Works on any leading shape (per-head q/k norms pass [T, H, D]).
+    """
+
+    def __init__(self, ctx: ModelContext, hidden: int, eps: float):
+        super().__init__()
+        self.eps = float(eps)
+        self.weight = nn.Parameter(ctx.empty(hidden), requires_grad=False)
+        self.weight.weight_loader = lambda p, t, shard=None: copy_checked(p, t, "RMSNorm")
+        self.weight.shards = (None,)
+        self._rms_norm = ctx.op("rms_norm")
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return self._rms_norm(x, self.weight, self.eps)
+        return self._rms_norm(x, self.weight, self.eps, residual=residual)

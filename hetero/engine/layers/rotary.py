@@ -1,0 +1,54 @@
+"""Rotary position embedding through ``rotary_embedding``; frequencies from transformers' rope functions."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetero.engine.context import ModelContext
+
+__all__ = ["RotaryEmbedding", "rope_frequencies"]
+
+
+def rope_frequencies(hf_config: Any, rotary_dim: int) -> tuple[torch.Tensor, float]:
+    """(inv_freq float32 [rotary_dim/2], attention factor) of the config's rope type.
+
+    "default" is the plain theta^(-2i/d) schedule; every scaled type (yarn, linear,
+    dynamic, llama3, longrope) comes from ``transformers.modeling_rope_utils``, so the
+    engine computes exactly the frequencies the checkpoint was trained with.
+    """
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    theta = float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+    if rope_type == "default":
+        inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
+        return inv_freq, 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"rope_type {rope_type!r} is not supported; known: default, {', '.join(ROPE_INIT_FUNCTIONS)}")
+    inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+    if inv_freq.numel() * 2 != rotary_dim:
+        raise ValueError(f"rope {rope_type!r}: transformers computed {inv_freq.numel() * 2} rotary dims, the model uses {rotary_dim}")
+    return inv_freq.float(), float(factor)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates the first ``rotary_dim`` dims of q and k by position (neox or interleaved pairs).
+
+    The cos/sin table [max_positions, rotary_dim] is float32, scaled by the rope's
+    attention factor (yarn's mscale), built once at init.
+    """
+
+    def __init__(self, ctx: ModelContext, hf_config: Any, rotary_dim: int, max_positions: int, *, is_neox: bool = True):
+        super().__init__()
+        inv_freq, factor = rope_frequencies(hf_config, rotary_dim)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        cache = torch.cat([freqs.cos() * factor, freqs.sin() * factor], dim=-1)
+        self.register_buffer("cos_sin_cache", cache.to(ctx.device), persistent=False)
+        self.is_neox = is_neox
+        self._rotary = ctx.op("rotary_embedding")
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._rotary(positions, q, k, self.cos_sin_cache, is_neox=self.is_neox)

@@ -1,0 +1,33 @@
+"""The model registry: ``architectures[0]`` of config.json -> model class (imported on use)."""
+from __future__ import annotations
+
+import importlib
+
+from hetero.engine.models.base import CausalLM
+
+__all__ = ["ARCHITECTURES", "model_class", "UnsupportedArchitecture"]
+
+#: architectures[0] -> "module:Class" under hetero.engine.models
+ARCHITECTURES = {
+    "Qwen2ForCausalLM": "qwen2:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "qwen3_moe:Qwen3MoeForCausalLM",
+    "DeepseekV2ForCausalLM": "deepseek:DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM": "deepseek:DeepseekV3ForCausalLM",
+}
+
+
+class UnsupportedArchitecture(ValueError):
+    """config.json names an architecture the engine has no model for."""
+
+
+def model_class(architectures: list[str] | None) -> type[CausalLM]:
+    """The model class for a config's ``architectures`` list, or UnsupportedArchitecture listing the supported ones."""
+    supported = ", ".join(sorted(ARCHITECTURES))
+    if not architectures:
+        raise UnsupportedArchitecture(f"config.json has no 'architectures' entry; supported: {supported}")
+    name = architectures[0]
+    if name not in ARCHITECTURES:
+        raise UnsupportedArchitecture(f"architecture {name!r} is not supported by hetero.engine; supported: {supported}")
+    module, cls = ARCHITECTURES[name].split(":")
+    return getattr(importlib.import_module(f"hetero.engine.models.{module}"), cls)

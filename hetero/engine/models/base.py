@@ -1,0 +1,74 @@
+"""What every model class provides to the runner and the loader."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from hetero.engine.context import ModelContext
+from hetero.engine.step import Step
+
+__all__ = ["CausalLM", "WeightMapping", "CachedLayer"]
+
+
+@dataclass(frozen=True)
+class WeightMapping:
+    """How checkpoint tensor names become parameter names, declared per model class.
+
+    - ``packed``: (checkpoint fragment, parameter fragment, shard) triples: a
+      checkpoint name containing ``.{checkpoint fragment}.`` loads into the
+      parameter named with ``.{parameter fragment}.`` instead, at ``shard``
+      (e.g. ("q_proj", "qkv_proj", "q"), ("gate_proj", "gate_up_proj", 0)).
+    - ``experts``: (checkpoint regex, parameter name template, projection) triples for
+      per-expert tensors; the regex has named groups ``layer`` and ``expert`` and the
+      template ``{layer}``; the shard passed to the weight loader is (expert, projection),
+      e.g. (r"model\\.layers\\.(?P<layer>\\d+)\\.mlp\\.experts\\.(?P<expert>\\d+)\\.gate_proj\\.weight",
+      "model.layers.{layer}.mlp.experts.w13", "gate").
+    - ``ignore``: regexes of checkpoint tensors the model may find and does not use
+      (rotary inv_freq buffers, MTP layers, a tied lm_head).
+    """
+
+    packed: tuple[tuple[str, str, Any], ...] = ()
+    experts: tuple[tuple[str, str, str], ...] = ()
+    ignore: tuple[str, ...] = ()
+
+
+class CachedLayer(nn.Module):
+    """A layer that keeps state in the paged KV cache (attention, MLA).
+
+    The runner allocates one tensor ``[num_blocks, block_size, *shape]`` per entry of
+    ``cache_shapes()`` and hands them to ``bind_cache`` before the first step.
+    """
+
+    def cache_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per-token cache shape of each tensor, e.g. {"k_cache": (Hkv, D), "v_cache": (Hkv, D)}."""
+        raise NotImplementedError
+
+    def bind_cache(self, **tensors: torch.Tensor) -> None:
+        for name, tensor in tensors.items():
+            setattr(self, name, tensor)
+
+
+class CausalLM(nn.Module):
+    """A decoder-only model built from hetero layers.
+
+    ``__init__(hf_config, ctx)`` (keeps ``self.ctx``, the ModelContext); ``forward(input_ids int64 [T], positions int64 [T],
+    step, capture=None) -> hidden [T, H]`` (after the final norm); when ``capture`` is a
+    list, the embedding output and then each decoder layer's output (the full residual
+    stream, as transformers' ``output_hidden_states``) are appended to it, in order.
+    ``compute_logits(hidden [N, H]) -> float32 [N, vocab]`` (whole vocabulary on every rank).
+    """
+
+    mapping: ClassVar[WeightMapping] = WeightMapping()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: Step,
+                capture: list[torch.Tensor] | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def cached_layers(self) -> list[CachedLayer]:
+        return [m for m in self.modules() if isinstance(m, CachedLayer)]

@@ -1,0 +1,130 @@
+"""Tiny random Hugging Face checkpoints of every supported architecture, for tests, demos and benchmarks.
+
+``build("qwen3", "/tmp/q3")`` writes config.json and safetensors shards made by
+transformers itself (so they are exactly what a real checkpoint looks like on
+disk), with weights large enough (init range 0.2, randomized norms and biases)
+that a skipped or mis-mapped tensor changes the output. ``tokenizer=True`` adds a
+character-level fast tokenizer so text prompts work offline.
+
+    python -m hetero.engine.tiny qwen3 DIR [--layers N] [--hidden H] [--shard-size 20KB]
+"""
+from __future__ import annotations
+
+import argparse
+import string
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["ARCHS", "build", "tiny_config"]
+
+_ATTN = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6,
+             tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+_MLA = dict(vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+            v_head_dim=16, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+            max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6, tie_word_embeddings=False,
+            bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+#: short name -> (config class name, defaults)
+ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen2": ("Qwen2Config", dict(_ATTN)),
+    "qwen3": ("Qwen3Config", dict(_ATTN, head_dim=32)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(_ATTN, head_dim=16, num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=1,
+                                         mlp_only_layers=[1])),
+    "deepseek_v2": ("DeepseekV2Config", dict(_MLA, q_lora_rank=None, n_group=4, topk_group=2, topk_method="group_limited_greedy",
+                                             routed_scaling_factor=1.5, norm_topk_prob=False)),
+    "deepseek_v3": ("DeepseekV3Config", dict(_MLA, q_lora_rank=32, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                                             norm_topk_prob=True, rope_interleave=True,
+                                             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                              "original_max_position_embeddings": 128, "beta_fast": 32.0,
+                                                              "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})),
+}
+
+
+def tiny_config(arch: str, **overrides: Any):
+    """The transformers config of a tiny ``arch`` ("qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3")."""
+    import transformers
+
+    if arch not in ARCHS:
+        raise ValueError(f"unknown tiny architecture {arch!r}; known: {', '.join(ARCHS)}")
+    cls_name, defaults = ARCHS[arch]
+    return getattr(transformers, cls_name)(**{**defaults, **overrides})
+
+
+@torch.no_grad()
+def _randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """Norm weights around 1, biases and correction biases non-zero: every tensor matters."""
+    for name, p in model.named_parameters():
+        if p.ndim == 1 and "norm" in name:
+            p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+        elif p.ndim == 1:
+            p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            b.copy_(0.1 * torch.randn(b.shape, generator=gen))
+
+
+def _tokenizer(vocab_size: int):
+    """A character-level fast tokenizer (ids 0-2: pad, bos, eos; then printable ASCII)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for c in chars[: vocab_size - len(vocab)]:
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def build(arch: str, path: str | Path, *, seed: int = 0, shard_size: str | None = "20KB", tokenizer: bool = False,
+          **overrides: Any) -> Path:
+    """Write a tiny random ``arch`` checkpoint to ``path`` (several shards unless ``shard_size`` is None)."""
+    import transformers
+
+    config = tiny_config(arch, **overrides)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _randomize(model, torch.Generator().manual_seed(seed + 1))
+    path = Path(path)
+    kwargs = {"max_shard_size": shard_size} if shard_size else {}
+    model.save_pretrained(path, **kwargs)
+    if tokenizer:
+        _tokenizer(config.vocab_size).save_pretrained(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hetero.engine.tiny", description="write a tiny random checkpoint")
+    p.add_argument("arch", choices=sorted(ARCHS))
+    p.add_argument("path")
+    p.add_argument("--layers", type=int, help="num_hidden_layers")
+    p.add_argument("--hidden", type=int, help="hidden_size (intermediate sizes scale with it)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard-size", default="20KB", help="max_shard_size of save_pretrained ('none': one file)")
+    p.add_argument("--no-tokenizer", action="store_true", help="skip the character-level tokenizer")
+    args = p.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    if args.layers:
+        overrides["num_hidden_layers"] = args.layers
+    if args.hidden:
+        scale = args.hidden / 64
+        defaults = ARCHS[args.arch][1]
+        overrides["hidden_size"] = args.hidden
+        for key in ("intermediate_size", "moe_intermediate_size"):
+            if key in defaults:
+                overrides[key] = int(defaults[key] * scale)
+    shard = None if args.shard_size.lower() == "none" else args.shard_size
+    out = build(args.arch, args.path, seed=args.seed, shard_size=shard, tokenizer=not args.no_tokenizer, **overrides)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
