@@ -1,4 +1,4 @@
-"""The ``hetero`` command: backends | explain | conformance | new-backend (more subcommands join as they land)."""
+"""The ``hetero`` command: backends | explain | conformance | generate | check-model | new-backend."""
 from __future__ import annotations
 
 import argparse
@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_explain)
     _add_conformance(sub)
+    from hetero.engine.cli import add_parsers as add_engine_parsers
+
+    add_engine_parsers(sub)
     p = sub.add_parser("new-backend", help="write a ready plugin package hetero-NAME/ for a new chip",
                        description="Write hetero-NAME/: pyproject.toml with the hetero.backends entry point, the Backend "
                                    "subclass (every op falls back to the reference until you implement it), a conformance "

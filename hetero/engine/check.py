@@ -1,0 +1,183 @@
+"""``hetero check-model``: one checkpoint through hetero and through transformers, compared layer by layer.
+
+The comparison names where an error starts: the relative error of the residual
+stream after the embedding and after every decoder layer, then the final norm and
+the logits; then greedy generation token by token, and at the first position where
+the two disagree, whether each side's token is among the other's top-k (vLLM's
+end-to-end acceptance rule: a near-tie may flip, a wrong model may not).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+__all__ = ["LayerError", "Divergence", "ModelCheck", "CheckReport", "default_prompts", "TOLERANCE"]
+
+#: relative L2 error a layer may reach before it is where "the error starts"; per compute dtype
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+@dataclass
+class LayerError:
+    """The error of one point of the residual stream, over all prompts (relative to transformers)."""
+
+    name: str
+    rel_l2: float
+    max_abs: float
+    ok: bool
+
+
+@dataclass
+class Divergence:
+    """Greedy tokens of one prompt: where the two sides first differ, and whether each token is in the other's top-k."""
+
+    prompt: int
+    position: int | None
+    hetero_token: int | None = None
+    reference_token: int | None = None
+    hetero_in_reference_topk: bool | None = None
+    reference_in_hetero_topk: bool | None = None
+
+    @property
+    def acceptable(self) -> bool:
+        return self.position is None or bool(self.hetero_in_reference_topk and self.reference_in_hetero_topk)
+
+
+@dataclass
+class CheckReport:
+    """Everything ``check-model`` prints; ``passed`` is its exit status."""
+
+    model: str
+    reference: str
+    backend: str
+    dtype: str
+    tolerance: float
+    layers: list[LayerError]
+    greedy: list[Divergence] = field(default_factory=list)
+    top_k: int = 5
+    num_tokens: int = 0
+
+    @property
+    def first_bad(self) -> str | None:
+        """The first point of the residual stream whose error exceeds the tolerance."""
+        return next((layer.name for layer in self.layers if not layer.ok), None)
+
+    @property
+    def passed(self) -> bool:
+        return self.first_bad is None and all(d.acceptable for d in self.greedy)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(first_bad=self.first_bad, passed=self.passed)
+        for g, div in zip(d["greedy"], self.greedy):
+            g["acceptable"] = div.acceptable
+        return d
+
+
+def default_prompts(vocab_size: int, lengths: Sequence[int] = (7, 19, 33), seed: int = 0) -> list[list[int]]:
+    """Random token prompts (no tokenizer needed), deterministic in ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in lengths]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+class ModelCheck:
+    """The two sides of the comparison, built once: ``run()`` computes the report.
+
+    ``model_dir`` runs through hetero on ``backend``; ``reference_dir`` (default: the
+    same checkpoint) runs through transformers on the CPU in the same dtype.
+    """
+
+    def __init__(self, model_dir: str | Path, backend: str | None = None, *, dtype: str = "float32",
+                 reference_dir: str | Path | None = None, block_size: int = 16):
+        import transformers
+
+        import hetero
+        from hetero.engine.forward import build_model
+
+        self.model_dir, self.reference_dir = str(model_dir), str(reference_dir or model_dir)
+        self.dtype = getattr(torch, dtype)
+        self.ops = hetero.load(backend)
+        self.block_size = block_size
+        self.model = build_model(self.model_dir, self.ops, self.dtype)
+        self.reference = transformers.AutoModelForCausalLM.from_pretrained(self.reference_dir, dtype=self.dtype).eval()
+        self.vocab_size = int(self.reference.config.vocab_size)
+
+    @torch.inference_mode()
+    def reference_states(self, prompt: Sequence[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """transformers' residual stream (embedding, each decoder layer, final norm) and logits for one prompt."""
+        inner = self.reference.model
+        seen: list[torch.Tensor] = []
+        grab = lambda module, args, out: seen.append((out[0] if isinstance(out, tuple) else out)[0].float())  # noqa: E731
+        modules = [inner.embed_tokens, *inner.layers, inner.norm]
+        handles = [m.register_forward_hook(grab) for m in modules]
+        try:
+            logits = self.reference(torch.tensor([list(prompt)])).logits[0].float()
+        finally:
+            for h in handles:
+                h.remove()
+        return seen, logits
+
+    def hetero_states(self, prompts: Sequence[Sequence[int]]):
+        from hetero.engine.forward import prefill
+
+        return prefill(self.model, prompts, block_size=self.block_size, capture=True)
+
+    def layer_errors(self, prompts: Sequence[Sequence[int]]) -> list[LayerError]:
+        ours = self.hetero_states(prompts)
+        refs = [self.reference_states(p) for p in prompts]
+        num_layers = len(refs[0][0]) - 2
+        names = ["embedding"] + [f"layer {i}" for i in range(num_layers)] + ["final norm", "logits"]
+        tol = TOLERANCE.get(self.dtype, 5e-2)
+        rows = []
+        for j, name in enumerate(names):
+            a = torch.cat([(ours.hidden[i][j] if j < len(names) - 1 else ours.logits[i]).cpu() for i in range(len(prompts))])
+            b = torch.cat([(refs[i][0][j] if j < len(names) - 1 else refs[i][1]) for i in range(len(prompts))])
+            rel = _rel(a, b)
+            rows.append(LayerError(name, rel, float((a - b).abs().max()), rel <= tol))
+        return rows
+
+    def hetero_greedy(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
+        from hetero.engine import LLM, SamplingParams
+
+        llm = LLM(self.model_dir, backend=self.ops.name, dtype=str(self.dtype).removeprefix("torch."),
+                  block_size=self.block_size)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        return [list(o.token_ids) for o in llm.generate([list(p) for p in prompts], params, progress=False)]
+
+    @torch.inference_mode()
+    def reference_greedy(self, prompt: Sequence[int], max_tokens: int) -> list[int]:
+        config = copy.deepcopy(self.reference.generation_config)
+        config.eos_token_id, config.do_sample = None, False
+        config.max_new_tokens, config.min_new_tokens = max_tokens, None
+        config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
+        out = self.reference.generate(torch.tensor([list(prompt)]), generation_config=config)
+        return out[0, len(prompt):].tolist()
+
+    def divergence(self, index: int, prompt: Sequence[int], ours: list[int], theirs: list[int], top_k: int) -> Divergence:
+        pos = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+        if pos is None:
+            return Divergence(index, None)
+        prefix = list(prompt) + ours[:pos]
+        mine = self.hetero_states([prefix]).logits[0][-1].cpu()
+        ref = self.reference_states(prefix)[1][-1]
+        return Divergence(index, pos, ours[pos], theirs[pos],
+                          hetero_in_reference_topk=ours[pos] in ref.topk(top_k).indices.tolist(),
+                          reference_in_hetero_topk=theirs[pos] in mine.topk(top_k).indices.tolist())
+
+    def run(self, prompts: Sequence[Sequence[int]] | None = None, *, max_tokens: int = 16, top_k: int = 5) -> CheckReport:
+        prompts = prompts or default_prompts(self.vocab_size)
+        report = CheckReport(self.model_dir, self.reference_dir, self.ops.name, str(self.dtype).removeprefix("torch."),
+                             TOLERANCE.get(self.dtype, 5e-2), self.layer_errors(prompts), top_k=top_k, num_tokens=max_tokens)
+        if max_tokens > 0:
+            ours = self.hetero_greedy(prompts, max_tokens)
+            for i, p in enumerate(prompts):
+                report.greedy.append(self.divergence(i, p, ours[i], self.reference_greedy(p, max_tokens), top_k))
+        return report
