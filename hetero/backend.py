@@ -66,6 +66,12 @@ class Backend:
         """The spec ops this class (or a base other than Backend) defines."""
         return tuple(op for op in OP_NAMES if callable(getattr(cls, op, None)))
 
+    @classmethod
+    def process_group_backend(cls) -> str:
+        """The torch.distributed backend ``hetero.distributed.init`` starts for this backend in this
+        process: ``dist_backend``, unless the backend runs on CPU tensors here (an interpreter)."""
+        return cls.dist_backend
+
     def communicator(self, group: Any = None) -> "Communicator":
         """A ``Communicator`` over a ``torch.distributed`` process group (None: the default group).
 

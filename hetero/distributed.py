@@ -161,7 +161,7 @@ def _dist_backend(backend: Any) -> tuple[str, Any]:
 
     if isinstance(backend, Backend) or (isinstance(backend, type) and issubclass(backend, Backend)):
         cls = backend if isinstance(backend, type) else type(backend)
-        return cls.dist_backend, cls
+        return cls.process_group_backend(), cls
     if backend is not None and not isinstance(backend, str):
         raise CommError("init", None, None, None, f"backend must be a hetero Backend, its class, a name or None, got {type(backend).__name__}")
     registry = default_registry()
@@ -169,7 +169,7 @@ def _dist_backend(backend: Any) -> tuple[str, Any]:
     cls = registry.entry(name).cls
     if cls is None:
         raise CommError("init", None, None, None, f"hetero backend '{name}' could not be loaded")
-    return cls.dist_backend, cls
+    return cls.process_group_backend(), cls
 
 
 def init(backend: Any = None, *, timeout: float | timedelta | None = None) -> TorchCommunicator:

@@ -58,6 +58,11 @@ class TritonBackend(Backend):
         return Availability(ok=True, reason="interpreted on CPU (HETERO_TRITON_INTERPRET=1)", device_name="cpu (triton interpreter)",
                             details={"arch": "interpreter"})
 
+    @classmethod
+    def process_group_backend(cls) -> str:
+        # interpreted kernels take CPU tensors, which only gloo moves
+        return "gloo" if interpreter_requested() else cls.dist_backend
+
     def supports(self, op: str, **static: Any) -> str | None:
         """The portable kernels' own limits (dtype families, head dims, options); a vendor
         subclass puts its architecture's limits in front of these."""
