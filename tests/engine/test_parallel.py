@@ -1,0 +1,54 @@
+"""Tensor and expert parallelism over gloo, launched by torchrun: the same tokens as one process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _hf import hf_greedy, prompts
+
+from hetero.distributed import free_port
+
+WORKER = Path(__file__).with_name("_parallel_worker.py")
+MAX_TOKENS = 8
+
+
+def _torchrun(jobs: list[dict], tmp_path: Path, env: dict[str, str] | None = None) -> list[list[list[int]]]:
+    jobs_path, out_path = tmp_path / "jobs.json", tmp_path / "out.json"
+    jobs_path.write_text(json.dumps(jobs))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), str(WORKER), str(jobs_path), str(out_path)]
+    run = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(out_path.read_text())
+
+
+def _jobs(checkpoints, backend: str, plan: list[tuple[str, bool]]) -> tuple[list[dict], list[list[list[int]]]]:
+    ps = prompts(256, (6, 13, 29), seed=3)
+    jobs, want = [], []
+    for arch, ep in plan:
+        path = str(checkpoints(arch))
+        jobs.append({"model": path, "backend": backend, "tp": 2, "ep": ep, "prompts": ps, "max_tokens": MAX_TOKENS})
+        want.append(hf_greedy(path, ps, MAX_TOKENS))
+    return jobs, want
+
+
+def test_tp2_and_ep2_on_cpu_ref(checkpoints, tmp_path):
+    plan = [(a, False) for a in ("qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3")]
+    plan += [(a, True) for a in ("qwen3_moe", "deepseek_v2", "deepseek_v3")]
+    jobs, want = _jobs(checkpoints, "cpu_ref", plan)
+    got = _torchrun(jobs, tmp_path)
+    for (arch, ep), g, w in zip(plan, got, want):
+        assert g == w, f"{arch} {'EP' if ep else 'TP'}=2 differs from transformers"
+
+
+def test_tp2_and_ep2_on_the_triton_kernels(checkpoints, tmp_path):
+    pytest.importorskip("triton")
+    plan = [("qwen3", False), ("deepseek_v3", True)]
+    jobs, want = _jobs(checkpoints, "cuda", plan)
+    got = _torchrun(jobs, tmp_path, env={"HETERO_TRITON_INTERPRET": "1", "TRITON_INTERPRET": "1"})
+    assert got == want
