@@ -1,0 +1,171 @@
+"""DeepSeek multi-head latent attention (MLA): a latent KV cache, absorbed decode, expanded prefill.
+
+Per token the cache keeps one latent ``kv_c`` [kv_lora_rank] (after ``kv_a_layernorm``)
+and one rope key ``k_pe`` [qk_rope_head_dim] (after rotary), shared by every head:
+
+- decode rows (``[0, step.num_decodes)``) take the *absorbed* path: each head's
+  ``W_UK`` (from ``kv_b_proj``) is folded into its ``q_nope``, ``mla_attention``
+  attends over the latent cache, and each head's ``W_UV`` maps the latent output
+  to ``v_head_dim``. The per-head products are one ``grouped_gemm`` over head-major
+  rows (group h = head h).
+- prefill rows (``step.prefill``) gather their sequences' whole latent context from
+  the cache by ``kv_slots`` (cached prefix and chunked prefill included), expand it
+  with ``kv_b_proj`` into per-head ``k_nope`` / ``v``, append the shared ``k_pe`` and
+  run ``varlen_attention`` (D = qk_nope + qk_rope, Dv = v_head_dim), causal.
+
+Matches transformers' DeepseekV2Attention / DeepseekV3Attention: rope on q_pe and k_pe
+only, interleaved pairs (V2 always; V3 when ``rope_interleave``), q_a/kv_a layernorms
+with transformers' default eps 1e-6, softmax scale ``qk_head_dim ** -0.5`` times
+``yarn_get_mscale(factor, mscale_all_dim) ** 2`` for any non-default rope with
+``mscale_all_dim`` set. Tensor parallel: heads split over ranks (q_proj / q_b_proj /
+kv_b_proj column-parallel, o_proj row-parallel), q_a / kv_a replicated.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from hetero.engine.context import ModelContext
+from hetero.engine.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from hetero.engine.layers.norm import RMSNorm
+from hetero.engine.layers.rotary import RotaryEmbedding
+from hetero.engine.models.base import CachedLayer
+from hetero.engine.parallel import divide
+from hetero.engine.step import Step
+
+__all__ = ["MLAttention", "mla_softmax_scale", "yarn_get_mscale"]
+
+#: transformers builds q_a_layernorm / kv_a_layernorm with the RMSNorm default eps, not rms_norm_eps
+LATENT_NORM_EPS = 1e-6
+
+
+def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
+    """DeepSeek's yarn magnitude correction (transformers' ``yarn_get_mscale``)."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def mla_softmax_scale(hf_config: Any) -> float:
+    """``(qk_nope + qk_rope) ** -0.5``, times mscale(factor, mscale_all_dim)^2 for a scaled rope with
+    ``mscale_all_dim`` set (transformers' ``yarn_apply_mscale``, applied to any non-default rope type)."""
+    scale = (hf_config.qk_nope_head_dim + hf_config.qk_rope_head_dim) ** -0.5
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if params.get("rope_type", params.get("type", "default")) != "default":
+        mscale_all_dim = params.get("mscale_all_dim", 0)
+        if mscale_all_dim:
+            m = yarn_get_mscale(params["factor"], mscale_all_dim)
+            scale = scale * m * m
+    return scale
+
+
+class MLAttention(CachedLayer):
+    """``forward(hidden [T, H], step) -> [T, H]`` (after o_proj and its all-reduce).
+
+    ``rotary`` is shared by all layers (its cos/sin table can be large); build it with
+    ``rotary_dim = qk_rope_head_dim`` and ``is_neox = not interleaved``.
+    """
+
+    def __init__(self, ctx: ModelContext, hf_config: Any, rotary: RotaryEmbedding):
+        super().__init__()
+        c = hf_config
+        self.ctx = ctx
+        self.hidden = c.hidden_size
+        self.num_heads = divide(c.num_attention_heads, ctx.parallel.size, "attention heads")
+        self.q_lora_rank = getattr(c, "q_lora_rank", None)
+        self.kv_lora_rank = c.kv_lora_rank
+        self.nope, self.rope, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        self.qk_dim = self.nope + self.rope
+        self.scale = mla_softmax_scale(c)
+        bias = bool(getattr(c, "attention_bias", False))
+        total_heads = c.num_attention_heads
+
+        if self.q_lora_rank is None:
+            self.q_proj = ColumnParallelLinear(ctx, self.hidden, total_heads * self.qk_dim)
+        else:
+            self.q_a_proj = ReplicatedLinear(ctx, self.hidden, self.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(ctx, self.q_lora_rank, LATENT_NORM_EPS)
+            self.q_b_proj = ColumnParallelLinear(ctx, self.q_lora_rank, total_heads * self.qk_dim)
+        self.kv_a_proj_with_mqa = ReplicatedLinear(ctx, self.hidden, self.kv_lora_rank + self.rope, bias=bias)
+        self.kv_a_layernorm = RMSNorm(ctx, self.kv_lora_rank, LATENT_NORM_EPS)
+        self.kv_b_proj = ColumnParallelLinear(ctx, self.kv_lora_rank, total_heads * (self.nope + self.v_dim))
+        self.o_proj = RowParallelLinear(ctx, total_heads * self.v_dim, self.hidden, bias=bias)
+        self.rotary = rotary
+
+        self._write = ctx.op("write_mla_kv")
+        self._mla = ctx.op("mla_attention", head_dim=self.kv_lora_rank + self.rope)
+        self._varlen = ctx.op("varlen_attention", head_dim=self.qk_dim, head_dim_v=self.v_dim)
+        self._grouped_gemm = ctx.op("grouped_gemm")
+        self.ckv_cache: torch.Tensor | None = None
+        self.kpe_cache: torch.Tensor | None = None
+        self._absorbed: tuple[Any, torch.Tensor, torch.Tensor] | None = None
+
+    def cache_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"ckv_cache": (self.kv_lora_rank,), "kpe_cache": (self.rope,)}
+
+    # -- weights of the absorbed path ------------------------------------------------
+    def _absorb_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_UK^T [h, Lkv, nope], W_UV [h, v, Lkv]) of this rank's heads, contiguous, rebuilt
+        whenever kv_b_proj's weight changes (loading bumps its version counter)."""
+        w = self.kv_b_proj.weight
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        if self._absorbed is None or self._absorbed[0] != key:
+            per_head = w.detach().view(self.num_heads, self.nope + self.v_dim, self.kv_lora_rank)
+            w_uk_t = per_head[:, : self.nope].transpose(1, 2).contiguous()
+            w_uv = per_head[:, self.nope:].contiguous()
+            self._absorbed = (key, w_uk_t, w_uv)
+        return self._absorbed[1], self._absorbed[2]
+
+    def _per_head(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x [T, h, K], w [h, N, K] -> [T, h, N]: ``x[:, i] @ w[i].T`` for every head, one grouped GEMM."""
+        t, h, k = x.shape
+        rows = x.transpose(0, 1).reshape(h * t, k)
+        ends = torch.arange(1, h + 1, dtype=torch.int32, device=x.device) * t
+        return self._grouped_gemm(rows, w, ends).view(h, t, w.shape[1]).transpose(0, 1)
+
+    # -- forward -----------------------------------------------------------------------
+    def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:
+        if self.ckv_cache is None:
+            raise RuntimeError("MLAttention: the latent KV cache is not allocated (ModelRunner binds it before the first step)")
+        t = hidden.shape[0]
+        if self.q_lora_rank is None:
+            q = self.q_proj(hidden)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
+        q = q.view(t, self.num_heads, self.qk_dim)
+        q_nope, q_pe = q[..., : self.nope], q[..., self.nope:].contiguous()
+
+        latent = self.kv_a_proj_with_mqa(hidden)
+        kv_c = self.kv_a_layernorm(latent[:, : self.kv_lora_rank].contiguous())
+        k_pe = latent[:, self.kv_lora_rank:].contiguous().view(t, 1, self.rope)
+        q_pe, k_pe = self.rotary(step.positions, q_pe, k_pe)
+        k_pe = k_pe.view(t, self.rope)
+        self._write(kv_c, k_pe, self.ckv_cache, self.kpe_cache, step.slot_mapping)
+
+        out = hidden.new_empty(t, self.num_heads, self.v_dim)
+        nd = step.num_decodes
+        if nd:
+            w_uk_t, w_uv = self._absorb_weights()
+            q_lat = self._per_head(q_nope[:nd], w_uk_t)  # [nd, h, Lkv]
+            o_lat = self._mla(q_lat.contiguous(), q_pe[:nd].contiguous(), self.ckv_cache, self.kpe_cache,
+                              step.decode_meta, scale=self.scale)
+            out[:nd] = self._per_head(o_lat, w_uv)
+        if step.prefill is not None:
+            out[step.prefill.first_token:] = self._prefill(q_nope, q_pe, step)
+        return self.o_proj(out.view(t, self.num_heads * self.v_dim))
+
+    def _prefill(self, q_nope: torch.Tensor, q_pe: torch.Tensor, step: Step) -> torch.Tensor:
+        span = step.prefill
+        first = span.first_token
+        slots = span.kv_slots
+        kv_c = self.ckv_cache.view(-1, self.kv_lora_rank).index_select(0, slots)
+        k_pe = self.kpe_cache.view(-1, self.rope).index_select(0, slots)
+        tk = kv_c.shape[0]
+        kv = self.kv_b_proj(kv_c).view(tk, self.num_heads, self.nope + self.v_dim)
+        key = torch.cat([kv[..., : self.nope], k_pe.view(tk, 1, self.rope).expand(tk, self.num_heads, self.rope)], dim=-1)
+        value = kv[..., self.nope:].contiguous()
+        query = torch.cat([q_nope[first:], q_pe[first:]], dim=-1)
+        return self._varlen(query, key, value, span.cu_seqlens_q, span.cu_seqlens_k, span.max_seqlen_q,
+                            span.max_seqlen_k, scale=self.scale, causal=True)
