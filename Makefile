@@ -12,9 +12,14 @@ $(STAMP): pyproject.toml backends/cpu_ref/pyproject.toml conformance/pyproject.t
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt $(PACKAGES)
 	touch $@
 
+DEMO_MODEL := .demo/tiny-qwen3
+
 demo: $(STAMP)
 	$(BIN)/hetero backends
 	$(BIN)/hetero explain cpu_ref
+	test -f $(DEMO_MODEL)/config.json || $(BIN)/python -m hetero.engine.tiny qwen3 $(DEMO_MODEL) --layers 4
+	$(BIN)/hetero generate --model $(DEMO_MODEL) --backend cpu_ref --dtype float32 --prompt "Hello, hetero" --prompt-ids "5 6 7 8" --max-tokens 16
+	$(BIN)/hetero check-model $(DEMO_MODEL) --backend cpu_ref
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
@@ -23,4 +28,4 @@ bench: $(STAMP)
 	$(BIN)/python -m pytest benchmarks --benchmark-only
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .demo
