@@ -1,0 +1,140 @@
+"""Engine configuration: what the user asks for, checked at once, resolved against the checkpoint's config.json."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["EngineConfig", "load_hf_config", "DTYPES"]
+
+#: dtype names the engine accepts -> torch dtype
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _bad(name: str, expected: str, got: Any) -> ValueError:
+    return ValueError(f"EngineConfig.{name} must be {expected}, got {got!r}")
+
+
+def _int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _bad(name, f"an integer >= {minimum}", value)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to serve one checkpoint.
+
+    - ``model``: checkpoint directory (config.json, safetensors, optionally a tokenizer).
+    - ``backend``: hetero backend name; None lets ``hetero.load`` select one.
+    - ``dtype``: "auto" (the checkpoint's ``dtype`` if float32/bfloat16/float16, else
+      bfloat16), or one of those three names.
+    - ``block_size``: tokens per KV block.
+    - ``max_num_seqs``: sequences running at once.
+    - ``max_num_batched_tokens``: tokens computed per step (decodes plus prefill chunks).
+    - ``max_model_len``: longest sequence (prompt and output); None: the checkpoint's
+      ``max_position_embeddings``.
+    - ``num_kv_blocks``: KV blocks; None: enough for ``max_num_seqs`` sequences of
+      ``max_model_len`` tokens, capped by ``kv_cache_bytes``.
+    - ``enable_prefix_caching``: reuse computed KV blocks of identical prefixes.
+    - ``tensor_parallel_size`` / ``expert_parallel``: ranks (launch with torchrun) and
+      whether MoE experts are split over them.
+    - ``device``: device of the backend (None: its default); ``seed``: sampling seed.
+
+    ``resolve()`` fills ``max_model_len`` and ``dtype`` from the checkpoint's config.
+    """
+
+    model: str | os.PathLike
+    backend: str | None = None
+    dtype: str = "auto"
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    num_kv_blocks: int | None = None
+    kv_cache_bytes: int = 1 << 30
+    enable_prefix_caching: bool = True
+    tensor_parallel_size: int = 1
+    expert_parallel: bool = False
+    device: str | torch.device | None = None
+    seed: int = 0
+    hf_config: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, (str, os.PathLike)) or not str(self.model):
+            raise _bad("model", "a checkpoint directory (str or path)", self.model)
+        if self.backend is not None and (not isinstance(self.backend, str) or not self.backend):
+            raise _bad("backend", "a backend name or None", self.backend)
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise _bad("dtype", f"'auto' or one of {', '.join(DTYPES)}", self.dtype)
+        for name, minimum in (("block_size", 1), ("max_num_seqs", 1), ("max_num_batched_tokens", 1),
+                              ("kv_cache_bytes", 1), ("tensor_parallel_size", 1), ("seed", 0)):
+            _int(name, getattr(self, name), minimum)
+        for name in ("max_model_len", "num_kv_blocks"):
+            if getattr(self, name) is not None:
+                _int(name, getattr(self, name), 1)
+        for name in ("enable_prefix_caching", "expert_parallel"):
+            if not isinstance(getattr(self, name), bool):
+                raise _bad(name, "True or False", getattr(self, name))
+        if self.device is not None and not isinstance(self.device, (str, torch.device)):
+            raise _bad("device", "a device string, a torch.device or None", self.device)
+
+    def resolve(self, hf_config: Any = None) -> "EngineConfig":
+        """A copy with ``max_model_len`` and ``dtype`` made concrete and ``hf_config`` attached.
+
+        ``hf_config`` defaults to ``load_hf_config(self.model)``. Raises ValueError when
+        ``max_model_len`` exceeds the checkpoint's ``max_position_embeddings``.
+        """
+        hf_config = hf_config if hf_config is not None else load_hf_config(self.model)
+        limit = getattr(hf_config, "max_position_embeddings", None)
+        max_model_len = self.max_model_len
+        if max_model_len is None:
+            if limit is None:
+                raise ValueError(f"EngineConfig.max_model_len must be given: {self.model} has no max_position_embeddings")
+            max_model_len = int(limit)
+        elif limit is not None and max_model_len > limit:
+            raise _bad("max_model_len", f"<= the checkpoint's max_position_embeddings ({limit})", max_model_len)
+        return dataclasses.replace(self, max_model_len=max_model_len, dtype=_auto_dtype(self.dtype, hf_config),
+                                   hf_config=hf_config)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The model's torch dtype (bfloat16 for "auto" before ``resolve``)."""
+        return DTYPES.get(self.dtype, torch.bfloat16)
+
+    def kv_blocks(self, bytes_per_block: int) -> int:
+        """The number of KV blocks: ``num_kv_blocks``, else derived (see the class docstring)."""
+        if self.num_kv_blocks is not None:
+            return self.num_kv_blocks
+        if self.max_model_len is None:
+            raise ValueError("EngineConfig.resolve() must run before kv_blocks() when num_kv_blocks is None")
+        wanted = self.max_num_seqs * math.ceil(self.max_model_len / self.block_size)
+        affordable = self.kv_cache_bytes // max(bytes_per_block, 1)
+        if affordable < 1:
+            raise _bad("kv_cache_bytes", f"at least one KV block ({bytes_per_block} bytes)", self.kv_cache_bytes)
+        return min(wanted, affordable)
+
+
+def _auto_dtype(dtype: str, hf_config: Any) -> str:
+    if dtype != "auto":
+        return dtype
+    found = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(found, torch.dtype):
+        found = str(found).removeprefix("torch.")
+    return found if found in DTYPES else "bfloat16"
+
+
+def load_hf_config(model_dir: str | os.PathLike) -> Any:
+    """The checkpoint's transformers config (``AutoConfig.from_pretrained``), with clear errors for a missing dir or config.json."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {str(path)!r} does not exist (expected a Hugging Face checkpoint directory)")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{str(path)!r} has no config.json; is it a Hugging Face checkpoint directory?")
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path))

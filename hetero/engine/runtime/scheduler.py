@@ -1,0 +1,194 @@
+"""Continuous batching with chunked prefill and preemption by recompute."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from hetero.engine.runtime.block_manager import BlockManager
+from hetero.engine.runtime.sequence import Sequence, SequenceStatus
+
+__all__ = ["Scheduler", "ScheduledBatch"]
+
+
+@dataclass
+class ScheduledBatch:
+    """What one step computes: ``seqs[i]`` gets ``query_lens[i]`` new rows, reaching KV length ``seq_lens[i]``.
+
+    Decodes (query length 1) come first, then prefill chunks. ``sample[i]`` says whether
+    row ``seq_lens[i] - 1`` is sampled (a chunk that leaves part of the prompt is not).
+    ``preempted`` lists the sequences sent back to the waiting queue while scheduling.
+    """
+
+    seqs: list[Sequence] = field(default_factory=list)
+    query_lens: list[int] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    sample: list[bool] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    def add(self, seq: Sequence, query_len: int) -> None:
+        self.seqs.append(seq)
+        self.query_lens.append(query_len)
+        self.seq_lens.append(seq.num_computed_tokens + query_len)
+        self.sample.append(seq.num_computed_tokens + query_len == seq.num_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @property
+    def num_decodes(self) -> int:
+        """Leading sequences with one query row (as ``Step.build`` counts them)."""
+        n = 0
+        while n < len(self.query_lens) and self.query_lens[n] == 1:
+            n += 1
+        return n
+
+    @property
+    def block_tables(self) -> list[list[int]]:
+        return [seq.block_table for seq in self.seqs]
+
+    @property
+    def sampled_seqs(self) -> list[Sequence]:
+        return [seq for seq, s in zip(self.seqs, self.sample) if s]
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class Scheduler:
+    """Decides each step which sequences compute how many tokens.
+
+    A step first gives every running sequence with one token left to compute its decode
+    row, then fills the rest of the ``max_num_batched_tokens`` budget (and the
+    ``max_num_seqs`` slots) with prefill chunks: running sequences part-way through
+    their prompt first, then waiting ones in arrival order. When a decode finds no free
+    KV block, the most recently admitted running sequence is preempted: its blocks are
+    freed and it goes back to the front of the waiting queue, to be recomputed from its
+    prompt and generated tokens.
+    """
+
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, eos_token_ids: Iterable[int] = ()):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue ``seq``; ValueError when it could never run (too long for the model or the cache)."""
+        n, params = seq.num_prompt_tokens, seq.sampling_params
+        if n == 0:
+            raise ValueError(f"request {seq.request_id}: the prompt is empty")
+        if n > self.max_model_len:
+            raise ValueError(f"request {seq.request_id}: prompt of {n} tokens is longer than max_model_len "
+                             f"({self.max_model_len})")
+        longest = min(n + params.max_tokens - 1, self.max_model_len)
+        needed = self.block_manager.blocks_needed(longest)
+        if needed > self.block_manager.num_blocks:
+            raise ValueError(f"request {seq.request_id}: prompt of {n} tokens with max_tokens={params.max_tokens} "
+                             f"needs {needed} KV blocks of {self.block_manager.block_size} tokens for {longest} tokens, "
+                             f"but the cache has {self.block_manager.num_blocks}")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        """The next step's batch (decodes first, then prefill chunks)."""
+        batch = ScheduledBatch()
+        budget = self._schedule_decodes(batch)
+        for seq in self.running:
+            if budget == 0:
+                break
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            if remaining > 1:
+                chunk = min(remaining, budget)
+                batch.add(seq, chunk)
+                budget -= chunk
+        if not batch.preempted:
+            self._admit(batch, budget)
+        return batch
+
+    def _schedule_decodes(self, batch: ScheduledBatch) -> int:
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            if seq.num_tokens - seq.num_computed_tokens == 1:
+                while not self.block_manager.can_append(seq):
+                    victim = self.running[-1]
+                    self._preempt(victim, batch)
+                    if victim is seq:
+                        return budget
+                self.block_manager.append_slot(seq)
+                batch.add(seq, 1)
+                budget -= 1
+            i += 1
+        return budget
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.block_manager.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            cached = self.block_manager.allocate(seq)
+            seq.num_computed_tokens = cached
+            seq.num_cached_tokens = max(seq.num_cached_tokens, cached)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            chunk = min(seq.num_tokens - cached, budget)
+            batch.add(seq, chunk)
+            budget -= chunk
+
+    def postprocess(self, batch: ScheduledBatch, sampled_ids: list[int]) -> list[Sequence]:
+        """Account the computed rows, append the sampled tokens (one per sampled sequence, in
+        batch order), and finish and free the sequences that stop; returns those."""
+        sampled = iter(sampled_ids)
+        finished = []
+        for seq, query_len, sample in zip(batch.seqs, batch.query_lens, batch.sample):
+            seq.num_computed_tokens += query_len
+            self.block_manager.cache_computed(seq)
+            if not sample:
+                continue
+            token = next(sampled)
+            seq.output_token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.sampling_params
+        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
+            return "stop"
+        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End ``seq`` now (a stop condition, an abort or an error) and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
