@@ -1,1 +1,28 @@
-"""The reference engine: Hugging Face checkpoints through hetero ops (see DESIGN.md section 8)."""
+"""The reference engine: Hugging Face checkpoints through hetero ops (see DESIGN.md section 8).
+
+``from hetero.engine import LLM, SamplingParams``; the names load on first use, so
+``import hetero.engine`` stays light (no transformers, no model code).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "EngineConfig"]
+
+_EXPORTS = {
+    "LLM": "hetero.engine.llm",
+    "RequestOutput": "hetero.engine.llm",
+    "SamplingParams": "hetero.engine.runtime.sequence",
+    "EngineConfig": "hetero.engine.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hetero.engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

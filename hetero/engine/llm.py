@@ -1,0 +1,252 @@
+"""``LLM``: the offline serving loop (scheduler, block manager and model runner) behind one ``generate`` call."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence as Seq
+
+from hetero.engine.config import EngineConfig
+from hetero.engine.runtime.block_manager import BlockManager
+from hetero.engine.runtime.model_runner import ModelRunner
+from hetero.engine.runtime.scheduler import Scheduler
+from hetero.engine.runtime.sequence import SamplingParams, Sequence
+
+__all__ = ["LLM", "RequestOutput"]
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass
+class RequestOutput:
+    """A finished request. ``text`` is None without a tokenizer. ``finish_reason``: "stop" or "length".
+
+    ``metrics``: ``arrival_time``, ``first_token_time``, ``finish_time`` (``time.perf_counter``
+    seconds), ``num_prompt_tokens``, ``num_cached_tokens`` (prompt tokens found in the prefix
+    cache) and ``num_preemptions``.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class LLM:
+    """Generate from a Hugging Face checkpoint directory through hetero ops.
+
+    Keyword arguments are ``EngineConfig`` fields. With ``tensor_parallel_size`` N > 1,
+    launch N processes with ``torchrun --nproc-per-node N script.py``; every rank runs
+    the same requests and gets the same outputs.
+
+    ``stats`` (a dict, counted since construction): ``num_kv_blocks``, ``block_size``,
+    ``steps``, ``preemptions``, ``prompt_tokens``, ``cached_prompt_tokens`` (found in the
+    prefix cache), ``generated_tokens``, and per step ``kv_blocks_in_use`` (blocks held
+    by sequences while it ran), ``step_tokens`` (rows computed) and ``step_seconds``.
+    """
+
+    def __init__(self, model: str | os.PathLike, backend: str | None = None, dtype: str = "auto",
+                 block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                 tensor_parallel_size: int = 1, expert_parallel: bool = False, seed: int = 0, **config: Any):
+        cfg = EngineConfig(model=model, backend=backend, dtype=dtype, block_size=block_size, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=max_num_batched_tokens, tensor_parallel_size=tensor_parallel_size,
+                           expert_parallel=expert_parallel, seed=seed, **config)
+        comm = _communicator(cfg)
+        self.config = cfg.resolve()
+        self.tokenizer = _tokenizer(self.config.model)
+        self.runner = ModelRunner(self.config, comm)
+        self.block_manager = BlockManager(self.runner.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=cfg.max_num_seqs,
+                                   max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                   max_model_len=self.config.max_model_len,
+                                   eos_token_ids=_eos_token_ids(self.config, self.tokenizer))
+        self.stats: dict[str, Any] = dict(num_kv_blocks=self.runner.num_kv_blocks, block_size=cfg.block_size, steps=0,
+                                          preemptions=0, prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0,
+                                          kv_blocks_in_use=[], step_tokens=[], step_seconds=[])
+        self._num_requests = 0
+
+    def add_request(self, prompt: str | Seq[int], sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue one request (text needs a tokenizer); returns its id. ValueError if it can never fit."""
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        index = self._num_requests
+        seq = Sequence(request_id if request_id is not None else str(index), self._encode(prompt), params, index)
+        self.scheduler.add(seq)
+        self._num_requests += 1
+        seq.metrics["arrival_time"] = time.perf_counter()
+        self.stats["prompt_tokens"] += seq.num_prompt_tokens
+        return seq.request_id
+
+    @property
+    def rank(self) -> int:
+        """This process's tensor-parallel rank (0 without torchrun)."""
+        return self.runner.rank
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule and run one step; the outputs of the requests that finished in it."""
+        start = time.perf_counter()
+        batch = self.scheduler.schedule()
+        in_use = self.block_manager.num_used_blocks
+        sampled = self.runner.run(batch)
+        now = time.perf_counter()
+        for seq in batch.sampled_seqs:
+            seq.metrics.setdefault("first_token_time", now)
+        finished = self.scheduler.postprocess(batch, sampled)
+        s = self.stats
+        s["steps"] += 1
+        s["preemptions"] += len(batch.preempted)
+        s["generated_tokens"] += len(sampled)
+        s["kv_blocks_in_use"].append(in_use)
+        s["step_tokens"].append(batch.num_tokens)
+        s["step_seconds"].append(time.perf_counter() - start)
+        return [self._output(seq, now) for seq in finished]
+
+    def generate(self, prompts: str | Seq[int] | Seq[str | Seq[int]],
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None, *,
+                 progress: bool | None = None) -> list[RequestOutput]:
+        """Run ``prompts`` (strings, token-id lists, or one of either) to completion; outputs in input order.
+
+        ``sampling_params``: one for all, or one per prompt (default ``SamplingParams()``).
+        ``progress``: a transient progress bar on stderr (None: only when stderr is a terminal).
+        """
+        if self.has_unfinished():
+            raise RuntimeError("generate() needs an idle engine: requests added with add_request() are unfinished; "
+                               "drive them with step() first")
+        prompts = _prompt_list(prompts)
+        params = _params_list(sampling_params, len(prompts))
+        ids: list[str] = []
+        try:
+            for prompt, p in zip(prompts, params):
+                ids.append(self.add_request(prompt, p))
+        except Exception:
+            self._abort_all()
+            raise
+        outputs: dict[str, RequestOutput] = {}
+        show = progress if progress is not None else sys.stderr.isatty()
+        before = self.stats["generated_tokens"]
+        with _progress_bar(show and self.rank == 0, len(ids)) as advance:
+            while self.has_unfinished():
+                done = self.step()
+                outputs.update((out.request_id, out) for out in done)
+                advance(len(done), self.stats["generated_tokens"] - before)
+        return [outputs[i] for i in ids]
+
+    def _abort_all(self) -> None:
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self.scheduler.finish(seq, "abort")
+
+    def _encode(self, prompt: str | Seq[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"prompt {prompt[:40]!r} is text, but {self.config.model} has no tokenizer files "
+                                 f"({', '.join(_TOKENIZER_FILES)}); pass token ids instead")
+            return list(self.tokenizer.encode(prompt))
+        ids = [int(t) for t in prompt]
+        vocab = getattr(self.config.hf_config, "vocab_size", None)
+        bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, vocab_size={vocab}), got {bad[:5]}")
+        return ids
+
+    def _output(self, seq: Sequence, now: float) -> RequestOutput:
+        seq.metrics.update(finish_time=now, num_prompt_tokens=seq.num_prompt_tokens,
+                           num_cached_tokens=seq.num_cached_tokens, num_preemptions=seq.num_preemptions)
+        self.stats["cached_prompt_tokens"] += seq.num_cached_tokens
+        text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        return RequestOutput(seq.request_id, list(seq.prompt_token_ids), list(seq.output_token_ids), text,
+                             seq.finish_reason, dict(seq.metrics))
+
+
+def _communicator(cfg: EngineConfig):
+    """torchrun's process group when WORLD_SIZE > 1 (checked against tensor_parallel_size), else None."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world == 1:
+        if cfg.tensor_parallel_size > 1:
+            raise ValueError(f"tensor_parallel_size={cfg.tensor_parallel_size} needs one process per rank: launch with "
+                             f"`torchrun --nproc-per-node {cfg.tensor_parallel_size} your_script.py`")
+        return None
+    if world != cfg.tensor_parallel_size:
+        raise ValueError(f"torchrun started {world} processes (WORLD_SIZE) but tensor_parallel_size="
+                         f"{cfg.tensor_parallel_size}; they must be equal")
+    from hetero.distributed import init
+
+    return init(cfg.backend)
+
+
+def _tokenizer(model_dir: str | os.PathLike):
+    if not any((Path(model_dir) / name).is_file() for name in _TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def _eos_token_ids(config: EngineConfig, tokenizer) -> set[int]:
+    """EOS ids of config.json and generation_config.json; the tokenizer's only when neither names one."""
+    ids: set[int] = set()
+    sources = [getattr(config.hf_config, "eos_token_id", None)]
+    gen = Path(config.model) / "generation_config.json"
+    if gen.is_file():
+        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+    for value in sources:
+        if value is not None:
+            ids.update(value if isinstance(value, (list, tuple)) else [value])
+    if not ids and tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return {int(i) for i in ids}
+
+
+def _prompt_list(prompts: Any) -> list[str | list[int]]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
+        return [prompts]
+    for p in prompts:
+        if not isinstance(p, str) and not (hasattr(p, "__iter__") and all(isinstance(t, int) for t in p)):
+            raise TypeError(f"each prompt must be a string or a list of token ids, got {p!r:.60}")
+    return prompts
+
+
+def _params_list(params: Any, n: int) -> list[SamplingParams]:
+    if params is None or isinstance(params, SamplingParams):
+        return [params or SamplingParams()] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} sampling_params for {n} prompts; pass one, or one per prompt")
+    return params
+
+
+@contextlib.contextmanager
+def _progress_bar(enabled: bool, total: int) -> Iterator[Callable[[int, int], None]]:
+    """A transient rich bar of finished requests and generated tokens per second (a no-op when disabled)."""
+    if not enabled:
+        yield lambda done, tokens: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    start = time.perf_counter()
+    columns = (TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[rate]}"))
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("generate", total=total, rate="")
+
+        def advance(done: int, tokens: int) -> None:
+            rate = tokens / max(time.perf_counter() - start, 1e-9)
+            bar.update(task, advance=done, rate=f"{rate:.1f} tok/s")
+
+        yield advance

@@ -1,0 +1,80 @@
+"""Runs one scheduled batch through the model on a hetero backend and samples its next tokens."""
+from __future__ import annotations
+
+import torch
+
+import hetero
+from hetero.engine.config import EngineConfig
+from hetero.engine.forward import build_model
+from hetero.engine.parallel import Parallel
+from hetero.engine.runtime.kv_cache import allocate_kv_cache, bytes_per_block
+from hetero.engine.runtime.sampler import Sampler
+from hetero.engine.runtime.scheduler import ScheduledBatch
+from hetero.engine.step import Step
+from hetero.spec.comm import Communicator
+
+__all__ = ["ModelRunner"]
+
+
+class ModelRunner:
+    """The model, its paged KV cache and the sampler of one rank.
+
+    ``config`` is resolved if it is not yet (``EngineConfig.resolve``). With a
+    communicator of more than one rank, the model is split over them (tensor
+    parallelism); every rank must run the same batches, and the tokens sampled
+    on rank 0 are broadcast so that all ranks append the same ones.
+    """
+
+    def __init__(self, config: EngineConfig, comm: Communicator | None = None):
+        if config.hf_config is None:
+            config = config.resolve()
+        self.config = config
+        self.ops = hetero.load(config.backend, device=config.device)
+        self.device = torch.device(self.ops.device)
+        self.parallel = Parallel(comm, config.expert_parallel)
+        self.dtype = config.torch_dtype
+        self.model = build_model(config.model, self.ops, self.dtype, self.parallel, hf_config=config.hf_config)
+        self.block_size = config.block_size
+        self.num_kv_blocks = config.kv_blocks(bytes_per_block(self.model, self.block_size, self.dtype))
+        with torch.no_grad():
+            self.kv_caches = allocate_kv_cache(self.model, self.num_kv_blocks, self.block_size, self.dtype, self.device)
+        self.sampler = Sampler(config.seed)
+
+    @property
+    def rank(self) -> int:
+        return self.parallel.rank
+
+    def run(self, batch: ScheduledBatch) -> list[int]:
+        """Compute ``batch``'s rows and return one sampled token per sampled sequence, in batch order."""
+        if not batch.seqs:
+            return []
+        with torch.inference_mode():
+            step = Step.build(batch.query_lens, batch.seq_lens, batch.block_tables, self.block_size, self.device,
+                              sample=batch.sample)
+            input_ids = torch.tensor(self._input_ids(batch), dtype=torch.int64, device=self.device)
+            hidden = self.model(input_ids, step.positions, step)
+            if step.logits_indices.numel() == 0:
+                return []
+            logits = self.model.compute_logits(hidden[step.logits_indices])
+            return self._sample(logits, batch)
+
+    @staticmethod
+    def _input_ids(batch: ScheduledBatch) -> list[int]:
+        ids: list[int] = []
+        for seq, n, length in zip(batch.seqs, batch.query_lens, batch.seq_lens):
+            ids.extend(seq.tokens(length - n, length))
+        return ids
+
+    def _sample(self, logits: torch.Tensor, batch: ScheduledBatch) -> list[int]:
+        seqs = batch.sampled_seqs
+        if self.rank == 0:
+            for seq in seqs:
+                if seq.generator is None and not seq.sampling_params.greedy:
+                    seq.generator = self.sampler.generator(seq.sampling_params, seq.index, logits.device)
+            ids = self.sampler(logits, [s.sampling_params for s in seqs], [s.generator for s in seqs])
+            if self.parallel.size == 1:
+                return ids
+            chosen = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        else:
+            chosen = torch.empty(len(seqs), dtype=torch.int64, device=self.device)
+        return self.parallel.broadcast(chosen, 0).tolist()
