@@ -40,8 +40,9 @@ def run_hetero(path, prompts, out_lens, backend):
 
 
 def _config(model, max_new):
+    model.generation_config.eos_token_id = None  # generate() refills None fields from here
     config = copy.deepcopy(model.generation_config)
-    config.eos_token_id, config.do_sample, config.max_new_tokens, config.pad_token_id = None, False, max_new, 0
+    config.do_sample, config.max_new_tokens, config.pad_token_id = False, max_new, 0
     return config
 
 

@@ -154,8 +154,10 @@ class ModelCheck:
 
     @torch.inference_mode()
     def reference_greedy(self, prompt: Sequence[int], max_tokens: int) -> list[int]:
+        # generate() refills None fields from the model's own generation_config: switch EOS off there
+        self.reference.generation_config.eos_token_id = None
         config = copy.deepcopy(self.reference.generation_config)
-        config.eos_token_id, config.do_sample = None, False
+        config.do_sample = False
         config.max_new_tokens, config.min_new_tokens = max_tokens, None
         config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
         out = self.reference.generate(torch.tensor([list(prompt)]), generation_config=config)

@@ -74,7 +74,12 @@ def _cmd_generate(args: argparse.Namespace, registry: Any, console: Console) -> 
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, max_tokens=args.max_tokens,
                             seed=args.seed, ignore_eos=args.ignore_eos)
     outputs = llm.generate(prompts, params)
-    if getattr(llm, "rank", 0) != 0:
+    if args.tensor_parallel_size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()  # leave together: a rank exiting early can abort its peers' gloo group
+        dist.destroy_process_group()
+    if llm.rank != 0:
         return EXIT_OK
     for out in outputs:
         record = {"request_id": out.request_id, "prompt_token_ids": list(out.prompt_token_ids),

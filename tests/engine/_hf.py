@@ -18,9 +18,10 @@ def hf_model(path: str):
 def hf_greedy(path, prompts, max_tokens: int) -> list[list[int]]:
     """``generate(do_sample=False)`` per prompt, never stopping early."""
     model = hf_model(str(path))
+    # generate() refills None fields from the model's own generation_config, so EOS is switched off there
+    model.generation_config.eos_token_id = None
     config = copy.deepcopy(model.generation_config)
-    config.eos_token_id, config.do_sample, config.max_new_tokens = None, False, max_tokens
-    config.pad_token_id = 0
+    config.do_sample, config.max_new_tokens, config.pad_token_id = False, max_tokens, 0
     outs = []
     for p in prompts:
         out = model.generate(torch.tensor([list(p)]), generation_config=config)

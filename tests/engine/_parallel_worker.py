@@ -21,6 +21,11 @@ def main(jobs_path: str, out_path: str) -> None:
     if int(os.environ["RANK"]) == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
+    # leave together: a rank that exits while its peer still holds the gloo group can abort the peer
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
