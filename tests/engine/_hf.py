@@ -6,6 +6,8 @@ from functools import lru_cache
 
 import torch
 
+ARCHS = ("qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+
 
 @lru_cache(maxsize=8)
 def hf_model(path: str):

@@ -12,8 +12,6 @@ import pytest
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-ARCHS = ("qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3")
-
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):

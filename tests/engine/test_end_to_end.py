@@ -4,9 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _hf import hf_greedy, prompts
-
-from conftest import ARCHS
+from _hf import ARCHS, hf_greedy, prompts
 
 LENGTHS = (5, 17, 40)
 MAX_TOKENS = 32
