@@ -1,4 +1,4 @@
-"""``hetero generate`` and ``hetero check-model``: the engine on the command line."""
+"""``hetero generate``, ``hetero check-model`` and ``hetero bench-engine``: the engine on the command line."""
 from __future__ import annotations
 
 import argparse
@@ -52,6 +52,36 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_check_model)
+    _add_bench_parser(sub)
+
+
+def _add_bench_parser(sub: Any) -> None:
+    p = sub.add_parser("bench-engine", help="throughput and latency of the engine on a synthetic workload",
+                       description="Submit N requests at once (random prompt tokens, greedy, EOS ignored; prompt and "
+                                   "output lengths uniform in the ranges, seeded) after a warm-up, and report request "
+                                   "and token throughput, TTFT/TPOT/end-to-end percentiles, KV-cache utilization, "
+                                   "preemptions and prefix-cache hits. --compare exits 1 naming every metric more than "
+                                   "--threshold worse than the baseline (after one re-run), 2 when the baseline's "
+                                   "backend, device, model, workload or engine settings differ.")
+    p.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
+    _model_args(p)
+    p.add_argument("--num-requests", type=int, default=64, metavar="N")
+    p.add_argument("--input-len", default="32:256", metavar="MIN:MAX", help="prompt lengths, inclusive (default 32:256)")
+    p.add_argument("--output-len", default="32:128", metavar="MIN:MAX", help="output lengths, inclusive (default 32:128)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the lengths and prompt tokens (default 0)")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--warmup", type=int, default=2, metavar="N", help="warm-up requests before measuring (default 2)")
+    p.add_argument("--json", metavar="F", help="write workload, config, environment and metrics to F")
+    p.add_argument("--save", metavar="BASELINE", help="save the compared metrics as a baseline file")
+    p.add_argument("--compare", metavar="BASELINE", help="compare with a baseline saved by --save")
+    p.add_argument("--threshold", type=float, default=0.1, help="relative change that counts as a regression (default 0.1)")
+    p.set_defaults(func=_cmd_bench_engine)
+
+
+def _cmd_bench_engine(args: argparse.Namespace, registry: Any, console: Console) -> int:
+    from hetero.engine._bench_report import bench_engine
+
+    return bench_engine(args, registry, console)
 
 
 def _ids(text: str) -> list[int]:
