@@ -1,0 +1,233 @@
+"""``hetero bench NAME``: time every op of a backend on performance shapes, save and compare baselines.
+
+Exit codes: 0 when every op ran and none regressed; 1 when an op regressed
+beyond the threshold (after its re-measurements) or raised; 2 for a usage
+error (unknown op, unusable baseline or ceilings file, a baseline of another
+backend or device, an unavailable backend, --plot without matplotlib).
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from hetero.bench._timer import TimerConfig
+from hetero.bench.baseline import (
+    BaselineError, Comparison, Metric, check_environment, compare, confirm, environment, load_baseline, save_baseline,
+)
+from hetero.bench.devices import Ceilings, CeilingsError, device_label, find_ceilings, load_ceilings, override_from_env
+from hetero.bench.ops import ERROR, BenchConfig, OpBench, OpResult
+from hetero.bench.report import print_report, report_dict
+from hetero.errors import BackendUnavailable
+from hetero.registry import Registry
+from hetero.spec import OP_NAMES
+
+__all__ = ["add_parser"]
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class _Usage(Exception):
+    """A problem with the command line or its files: exit 2 with this message."""
+
+
+@dataclass
+class _Session:
+    """What one run works with: the bench, its cases, the environment key, the ceilings and the baseline."""
+
+    bench: OpBench
+    cases: list[Any]
+    skipped: list[OpResult]
+    env: dict
+    label: str
+    ceilings: Ceilings | None
+    ceilings_note: str
+    saved: dict[str, Metric] | None
+
+
+def add_parser(sub: Any) -> None:
+    """Register the ``bench`` subcommand on the ``hetero`` command's subparsers."""
+    p = sub.add_parser("bench", help="time every op of a backend on performance shapes; save and compare baselines",
+                       description="Times each op on performance shapes (median of many calls after warm-up) and reports "
+                                   "time, GB/s and TFLOP/s from each op's byte/flop model, the speed-up over the reference "
+                                   "(cpu_ref, same device, same run) and the fraction of the device's roofline.")
+    p.add_argument("name", help="backend name, e.g. cuda or cpu_ref")
+    p.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (default: all)")
+    p.add_argument("--shapes", choices=("quick", "full"), default="quick",
+                   help="quick: CPU-sized float32 cases (CI); full: production GPU sizes in bfloat16")
+    p.add_argument("--json", metavar="F", help="write the results as JSON to F")
+    p.add_argument("--save", metavar="BASELINE", help="write a baseline JSON (keyed by backend, device, versions)")
+    p.add_argument("--compare", metavar="BASELINE", help="compare with a baseline; exit 1 if an op is slower by more than --threshold")
+    p.add_argument("--threshold", type=float, default=0.1, help="relative slow-down that counts as a regression (default 0.1)")
+    p.add_argument("--repeats", type=int, default=3, help="re-measurements of an op flagged as regressed (default 3)")
+    p.add_argument("--plot", metavar="F.png", help="plot time per op (and baseline, roofline) to F.png (needs hetero[plot])")
+    p.add_argument("--ceilings", metavar="FILE.json", help="measured device ceilings (default: $HETERO_BENCH_CEILINGS, else datasheets)")
+    p.add_argument("--no-reference", action="store_true", help="do not time the reference for the 'x ref' column")
+    p.add_argument("--warmup", type=int, default=5, help="warm-up calls per op on the CPU (default 5)")
+    p.add_argument("--reps", type=int, default=20, help="least timed calls per op on the CPU (default 20)")
+    p.add_argument("--min-time", type=float, default=0.2, help="least seconds of timed calls per op (default 0.2)")
+    p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _command(args: argparse.Namespace) -> str:
+    parts = ["hetero", "bench", args.name, "--shapes", args.shapes]
+    parts += ["--ops", *args.ops] if args.ops else []
+    parts += ["--warmup", str(args.warmup), "--reps", str(args.reps), "--min-time", str(args.min_time)]
+    return shlex.join(parts)
+
+
+def _cases(tier: str, only: Sequence[str] | None) -> tuple[list[Any], list[OpResult]]:
+    try:
+        from hetero_conformance.cases.perf import UNBENCHED, perf_cases
+    except ModuleNotFoundError as e:
+        if e.name is None or not e.name.startswith("hetero_conformance"):
+            raise
+        raise _Usage("the performance shapes come with hetero-conformance: pip install hetero-conformance") from None
+    unknown = [op for op in only or () if op not in OP_NAMES]
+    if unknown:
+        raise _Usage(f"unknown op(s) {', '.join(unknown)}; ops: {', '.join(OP_NAMES)}")
+    wanted = list(only) if only else list(OP_NAMES)
+    cases = [c for c in perf_cases(tier) if c.op in wanted]
+    skipped = [OpBench.skipped(op, UNBENCHED[op]) for op in wanted if op in UNBENCHED]
+    return cases, skipped
+
+
+def _ceilings(args: argparse.Namespace, device_name: str) -> tuple[Ceilings | None, str]:
+    path = args.ceilings or override_from_env()
+    try:
+        override = load_ceilings(path) if path else None
+    except CeilingsError as e:
+        raise _Usage(str(e)) from None
+    return find_ceilings(device_name, override)
+
+
+def _packages(registry: Registry, name: str) -> dict[str, str]:
+    entry = registry.entry(name)
+    record = registry.plugins.get(entry.plugin)
+    packages = {record.dist if record is not None else name: entry.version}
+    from importlib import metadata
+
+    try:
+        packages["hetero-conformance"] = metadata.version("hetero-conformance")
+    except metadata.PackageNotFoundError:
+        pass
+    return packages
+
+
+def _session(args: argparse.Namespace, registry: Registry, console: Console) -> _Session:
+    saved_env, saved = None, None
+    if args.compare:
+        try:
+            saved_env, saved = load_baseline(args.compare, "ops")
+        except BaselineError as e:
+            raise _Usage(str(e)) from None
+    if args.plot:
+        from hetero.bench._plot import PlotUnavailable, require_matplotlib
+
+        try:
+            require_matplotlib()
+        except PlotUnavailable as e:
+            raise _Usage(str(e)) from None
+    cases, skipped = _cases(args.shapes, args.ops)
+    try:
+        ops = registry.load(args.name)
+    except BackendUnavailable as e:
+        raise _Usage(str(e)) from None
+    label = device_label(ops.device, registry.availability(args.name).device_name)
+    ceilings, note = _ceilings(args, label)
+    env = environment(args.name, label, _packages(registry, args.name))
+    if saved_env is not None:
+        error, warnings = check_environment(saved_env, env)
+        if error:
+            raise _Usage(f"cannot compare with {args.compare}: {error}")
+        for w in warnings:
+            console.print(f"[yellow]warning:[/] versions differ from the baseline: {escape(w)}", highlight=False)
+    timer = TimerConfig(warmup=args.warmup, reps=args.reps, min_time=args.min_time)
+    bench = OpBench(ops, BenchConfig(timer, reference=not args.no_reference, seed=args.seed), ceilings, note)
+    return _Session(bench, cases, skipped, env, label, ceilings, note, saved)
+
+
+def _run(session: _Session) -> list[OpResult]:
+    results = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("bench", total=len(session.cases))
+        for case in session.cases:
+            progress.update(task, description=case.id)
+            results.append(session.bench.run(case))
+            progress.advance(task)
+    return results + session.skipped
+
+
+def _confirmed(session: _Session, results: list[OpResult], args: argparse.Namespace,
+               console: Console) -> list[Comparison]:
+    """Compare with the baseline; re-measure each regression ``--repeats`` times and keep the best."""
+    assert session.saved is not None
+    metrics = [r.metric() for r in results if r.timing is not None]
+    comparisons = compare(session.saved, metrics, args.threshold)
+    by_id = {c.id: c for c in session.cases}
+    out = []
+    for c in comparisons:
+        if c.regressed and args.repeats > 0:
+            console.print(f"re-measuring {c.name} ({c.change:+.0%}) {args.repeats} more times", style="dim", highlight=False)
+            repeats = [session.bench.time_case(by_id[c.name]).median for _ in range(args.repeats)]
+            c = confirm(c, repeats, args.threshold)
+        out.append(c)
+    return out
+
+
+def _write_outputs(args: argparse.Namespace, session: _Session, results: list[OpResult],
+                   comparisons: list[Comparison] | None, header: str) -> None:
+    import json
+    from pathlib import Path
+
+    if args.json:
+        doc = report_dict(results, session.env, session.ceilings, session.ceilings_note, comparisons, args.threshold)
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    if args.save:
+        metrics = [r.metric() for r in results if r.timing is not None]
+        save_baseline(args.save, "ops", session.env, metrics, _command(args))
+    if args.plot:
+        from hetero.bench._plot import plot
+
+        plot(args.plot, results, {c.name: c for c in comparisons} if comparisons else None, header)
+
+
+def _verdict(console: Console, results: list[OpResult], comparisons: list[Comparison] | None) -> int:
+    errors = [r.case_id for r in results if r.status == ERROR]
+    regressed = [c for c in comparisons or () if c.regressed]
+    missing = [c.name for c in comparisons or () if c.note and c.current != c.current]
+    if missing:
+        console.print(f"{len(missing)} baseline metric(s) not measured in this run (other --ops or --shapes?)",
+                      style="dim", highlight=False)
+    for c in regressed:
+        spread = "" if c.spread is None else f", spread {c.spread[0]:.3g}/{c.spread[1]:.3g}/{c.spread[2]:.3g} s"
+        console.print(f"[bold red]regressed:[/] {c.name}: {c.baseline:.3g} s -> {c.current:.3g} s ({c.change:+.0%}{spread})",
+                      highlight=False)
+    for case_id in errors:
+        console.print(f"[red]error:[/] {case_id} raised (see the table notes)", highlight=False)
+    return EXIT_FAIL if regressed or errors else EXIT_OK
+
+
+def _cmd_bench(args: argparse.Namespace, registry: Registry, console: Console) -> int:
+    try:
+        if args.threshold < 0 or args.repeats < 0 or args.reps < 1 or args.warmup < 0 or args.min_time < 0:
+            raise _Usage("--threshold, --repeats, --warmup and --min-time must be >= 0 and --reps >= 1")
+        session = _session(args, registry, console)
+    except _Usage as e:
+        Console(stderr=True).print(f"[red]hetero bench:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        return EXIT_USAGE
+    results = _run(session)
+    comparisons = _confirmed(session, results, args, console) if session.saved is not None else None
+    roof = session.ceilings.name if session.ceilings is not None else "unknown ceilings"
+    header = f"hetero bench {args.name} on {session.label} ({args.shapes} shapes; roofline: {roof})"
+    print_report(console, results, header=header, threshold=args.threshold,
+                 comparisons={c.name: c for c in comparisons} if comparisons is not None else None)
+    _write_outputs(args, session, results, comparisons, header)
+    return _verdict(console, results, comparisons)

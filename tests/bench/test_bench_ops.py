@@ -1,0 +1,178 @@
+"""``hetero bench``: baselines saved and compared through the CLI, a planted 2x slow-down, fallbacks, plots.
+
+Timing on a shared 2-core machine is noisy: these tests run torch on one thread
+(a single-threaded op barely feels a neighbour's load), compare with a 50%
+threshold and let the command re-measure a flagged op before failing it.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import hetero
+import hetero_cpu_ref.plugin
+from hetero.bench.baseline import environment, save_baseline, Metric
+from hetero.cli import main
+from hetero_cpu_ref import gemm as ref_gemm
+from hetero_cpu_ref.plugin import CpuRefBackend
+
+FAST = ["--warmup", "2", "--reps", "5", "--min-time", "0.05", "--no-reference"]
+COMPARED = ["--warmup", "2", "--reps", "10", "--min-time", "0.2", "--no-reference", "--threshold", "0.5"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _gemm_twice(a, b, *, bias=None, out_dtype=None):
+    """Exactly twice the reference's work: the same GEMM computed two times."""
+    ref_gemm.gemm(a, b, bias=bias, out_dtype=out_dtype)
+    return ref_gemm.gemm(a, b, bias=bias, out_dtype=out_dtype)
+
+
+def _registry(**ops) -> hetero.Registry:
+    """A registry with the reference and backend ``twin``: the reference with ``ops`` replaced."""
+    cls = type("Twin", (CpuRefBackend,), {"name": "twin", "priority": 0,
+                                          **{k: staticmethod(v) for k, v in ops.items()}})
+
+    class Plugin:
+        @hetero.hookimpl
+        def hetero_backends(self):
+            return [cls]
+
+    registry = hetero.Registry(entry_points=[], env={})
+    registry.register(hetero_cpu_ref.plugin, "cpu_ref")
+    registry.register(Plugin(), "twin-plugin", version="1.0")
+    return registry
+
+
+def test_save_then_compare_the_same_backend_exits_0(tmp_path, capsys):
+    base = tmp_path / "b.json"
+    assert main(["bench", "cpu_ref", "--ops", "gemm", "rms_norm", "--save", str(base), *COMPARED]) == 0
+    doc = json.loads(base.read_text())
+    assert doc["kind"] == "ops" and doc["environment"]["backend"] == "cpu_ref"
+    assert [m["name"] for m in doc["metrics"]] == ["gemm/perf/qwen3-8b-o-proj-t16/float32",
+                                                  "rms_norm/perf/qwen3-8b-residual-t256/float32"]
+    assert all(m["unit"] == "s" and m["value"] > 0 and len(m["samples"]) >= 10 for m in doc["metrics"])
+    capsys.readouterr()
+    assert main(["bench", "cpu_ref", "--ops", "gemm", "rms_norm", "--compare", str(base), *COMPARED]) == 0
+    out = capsys.readouterr().out
+    assert "regressed:" not in out and "baseline" in out
+
+
+def test_a_gemm_twice_as_slow_exits_1_and_is_named(tmp_path, capsys):
+    base = tmp_path / "b.json"
+    argv = ["bench", "twin", "--ops", "gemm", "rms_norm", *COMPARED]
+    assert main([*argv, "--save", str(base)], registry=_registry()) == 0
+    capsys.readouterr()
+    assert main([*argv, "--compare", str(base), "--repeats", "2"], registry=_registry(gemm=_gemm_twice)) == 1
+    verdicts = [line for line in capsys.readouterr().out.splitlines() if line.startswith("regressed:")]
+    assert len(verdicts) == 1 and "gemm/perf/qwen3-8b-o-proj-t16/float32" in verdicts[0], verdicts
+    assert "spread" in verdicts[0]
+
+
+def _baseline(path, backend: str, device: str, **versions: str) -> None:
+    env = environment(backend, device)
+    env["versions"].update(versions)
+    metrics = [Metric("gemm/perf/retired-shape/float32", 0.01, "s")]
+    save_baseline(path, "ops", env, metrics, "hetero bench")
+
+
+def _device() -> str:
+    from hetero.bench.devices import device_label
+
+    return device_label(torch.device("cpu"))
+
+
+def test_a_baseline_of_another_backend_or_device_exits_2(tmp_path, capsys):
+    for backend, device in (("cuda", _device()), ("cpu_ref", "cuda/NVIDIA H200")):
+        _baseline(tmp_path / "b.json", backend, device)
+        assert main(["bench", "cpu_ref", "--ops", "rms_norm", "--compare", str(tmp_path / "b.json"), *FAST]) == 2
+        err = capsys.readouterr().err
+        assert "cannot compare" in err and repr(backend if backend == "cuda" else device) in err
+
+
+def test_other_versions_warn_and_unmeasured_metrics_are_reported(tmp_path, capsys):
+    _baseline(tmp_path / "b.json", "cpu_ref", _device(), torch="1.0.0")
+    json_out = tmp_path / "r.json"
+    argv = ["bench", "cpu_ref", "--ops", "rms_norm", "--compare", str(tmp_path / "b.json"), "--json", str(json_out)]
+    assert main([*argv, *FAST]) == 0
+    out = capsys.readouterr().out
+    assert "warning:" in out and "torch 1.0.0 in the baseline" in out
+    assert "1 baseline metric(s) not measured" in out
+    notes = {m["name"]: m["note"] for m in json.loads(json_out.read_text())["comparison"]["metrics"]}
+    assert notes == {"rms_norm/perf/qwen3-8b-residual-t256/float32": "not in the baseline",
+                     "gemm/perf/retired-shape/float32": "not measured in this run"}
+
+
+def test_usage_errors_exit_2(tmp_path, capsys):
+    assert main(["bench", "cpu_ref", "--ops", "gemmm"]) == 2
+    assert "unknown op(s) gemmm" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main(["bench", "cpu_ref", "--compare", str(tmp_path / "bad.json")]) == 2
+    assert "not a readable JSON baseline" in capsys.readouterr().err
+    assert main(["bench", "cpu_ref", "--ceilings", str(tmp_path / "none.json")]) == 2
+    assert "cannot read ceilings" in capsys.readouterr().err
+
+
+def test_fallback_declined_and_multi_rank_ops_are_marked(capsys, tmp_path):
+    def supports(self, op, **static):
+        return "float32 is not tuned" if op == "gemm" else None
+
+    registry = _registry()
+    partial = type("Partial", (hetero.Backend,), {"name": "partial", "spec_version": hetero.SPEC_VERSION,
+                                                  "gemm": staticmethod(ref_gemm.gemm), "supports": supports})
+
+    class Plugin:
+        @hetero.hookimpl
+        def hetero_backends(self):
+            return [partial]
+
+    registry.register(Plugin(), "partial-plugin")
+    out_json = tmp_path / "r.json"
+    argv = ["bench", "partial", "--ops", "gemm", "rms_norm", "ep_dispatch", "--json", str(out_json), *FAST]
+    assert main(argv, registry=registry) == 0
+    rows = {r["op"]: r for r in json.loads(out_json.read_text())["results"]}
+    assert rows["gemm"]["status"] == "declined" and "float32 is not tuned" in rows["gemm"]["note"]
+    assert rows["rms_norm"]["status"] == "fallback" and rows["rms_norm"]["seconds"] > 0
+    assert rows["ep_dispatch"]["status"] == "skipped" and "several ranks" in rows["ep_dispatch"]["note"]
+    assert "needs several ranks" in capsys.readouterr().out
+
+
+def test_plot_is_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is the optional extra hetero[plot]")
+    base, png = tmp_path / "b.json", tmp_path / "p.png"
+    assert main(["bench", "cpu_ref", "--ops", "rms_norm", "--save", str(base), *FAST]) == 0
+    ceilings = tmp_path / "c.json"
+    ceilings.write_text(json.dumps({"name": "toy", "tb_s": 0.01}))
+    argv = ["bench", "cpu_ref", "--ops", "rms_norm", "--compare", str(base), "--threshold", "100",
+            "--ceilings", str(ceilings), "--plot", str(png), *FAST]
+    assert main(argv) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    assert main(["bench", "cpu_ref", "--ops", "rms_norm", "--plot", str(tmp_path / "p.png"), *FAST]) == 2
+    assert "pip install 'hetero[plot]'" in capsys.readouterr().err
+
+
+def test_roofline_from_a_ceilings_file_or_the_reason_it_is_unknown(tmp_path, monkeypatch):
+    ceilings, report = tmp_path / "c.json", tmp_path / "r.json"
+    ceilings.write_text(json.dumps({"name": "toy", "tflops": {"float32": 0.001}, "tb_s": 0.02}))
+    monkeypatch.setenv("HETERO_BENCH_CEILINGS", str(ceilings))
+    assert main(["bench", "cpu_ref", "--ops", "rms_norm", "--json", str(report), *FAST]) == 0
+    doc = json.loads(report.read_text())
+    row = doc["results"][0]
+    bound = max(row["flops"] / 1e9, row["bytes"] / 0.02e12)
+    assert doc["ceilings"]["name"] == "toy" and row["roofline_fraction"] == pytest.approx(bound / row["seconds"])
+    monkeypatch.delenv("HETERO_BENCH_CEILINGS")
+    assert main(["bench", "cpu_ref", "--ops", "rms_norm", "--json", str(report), *FAST]) == 0
+    row = json.loads(report.read_text())["results"][0]
+    assert row["roofline_fraction"] is None and "no ceilings known for 'cpu/" in row["roofline_note"]
