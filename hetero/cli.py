@@ -1,4 +1,4 @@
-"""The ``hetero`` command: backends | explain | conformance | generate | check-model | new-backend."""
+"""The ``hetero`` command: backends | explain | conformance | generate | check-model | bench | new-backend."""
 from __future__ import annotations
 
 import argparse
@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hetero.engine.cli import add_parsers as add_engine_parsers
 
     add_engine_parsers(sub)
+    from hetero.bench.cli import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     p = sub.add_parser("new-backend", help="write a ready plugin package hetero-NAME/ for a new chip",
                        description="Write hetero-NAME/: pyproject.toml with the hetero.backends entry point, the Backend "
                                    "subclass (every op falls back to the reference until you implement it), a conformance "
