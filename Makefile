@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PACKAGES := -e '.[test]' -e backends/cpu_ref -e conformance -e backends/cuda -e backends/rocm -e backends/ascend
+PACKAGES := -e '.[test,plot]' -e backends/cpu_ref -e conformance -e backends/cuda -e backends/rocm -e backends/ascend
 
 .PHONY: demo test bench clean
 
