@@ -42,11 +42,14 @@ def _times(ax: Any, rows: Sequence[OpResult], comparisons: Mapping[str, Comparis
     if comparisons:
         old = [c.baseline * 1e3 if c is not None and not math.isnan(c.baseline) else 0.0 for c in base]
         ax.barh([i - height / 2 for i in y], old, height=height, color="tab:gray", label="baseline")
-        ax.legend(loc="lower right")
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color="tab:blue", label="this run"), Patch(color="tab:red", label="regressed"),
+                           Patch(color="tab:gray", label="baseline")], loc="lower right")
     ax.set_yticks(list(y), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xscale("log")
-    ax.set_xlabel("median time per call (ms, log scale); red: regressed")
+    ax.set_xlabel("median time per call (ms, log scale)")
 
 
 def _roofline(ax: Any, rows: Sequence[OpResult]) -> None:

@@ -125,9 +125,12 @@ def _cpu_model() -> str:
 
 
 def device_label(device: torch.device, reported: str = "") -> str:
-    """"type/name" of the device a benchmark ran on: the baseline key and the ceilings lookup."""
+    """"type/name" of the device a benchmark ran on: the baseline key and the ceilings lookup.
+
+    A CPU carries torch's thread count: timings taken with other thread counts do not compare.
+    """
     if device.type == "cpu":
-        return f"cpu/{_cpu_model()}"
+        return f"cpu/{_cpu_model()} ({torch.get_num_threads()} threads)"
     return f"{device.type}/{reported or device.type}"
 
 

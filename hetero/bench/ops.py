@@ -61,7 +61,8 @@ class OpResult:
 
     @property
     def tflops(self) -> float | None:
-        return None if self.work is None or not self.seconds else self.work.flops / self.seconds / 1e12
+        """Achieved TFLOP/s; None for pure data movement (0 flops in the model)."""
+        return None if self.work is None or not self.work.flops or not self.seconds else self.work.flops / self.seconds / 1e12
 
     @property
     def speedup(self) -> float | None:

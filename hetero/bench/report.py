@@ -71,7 +71,8 @@ def results_table(results: Sequence[OpResult], comparisons: Mapping[str, Compari
 
 
 def _notes(results: Sequence[OpResult]) -> list[str]:
-    """Why a column shows "-" or an op was not measured natively, each reason once."""
+    """Why a column shows "-" or an op was not measured natively, each reason once, with its ops
+    (left out when the reason covers every timed op)."""
     notes: dict[str, list[str]] = {}
     for r in results:
         if r.note:
@@ -80,8 +81,8 @@ def _notes(results: Sequence[OpResult]) -> list[str]:
             notes.setdefault(f"x ref -: {r.reference_note}", []).append(r.op)
         if r.timing is not None and r.roofline is None and r.roofline_note:
             notes.setdefault(f"roofline -: {r.roofline_note}", []).append(r.op)
-    everyone = {r.op for r in results}
-    return [text if set(ops) == everyone else f"{text} ({', '.join(dict.fromkeys(ops))})" for text, ops in notes.items()]
+    timed = [r.op for r in results if r.timing is not None]
+    return [text if ops == timed else f"{text} ({', '.join(dict.fromkeys(ops))})" for text, ops in notes.items()]
 
 
 def print_report(console: Console, results: Sequence[OpResult], *, header: str,
