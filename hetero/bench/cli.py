@@ -8,9 +8,12 @@ backend or device, an unavailable backend, --plot without matplotlib).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
+
+import torch
 
 from rich.console import Console
 from rich.markup import escape
@@ -72,12 +75,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--reps", type=int, default=20, help="least timed calls per op on the CPU (default 20)")
     p.add_argument("--min-time", type=float, default=0.2, help="least seconds of timed calls per op (default 0.2)")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads for this run (part of a CPU's baseline key); "
+                                                           "1 is far steadier on a shared machine")
     p.set_defaults(func=_cmd_bench)
 
 
 def _command(args: argparse.Namespace) -> str:
     parts = ["hetero", "bench", args.name, "--shapes", args.shapes]
     parts += ["--ops", *args.ops] if args.ops else []
+    parts += ["--threads", str(args.threads)] if args.threads else []
     parts += ["--warmup", str(args.warmup), "--reps", str(args.reps), "--min-time", str(args.min_time)]
     return shlex.join(parts)
 
@@ -215,7 +221,27 @@ def _verdict(console: Console, results: list[OpResult], comparisons: list[Compar
     return EXIT_FAIL if regressed or errors else EXIT_OK
 
 
+@contextlib.contextmanager
+def _threads(n: int | None) -> Iterator[None]:
+    """torch's CPU thread count set to ``n`` for the run, then restored."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _cmd_bench(args: argparse.Namespace, registry: Registry, console: Console) -> int:
+    if args.threads is not None and args.threads < 1:
+        Console(stderr=True).print("[red]hetero bench:[/] --threads must be >= 1", highlight=False)
+        return EXIT_USAGE
+    with _threads(args.threads):
+        return _bench(args, registry, console)
+
+
+def _bench(args: argparse.Namespace, registry: Registry, console: Console) -> int:
     try:
         if args.threshold < 0 or args.repeats < 0 or args.reps < 1 or args.warmup < 0 or args.min_time < 0:
             raise _Usage("--threshold, --repeats, --warmup and --min-time must be >= 0 and --reps >= 1")

@@ -130,7 +130,8 @@ def device_label(device: torch.device, reported: str = "") -> str:
     A CPU carries torch's thread count: timings taken with other thread counts do not compare.
     """
     if device.type == "cpu":
-        return f"cpu/{_cpu_model()} ({torch.get_num_threads()} threads)"
+        threads = torch.get_num_threads()
+        return f"cpu/{_cpu_model()} ({threads} thread{'' if threads == 1 else 's'})"
     return f"{device.type}/{reported or device.type}"
 
 

@@ -176,3 +176,12 @@ def test_roofline_from_a_ceilings_file_or_the_reason_it_is_unknown(tmp_path, mon
     assert main(["bench", "cpu_ref", "--ops", "rms_norm", "--json", str(report), *FAST]) == 0
     row = json.loads(report.read_text())["results"][0]
     assert row["roofline_fraction"] is None and "no ceilings known for 'cpu/" in row["roofline_note"]
+
+
+def test_cpu_thread_counts_do_not_compare(tmp_path, capsys):
+    base = tmp_path / "b.json"
+    assert main(["bench", "cpu_ref", "--ops", "rms_norm", "--threads", "2", "--save", str(base), *FAST]) == 0
+    assert torch.get_num_threads() == 1  # restored after the run
+    assert json.loads(base.read_text())["environment"]["device"].endswith("(2 threads)")
+    assert main(["bench", "cpu_ref", "--ops", "rms_norm", "--threads", "1", "--compare", str(base), *FAST]) == 2
+    assert "(2 threads)" in capsys.readouterr().err
