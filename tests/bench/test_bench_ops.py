@@ -185,3 +185,14 @@ def test_cpu_thread_counts_do_not_compare(tmp_path, capsys):
     assert json.loads(base.read_text())["environment"]["device"].endswith("(2 threads)")
     assert main(["bench", "cpu_ref", "--ops", "rms_norm", "--threads", "1", "--compare", str(base), *FAST]) == 2
     assert "(2 threads)" in capsys.readouterr().err
+
+
+def test_the_reference_runs_the_same_inputs_for_the_speedup_column(tmp_path):
+    report = tmp_path / "r.json"
+    argv = ["bench", "twin", "--ops", "rms_norm", "--json", str(report), "--warmup", "2", "--reps", "5", "--min-time", "0.05"]
+    assert main(argv, registry=_registry()) == 0
+    row = json.loads(report.read_text())["results"][0]
+    assert row["reference_s"] > 0 and row["speedup_vs_reference"] == pytest.approx(row["reference_s"] / row["seconds"])
+    assert main(["bench", "cpu_ref", "--ops", "rms_norm", "--json", str(report), *FAST[:-1]]) == 0
+    row = json.loads(report.read_text())["results"][0]
+    assert row["speedup_vs_reference"] is None and row["reference_note"] == "the backend is the reference"
