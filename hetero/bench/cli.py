@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import shlex
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -208,7 +209,7 @@ def _write_outputs(args: argparse.Namespace, session: _Session, results: list[Op
 def _verdict(console: Console, results: list[OpResult], comparisons: list[Comparison] | None) -> int:
     errors = [r.case_id for r in results if r.status == ERROR]
     regressed = [c for c in comparisons or () if c.regressed]
-    missing = [c.name for c in comparisons or () if c.note and c.current != c.current]
+    missing = [c.name for c in comparisons or () if c.note and math.isnan(c.current)]
     if missing:
         console.print(f"{len(missing)} baseline metric(s) not measured in this run (other --ops or --shapes?)",
                       style="dim", highlight=False)
