@@ -14,11 +14,13 @@ import json
 import math
 from typing import Any, Mapping, Sequence
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
 from hetero.bench.baseline import (BaselineError, Comparison, Metric, check_environment, compare, confirm,
                                    environment, load_baseline, save_baseline)
+from hetero.bench.devices import device_label
 from hetero.engine.bench import Workload, model_identity, parse_range, run_workload, summarize
 
 __all__ = ["bench_engine", "engine_metrics", "bench_environment", "key_error"]
@@ -41,12 +43,14 @@ def engine_metrics(summary: Mapping[str, Any]) -> list[Metric]:
 
 def bench_environment(registry: Any, backend: str | None, model: str, workload: Workload,
                       engine: Mapping[str, Any]) -> dict[str, Any]:
-    """The baseline key of a run: ``environment`` of the backend and device, plus model, workload, engine."""
+    """The baseline key of a run: ``environment`` of the backend and device (labelled as ``hetero bench``
+    labels it: a CPU with its torch thread count), plus model, workload and engine settings."""
     name = (backend or registry.select()).split(":")[0]
     entry = registry.entry(name)
     plugin = registry.plugins.get(entry.plugin)
     packages = {plugin.dist: entry.version} if plugin is not None and plugin.dist else {}
-    device = registry.availability(name).device_name or (entry.cls.device_type if entry.cls else "")
+    device_type = entry.cls.device_type if entry.cls is not None else "cpu"
+    device = device_label(torch.device(device_type), registry.availability(name).device_name)
     env = environment(name, device, packages)
     env.update(model=model_identity(model), workload=workload.as_dict(), engine=dict(engine))
     return env
@@ -69,7 +73,8 @@ def _ms(value: float | None) -> str:
 
 def _print_summary(console: Console, summary: Mapping[str, Any], title: str) -> None:
     kv = summary["kv_cache"]
-    table = Table(title=title)
+    console.print(title, highlight=False, markup=False)
+    table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [("requests/s", f"{summary['request_throughput']:.2f}"),
@@ -210,8 +215,9 @@ def bench_engine(args: argparse.Namespace, registry: Any, console: Console) -> i
     run = run_workload(llm, workload, args.warmup)
     runs = [summarize(run.outputs, run.stats, run.elapsed)]
     model = env["model"]
-    _print_summary(console, runs[0], f"bench-engine: {model['name']} ({model['architecture']}) on {env['backend']} "
-                                     f"/ {env['device']}, {cfg.dtype}")
+    _print_summary(console, runs[0], f"bench-engine: {model['name']} ({model['architecture']}, {cfg.dtype}) on "
+                                     f"{env['backend']}, {env['device']}; {workload.num_requests} requests, input "
+                                     f"{args.input_len}, output {args.output_len}, seed {args.seed}")
     try:
         comparisons = _judge(llm, args, workload, saved, runs, console) if saved is not None else None
     except BaselineError as e:

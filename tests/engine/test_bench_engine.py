@@ -84,7 +84,8 @@ def test_report_and_json_are_consistent(baseline):
     assert m["output_throughput"] == pytest.approx(m["output_tokens"] / m["elapsed_s"])
     assert m["steps"] >= max(drawn[1]) and m["cached_prompt_tokens"] == 0  # the warm-up shares no prefix
     env = doc["environment"]
-    assert env["backend"] == "cpu_ref" and env["model"]["architecture"] == "Qwen3ForCausalLM"
+    assert env["backend"] == "cpu_ref" and env["device"].startswith("cpu/") and "thread" in env["device"]
+    assert env["model"]["architecture"] == "Qwen3ForCausalLM"
     assert env["workload"] == {"num_requests": 8, "input_len": [4, 40], "output_len": [1, 12], "seed": 3}
     assert {x["name"] for x in doc["baseline_metrics"]} == {"output_throughput", "ttft_p50", "ttft_p90",
                                                             "tpot_p50", "tpot_p90"}
