@@ -179,6 +179,8 @@ def _setup(args: argparse.Namespace, registry: Any) -> tuple[Workload, Any, dict
     """The workload, the resolved engine config and the baseline key; ValueError for unusable arguments."""
     from hetero.engine.config import EngineConfig
 
+    if args.threshold < 0 or args.warmup < 0:
+        raise ValueError("--threshold and --warmup must be >= 0")
     workload = Workload(args.num_requests, parse_range(args.input_len), parse_range(args.output_len), args.seed)
     cfg = EngineConfig(model=args.model, backend=args.backend, dtype=args.dtype or "auto", block_size=args.block_size,
                        max_num_seqs=args.max_num_seqs).resolve()
