@@ -107,12 +107,13 @@ def test_compare_with_a_generous_threshold_passes(baseline, capsys):
     assert "output_throughput" in capsys.readouterr().out
 
 
-def test_a_tenfold_faster_baseline_is_a_regression(baseline, tmp_path, capsys):
+def test_a_far_faster_baseline_is_a_regression(baseline, tmp_path, capsys):
     model, _, base = baseline
     doc = json.loads(base.read_text())
     for metric in doc["metrics"]:
-        if metric["name"] == "output_throughput":
-            metric["value"] *= 10
+        # throughput far above anything this machine reaches, latencies far above anything it could take:
+        # only the throughput can regress, however loaded the machine is (this tests the decision, not timing)
+        metric["value"] *= 100 if metric["name"] == "output_throughput" else 1000
     edited = tmp_path / "faster.json"
     edited.write_text(json.dumps(doc))
     argv = ["bench-engine", "--model", model, "--num-requests", "8", *SMALL, "--compare", str(edited),
