@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import math
 import shlex
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -76,8 +77,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--reps", type=int, default=20, help="least timed calls per op on the CPU (default 20)")
     p.add_argument("--min-time", type=float, default=0.2, help="least seconds of timed calls per op (default 0.2)")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads for this run (part of a CPU's baseline key); "
-                                                           "1 is far steadier on a shared machine")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="torch CPU threads for this run, part of a CPU's baseline key (default 1: on a shared machine "
+                        "multi-threaded CPU timings move by tens of percent from run to run)")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -172,6 +174,13 @@ def _run(session: _Session) -> list[OpResult]:
     return results + session.skipped
 
 
+def _spaced(time_case: Any, case: Any, index: int) -> float:
+    """One re-measurement (fastest call), after a pause that grows with ``index``: a burst of
+    load from another tenant rarely outlasts a few seconds, so spaced repeats escape it."""
+    time.sleep(1.0 * index)
+    return time_case(case).min
+
+
 def _confirmed(session: _Session, results: list[OpResult], args: argparse.Namespace,
                console: Console) -> list[Comparison]:
     """Compare with the baseline; re-measure each regression ``--repeats`` times and keep the best."""
@@ -183,7 +192,7 @@ def _confirmed(session: _Session, results: list[OpResult], args: argparse.Namesp
     for c in comparisons:
         if c.regressed and args.repeats > 0:
             console.print(f"re-measuring {c.name} ({c.change:+.0%}) {args.repeats} more times", style="dim", highlight=False)
-            repeats = [session.bench.time_case(by_id[c.name]).median for _ in range(args.repeats)]
+            repeats = [_spaced(session.bench.time_case, by_id[c.name], i) for i in range(args.repeats)]
             c = confirm(c, repeats, args.threshold)
         out.append(c)
     return out
