@@ -9,15 +9,16 @@ call, with the garbage collector paused while timing.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
-__all__ = ["Timing", "TimerConfig", "measure"]
+__all__ = ["Timing", "TimerConfig", "measure", "torch_threads"]
 
 
 @dataclass(frozen=True)
@@ -102,3 +103,15 @@ def measure(fn: Callable[[], object], device: torch.device, config: TimerConfig)
     except ImportError:
         return _events(fn, device, config)
     return _do_bench(fn, config)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's CPU thread count set to ``n`` (None: left alone) for a run, then restored."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

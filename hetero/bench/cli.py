@@ -8,12 +8,11 @@ backend or device, an unavailable backend, --plot without matplotlib).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import shlex
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -21,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hetero.bench._timer import TimerConfig
+from hetero.bench._timer import TimerConfig, torch_threads
 from hetero.bench.baseline import (
     BaselineError, Comparison, Metric, check_environment, compare, confirm, environment, load_baseline, save_baseline,
 )
@@ -231,23 +230,11 @@ def _verdict(console: Console, results: list[OpResult], comparisons: list[Compar
     return EXIT_FAIL if regressed or errors else EXIT_OK
 
 
-@contextlib.contextmanager
-def _threads(n: int | None) -> Iterator[None]:
-    """torch's CPU thread count set to ``n`` for the run, then restored."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _cmd_bench(args: argparse.Namespace, registry: Registry, console: Console) -> int:
     if args.threads is not None and args.threads < 1:
         Console(stderr=True).print("[red]hetero bench:[/] --threads must be >= 1", highlight=False)
         return EXIT_USAGE
-    with _threads(args.threads):
+    with torch_threads(args.threads):
         return _bench(args, registry, console)
 
 

@@ -167,7 +167,7 @@ def _command(args: argparse.Namespace, dtype: str) -> str:
     return (f"hetero bench-engine --model {args.model} --backend {args.backend or '(auto)'} --dtype {dtype} "
             f"--num-requests {args.num_requests} --input-len {args.input_len} --output-len {args.output_len} "
             f"--seed {args.seed} --max-num-seqs {args.max_num_seqs} --block-size {args.block_size} "
-            f"--warmup {args.warmup}")
+            f"--warmup {args.warmup}" + (f" --threads {args.threads}" if getattr(args, "threads", None) else ""))
 
 
 def _usage(message: str) -> int:

@@ -71,6 +71,8 @@ def _add_bench_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the lengths and prompt tokens (default 0)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="warm-up requests before measuring (default 2)")
+    p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads for the run (default: torch's own); "
+                                                           "part of a CPU's baseline key, fewer are steadier on a shared machine")
     p.add_argument("--json", metavar="F", help="write workload, config, environment and metrics to F")
     p.add_argument("--save", metavar="BASELINE", help="save the compared metrics as a baseline file")
     p.add_argument("--compare", metavar="BASELINE", help="compare with a baseline saved by --save")
@@ -79,9 +81,14 @@ def _add_bench_parser(sub: Any) -> None:
 
 
 def _cmd_bench_engine(args: argparse.Namespace, registry: Any, console: Console) -> int:
+    from hetero.bench._timer import torch_threads
     from hetero.engine._bench_report import bench_engine
 
-    return bench_engine(args, registry, console)
+    if args.threads is not None and args.threads < 1:
+        Console(stderr=True).print("[red]hetero bench-engine:[/] --threads must be >= 1", highlight=False)
+        return EXIT_USAGE
+    with torch_threads(args.threads):
+        return bench_engine(args, registry, console)
 
 
 def _ids(text: str) -> list[int]:

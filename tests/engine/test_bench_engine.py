@@ -134,3 +134,19 @@ def test_another_workload_is_not_compared(baseline, capsys):
     assert "workload" in capsys.readouterr().err
     assert main(["bench-engine", "--model", model, *SMALL, "--input-len", "300:400", "--output-len", "300:400"]) == 2
     assert "max_position_embeddings" in capsys.readouterr().err
+
+
+def test_threads_are_part_of_the_key_and_restored(baseline, tmp_path, capsys):
+    import torch
+
+    model, doc, base = baseline
+    before = torch.get_num_threads()
+    other = 1 if before != 1 else 2
+    argv = ["bench-engine", "--model", model, "--num-requests", "8", *SMALL, "--threads", str(other)]
+    assert main([*argv, "--json", str(tmp_path / "t.json")]) == 0
+    assert torch.get_num_threads() == before
+    run = json.loads((tmp_path / "t.json").read_text())
+    assert f"({other} thread" in run["environment"]["device"] and f"--threads {other}" in run["command"]
+    assert run["environment"]["device"] != doc["environment"]["device"]
+    assert main([*argv, "--compare", str(base)]) == 2  # a baseline taken at another thread count is not compared
+    assert main(["bench-engine", "--model", model, *SMALL, "--threads", "0"]) == 2
