@@ -1,4 +1,4 @@
-"""The ``hetero`` command: backends | explain | conformance | generate | check-model | bench | new-backend."""
+"""The ``hetero`` command: backends | explain | conformance | generate | check-model | bench | bench-engine | new-backend."""
 from __future__ import annotations
 
 import argparse
