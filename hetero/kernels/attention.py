@@ -36,7 +36,7 @@ import torch
 
 from hetero.kernels._triton import triton_modules
 from hetero.kernels.tuning import Tuning
-from hetero.spec.checks import INDEX_DTYPES, check_same_device, check_tensor, expect
+from hetero.spec.checks import INDEX_DTYPES, check_mla_inputs, check_same_device, check_tensor, expect
 from hetero.spec.types import AttentionMeta
 
 triton, tl = triton_modules()
@@ -259,13 +259,7 @@ def mla_attention(
 ) -> Any:
     op = "mla_attention"
     scale, _, _ = _check_options(op, scale, causal, (-1, -1), 0.0, return_lse)
-    check_tensor(op, "q_nope", q_nope, ndim=3, dtypes=KERNEL_DTYPES)
-    (t, h, lkv), dt = q_nope.shape, (q_nope.dtype,)
-    check_tensor(op, "q_pe", q_pe, shape=(t, h, None), dtypes=dt)
-    check_tensor(op, "ckv_cache", ckv_cache, shape=(None, None, lkv), dtypes=dt)
-    nb, bs = ckv_cache.shape[:2]
-    check_tensor(op, "kpe_cache", kpe_cache, shape=(nb, bs, q_pe.shape[2]), dtypes=dt)
-    expect(bs >= 1, op, "ckv_cache", "a block size >= 1", f"shape {list(ckv_cache.shape)}")
+    t, h, lkv, nb, bs = check_mla_inputs(op, q_nope, q_pe, ckv_cache, kpe_cache, KERNEL_DTYPES)
     meta = _check_meta(op, meta, t)
     check_same_device(op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, **_meta_tensors(meta))
 

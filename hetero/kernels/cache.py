@@ -30,7 +30,7 @@ import torch
 from hetero.kernels._triton import triton_modules
 from hetero.kernels.layers import cast_out, rne_bf16
 from hetero.kernels.tuning import Tuning
-from hetero.spec.checks import check_same_device, check_slot_mapping, check_tensor, expect
+from hetero.spec.checks import check_kv_write, check_same_device, check_slot_mapping, check_tensor
 from hetero.spec.types import FLOAT_DTYPES
 
 triton, tl = triton_modules()
@@ -178,15 +178,9 @@ def _check_slots(op: str, slot_mapping, tokens: int, num_slots: int) -> None:
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping, *, tuning: Tuning) -> None:
     op = "write_kv"
-    check_tensor(op, "key", key, ndim=3, dtypes=FLOAT_DTYPES)
-    t, hkv, d = key.shape
-    dt = (key.dtype,)
-    check_tensor(op, "value", value, shape=(t, hkv, None), dtypes=dt)
-    check_tensor(op, "k_cache", k_cache, shape=(None, None, hkv, d), dtypes=dt)
-    nb, bs = k_cache.shape[:2]
-    check_tensor(op, "v_cache", v_cache, shape=(nb, bs, hkv, value.shape[2]), dtypes=dt)
+    t, num_slots = check_kv_write(op, key, value, k_cache, v_cache)
     check_same_device(op, key=key, value=value, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
-    _check_slots(op, slot_mapping, t, nb * bs)
+    _check_slots(op, slot_mapping, t, num_slots)
     _scatter(op, key, value, k_cache, v_cache, slot_mapping, tuning)
 
 

@@ -13,7 +13,7 @@ import torch
 from hetero.kernels import _gemm_kernels as kern
 from hetero.kernels._triton import interpreter_requested, triton_modules
 from hetero.kernels.tuning import Tuning
-from hetero.spec.checks import check_tensor, expect
+from hetero.spec.checks import check_scale_form, check_tensor, expect
 from hetero.spec.gemm import SCALE_BLOCK
 from hetero.spec.types import FLOAT_DTYPES
 
@@ -56,25 +56,6 @@ def _check_bias(op: str, bias: object, n: int, dtypes: tuple, device: torch.devi
         return
     check_tensor(op, "bias", bias, shape=(n,), dtypes=dtypes)
     expect(bias.device == device, op, "bias", f"device {device} (that of 'a')", bias.device)
-
-
-def _scale_form(op: str, arg: str, scale: object, rows: int, block_rows: int, k: int, device: torch.device) -> str:
-    per = "token" if arg == "a_scale" else "output channel"
-    brows = "M" if arg == "a_scale" else "ceil(N/128)"
-    accepted = (f"float32 of one of the forms: per tensor (shape [], [1] or [1, 1]); per {per} [{rows}, 1]; "
-                f"128-blocks [{brows}, ceil(K/128)] = [{block_rows}, {_blocks(k)}]")
-    expect(isinstance(scale, torch.Tensor), op, arg, "a torch.Tensor " + accepted, type(scale).__name__)
-    expect(scale.dtype == torch.float32, op, arg, accepted, f"dtype {_dt(scale.dtype)}")
-    expect(scale.device == device, op, arg, f"device {device} (that of 'a')", scale.device)
-    shape = tuple(scale.shape)
-    if scale.ndim <= 2 and all(s == 1 for s in shape):
-        return "tensor"
-    if shape == (rows, 1):
-        return "row"
-    if shape == (block_rows, _blocks(k)):
-        return "block"
-    expect(False, op, arg, accepted, f"shape {list(shape)}")
-    return ""
 
 
 # ----------------------------------------------------------------------------- launch helpers
@@ -170,8 +151,8 @@ def scaled_gemm(a, b, a_scale, b_scale, *, bias=None, out_dtype=torch.bfloat16, 
     op = "scaled_gemm"
     check_operands(op, a, b, QUANT_DTYPES)
     (m, k), n = a.shape, b.shape[0]
-    a_form = _scale_form(op, "a_scale", a_scale, m, m, k, a.device)
-    b_form = _scale_form(op, "b_scale", b_scale, n, _blocks(n), k, a.device)
+    a_form = check_scale_form(op, "a_scale", a_scale, m, m, k, a.device)
+    b_form = check_scale_form(op, "b_scale", b_scale, n, _blocks(n), k, a.device)
     _check_out_dtype(op, out_dtype, SCALED_OUT_DTYPES)
     _check_bias(op, bias, n, tuple(dict.fromkeys((torch.float32, out_dtype))), a.device)
     c = torch.empty(m, n, dtype=out_dtype, device=a.device)

@@ -27,14 +27,12 @@ TRITON_INTERPRET was set before triton's first import, so the kernels use builti
 """
 from __future__ import annotations
 
-import math
-import numbers
 
 import torch
 
 from hetero.kernels._triton import interpreter_requested, triton_modules
 from hetero.kernels.tuning import Tuning
-from hetero.spec.checks import check_rotary, check_same_device, check_tensor, expect
+from hetero.spec.checks import check_at_least_1d, check_rms_norm, check_rotary, expect
 from hetero.spec.types import FLOAT_DTYPES
 
 triton, tl = triton_modules()
@@ -244,24 +242,9 @@ def _silu_and_mul_kernel(
 # ----------------------------------------------------------------------------- launchers
 
 
-def _check_at_least_1d(op: str, arg: str, x: object) -> torch.Tensor:
-    check_tensor(op, arg, x, dtypes=FLOAT_DTYPES)
-    assert isinstance(x, torch.Tensor)
-    expect(x.ndim >= 1, op, arg, "a tensor of at least 1 dimension", f"shape {tuple(x.shape)}")
-    return x
-
-
 def rms_norm(x, weight, eps, *, residual=None, tuning: Tuning):
     op = "rms_norm"
-    _check_at_least_1d(op, "x", x)
-    hidden = x.shape[-1]
-    check_tensor(op, "weight", weight, shape=(hidden,), dtypes=FLOAT_DTYPES)
-    ok_eps = isinstance(eps, numbers.Real) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0
-    expect(ok_eps, op, "eps", "a positive finite number", repr(eps))
-    if residual is not None:
-        check_tensor(op, "residual", residual, dtypes=(x.dtype,))
-        expect(residual.shape == x.shape, op, "residual", f"shape {list(x.shape)} (that of 'x')", f"shape {list(residual.shape)}")
-    check_same_device(op, x=x, weight=weight, residual=residual)
+    hidden = check_rms_norm(op, x, weight, eps, residual)
 
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
@@ -318,7 +301,7 @@ def rotary_embedding(positions, q, k, cos_sin_cache, *, is_neox=True, tuning: Tu
 
 def silu_and_mul(x, *, tuning: Tuning) -> torch.Tensor:
     op = "silu_and_mul"
-    _check_at_least_1d(op, "x", x)
+    check_at_least_1d(op, "x", x, FLOAT_DTYPES)
     width = x.shape[-1]
     expect(width % 2 == 0, op, "x", "an even last dimension (2I)", f"shape {list(x.shape)}")
     inter = width // 2

@@ -6,6 +6,8 @@ host sync is acceptable (the reference always does).
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Iterable, Sequence
 
 import torch
@@ -23,6 +25,11 @@ __all__ = [
     "check_group_ends",
     "check_ids",
     "check_rotary",
+    "check_at_least_1d",
+    "check_rms_norm",
+    "check_kv_write",
+    "check_mla_inputs",
+    "check_scale_form",
 ]
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -166,3 +173,89 @@ def check_rotary(op: str, positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
         lo, hi = int(positions.min()), int(positions.max())
         expect(lo >= 0 and hi < max_pos, op, "positions", f"positions in [0, {max_pos}) (rows of 'cos_sin_cache')", f"values in [{lo}, {hi}]")
     return tokens, head_dim, max_pos, rot
+
+
+def check_at_least_1d(op: str, arg: str, x: object, dtypes: Sequence[torch.dtype]) -> torch.Tensor:
+    """A tensor of one of ``dtypes`` with at least one dimension."""
+    check_tensor(op, arg, x, dtypes=dtypes)
+    assert isinstance(x, torch.Tensor)
+    expect(x.ndim >= 1, op, arg, "a tensor of at least 1 dimension", f"shape {tuple(x.shape)}")
+    return x
+
+
+def check_rms_norm(op: str, x: object, weight: object, eps: object, residual: object) -> int:
+    """The arguments of rms_norm; returns the hidden size."""
+    from hetero.spec.types import FLOAT_DTYPES
+
+    x = check_at_least_1d(op, "x", x, FLOAT_DTYPES)
+    hidden = x.shape[-1]
+    check_tensor(op, "weight", weight, shape=(hidden,), dtypes=FLOAT_DTYPES)
+    ok_eps = isinstance(eps, numbers.Real) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0
+    expect(ok_eps, op, "eps", "a positive finite number", repr(eps))
+    if residual is not None:
+        check_tensor(op, "residual", residual, dtypes=(x.dtype,))
+        assert isinstance(residual, torch.Tensor)
+        expect(residual.shape == x.shape, op, "residual", f"shape {list(x.shape)} (that of 'x')", f"shape {list(residual.shape)}")
+    check_same_device(op, x=x, weight=weight, residual=residual)
+    return hidden
+
+
+def check_kv_write(op: str, key: object, value: object, k_cache: object, v_cache: object) -> tuple[int, int]:
+    """The tensors of write_kv (slot_mapping is the caller's: how far it reads it differs);
+    returns (tokens, cache slots NB*BS)."""
+    from hetero.spec.types import FLOAT_DTYPES
+
+    check_tensor(op, "key", key, ndim=3, dtypes=FLOAT_DTYPES)
+    assert isinstance(key, torch.Tensor)
+    t, hkv, d = key.shape
+    dt = (key.dtype,)
+    check_tensor(op, "value", value, shape=(t, hkv, None), dtypes=dt)
+    check_tensor(op, "k_cache", k_cache, shape=(None, None, hkv, d), dtypes=dt)
+    assert isinstance(value, torch.Tensor) and isinstance(k_cache, torch.Tensor)
+    nb, bs = k_cache.shape[:2]
+    check_tensor(op, "v_cache", v_cache, shape=(nb, bs, hkv, value.shape[2]), dtypes=dt)
+    return t, nb * bs
+
+
+def check_mla_inputs(op: str, q_nope: object, q_pe: object, ckv_cache: object, kpe_cache: object,
+                     dtypes: Sequence[torch.dtype]) -> tuple[int, int, int, int, int]:
+    """The tensors of mla_attention (the metadata and devices are the caller's); returns (T, H, Lkv, NB, BS)."""
+    check_tensor(op, "q_nope", q_nope, ndim=3, dtypes=dtypes)
+    assert isinstance(q_nope, torch.Tensor)
+    (t, h, lkv), dt = q_nope.shape, (q_nope.dtype,)
+    check_tensor(op, "q_pe", q_pe, shape=(t, h, None), dtypes=dt)
+    check_tensor(op, "ckv_cache", ckv_cache, shape=(None, None, lkv), dtypes=dt)
+    assert isinstance(q_pe, torch.Tensor) and isinstance(ckv_cache, torch.Tensor)
+    nb, bs = ckv_cache.shape[:2]
+    check_tensor(op, "kpe_cache", kpe_cache, shape=(nb, bs, q_pe.shape[2]), dtypes=dt)
+    expect(bs >= 1, op, "ckv_cache", "a block size >= 1", f"shape {list(ckv_cache.shape)}")
+    return t, h, lkv, nb, bs
+
+
+def check_scale_form(op: str, arg: str, scale: object, rows: int, block_rows: int, k: int, device: torch.device) -> str:
+    """Which form a scale of scaled_gemm has: "tensor", "row" or "block" (128-blocks).
+
+    rows: M for a_scale, N for b_scale; block_rows: M for a_scale (one per
+    token), ceil(N/128) for b_scale (one per 128 output channels). A shape that
+    fits two forms (a_scale [M, 1] with K <= 128, say) means the same thing in both.
+    """
+    from hetero.spec.gemm import SCALE_BLOCK
+
+    k_blocks = -(-k // SCALE_BLOCK)
+    per = "token" if arg == "a_scale" else "output channel"
+    brows = "M" if arg == "a_scale" else "ceil(N/128)"
+    accepted = (f"float32 of one of the forms: per tensor (shape [], [1] or [1, 1]); per {per} [{rows}, 1]; "
+                f"128-blocks [{brows}, ceil(K/128)] = [{block_rows}, {k_blocks}]")
+    expect(isinstance(scale, torch.Tensor), op, arg, "a torch.Tensor " + accepted, type(scale).__name__)
+    assert isinstance(scale, torch.Tensor)
+    expect(scale.dtype == torch.float32, op, arg, accepted, f"dtype {_names([scale.dtype])}")
+    expect(scale.device == device, op, arg, f"device {device} (that of 'a')", scale.device)
+    shape = tuple(scale.shape)
+    if scale.ndim <= 2 and all(s == 1 for s in shape):
+        return "tensor"
+    if shape == (rows, 1):
+        return "row"
+    if shape == (block_rows, k_blocks):
+        return "block"
+    expect(False, op, arg, accepted, f"shape {list(shape)}")
+    return ""

@@ -9,7 +9,6 @@ import torch
 
 from hetero.spec.checks import check_tensor, expect
 from hetero.spec.gemm import SCALE_BLOCK
-from hetero.spec.types import FLOAT_DTYPES
 
 __all__ = [
     "QUANT_DTYPES",
@@ -17,7 +16,6 @@ __all__ = [
     "check_operands",
     "check_out_dtype",
     "check_bias",
-    "scale_form",
     "blocks",
 ]
 
@@ -58,31 +56,3 @@ def check_bias(op: str, bias: object, n: int, dtypes: tuple[torch.dtype, ...], d
     check_tensor(op, "bias", bias, shape=(n,), dtypes=dtypes)
     assert isinstance(bias, torch.Tensor)
     expect(bias.device == device, op, "bias", f"device {device} (that of 'a')", bias.device)
-
-
-def scale_form(op: str, arg: str, scale: object, rows: int, block_rows: int, k: int, device: torch.device) -> str:
-    """Which form a scale of scaled_gemm has: "tensor", "row" or "block".
-
-    rows: M for a_scale, N for b_scale; block_rows: M for a_scale (one per
-    token), ceil(N/128) for b_scale (one per 128 output channels). A shape that
-    fits two forms (a_scale [M, 1] with K <= 128, say) means the same thing in both.
-    """
-    per = "token" if arg == "a_scale" else "output channel"
-    brows = "M" if arg == "a_scale" else "ceil(N/128)"
-    accepted = (
-        f"float32 of one of the forms: per tensor (shape [], [1] or [1, 1]); per {per} [{rows}, 1]; "
-        f"128-blocks [{brows}, ceil(K/128)] = [{block_rows}, {blocks(k)}]"
-    )
-    expect(isinstance(scale, torch.Tensor), op, arg, "a torch.Tensor " + accepted, type(scale).__name__)
-    assert isinstance(scale, torch.Tensor)
-    expect(scale.dtype == torch.float32, op, arg, accepted, f"dtype {_dt(scale.dtype)}")
-    expect(scale.device == device, op, arg, f"device {device} (that of 'a')", scale.device)
-    shape = tuple(scale.shape)
-    if scale.ndim <= 2 and all(s == 1 for s in shape):
-        return "tensor"
-    if shape == (rows, 1):
-        return "row"
-    if shape == (block_rows, blocks(k)):
-        return "block"
-    expect(False, op, arg, accepted, f"shape {list(shape)}")
-    return ""

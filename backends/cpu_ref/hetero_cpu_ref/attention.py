@@ -13,11 +13,12 @@ import torch
 
 from hetero.spec.checks import (
     check_cu_seqlens,
+    check_kv_write,
+    check_mla_inputs,
     check_meta,
     check_same_device,
     check_slot_mapping,
     check_tensor,
-    expect,
 )
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
 
@@ -135,15 +136,9 @@ def write_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     op = "write_kv"
-    check_tensor(op, "key", key, ndim=3, dtypes=FLOAT_DTYPES)
-    t, hkv, d = key.shape
-    dt = (key.dtype,)
-    check_tensor(op, "value", value, shape=(t, hkv, None), dtypes=dt)
-    check_tensor(op, "k_cache", k_cache, shape=(None, None, hkv, d), dtypes=dt)
-    nb, bs = k_cache.shape[:2]
-    check_tensor(op, "v_cache", v_cache, shape=(nb, bs, hkv, value.shape[2]), dtypes=dt)
+    t, num_slots = check_kv_write(op, key, value, k_cache, v_cache)
     check_same_device(op, key=key, value=value, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
-    check_slot_mapping(op, slot_mapping, t, nb * bs)
+    check_slot_mapping(op, slot_mapping, t, num_slots)
     _scatter(k_cache, key, slot_mapping)
     _scatter(v_cache, value, slot_mapping)
 
@@ -251,13 +246,7 @@ def mla_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     op = "mla_attention"
     scale, window, _ = check_options(op, scale, causal, (-1, -1), 0.0, return_lse)
-    check_tensor(op, "q_nope", q_nope, ndim=3, dtypes=FLOAT_DTYPES)
-    (t, h, lkv), dt = q_nope.shape, (q_nope.dtype,)
-    check_tensor(op, "q_pe", q_pe, shape=(t, h, None), dtypes=dt)
-    check_tensor(op, "ckv_cache", ckv_cache, shape=(None, None, lkv), dtypes=dt)
-    nb, bs = ckv_cache.shape[:2]
-    check_tensor(op, "kpe_cache", kpe_cache, shape=(nb, bs, q_pe.shape[2]), dtypes=dt)
-    expect(bs >= 1, op, "ckv_cache", "a block size >= 1", f"shape {list(ckv_cache.shape)}")
+    t, h, lkv, nb, bs = check_mla_inputs(op, q_nope, q_pe, ckv_cache, kpe_cache, FLOAT_DTYPES)
     check_same_device(op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, **meta_tensors(meta))
     qsl, seq_lens, blocks = check_meta(op, meta, t, nb, bs)
 

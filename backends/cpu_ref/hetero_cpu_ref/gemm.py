@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec.checks import check_group_ends, check_same_device, check_tensor
+from hetero.spec.checks import check_group_ends, check_same_device, check_scale_form, check_tensor
 from hetero.spec.gemm import SCALE_BLOCK
 from hetero.spec.types import FLOAT_DTYPES
 
@@ -21,7 +21,6 @@ from hetero_cpu_ref._gemm_checks import (
     check_bias,
     check_operands,
     check_out_dtype,
-    scale_form,
 )
 from hetero_cpu_ref._util import acc_dtype, up
 
@@ -89,8 +88,8 @@ def scaled_gemm(
     op = "scaled_gemm"
     check_operands(op, a, b, QUANT_DTYPES)
     (m, k), n = a.shape, b.shape[0]
-    a_form = scale_form(op, "a_scale", a_scale, m, m, k, a.device)
-    b_form = scale_form(op, "b_scale", b_scale, n, blocks(n), k, a.device)
+    a_form = check_scale_form(op, "a_scale", a_scale, m, m, k, a.device)
+    b_form = check_scale_form(op, "b_scale", b_scale, n, blocks(n), k, a.device)
     check_out_dtype(op, out_dtype, SCALED_OUT_DTYPES)
     check_bias(op, bias, n, tuple(dict.fromkeys((torch.float32, out_dtype))), a.device)
 

@@ -6,26 +6,15 @@ dtype; inputs are never modified.
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 import torch.nn.functional as F
 
-from hetero.spec.checks import check_rotary, check_same_device, check_tensor, expect
+from hetero.spec.checks import check_at_least_1d, check_rms_norm, check_rotary, expect
+from hetero.spec.types import FLOAT_DTYPES
 
 from hetero_cpu_ref._util import acc_dtype, up
 
 __all__ = ["rms_norm", "rotary_embedding", "silu_and_mul"]
-
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _check_at_least_1d(op: str, arg: str, x: object) -> torch.Tensor:
-    check_tensor(op, arg, x, dtypes=FLOAT_DTYPES)
-    assert isinstance(x, torch.Tensor)
-    expect(x.ndim >= 1, op, arg, "a tensor of at least 1 dimension", f"shape {tuple(x.shape)}")
-    return x
 
 
 def _normalize(h: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.dtype) -> torch.Tensor:
@@ -43,15 +32,7 @@ def rms_norm(
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     op = "rms_norm"
-    _check_at_least_1d(op, "x", x)
-    hidden = x.shape[-1]
-    check_tensor(op, "weight", weight, shape=(hidden,), dtypes=FLOAT_DTYPES)
-    ok_eps = isinstance(eps, numbers.Real) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0
-    expect(ok_eps, op, "eps", "a positive finite number", repr(eps))
-    if residual is not None:
-        check_tensor(op, "residual", residual, dtypes=(x.dtype,))
-        expect(residual.shape == x.shape, op, "residual", f"shape {list(x.shape)} (that of 'x')", f"shape {list(residual.shape)}")
-    check_same_device(op, x=x, weight=weight, residual=residual)
+    check_rms_norm(op, x, weight, eps, residual)
 
     acc = acc_dtype(x, weight, residual)
     eps = float(eps)
@@ -97,7 +78,7 @@ def rotary_embedding(
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     op = "silu_and_mul"
-    _check_at_least_1d(op, "x", x)
+    check_at_least_1d(op, "x", x, FLOAT_DTYPES)
     width = x.shape[-1]
     expect(width % 2 == 0, op, "x", "an even last dimension (2I)", f"shape {list(x.shape)}")
     a = up(x, acc_dtype(x))
