@@ -1,12 +1,10 @@
 """`hetero conformance`: selection, exit codes, reports and their schema, --isolate, the pytest plugin."""
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import subprocess
 import sys
-import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -57,27 +55,6 @@ class Bad(CpuRefBackend):
 def hetero_backends():
     return [Bad]
 '''
-
-
-@pytest.fixture
-def site(tmp_path, monkeypatch):
-    """A directory on sys.path (and so on the workers' PYTHONPATH) to install test distributions in."""
-    site = tmp_path / "site"
-    site.mkdir()
-    monkeypatch.syspath_prepend(str(site))
-    yield site
-    for mod in [m for m in sys.modules if m.startswith("hetero_conftest_")]:
-        del sys.modules[mod]
-
-
-def _install(site: Path, ep_name: str, source: str) -> None:
-    pkg = f"hetero_conftest_{ep_name}"
-    (site / f"{pkg}.py").write_text(textwrap.dedent(source))
-    info = site / f"{pkg}-0.0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {pkg.replace('_', '-')}\nVersion: 0.0.1\n")
-    (info / "entry_points.txt").write_text(f"[hetero.backends]\n{ep_name} = {pkg}\n")
-    importlib.invalidate_caches()
 
 
 def _registry_with(*classes: type) -> Registry:
@@ -216,9 +193,10 @@ def test_the_documentation_names_every_schema_field():
     assert not missing, f"docs/conformance-report.md does not document {missing}"
 
 
-def _isolated_run(site: Path, tmp_path: Path, name: str, body: str, *extra: str) -> tuple[int, dict[str, dict]]:
-    _install(site, name, BAD_GEMM_PLUGIN.format(name=name, body=body))
-    (site / "hetero_conftest_catalog.py").write_text(TEST_CATALOG)
+def _isolated_run(make_dist, tmp_path: Path, name: str, body: str, *extra: str) -> tuple[int, dict[str, dict]]:
+    make_dist(name, BAD_GEMM_PLUGIN.format(name=name, body=body))
+    (make_dist.site / "hetero_conftest_catalog.py").write_text(TEST_CATALOG)
+    make_dist.packages.append("hetero_conftest_catalog")  # unloaded at teardown with the plugin
     path = tmp_path / "r.json"
     argv = ["conformance", name, "--isolate", "--catalog", "hetero_conftest_catalog:catalog", "--json", str(path), *extra]
     rc = main(argv, registry=Registry())
@@ -227,8 +205,8 @@ def _isolated_run(site: Path, tmp_path: Path, name: str, body: str, *extra: str)
     return rc, {c["id"]: c for c in doc["cases"]}
 
 
-def test_isolate_reports_a_crash_and_runs_the_other_families(site, tmp_path):
-    rc, cases = _isolated_run(site, tmp_path, "aborts", "os.abort()")
+def test_isolate_reports_a_crash_and_runs_the_other_families(make_dist, tmp_path):
+    rc, cases = _isolated_run(make_dist, tmp_path, "aborts", "os.abort()")
     assert rc == 1
     first, second = cases["gemm/tiny0/float32"], cases["gemm/tiny1/float32"]
     assert first["status"] == "crashed" and "SIGABRT" in first["message"]
@@ -237,8 +215,8 @@ def test_isolate_reports_a_crash_and_runs_the_other_families(site, tmp_path):
     assert layers and {c["status"] for c in layers} == {"pass"}
 
 
-def test_isolate_reports_a_hang_as_timeout(site, tmp_path):
-    rc, cases = _isolated_run(site, tmp_path, "hangs", "time.sleep(10 ** 6)", "--timeout", "5")
+def test_isolate_reports_a_hang_as_timeout(make_dist, tmp_path):
+    rc, cases = _isolated_run(make_dist, tmp_path, "hangs", "time.sleep(10 ** 6)", "--timeout", "5")
     assert rc == 1
     assert cases["gemm/tiny0/float32"]["status"] == "timeout" and "--timeout 5" in cases["gemm/tiny0/float32"]["message"]
     assert cases["gemm/tiny1/float32"]["status"] == "timeout"

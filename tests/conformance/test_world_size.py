@@ -1,12 +1,10 @@
 """`hetero conformance NAME --world-size N`: collectives and expert parallelism on spawned ranks."""
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -58,27 +56,6 @@ def hetero_backends():
 '''
 
 
-@pytest.fixture
-def site(tmp_path, monkeypatch):
-    """A directory on sys.path (spawned ranks inherit it) to install test distributions in."""
-    site = tmp_path / "site"
-    site.mkdir()
-    monkeypatch.syspath_prepend(str(site))
-    yield site
-    for mod in [m for m in sys.modules if m.startswith("hetero_wstest_")]:
-        del sys.modules[mod]
-
-
-def _install(site: Path, ep_name: str, source: str) -> None:
-    pkg = f"hetero_wstest_{ep_name}"
-    (site / f"{pkg}.py").write_text(textwrap.dedent(source))
-    info = site / f"{pkg}-0.0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {pkg.replace('_', '-')}\nVersion: 0.0.1\n")
-    (info / "entry_points.txt").write_text(f"[hetero.backends]\n{ep_name} = {pkg}\n")
-    importlib.invalidate_caches()
-
-
 def _validate(doc: dict) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.Draft202012Validator(report.schema()).validate(doc)
@@ -100,8 +77,8 @@ def test_cpu_ref_passes_every_distributed_case(world, tmp_path):
     assert all(s.startswith(f"world{world}.") for s in shapes)
 
 
-def test_an_unreduced_all_reduce_fails(site, tmp_path):
-    _install(site, "unreduced", BAD_COMM_PLUGIN.format(name="unreduced", comm="Unreduced"))
+def test_an_unreduced_all_reduce_fails(make_dist, tmp_path):
+    make_dist("unreduced", BAD_COMM_PLUGIN.format(name="unreduced", comm="Unreduced"))
     path = tmp_path / "r.json"
     assert main(["conformance", "unreduced", "--world-size", "2", "--quick", "--timeout", "60", "--json", str(path)], registry=Registry()) == 1
     doc = json.loads(path.read_text())
@@ -111,8 +88,8 @@ def test_an_unreduced_all_reduce_fails(site, tmp_path):
     assert all(c["status"] == "pass" for c in doc["cases"] if c["op"] != "all_reduce")
 
 
-def test_a_dying_rank_is_reported_not_hung(site, tmp_path):
-    _install(site, "dies", BAD_COMM_PLUGIN.format(name="dies", comm="DiesInBroadcast"))
+def test_a_dying_rank_is_reported_not_hung(make_dist, tmp_path):
+    make_dist("dies", BAD_COMM_PLUGIN.format(name="dies", comm="DiesInBroadcast"))
     path = tmp_path / "r.json"
     assert main(["conformance", "dies", "--world-size", "2", "--quick", "--timeout", "20", "--json", str(path)], registry=Registry()) == 1
     doc = json.loads(path.read_text())
@@ -170,8 +147,8 @@ def hetero_backends():
 '''
 
 
-def test_a_combine_without_routing_weights_fails_on_ep_only(site, tmp_path):
-    _install(site, "unweighted", EP_DROPS_WEIGHTS_PLUGIN.format(name="unweighted"))
+def test_a_combine_without_routing_weights_fails_on_ep_only(make_dist, tmp_path):
+    make_dist("unweighted", EP_DROPS_WEIGHTS_PLUGIN.format(name="unweighted"))
     path = tmp_path / "r.json"
     assert main(["conformance", "unweighted", "--world-size", "2", "--quick", "--timeout", "60", "--json", str(path)], registry=Registry()) == 1
     doc = json.loads(path.read_text())
@@ -180,10 +157,10 @@ def test_a_combine_without_routing_weights_fails_on_ep_only(site, tmp_path):
     assert all(c["status"] == "pass" for c in doc["cases"] if c["op"] != "ep_dispatch+ep_combine")
 
 
-def test_a_hanging_rank_is_reported_as_timeout(site, tmp_path):
+def test_a_hanging_rank_is_reported_as_timeout(make_dist, tmp_path):
     import time
 
-    _install(site, "hangs", BAD_COMM_PLUGIN.format(name="hangs", comm="HangsInBroadcast"))
+    make_dist("hangs", BAD_COMM_PLUGIN.format(name="hangs", comm="HangsInBroadcast"))
     path = tmp_path / "r.json"
     start = time.monotonic()
     assert main(["conformance", "hangs", "--world-size", "2", "--quick", "--timeout", "8", "--json", str(path)], registry=Registry()) == 1
