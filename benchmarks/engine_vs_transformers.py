@@ -13,11 +13,12 @@ Greedy, EOS ignored, float32 on the CPU. Prints output tokens per second and the
 from __future__ import annotations
 
 import argparse
-import copy
 import tempfile
 import time
 
 import torch
+
+from hetero.engine.check import greedy_generation_config
 
 
 def workload(n: int, vocab: int, seed: int):
@@ -39,18 +40,11 @@ def run_hetero(path, prompts, out_lens, backend):
     return sum(len(o.token_ids) for o in outs), time.perf_counter() - start
 
 
-def _config(model, max_new):
-    model.generation_config.eos_token_id = None  # generate() refills None fields from here
-    config = copy.deepcopy(model.generation_config)
-    config.do_sample, config.max_new_tokens, config.pad_token_id = False, max_new, 0
-    return config
-
-
 @torch.inference_mode()
 def run_hf_sequential(model, prompts, out_lens):
     start = time.perf_counter()
     for p, m in zip(prompts, out_lens):
-        model.generate(torch.tensor([p]), generation_config=_config(model, m))
+        model.generate(torch.tensor([p]), generation_config=greedy_generation_config(model, m))
     return sum(out_lens), time.perf_counter() - start
 
 
@@ -60,7 +54,7 @@ def run_hf_batched(model, prompts, out_lens):
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     start = time.perf_counter()
-    model.generate(ids, attention_mask=mask, generation_config=_config(model, max(out_lens)))
+    model.generate(ids, attention_mask=mask, generation_config=greedy_generation_config(model, max(out_lens)))
     return sum(out_lens), time.perf_counter() - start
 
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["LayerError", "Divergence", "ModelCheck", "CheckReport", "default_prompts", "TOLERANCE"]
+__all__ = ["LayerError", "Divergence", "ModelCheck", "CheckReport", "default_prompts", "greedy_generation_config", "TOLERANCE"]
 
 #: relative L2 error a layer may reach before it is where "the error starts"; per compute dtype
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
@@ -76,6 +76,20 @@ class CheckReport:
         for g, div in zip(d["greedy"], self.greedy):
             g["acceptable"] = div.acceptable
         return d
+
+
+def greedy_generation_config(model: Any, max_new_tokens: int):
+    """A transformers GenerationConfig for exactly ``max_new_tokens`` greedy tokens, EOS never stopping it.
+
+    ``generate()`` refills None fields from the model's own generation_config, so EOS is
+    switched off there (on ``model``) as well as in the returned copy.
+    """
+    model.generation_config.eos_token_id = None
+    config = copy.deepcopy(model.generation_config)
+    config.do_sample = False
+    config.max_new_tokens, config.min_new_tokens = max_new_tokens, None
+    config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
+    return config
 
 
 def default_prompts(vocab_size: int, lengths: Sequence[int] = (7, 19, 33), seed: int = 0) -> list[list[int]]:
@@ -154,12 +168,7 @@ class ModelCheck:
 
     @torch.inference_mode()
     def reference_greedy(self, prompt: Sequence[int], max_tokens: int) -> list[int]:
-        # generate() refills None fields from the model's own generation_config: switch EOS off there
-        self.reference.generation_config.eos_token_id = None
-        config = copy.deepcopy(self.reference.generation_config)
-        config.do_sample = False
-        config.max_new_tokens, config.min_new_tokens = max_tokens, None
-        config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
+        config = greedy_generation_config(self.reference, max_tokens)
         out = self.reference.generate(torch.tensor([list(prompt)]), generation_config=config)
         return out[0, len(prompt):].tolist()
 
