@@ -27,7 +27,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
     _model_args(p)
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="a text prompt (repeatable)")
-    p.add_argument("--prompt-ids", action="append", default=[], metavar="IDS", help='token ids, e.g. "1 2 3" (repeatable)')
+    p.add_argument("--prompt-ids", action="append", default=[], type=_token_ids, metavar="IDS", help='token ids, e.g. "1 2 3" (repeatable)')
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
@@ -47,7 +47,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("model", metavar="DIR", help="checkpoint directory run through hetero")
     _model_args(p)
     p.add_argument("--reference", metavar="DIR", help="checkpoint transformers runs (default: DIR itself), e.g. the original of a converted one")
-    p.add_argument("--prompt-ids", action="append", default=[], metavar="IDS", help='token ids, e.g. "1 2 3" (default: 3 random prompts)')
+    p.add_argument("--prompt-ids", action="append", default=[], type=_token_ids, metavar="IDS", help='token ids, e.g. "1 2 3" (default: 3 random prompts)')
     p.add_argument("--max-tokens", type=int, default=16, help="greedy tokens compared per prompt (0: layers and logits only)")
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -91,17 +91,18 @@ def _cmd_bench_engine(args: argparse.Namespace, registry: Any, console: Console)
         return bench_engine(args, registry, console)
 
 
-def _ids(text: str) -> list[int]:
+def _token_ids(text: str) -> list[int]:
+    """argparse type of --prompt-ids: a bad value is a usage error (exit 2) naming the option."""
     try:
         return [int(t) for t in text.replace(",", " ").split()]
     except ValueError:
-        raise SystemExit(f"hetero: --prompt-ids takes integers separated by spaces, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected token ids (integers separated by spaces), got {text!r}") from None
 
 
 def _cmd_generate(args: argparse.Namespace, registry: Any, console: Console) -> int:
     from hetero.engine import LLM, SamplingParams
 
-    prompts: list[Any] = list(args.prompt) + [_ids(t) for t in args.prompt_ids]
+    prompts: list[Any] = list(args.prompt) + list(args.prompt_ids)
     if not prompts:
         Console(stderr=True).print("hetero generate: give at least one --prompt or --prompt-ids", highlight=False)
         return EXIT_USAGE
@@ -157,7 +158,7 @@ def _cmd_check_model(args: argparse.Namespace, registry: Any, console: Console) 
 
     check = ModelCheck(args.model, args.backend, dtype=args.dtype or "float32", reference_dir=args.reference,
                        block_size=args.block_size)
-    prompts = [_ids(t) for t in args.prompt_ids] or None
+    prompts = list(args.prompt_ids) or None
     report = check.run(prompts, max_tokens=args.max_tokens, top_k=args.top_k)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))

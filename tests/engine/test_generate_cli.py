@@ -39,3 +39,11 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
     assert "LlamaForCausalLM" in str(err.value) and all(a in str(err.value) for a in ARCHITECTURES)
     with pytest.raises(UnsupportedArchitecture, match="no 'architectures'"):
         model_class(None)
+
+
+def test_bad_prompt_ids_are_a_usage_error_naming_the_option(checkpoints, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "--model", str(checkpoints("qwen3")), "--backend", "cpu_ref", "--prompt-ids", "1 two 3"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--prompt-ids" in err and "'1 two 3'" in err
