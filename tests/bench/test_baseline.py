@@ -1,19 +1,21 @@
 """The baseline format, the byte/flop model by hand, device ceilings and the roofline fraction."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import pytest
 import torch
 
+import hetero
 from hetero.bench.baseline import (
     SCHEMA, BaselineError, Comparison, Metric, check_environment, compare, confirm, environment, load_baseline,
     save_baseline,
 )
 from hetero.bench.devices import find_ceilings, load_ceilings, roofline
 from hetero.bench.model import Work, attention_pairs, work
-from hetero.spec import OP_NAMES, AttentionMeta
+from hetero.spec import OP_NAMES, OPS, AttentionMeta
 from hetero_conformance.cases.perf import TIERS, UNBENCHED, perf_cases
 
 ENV = {"backend": "cpu_ref", "device": "cpu/x", "python": "3.11.7", "platform": "p", "versions": {"torch": "2.13.0"}}
@@ -117,6 +119,25 @@ def test_every_op_has_perf_cases_except_the_multi_rank_ones():
         assert ops == set(OP_NAMES) - set(UNBENCHED), tier
         assert all(c.shape.startswith("perf/") for c in perf_cases(tier))
     assert {c.dtype for c in perf_cases("full")} == {"bfloat16", "float8_e4m3fn"}
+
+
+def test_quick_cases_keep_outputs_below_the_mmap_threshold():
+    """No quick case's output reaches 32 MiB, where glibc maps a fresh block per call (see perf.py)."""
+    ref = hetero.load("cpu_ref")
+    for case in perf_cases("quick"):
+        bound = OPS[case.op].signature.bind(**case.inputs(0))
+        sizes = [t.nbytes for t in _tensors(getattr(ref, case.op)(*bound.args, **bound.kwargs))]
+        assert all(n < 32 << 20 for n in sizes), (case.id, sizes)
+
+
+def _tensors(result: object) -> list[torch.Tensor]:
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (tuple, list)):
+        return [t for r in result for t in _tensors(r)]
+    if dataclasses.is_dataclass(result):
+        return [t for f in dataclasses.fields(result) for t in _tensors(getattr(result, f.name))]
+    return []
 
 
 def test_ceilings_table_override_and_unknown_device(tmp_path):
