@@ -176,6 +176,7 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None)
     console = Console() if sys.stdout.isatty() or "COLUMNS" in os.environ else Console(width=160)
     if not getattr(args, "needs_registry", True):
         return args.func(args, registry, console)
+    args.installed_plugins = registry is None  # a child process can load the same backends by name
     try:
         return args.func(args, registry or default_registry(), console)
     except BackendNotFound as e:

@@ -18,7 +18,10 @@ from typing import Callable, Iterator
 
 import torch
 
-__all__ = ["Timing", "TimerConfig", "measure", "torch_threads"]
+__all__ = ["Timing", "TimerConfig", "measure", "steady_heap", "torch_threads"]
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+_MMAP_THRESHOLD_MAX = 32 << 20  # the largest mmap threshold glibc accepts on 64-bit
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,27 @@ def measure(fn: Callable[[], object], device: torch.device, config: TimerConfig)
     except ImportError:
         return _events(fn, device, config)
     return _do_bench(fn, config)
+
+
+def steady_heap() -> bool:
+    """Fix glibc malloc's thresholds for the rest of the process; False where there is no glibc to tune.
+
+    glibc moves its mmap threshold up each time the process frees a large
+    mapped block, and trims the heap past twice that: so whether an op's
+    temporaries of a few MiB come from the heap or from new, page-faulted
+    mappings on every call depends on everything the process freed before.
+    On the CI machine that alone made ``merge_attention`` (16 MiB temporaries)
+    take 15 or 45 ms from one run to the next. Fixed thresholds (mapped from
+    32 MiB, the heap never trimmed below 1 GiB) make every run the same.
+    Process-wide and not undone: glibc has no call that restores its dynamic mode.
+    """
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    mallopt = ctypes.CDLL(None).mallopt
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) and mallopt(_M_TRIM_THRESHOLD, 1 << 30))
 
 
 @contextlib.contextmanager
