@@ -6,8 +6,9 @@ which pages the allocator maps fresh on each call), what glibc's dynamic mmap
 threshold has become after everything the process freed. On the 2-core CI
 machine that state made the quick ``moe_permute`` 64% slower for a whole run,
 every re-measurement over 15 s included, while most new processes timed it at
-the baseline. pyperf spawns worker processes for the same reason. So a regression is re-measured in
-a new process, which draws a new memory layout, before it fails a run.
+the baseline (pyperf spawns worker processes for the same reason). So a
+regression is re-measured in a new process, with a new memory layout, before
+it fails a run.
 
 ``python -m hetero.bench._fresh REQUEST.json`` is the worker: it loads the
 backend by name from the installed plugins, times the named cases and prints
