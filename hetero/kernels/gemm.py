@@ -13,7 +13,7 @@ import torch
 from hetero.kernels import _gemm_kernels as kern
 from hetero.kernels._triton import interpreter_requested, triton_modules
 from hetero.kernels.tuning import Tuning
-from hetero.spec.checks import check_scale_form, check_tensor, expect
+from hetero.spec.checks import check_scale_form, check_tensor, expect, scale_blocks
 from hetero.spec.gemm import SCALE_BLOCK
 from hetero.spec.types import FLOAT_DTYPES
 
@@ -30,10 +30,6 @@ _FORMS = {"tensor": kern.TENSOR, "row": kern.ROW, "block": kern.BLOCK}
 
 def _dt(d: object) -> str:
     return str(d).replace("torch.", "")
-
-
-def _blocks(n: int) -> int:
-    return -(-n // SCALE_BLOCK)
 
 
 def check_operands(op: str, a: object, b: object, dtypes: tuple, b_ndim: int = 2) -> None:
@@ -152,7 +148,7 @@ def scaled_gemm(a, b, a_scale, b_scale, *, bias=None, out_dtype=torch.bfloat16, 
     check_operands(op, a, b, QUANT_DTYPES)
     (m, k), n = a.shape, b.shape[0]
     a_form = check_scale_form(op, "a_scale", a_scale, m, m, k, a.device)
-    b_form = check_scale_form(op, "b_scale", b_scale, n, _blocks(n), k, a.device)
+    b_form = check_scale_form(op, "b_scale", b_scale, n, scale_blocks(n), k, a.device)
     _check_out_dtype(op, out_dtype, SCALED_OUT_DTYPES)
     _check_bias(op, bias, n, tuple(dict.fromkeys((torch.float32, out_dtype))), a.device)
     c = torch.empty(m, n, dtype=out_dtype, device=a.device)

@@ -13,7 +13,8 @@ from typing import Iterable, Sequence
 import torch
 
 from hetero.errors import OpError
-from hetero.spec.types import AttentionMeta
+from hetero.spec.gemm import SCALE_BLOCK
+from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
 
 __all__ = [
     "expect",
@@ -30,6 +31,7 @@ __all__ = [
     "check_kv_write",
     "check_mla_inputs",
     "check_scale_form",
+    "scale_blocks",
 ]
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -185,8 +187,6 @@ def check_at_least_1d(op: str, arg: str, x: object, dtypes: Sequence[torch.dtype
 
 def check_rms_norm(op: str, x: object, weight: object, eps: object, residual: object) -> int:
     """The arguments of rms_norm; returns the hidden size."""
-    from hetero.spec.types import FLOAT_DTYPES
-
     x = check_at_least_1d(op, "x", x, FLOAT_DTYPES)
     hidden = x.shape[-1]
     check_tensor(op, "weight", weight, shape=(hidden,), dtypes=FLOAT_DTYPES)
@@ -203,8 +203,6 @@ def check_rms_norm(op: str, x: object, weight: object, eps: object, residual: ob
 def check_kv_write(op: str, key: object, value: object, k_cache: object, v_cache: object) -> tuple[int, int]:
     """The tensors of write_kv (slot_mapping is the caller's: how far it reads it differs);
     returns (tokens, cache slots NB*BS)."""
-    from hetero.spec.types import FLOAT_DTYPES
-
     check_tensor(op, "key", key, ndim=3, dtypes=FLOAT_DTYPES)
     assert isinstance(key, torch.Tensor)
     t, hkv, d = key.shape
@@ -232,6 +230,11 @@ def check_mla_inputs(op: str, q_nope: object, q_pe: object, ckv_cache: object, k
     return t, h, lkv, nb, bs
 
 
+def scale_blocks(n: int) -> int:
+    """ceil(n / SCALE_BLOCK): the number of 128-blocks of a block scale covering n rows or columns."""
+    return -(-n // SCALE_BLOCK)
+
+
 def check_scale_form(op: str, arg: str, scale: object, rows: int, block_rows: int, k: int, device: torch.device) -> str:
     """Which form a scale of scaled_gemm has: "tensor", "row" or "block" (128-blocks).
 
@@ -239,9 +242,7 @@ def check_scale_form(op: str, arg: str, scale: object, rows: int, block_rows: in
     token), ceil(N/128) for b_scale (one per 128 output channels). A shape that
     fits two forms (a_scale [M, 1] with K <= 128, say) means the same thing in both.
     """
-    from hetero.spec.gemm import SCALE_BLOCK
-
-    k_blocks = -(-k // SCALE_BLOCK)
+    k_blocks = scale_blocks(k)
     per = "token" if arg == "a_scale" else "output channel"
     brows = "M" if arg == "a_scale" else "ceil(N/128)"
     accepted = (f"float32 of one of the forms: per tensor (shape [], [1] or [1, 1]); per {per} [{rows}, 1]; "

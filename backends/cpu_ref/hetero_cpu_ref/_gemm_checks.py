@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from hetero.spec.checks import check_tensor, expect
-from hetero.spec.gemm import SCALE_BLOCK
 
 __all__ = [
     "QUANT_DTYPES",
@@ -16,7 +15,6 @@ __all__ = [
     "check_operands",
     "check_out_dtype",
     "check_bias",
-    "blocks",
 ]
 
 #: Operand dtypes of scaled_gemm: fp8 (OCP e4m3, and AMD MI300's e4m3fnuz) and int8.
@@ -27,11 +25,6 @@ SCALED_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def _dt(d: object) -> str:
     return str(d).replace("torch.", "")
-
-
-def blocks(n: int) -> int:
-    """ceil(n / SCALE_BLOCK): the number of 128-blocks covering n columns or rows."""
-    return -(-n // SCALE_BLOCK)
 
 
 def check_operands(op: str, a: object, b: object, dtypes: tuple[torch.dtype, ...], b_ndim: int = 2) -> None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec.checks import check_group_ends, check_same_device, check_scale_form, check_tensor
+from hetero.spec.checks import check_group_ends, check_same_device, check_scale_form, check_tensor, scale_blocks
 from hetero.spec.gemm import SCALE_BLOCK
 from hetero.spec.types import FLOAT_DTYPES
 
 from hetero_cpu_ref._gemm_checks import (
     QUANT_DTYPES,
     SCALED_OUT_DTYPES,
-    blocks,
     check_bias,
     check_operands,
     check_out_dtype,
@@ -89,14 +88,14 @@ def scaled_gemm(
     check_operands(op, a, b, QUANT_DTYPES)
     (m, k), n = a.shape, b.shape[0]
     a_form = check_scale_form(op, "a_scale", a_scale, m, m, k, a.device)
-    b_form = check_scale_form(op, "b_scale", b_scale, n, blocks(n), k, a.device)
+    b_form = check_scale_form(op, "b_scale", b_scale, n, scale_blocks(n), k, a.device)
     check_out_dtype(op, out_dtype, SCALED_OUT_DTYPES)
     check_bias(op, bias, n, tuple(dict.fromkeys((torch.float32, out_dtype))), a.device)
 
     # Scales are constant over each K-block (the whole of K unless a scale is
     # block-wise), so dequant(a) @ dequant(b).T = sum over blocks j of
     # a_scale[:, j] * b_scale[:, j].T * (a_j @ b_j.T).
-    kblocks = blocks(k) if "block" in (a_form, b_form) else 1
+    kblocks = scale_blocks(k) if "block" in (a_form, b_form) else 1
     width = SCALE_BLOCK if kblocks > 1 else k
     sa = _expand_scale(a_scale, a_form, m, kblocks)
     sb = _expand_scale(b_scale, b_form, n, kblocks)
