@@ -22,7 +22,7 @@ import sys
 from dataclasses import asdict
 from typing import Sequence
 
-from hetero.bench._timer import TimerConfig, steady_heap
+from hetero.bench._timer import TimerConfig
 
 __all__ = ["FreshProcessError", "time_in_fresh_process"]
 
@@ -55,10 +55,8 @@ def _worker(request: dict) -> dict[str, float]:
 
     if request["threads"] is not None:
         torch.set_num_threads(request["threads"])
-    ops = hetero.load(request["backend"])
-    if ops.device.type == "cpu":
-        steady_heap()
-    bench = OpBench(ops, BenchConfig(TimerConfig(**request["timer"]), reference=False, seed=request["seed"]), None)
+    config = BenchConfig(TimerConfig(**request["timer"]), reference=False, seed=request["seed"])
+    bench = OpBench(hetero.load(request["backend"]), config, None)
     cases = {c.id: c for c in perf_cases(request["tier"])}
     return {i: bench.time_case(cases[i]).min for i in request["cases"]}
 

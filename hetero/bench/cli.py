@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hetero.bench._fresh import FreshProcessError, time_in_fresh_process
-from hetero.bench._timer import TimerConfig, steady_heap, torch_threads
+from hetero.bench._timer import TimerConfig, torch_threads
 from hetero.bench.baseline import (
     BaselineError, Comparison, Metric, check_environment, compare, confirm, environment, load_baseline, save_baseline,
 )
@@ -154,8 +154,6 @@ def _session(args: argparse.Namespace, registry: Registry, console: Console) -> 
         ops = registry.load(args.name)
     except BackendUnavailable as e:
         raise _Usage(str(e)) from None
-    if ops.device.type == "cpu":
-        steady_heap()
     label = device_label(ops.device, registry.availability(args.name).device_name)
     ceilings, note = _ceilings(args, label)
     env = environment(args.name, label, _packages(registry, args.name))

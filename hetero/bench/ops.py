@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hetero.bench._timer import TimerConfig, Timing, measure
+from hetero.bench._timer import TimerConfig, Timing, measure, steady_heap
 from hetero.bench.baseline import Metric
 from hetero.bench.devices import Ceilings, roofline
 from hetero.bench.model import Work, work
@@ -99,11 +99,16 @@ def _caller(fn: Callable, op: str, inputs: dict[str, Any]) -> Callable[[], objec
 
 
 class OpBench:
-    """Times performance cases on ``ops`` (one backend on one device)."""
+    """Times performance cases on ``ops`` (one backend on one device).
+
+    On a CPU it fixes glibc's malloc thresholds for the rest of the process
+    (``steady_heap``), so an op's timing does not depend on what ran before it."""
 
     def __init__(self, ops: Ops, config: BenchConfig, ceilings: Ceilings | None, ceilings_note: str = ""):
         self.ops, self.config = ops, config
         self.ceilings, self.ceilings_note = ceilings, ceilings_note
+        if ops.device.type == "cpu":
+            steady_heap()
 
     def implementation(self, case: Any) -> tuple[Callable | None, str, str]:
         """(callable, status, note) as an engine would resolve this case's static configuration."""
