@@ -287,7 +287,7 @@ def _bench(args: argparse.Namespace, registry: Registry, console: Console) -> in
         if args.threshold < 0 or args.repeats < 0 or args.reps < 1 or args.warmup < 0 or args.min_time < 0:
             raise _Usage("--threshold, --repeats, --warmup and --min-time must be >= 0 and --reps >= 1")
         if args.rounds is not None and args.rounds < 1:
-            raise _Usage("--rounds must be >= 1")
+            raise _Usage(f"--rounds must be >= 1, got {args.rounds}")
         session = _session(args, registry, console)
     except _Usage as e:
         Console(stderr=True).print(f"[red]hetero bench:[/] {escape(str(e))}", highlight=False, soft_wrap=True)

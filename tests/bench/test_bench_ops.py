@@ -177,7 +177,7 @@ def test_usage_errors_exit_2(tmp_path, capsys):
     assert main(["bench", "cpu_ref", "--compare", str(tmp_path / "bad.json")]) == 2
     assert "not a readable JSON baseline" in capsys.readouterr().err
     assert main(["bench", "cpu_ref", "--rounds", "0"]) == 2
-    assert "--rounds must be >= 1" in capsys.readouterr().err
+    assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
     assert main(["bench", "cpu_ref", "--ceilings", str(tmp_path / "none.json")]) == 2
     assert "cannot read ceilings" in capsys.readouterr().err
 
