@@ -42,6 +42,13 @@ class Backend:
     dist_backend: ClassVar[str] = "gloo"
     #: The ``hetero.spec.SPEC_VERSION`` this backend was written against (required).
     spec_version: ClassVar[str] = ""
+    #: Whether ops check the *contents* of index tensors (``hetero.spec.validate``), which costs a
+    #: device-to-host read on an accelerator. ``hetero.load`` sets it per instance (``validate=``,
+    #: ``HETERO_VALIDATE``, else on for CPU tensors); a backend that always validates may ignore it.
+    validate: bool = False
+    #: True when the backend checks index contents itself on every call (the reference does);
+    #: otherwise, with ``validate`` on, ``hetero.Ops`` runs ``hetero.spec.validate`` in front of its ops.
+    validates_indices: ClassVar[bool] = False
 
     def __init__(self, device: torch.device | str | None = None):
         self.device = torch.device(device) if device is not None else torch.device(self.device_type)

@@ -7,6 +7,7 @@ from typing import Any, Callable
 from hetero.backend import Backend
 from hetero.errors import OpNotAvailable
 from hetero.spec import OP_NAMES, OPS
+from hetero.spec.validate import VALIDATORS
 
 __all__ = ["Ops", "OpInfo", "Binding"]
 
@@ -40,6 +41,18 @@ def _qualname(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
+def _validated(fn: Callable, check: Callable) -> Callable:
+    """fn behind its index-content validator: a malformed call raises OpError before fn runs."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        check(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    call.__qualname__ = f"validated[{_qualname(fn)}]"
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return call
+
+
 def _refusal(backend: str, op: str, reason: str) -> Callable:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise OpNotAvailable(backend, op, reason)
@@ -53,7 +66,9 @@ class Ops:
 
     Each op attribute is the native implementation (or an override from another
     plugin); an op the backend lacks is the reference's, reported as fallback, or,
-    with ``strict=True``, a callable that raises OpNotAvailable.
+    with ``strict=True``, a callable that raises OpNotAvailable. With the backend's
+    ``validate`` on, an op that takes index tensors is that implementation behind
+    its ``hetero.spec.validate`` check, unless the backend validates them itself.
     """
 
     def __init__(
@@ -80,10 +95,12 @@ class Ops:
                 binding = None
             if binding is None:
                 self._bind_fallback(op, f"not implemented by backend '{backend.name}'")
-            else:
-                self._native[op] = binding
-                setattr(self, op, binding.fn)
-                self._info[op] = OpInfo(op, _qualname(binding.fn), binding.origin, [notes[op]] if op in notes and binding.origin == BACKEND else [])
+                continue
+            self._info[op] = OpInfo(op, _qualname(binding.fn), binding.origin, [notes[op]] if op in notes and binding.origin == BACKEND else [])
+            if backend.validate and not backend.validates_indices and op in VALIDATORS:
+                binding = Binding(_validated(binding.fn, VALIDATORS[op]), binding.origin, binding.supports)
+            self._native[op] = binding
+            setattr(self, op, binding.fn)
 
     @property
     def name(self) -> str:
@@ -92,6 +109,11 @@ class Ops:
     @property
     def device(self):
         return self.backend.device
+
+    @property
+    def validate(self) -> bool:
+        """Whether the backend checks index contents (``hetero.load(validate=...)``)."""
+        return self.backend.validate
 
     def _note(self, op: str, reason: str) -> None:
         reasons = self._info[op].reasons

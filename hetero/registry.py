@@ -17,6 +17,7 @@ from hetero._plugins import BackendEntry, PluginLoader, PluginRecord
 from hetero.backend import Availability, Backend
 from hetero.errors import BackendIncompatible, BackendNotFound, BackendUnavailable
 from hetero.ops import Binding, Ops
+from hetero.spec.validate import default_validate
 
 __all__ = ["Registry", "BackendEntry", "PluginRecord", "default_registry", "load", "REFERENCE", "ENTRY_POINT_GROUP"]
 
@@ -108,7 +109,8 @@ class Registry:
         """Op implementations other plugins add to ``backend_name`` (later registrations win)."""
         return self._loader.overrides(backend_name)
 
-    def load(self, name: str | None = None, *, device: torch.device | str | None = None, strict: bool = False) -> Ops:
+    def load(self, name: str | None = None, *, device: torch.device | str | None = None, strict: bool = False,
+             validate: bool | None = None) -> Ops:
         """The op table of backend ``name`` (``"cuda:1"`` selects device index 1); see hetero.load."""
         name = name if name is not None else self.select()
         match = _NAME_WITH_INDEX.match(name.strip())
@@ -125,6 +127,7 @@ class Registry:
         if device is None and match and match.group("index") is not None:
             device = torch.device(entry.cls.device_type, int(match.group("index")))
         backend = entry.cls(device)
+        backend.validate = default_validate(backend.device, self._env) if validate is None else bool(validate)
         return Ops(backend, self._reference(base, backend.device), self.overrides(base), strict=strict)
 
     def inspect(self, name: str) -> tuple[Ops | None, Availability]:
@@ -158,7 +161,8 @@ def default_registry() -> Registry:
     return Registry()
 
 
-def load(name: str | None = None, *, device: torch.device | str | None = None, strict: bool = False) -> Ops:
+def load(name: str | None = None, *, device: torch.device | str | None = None, strict: bool = False,
+         validate: bool | None = None) -> Ops:
     """Select a backend and return its op table.
 
     ``name`` comes from the argument, else ``HETERO_BACKEND``, else the available
@@ -168,5 +172,12 @@ def load(name: str | None = None, *, device: torch.device | str | None = None, s
     BackendIncompatible for a spec major-version mismatch. Ops the backend lacks
     resolve to the reference (reported by ``ops.explain()``), or with
     ``strict=True`` raise OpNotAvailable when called.
+
+    ``validate`` turns on the checks that read index tensors' contents (block ids,
+    slots, positions, cumulative lengths, group ends, expert ids; see
+    ``hetero.spec.validate``): every malformed call then raises OpError naming the op
+    and the argument. None takes ``HETERO_VALIDATE`` (1/0), else on for a backend on
+    CPU tensors and off on an accelerator, where each check costs a device-to-host
+    sync. Shape, dtype and device checks are always on.
     """
-    return default_registry().load(name, device=device, strict=strict)
+    return default_registry().load(name, device=device, strict=strict, validate=validate)

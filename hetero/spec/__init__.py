@@ -2,6 +2,20 @@
 
 ``OPS`` maps every op name to its :class:`OpSpec` in a stable order; a backend
 implements an op by defining a method of the same name and signature.
+
+Malformed input, for every op of every backend:
+
+- Shape, dtype, rank and device checks are always on; they read host metadata
+  only. A failure raises ``hetero.OpError`` naming the op, the argument, what was
+  expected and what came.
+- Index-content checks (block ids, slots, positions, cumulative lengths, group
+  ends, expert ids, perm; ``hetero.spec.validate``) read tensor values, a
+  device-to-host sync on an accelerator. They run when validation is on
+  (``hetero.load(name, validate=True)`` or ``HETERO_VALIDATE=1``; by default on
+  for CPU tensors, off on accelerators) and then raise the same ``OpError``.
+- With validation off, an op given malformed indices may return anything, but it
+  never reads or writes outside its tensors and never kills the process: every
+  kernel masks each index it loads from a metadata tensor.
 """
 from __future__ import annotations
 

@@ -25,6 +25,8 @@ __all__ = [
     "check_cu_seqlens",
     "check_group_ends",
     "check_ids",
+    "check_perm",
+    "check_positions",
     "check_rotary",
     "check_at_least_1d",
     "check_rms_norm",
@@ -82,45 +84,54 @@ def check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
         expect(t.device == first.device, op, name, f"device {first.device} (that of '{first_name}')", t.device)
 
 
+def _first(mask: torch.Tensor) -> int | None:
+    """The flat index of the first True of a host bool tensor, or None."""
+    hit = mask.flatten().nonzero()
+    return int(hit[0]) if hit.numel() else None
+
+
 def check_cu_seqlens(op: str, arg: str, cu: torch.Tensor, total: int, batch: int | None = None) -> list[int]:
     """A cumulative [B+1] index tensor from 0 to total, non-decreasing; returns it as a host list."""
     check_tensor(op, arg, cu, ndim=1, dtypes=INDEX_DTYPES)
     if batch is not None:
         expect(cu.shape[0] == batch + 1, op, arg, f"{batch + 1} entries (B+1)", f"{cu.shape[0]}")
-    vals = cu.tolist()
-    expect(len(vals) >= 1 and vals[0] == 0, op, arg, "first entry 0", vals[:1])
-    bad = next((i for i in range(1, len(vals)) if vals[i] < vals[i - 1]), None)
-    expect(bad is None, op, arg, "non-decreasing values", f"{vals[bad - 1]} then {vals[bad]} at index {bad}" if bad else "")
-    expect(vals[-1] == total, op, arg, f"last entry equal to the token count {total}", vals[-1])
-    return vals
+    host = cu.to("cpu", torch.int64)
+    expect(host.numel() >= 1 and int(host[0]) == 0, op, arg, "first entry 0", host[:1].tolist())
+    bad = _first(host[1:] < host[:-1])
+    expect(bad is None, op, arg, "non-decreasing values", f"{int(host[bad])} then {int(host[bad + 1])} at index {bad + 1}" if bad is not None else "")
+    expect(int(host[-1]) == total, op, arg, f"last entry equal to the token count {total}", int(host[-1]))
+    return host.tolist()
 
 
-def check_meta(op: str, meta: AttentionMeta, num_tokens: int, num_blocks: int, block_size: int) -> tuple[list[int], list[int], list[list[int]]]:
-    """Validate AttentionMeta against T tokens and a cache of NB blocks of BS slots.
-
-    Returns host lists (query_start_loc, seq_lens, used block ids per sequence).
-    """
+def check_meta(op: str, meta: AttentionMeta, num_tokens: int, num_blocks: int, block_size: int) -> tuple[list[int], list[int]]:
+    """Validate AttentionMeta against T tokens and a cache of NB blocks of BS slots, in whole-tensor
+    operations on one host copy of each tensor. Returns host lists (query_start_loc, seq_lens)."""
     expect(isinstance(meta, AttentionMeta), op, "meta", "an AttentionMeta", type(meta).__name__)
     check_tensor(op, "meta.seq_lens", meta.seq_lens, ndim=1, dtypes=INDEX_DTYPES)
     batch = meta.seq_lens.shape[0]
     qsl = check_cu_seqlens(op, "meta.query_start_loc", meta.query_start_loc, num_tokens, batch)
     check_tensor(op, "meta.block_table", meta.block_table, ndim=2, dtypes=INDEX_DTYPES)
     expect(meta.block_table.shape[0] == batch, op, "meta.block_table", f"{batch} rows (one per sequence)", meta.block_table.shape[0])
-    seq_lens = meta.seq_lens.tolist()
-    table = meta.block_table.tolist()
-    blocks: list[list[int]] = []
-    for b, L in enumerate(seq_lens):
-        n = qsl[b + 1] - qsl[b]
-        expect(L >= n, op, "meta.seq_lens", f"seq_lens[{b}] >= its query length {n}", L)
-        used = -(-L // block_size)
-        expect(used <= len(table[b]), op, "meta.block_table", f"at least {used} columns for seq_lens[{b}]={L} with block size {block_size}", len(table[b]))
-        row = table[b][:used]
-        bad = next((j for j, v in enumerate(row) if not 0 <= v < num_blocks), None)
-        expect(bad is None, op, "meta.block_table", f"block ids in [0, {num_blocks})", f"{row[bad]} at [{b}, {bad}]" if bad is not None else "")
-        blocks.append(row)
-    expect(meta.max_query_len >= max((qsl[b + 1] - qsl[b] for b in range(batch)), default=0), op, "meta.max_query_len", "at least the longest query", meta.max_query_len)
-    expect(meta.max_seq_len >= max(seq_lens, default=0), op, "meta.max_seq_len", "at least the longest sequence", meta.max_seq_len)
-    return qsl, seq_lens, blocks
+    seq = meta.seq_lens.to("cpu", torch.int64)
+    qlen = torch.tensor(qsl[1:], dtype=torch.int64) - torch.tensor(qsl[:-1], dtype=torch.int64)
+    b = _first(seq < qlen)
+    expect(b is None, op, "meta.seq_lens", f"seq_lens[{b}] >= its query length {int(qlen[b]) if b is not None else 0}", int(seq[b]) if b is not None else "")
+    used = (seq + block_size - 1).div(block_size, rounding_mode="floor")
+    cols = meta.block_table.shape[1]
+    b = _first(used > cols)
+    expect(b is None, op, "meta.block_table", f"at least {int(used[b]) if b is not None else 0} columns for seq_lens[{b}]="
+           f"{int(seq[b]) if b is not None else 0} with block size {block_size}", cols)
+    table = meta.block_table.to("cpu", torch.int64)
+    in_use = torch.arange(cols)[None, :] < used[:, None]
+    bad = _first(in_use & ((table < 0) | (table >= num_blocks)))
+    if bad is not None:
+        row, col = divmod(bad, cols)
+        expect(False, op, "meta.block_table", f"block ids in [0, {num_blocks})", f"{int(table[row, col])} at [{row}, {col}]")
+    for arg, value, need, what in (("max_query_len", meta.max_query_len, qlen, "query"), ("max_seq_len", meta.max_seq_len, seq, "sequence")):
+        longest = int(need.max()) if batch else 0
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= longest
+        expect(ok, op, f"meta.{arg}", f"an int at least the longest {what} ({longest})", repr(value))
+    return qsl, seq.tolist()
 
 
 def check_slot_mapping(op: str, slot_mapping: torch.Tensor, num_tokens: int, num_slots: int) -> None:
@@ -157,8 +168,6 @@ def check_rotary(op: str, positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
 
     ``read_positions=False`` skips the range check of ``positions``, which reads them on the host.
     """
-    from hetero.spec.types import FLOAT_DTYPES
-
     check_tensor(op, "q", q, ndim=3, dtypes=FLOAT_DTYPES)
     tokens, _, head_dim = q.shape
     check_tensor(op, "k", k, ndim=3, dtypes=FLOAT_DTYPES)
@@ -171,10 +180,27 @@ def check_rotary(op: str, positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
            f"a positive even number of columns (rot) <= the head dim {head_dim}", f"shape {list(cos_sin_cache.shape)}")
     expect(isinstance(is_neox, bool), op, "is_neox", "a bool", type(is_neox).__name__)
     check_same_device(op, q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache)
-    if tokens and read_positions:
+    if read_positions:
+        check_positions(op, positions, max_pos)
+    return tokens, head_dim, max_pos, rot
+
+
+def check_positions(op: str, positions: torch.Tensor, max_pos: int) -> None:
+    """Rotary positions in [0, max_pos), the rows of the cos/sin cache (reads them on the host)."""
+    if positions.numel():
         lo, hi = int(positions.min()), int(positions.max())
         expect(lo >= 0 and hi < max_pos, op, "positions", f"positions in [0, {max_pos}) (rows of 'cos_sin_cache')", f"values in [{lo}, {hi}]")
-    return tokens, head_dim, max_pos, rot
+
+
+def check_perm(op: str, perm: object, rows: int) -> None:
+    """perm int64 [rows]: a permutation of range(rows), as moe_permute returns (reads it on the host)."""
+    check_tensor(op, "perm", perm, shape=(rows,), dtypes=(torch.int64,))
+    assert isinstance(perm, torch.Tensor)
+    if rows:
+        want = f"a permutation of 0..{rows - 1} (from moe_permute)"
+        lo, hi = int(perm.min()), int(perm.max())
+        expect(lo >= 0 and hi < rows, op, "perm", want, f"values in [{lo}, {hi}]")
+        expect(bool((torch.bincount(perm, minlength=rows) == 1).all()), op, "perm", want, "repeated values")
 
 
 def check_at_least_1d(op: str, arg: str, x: object, dtypes: Sequence[torch.dtype]) -> torch.Tensor:

@@ -14,7 +14,7 @@ from hetero.spec.checks import check_ids, check_same_device, check_tensor, expec
 from hetero.spec.moe import ACTIVATIONS, SCORING
 from hetero.spec.types import FLOAT_DTYPES
 
-__all__ = ["WEIGHT_DTYPES", "check_int", "check_route", "check_weights", "check_perm", "check_fused_moe"]
+__all__ = ["WEIGHT_DTYPES", "check_int", "check_route", "check_weights", "check_fused_moe"]
 
 #: Routing weights: float32 (float64 in the oracle's float64 run).
 WEIGHT_DTYPES = (torch.float32, torch.float64)
@@ -60,17 +60,6 @@ def check_weights(op: str, weights: object, ids_shape: tuple[int, ...] | None) -
     if ids_shape is not None:
         expect(tuple(weights.shape) == ids_shape, op, "weights", f"shape {list(ids_shape)} (that of 'ids')", f"shape {list(weights.shape)}")
     expect(weights.shape[1] >= 1, op, "weights", "at least one column (top_k >= 1)", f"shape {list(weights.shape)}")
-
-
-def check_perm(op: str, perm: object, rows: int) -> None:
-    """perm int64 [rows]: a permutation of range(rows), as moe_permute returns."""
-    check_tensor(op, "perm", perm, shape=(rows,), dtypes=(torch.int64,))
-    assert isinstance(perm, torch.Tensor)
-    if rows:
-        want = f"a permutation of 0..{rows - 1} (from moe_permute)"
-        lo, hi = int(perm.min()), int(perm.max())
-        expect(lo >= 0 and hi < rows, op, "perm", want, f"values in [{lo}, {hi}]")
-        expect(bool((torch.bincount(perm, minlength=rows) == 1).all()), op, "perm", want, "repeated values")
 
 
 def check_fused_moe(op: str, x: object, w13: object, w2: object, weights: object, ids: object, activation: object) -> None:

@@ -143,6 +143,12 @@ def write_kv(
     _scatter(v_cache, value, slot_mapping)
 
 
+def _used_blocks(meta: AttentionMeta, seq_lens: list[int], block_size: int) -> list[list[int]]:
+    """Per sequence, the block ids that hold its seq_lens[b] keys (check_meta has checked them)."""
+    table = meta.block_table.tolist()
+    return [row[: -(-length // block_size)] for row, length in zip(table, seq_lens)]
+
+
 def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -165,7 +171,8 @@ def paged_attention(
     shape = (t, hq, v_cache.shape[3])
     check_out(op, out, shape, query)
     check_same_device(op, query=query, k_cache=k_cache, v_cache=v_cache, sinks=sinks, **meta_tensors(meta))
-    qsl, seq_lens, blocks = check_meta(op, meta, t, nb, bs)
+    qsl, seq_lens = check_meta(op, meta, t, nb, bs)
+    blocks = _used_blocks(meta, seq_lens, bs)
 
     def kv_of(b: int) -> tuple[torch.Tensor, torch.Tensor]:
         return _gather(k_cache, blocks[b], seq_lens[b]), _gather(v_cache, blocks[b], seq_lens[b])
@@ -248,7 +255,8 @@ def mla_attention(
     scale, window, _ = check_options(op, scale, causal, (-1, -1), 0.0, return_lse)
     t, h, lkv, nb, bs = check_mla_inputs(op, q_nope, q_pe, ckv_cache, kpe_cache, FLOAT_DTYPES)
     check_same_device(op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, **meta_tensors(meta))
-    qsl, seq_lens, blocks = check_meta(op, meta, t, nb, bs)
+    qsl, seq_lens = check_meta(op, meta, t, nb, bs)
+    blocks = _used_blocks(meta, seq_lens, bs)
 
     def kv_of(b: int) -> tuple[torch.Tensor, torch.Tensor]:
         ckv = _gather(ckv_cache, blocks[b], seq_lens[b])[:, None]  # one latent KV head

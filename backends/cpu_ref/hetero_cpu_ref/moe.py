@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec.checks import check_ids, check_same_device, check_tensor, expect
+from hetero.spec.checks import check_ids, check_perm, check_same_device, check_tensor, expect
 from hetero.spec.types import FLOAT_DTYPES
 
-from hetero_cpu_ref._moe_checks import check_fused_moe, check_int, check_perm, check_route, check_weights
+from hetero_cpu_ref._moe_checks import check_fused_moe, check_int, check_route, check_weights
 from hetero_cpu_ref._util import acc_dtype, up
 from hetero_cpu_ref.gemm import grouped_gemm
 from hetero_cpu_ref.layers import silu_and_mul

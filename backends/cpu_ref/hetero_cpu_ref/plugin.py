@@ -25,6 +25,7 @@ class CpuRefBackend(hetero.Backend):
     priority = -1000
     dist_backend = "gloo"
     spec_version = SPEC_VERSION
+    validates_indices = True  # every op reads its index arguments on the host before using them
 
     @classmethod
     def probe(cls) -> hetero.Availability:

@@ -1,0 +1,160 @@
+"""Index-content validation: the checks that read metadata tensors on the host.
+
+Shape, dtype and device checks read only host metadata and are always on. The
+checks here read the *values* of index tensors (block ids, slots, positions,
+cumulative lengths, group ends, expert ids, perm), which on an accelerator is a
+device-to-host copy and a stream sync per call. A backend runs them when its
+``validate`` flag is on (``hetero.load(name, validate=True)`` or
+``HETERO_VALIDATE=1``); then every malformed call raises an OpError naming the op,
+the argument, what was expected and what came, before any kernel runs. With
+validation off, the kernels still never read or write outside their tensors
+(they mask every index they load), but a malformed call's results are undefined.
+
+One function per op that takes index tensors, named after it and taking the op's
+own arguments, so that ``VALIDATORS[op](*args, **kwargs)`` checks a call as made.
+Each first checks the type and rank of what it reads, so it can run before the
+op's own shape checks. ``hetero.Ops`` runs them in front of a backend's ops when
+validation is on, unless the backend checks index contents itself
+(``Backend.validates_indices``, as the reference does).
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import torch
+
+from hetero.spec.checks import (
+    check_cu_seqlens,
+    check_group_ends,
+    check_ids,
+    check_meta,
+    check_perm,
+    check_positions,
+    check_slot_mapping,
+    check_tensor,
+    expect,
+)
+from hetero.spec.types import AttentionMeta
+
+__all__ = [
+    "ENV",
+    "default_validate",
+    "write_kv",
+    "write_mla_kv",
+    "paged_attention",
+    "mla_attention",
+    "varlen_attention",
+    "grouped_gemm",
+    "moe_permute",
+    "moe_unpermute",
+    "fused_moe",
+    "rotary_embedding",
+    "VALIDATORS",
+]
+
+#: The environment variable that turns index validation on ("1") or off ("0") for every backend loaded.
+ENV = "HETERO_VALIDATE"
+_ON, _OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+
+
+def default_validate(device: torch.device, env: Mapping[str, str] | None = None) -> bool:
+    """Whether index validation is on when ``hetero.load`` is not told: ``HETERO_VALIDATE`` when
+    set, else on for CPU tensors (the host read is free there) and off on an accelerator
+    (where it would cost a device-to-host sync per call)."""
+    env = os.environ if env is None else env
+    raw = env.get(ENV, "").strip().lower()
+    if raw in _ON:
+        return True
+    if raw in _OFF:
+        return False
+    if raw:
+        raise ValueError(f"{ENV}: expected one of {', '.join(_ON + _OFF)}, got {env[ENV]!r}")
+    return device.type == "cpu"
+
+
+def _cache_slots(op: str, arg: str, cache: object, ndim: int) -> tuple[int, int]:
+    check_tensor(op, arg, cache, ndim=ndim)
+    assert isinstance(cache, torch.Tensor)
+    return cache.shape[0], cache.shape[1]
+
+
+def _tokens(op: str, arg: str, x: object, ndim: int) -> int:
+    check_tensor(op, arg, x, ndim=ndim)
+    assert isinstance(x, torch.Tensor)
+    return x.shape[0]
+
+
+def write_kv(key: torch.Tensor, value: object, k_cache: torch.Tensor, v_cache: object, slot_mapping: torch.Tensor) -> None:
+    """slot_mapping int64 [T], every entry in [-1, NB*BS)."""
+    nb, bs = _cache_slots("write_kv", "k_cache", k_cache, 4)
+    check_slot_mapping("write_kv", slot_mapping, _tokens("write_kv", "key", key, 3), nb * bs)
+
+
+def write_mla_kv(kv_c: torch.Tensor, k_pe: object, ckv_cache: torch.Tensor, kpe_cache: object, slot_mapping: torch.Tensor) -> None:
+    """slot_mapping int64 [T], every entry in [-1, NB*BS)."""
+    nb, bs = _cache_slots("write_mla_kv", "ckv_cache", ckv_cache, 3)
+    check_slot_mapping("write_mla_kv", slot_mapping, _tokens("write_mla_kv", "kv_c", kv_c, 2), nb * bs)
+
+
+def _paged(op: str, query: object, q_arg: str, cache: object, cache_arg: str, cache_ndim: int, meta: AttentionMeta) -> None:
+    nb, bs = _cache_slots(op, cache_arg, cache, cache_ndim)
+    check_meta(op, meta, _tokens(op, q_arg, query, 3), nb, bs)
+
+
+def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: object, meta: AttentionMeta, **_: object) -> None:
+    """query_start_loc from 0 to T non-decreasing, seq_lens[b] >= its query length, enough
+    block-table columns for seq_lens, block ids in [0, NB), max_query_len / max_seq_len bounds."""
+    _paged("paged_attention", query, "query", k_cache, "k_cache", 4, meta)
+
+
+def mla_attention(q_nope: torch.Tensor, q_pe: object, ckv_cache: torch.Tensor, kpe_cache: object, meta: AttentionMeta, **_: object) -> None:
+    """As paged_attention, over the latent cache."""
+    _paged("mla_attention", q_nope, "q_nope", ckv_cache, "ckv_cache", 3, meta)
+
+
+def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: object, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                     max_seqlen_q: int, max_seqlen_k: int, **_: object) -> None:
+    """cu_seqlens_q from 0 to Tq and cu_seqlens_k from 0 to Tk, non-decreasing, one entry more
+    than sequences each; max_seqlen_q/k at least the longest query/key length."""
+    op = "varlen_attention"
+    tq, tk = _tokens(op, "query", query, 3), _tokens(op, "key", key, 3)
+    q = check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, tq)
+    k = check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, tk, len(q) - 1)
+    for arg, cu, longest in (("max_seqlen_q", q, max_seqlen_q), ("max_seqlen_k", k, max_seqlen_k)):
+        need = max((cu[i + 1] - cu[i] for i in range(len(cu) - 1)), default=0)
+        expect(isinstance(longest, int) and longest >= need, op, arg, f"at least the longest sequence ({need})", repr(longest))
+
+
+def grouped_gemm(a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, **_: object) -> None:
+    """group_ends [G] non-decreasing within [0, M]."""
+    rows = _tokens("grouped_gemm", "a", a, 2)
+    check_group_ends("grouped_gemm", group_ends, _tokens("grouped_gemm", "b", b, 3), rows)
+
+
+def moe_permute(x: torch.Tensor, ids: torch.Tensor, num_experts: int) -> None:
+    """ids [M, k] in [0, num_experts)."""
+    check_ids("moe_permute", ids, _tokens("moe_permute", "x", x, 2), num_experts)
+
+
+def moe_unpermute(y_sorted: torch.Tensor, perm: torch.Tensor, weights: object) -> None:
+    """perm int64 [M*k], a permutation of range(M*k)."""
+    check_perm("moe_unpermute", perm, _tokens("moe_unpermute", "y_sorted", y_sorted, 2))
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: object, weights: object, ids: torch.Tensor, **_: object) -> None:
+    """ids [M, k] in [0, E), E = w13.shape[0]."""
+    check_ids("fused_moe", ids, _tokens("fused_moe", "x", x, 2), _tokens("fused_moe", "w13", w13, 3))
+
+
+def rotary_embedding(positions: torch.Tensor, q: object, k: object, cos_sin_cache: torch.Tensor, **_: object) -> None:
+    """positions int64 [T] in [0, max_pos), max_pos = cos_sin_cache.shape[0]."""
+    op = "rotary_embedding"
+    check_tensor(op, "positions", positions, ndim=1, dtypes=(torch.int64,))
+    check_positions(op, positions, _tokens(op, "cos_sin_cache", cos_sin_cache, 2))
+
+
+#: op name -> its index-content validator, for the ops that take index tensors
+#: (ep_dispatch checks its expert ids always: it reads its split sizes on the host anyway).
+VALIDATORS = {f.__name__: f for f in (write_kv, write_mla_kv, paged_attention, mla_attention, varlen_attention,
+                                      grouped_gemm, moe_permute, moe_unpermute, fused_moe, rotary_embedding)}
