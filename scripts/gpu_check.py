@@ -6,7 +6,9 @@
 Each op runs through ``hetero.load(backend)`` (the bound implementation: a vendor
 path where the backend has one), through the backend's Triton kernel when that
 differs, and through the torch reference (cpu_ref's functions on the same device
-tensors). Times are medians of ``triton.testing.do_bench`` on a GPU. The roofline
+tensors). Ops that take index tensors are also timed with validation on
+(``hetero.load(backend, validate=True)``: a device-to-host read of the indices per
+call) beside validation off, the default on a GPU. Times are medians of ``triton.testing.do_bench`` on a GPU. The roofline
 of a case is max(bytes / 4.3 TB/s, flops / 790 TFLOP/s) (1580 TFLOP/s for fp8),
 the H200's measured copy bandwidth and dense bf16 rate. ``--smoke`` runs tiny
 shapes through Triton's interpreter on the CPU (HETERO_TRITON_INTERPRET=1),
@@ -27,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from hetero.spec.validate import VALIDATORS
+
 HBM_BYTES_PER_S = 4.3e12
 BF16_FLOPS = 790e12
 PEAK = {"float8_e4m3fn": 2 * BF16_FLOPS, "float8_e4m3fnuz": 2 * BF16_FLOPS}
@@ -42,6 +46,7 @@ class Row:
     hetero_ms: float | None = None
     kernel_ms: float | None = None
     ref_ms: float | None = None
+    validated_ms: float | None = None
     roof_ms: float | None = None
     bound: str = ""
     rel_err: float | None = None
@@ -99,7 +104,7 @@ def kernel_of(backend: Any, op: str) -> Callable | None:
     return getattr(type(backend), op).__get__(backend)
 
 
-def run_bench(bench: Any, ops: Any, ref: Any, timer: Callable, device) -> Row:
+def run_bench(bench: Any, ops: Any, vops: Any, ref: Any, timer: Callable, device) -> Row:
     row = Row(bench.op, bench.case, bench.dtype, impl=ops.explain()[bench.op].implementation)
     try:
         inputs, flops, nbytes = bench.make(device)
@@ -111,6 +116,8 @@ def run_bench(bench: Any, ops: Any, ref: Any, timer: Callable, device) -> Row:
         row.hetero_ms = timer(lambda: fn(**inputs))
         row.kernel_ms = timer(lambda: kernel(**inputs)) if kernel is not None else None
         row.ref_ms = timer(lambda: ref_fn(**inputs))
+        if bench.op in VALIDATORS:
+            row.validated_ms = timer(lambda: getattr(vops, bench.op)(**inputs))
     except Exception as e:  # report and go on: one broken op must not hide the others
         row.error = f"{type(e).__name__}: {e}".splitlines()[0][:200]
     return row
@@ -147,13 +154,15 @@ def markdown(rows: list[Row], head: dict[str, str], interpreted: bool) -> str:
                   "with tiny shapes; the times and the roofline columns say nothing about GPU speed"]
     lines += ["- roofline: max(bytes / 4.3 TB/s, flops / 790 TFLOP/s bf16 or 1580 TFLOP/s fp8), the H200's measured ceilings;"
               " *of roofline* = roofline time / hetero time", "",
-              "| op | case | dtype | implementation | hetero ms | Triton kernel ms | torch ref ms | roofline ms | bound | of roofline | vs ref | rel err vs ref |",
-              "|---|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+              "- validate on / off: the op's time with `hetero.load(backend, validate=True)` over its time with validation off", "",
+              "| op | case | dtype | implementation | hetero ms | Triton kernel ms | torch ref ms | roofline ms | bound | of roofline | vs ref | validate on / off | rel err vs ref |",
+              "|---|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         err = "-" if r.rel_err is None else f"{r.rel_err:.2e}"
         hetero = f"error: {r.error}" if r.error else _ms(r.hetero_ms)
         lines.append(f"| {r.op} | {r.case} | {r.dtype} | `{r.impl}` | {hetero} | {_ms(r.kernel_ms)} | {_ms(r.ref_ms)} | "
-                     f"{_ms(r.roof_ms)} | {r.bound} | {_ratio(r.roof_ms, r.hetero_ms, pct=True)} | {_ratio(r.ref_ms, r.hetero_ms)} | {err} |")
+                     f"{_ms(r.roof_ms)} | {r.bound} | {_ratio(r.roof_ms, r.hetero_ms, pct=True)} | {_ratio(r.ref_ms, r.hetero_ms)} | "
+                     f"{_ratio(r.validated_ms, r.hetero_ms)} | {err} |")
     return "\n".join(lines) + "\n"
 
 
@@ -196,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     import hetero
     from hetero.registry import default_registry
 
-    ops = hetero.load(args.backend)
+    ops, vops = hetero.load(args.backend, validate=False), hetero.load(args.backend, validate=True)
     ref = default_registry().entry("cpu_ref").cls(ops.device)
     timing, timer = make_timer(ops.device, args.reps)
     wanted = {o.strip() for o in args.ops.split(",") if o.strip()}
@@ -204,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     for bench in cases.benches(cases.SMOKE if args.smoke else cases.FULL):
         if wanted and bench.op not in wanted:
             continue
-        rows.append(run_bench(bench, ops, ref, timer, ops.device))
+        rows.append(run_bench(bench, ops, vops, ref, timer, ops.device))
         r = rows[-1]
         print(f"{r.op:18} {r.case:55} {r.error or _ms(r.hetero_ms) + ' ms'}", flush=True)
         if ops.device.type == "cuda":
