@@ -11,9 +11,14 @@ Keys are addressed either through the block table of a paged cache (``PAGED``: k
 at block ``block_table[b, j // BS]``, slot ``j % BS``) or as rows ``cu_k[b] + j`` of a
 dense packed tensor. An optional second query/key pair (``HAS_PE``) adds ``q2 . k2`` to the
 logits (MLA: the rope part), and ``V_IS_K`` takes the values from the key tile already in
-registers (MLA: values are the latent ``ckv``; the interpreter loads them again instead, since
-NumPy multiplies the transposed view through a slow path). Head dims are padded to powers of two
-(``*_P``) and masked.
+registers (MLA: values are the latent ``ckv``), under the interpreter too (measured with triton
+3.9: no slower than loading them again). Head dims are padded to powers of two (``*_P``) and masked.
+
+Index metadata is untrusted (validation off costs no host sync): each program clamps its
+sequence's query rows into [0, T) and its keys into the dense key rows or the block table's
+columns (``seq_lens`` > columns * BS reads no further), and masks every block id it loads
+against [0, NB): a block id outside it reads as a zero key and value. So a malformed call
+computes garbage, never an access outside the tensors.
 
 Row max and sum are ``tl.reduce`` with Triton's own combine functions (what ``tl.max`` and
 ``tl.sum`` expand to for float32): the interpreter maps those to NumPy directly, and, unlike a
@@ -55,6 +60,7 @@ def attention_fwd_kernel(
     sk_b, sk_s, sk_h, sk_d, sk2_b, sk2_s, sk2_h, sk2_d, sv_b, sv_s, sv_h, sv_d,
     so_t, so_h, so_d, sl_t, sl_h, s_tab, s_tab_c,
     scale, softcap, w_left, w_right,
+    num_q_rows, num_k_rows, max_kv_len,
     GROUP: tl.constexpr, BS: tl.constexpr,
     D: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr,
     D_P: tl.constexpr, D2_P: tl.constexpr, DV_P: tl.constexpr,
@@ -72,17 +78,21 @@ def attention_fwd_kernel(
     if b < 0:  # the grid is an upper bound on the tile count
         return
     start = tl.load(tile_start_ptr + tile).to(tl.int64)  # first flattened (token, head) row of the tile
-    q0 = tl.load(cu_q_ptr + b).to(tl.int64)
-    n = tl.load(cu_q_ptr + b + 1).to(tl.int64) - q0
+    # metadata is untrusted: the query rows are clamped into [0, num_q_rows), the keys into the
+    # dense rows [0, num_k_rows) or the table's columns (max_kv_len = columns * BS)
+    q0 = tl.minimum(tl.maximum(tl.load(cu_q_ptr + b).to(tl.int64), 0), num_q_rows)
+    n = tl.maximum(tl.minimum(tl.load(cu_q_ptr + b + 1).to(tl.int64), num_q_rows) - q0, 0)
     if PAGED:
         k0 = 0
-        L = tl.load(kv_len_ptr + b).to(tl.int64)
+        L = tl.minimum(tl.maximum(tl.load(kv_len_ptr + b).to(tl.int64), 0), max_kv_len)
     else:
-        k0 = tl.load(cu_k_ptr + b).to(tl.int64)
-        L = tl.load(cu_k_ptr + b + 1).to(tl.int64) - k0
+        k0 = tl.minimum(tl.maximum(tl.load(cu_k_ptr + b).to(tl.int64), 0), num_k_rows)
+        L = tl.maximum(tl.minimum(tl.load(cu_k_ptr + b + 1).to(tl.int64), num_k_rows) - k0, 0)
 
     # ---- the tile's rows: flattened (token, head of the group), token-major
     rows = n * GROUP
+    if start >= rows:  # clamped metadata can leave a tile of the (unclamped) tile table empty
+        return
     offs_m = start + tl.arange(0, BLOCK_M)
     row_ok = offs_m < rows
     tok = offs_m // GROUP
@@ -142,6 +152,7 @@ def attention_fwd_kernel(
         kv_ok = offs_n < j_hi
         if PAGED:
             blk = tl.load(table_ptr + (offs_n // BS) * s_tab_c, mask=kv_ok, other=0).to(tl.int64)  # [BLOCK_N] block ids
+            kv_ok = kv_ok & (blk >= 0) & (blk < num_k_rows)  # a block id outside [0, NB): a zero key and value
             slot = offs_n % BS
             k_base = blk * sk_b + slot * sk_s
             if HAS_PE:

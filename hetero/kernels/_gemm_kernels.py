@@ -21,6 +21,8 @@ hetero.kernels.moe).
   surplus programs do nothing. The same kernel serves fused_moe: GATHER reads row r of
   ``a`` at ``x[perm[r] // TOPK]`` (the permutation is never materialized), SWIGLU computes
   the gate and up tiles of one column block together and stores silu(gate) * up.
+  group_ends is untrusted: each end is clamped into [0, M] in registers (a decreasing end makes
+  an empty group), and a gathered row whose perm entry lies outside the pairs reads as zeros.
 
 Interpreter workarounds (constexpr flags, off on hardware): ``UPCAST`` converts bf16 dot
 operands to float32 (the triton 3.9 interpreter miscomputes a bf16 ``tl.dot``);
@@ -170,7 +172,7 @@ def _scaled_gemm_kernel(
 @triton.jit
 def _grouped_gemm_kernel(
     a_ptr, b_ptr, c_ptr, ends_ptr, perm_ptr,
-    M, N, K, G, TOPK, UP_OFF,
+    M, N, K, G, TOPK, UP_OFF, A_ROWS,
     s_am, s_ak, s_bg, s_bn, s_bk, s_cm, s_cn, s_e,
     GATHER: tl.constexpr, SWIGLU: tl.constexpr,
     ACC: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, SOFT_RTNE: tl.constexpr, G_POW2: tl.constexpr,
@@ -187,8 +189,9 @@ def _grouped_gemm_kernel(
     # ---- which group and rows this work tile covers (from group_ends, in registers)
     gi = tl.arange(0, G_POW2)
     g_ok = gi < G
-    ends = tl.load(ends_ptr + gi * s_e, mask=g_ok, other=0).to(tl.int32)
-    starts = tl.load(ends_ptr + (gi - 1) * s_e, mask=g_ok & (gi > 0), other=0).to(tl.int32)
+    # group_ends is untrusted: clamped into [0, M], a decreasing end makes an empty group
+    ends = tl.minimum(tl.maximum(tl.load(ends_ptr + gi * s_e, mask=g_ok, other=0), 0), M).to(tl.int32)
+    starts = tl.minimum(tl.maximum(tl.load(ends_ptr + (gi - 1) * s_e, mask=g_ok & (gi > 0), other=0), 0), M).to(tl.int32)
     tiles = (tl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M
     tiles_incl = tl.associative_scan(tiles, 0, _SUM)
     total = tl.reduce(tiles, 0, _SUM)
@@ -205,6 +208,7 @@ def _grouped_gemm_kernel(
         m_ok = rm < row_end
         if GATHER:
             src = tl.load(perm_ptr + rm, mask=m_ok, other=0) // TOPK
+            m_ok = m_ok & (src >= 0) & (src < A_ROWS)  # a perm entry outside the pairs: a zero row
         else:
             src = rm
         rk = tl.arange(0, BLOCK_K)
@@ -247,9 +251,9 @@ def _grouped_gemm_kernel(
             bits = acc.to(tl.float32).to(tl.uint32, bitcast=True)
             acc = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
         c_ptrs = c_ptr + rm[:, None].to(tl.int64) * s_cm + rn[None, :] * s_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < row_end)[:, None] & n_ok[None, :])
     else:
-        row0 = tl.reduce(ends, 0, _MAX) + (t - total) * BLOCK_M  # ends is non-decreasing: its max is ends[G-1]
+        row0 = tl.reduce(ends, 0, _MAX) + (t - total) * BLOCK_M  # well-formed ends are non-decreasing: the max is ends[G-1]
         if row0 < M:  # rows past the last group: zeros
             rm = row0 + tl.arange(0, BLOCK_M)
             zero = tl.full((BLOCK_M, BLOCK_N), 0, c_ptr.dtype.element_ty)

@@ -19,6 +19,11 @@ four launches and no host sync:
 moe_unpermute: ``_invert_kernel`` (inv[perm[r]] = r), then ``_combine_kernel`` with one
 program per (token tile, column tile) summing its k slots in float32 in slot order:
 deterministic, no atomics.
+
+Indices are masked, never trusted: a pair whose expert id lies outside [0, E) gets no sorted row
+(it is dropped: its inverse is -1 and it contributes zero to the combine); a perm value outside
+[0, P) writes nothing; a sorted row no pair filled gathers zeros; an inverse outside the sorted
+rows adds zero.
 """
 from __future__ import annotations
 
@@ -85,9 +90,10 @@ def _place_kernel(ids_ptr, offsets_ptr, perm_ptr, inv_ptr, P, E,
     offsets = tl.load(offsets_ptr + b.to(tl.int64) * E + experts, mask=experts < E, other=0)
     # sorted row = offsets[e] + (pairs of this block before p with expert e)
     row = tl.reduce(hits * (offsets[None, :] + tl.associative_scan(hits, 0, _SUM) - 1), 1, _SUM)
-    tl.store(perm_ptr + row, p.to(tl.int64), mask=p_ok)
+    known = (e >= 0) & (e < E)  # a pair with an expert id outside [0, E) gets no row
+    tl.store(perm_ptr + row, p.to(tl.int64), mask=p_ok & known)
     if WRITE_INV:
-        tl.store(inv_ptr + p, row, mask=p_ok)
+        tl.store(inv_ptr + p, tl.where(known, row, -1), mask=p_ok)
 
 
 @triton.jit
@@ -96,9 +102,11 @@ def _gather_rows_kernel(x_ptr, perm_ptr, out_ptr, P, H, TOPK, s_xm, s_xh, s_om, 
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     r_ok = r < P
-    src = tl.load(perm_ptr + r, mask=r_ok, other=0) // TOPK
+    pair = tl.load(perm_ptr + r, mask=r_ok, other=0)
+    src = pair // TOPK
+    ok = (r_ok & (pair >= 0) & (pair < P))[:, None] & (h < H)[None, :]  # a row no pair filled: zeros
+    v = tl.load(x_ptr + src[:, None] * s_xm + h[None, :] * s_xh, mask=ok, other=0)
     ok = r_ok[:, None] & (h < H)[None, :]
-    v = tl.load(x_ptr + src[:, None] * s_xm + h[None, :] * s_xh, mask=ok)
     tl.store(out_ptr + r[:, None].to(tl.int64) * s_om + h[None, :] * s_oh, v, mask=ok)
 
 
@@ -107,7 +115,7 @@ def _invert_kernel(perm_ptr, inv_ptr, P, s_p, BLOCK: tl.constexpr):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = r < P
     pair = tl.load(perm_ptr + r * s_p, mask=ok, other=0)
-    tl.store(inv_ptr + pair, r, mask=ok)
+    tl.store(inv_ptr + pair, r, mask=ok & (pair >= 0) & (pair < P))  # a perm value outside [0, P): no write
 
 
 @triton.jit
@@ -123,7 +131,8 @@ def _combine_kernel(y_ptr, inv_ptr, w_ptr, out_ptr, M, H, TOPK,
     for s in range(0, TOPK):
         row = tl.load(inv_ptr + m.to(tl.int64) * TOPK + s, mask=m_ok, other=0)
         w = tl.load(w_ptr + m.to(tl.int64) * s_wm + s * s_wk, mask=m_ok, other=0.0).to(ACC)
-        y = tl.load(y_ptr + row[:, None].to(tl.int64) * s_ym + h[None, :] * s_yh, mask=ok, other=0.0)
+        row_ok = (row >= 0) & (row < M * TOPK)  # a pair without a sorted row contributes zero
+        y = tl.load(y_ptr + row[:, None].to(tl.int64) * s_ym + h[None, :] * s_yh, mask=ok & row_ok[:, None], other=0.0)
         acc += w[:, None] * y.to(ACC)
     if SOFT_RTNE and out_ptr.dtype.element_ty == tl.bfloat16:  # the interpreter truncates to bf16: round first
         bits = acc.to(tl.float32).to(tl.uint32, bitcast=True)

@@ -15,6 +15,10 @@ The tile table (tile -> sequence, first flattened row) is built on the device wi
 ops from the cumulative query lengths (a cumsum and a searchsorted, no host sync); the
 grid is a host-known upper bound on the tile count, ``min(ceil(T * G / BLOCK_M) + B,
 B * ceil(max_query_len * G / BLOCK_M))``, and programs past the last tile exit at once.
+Metadata values are never read on the host and never trusted by the kernel (see
+``_attention_kernels``): decreasing query_start_loc gives a sequence no tiles, rows and keys are
+clamped into the tensors, block ids outside [0, NB) read as zero keys and values, and
+max_query_len only sizes the grid (too small leaves rows unwritten, too large adds idle programs).
 Each program streams only the key tiles its rows can see (causal / window bounds), so
 a decode row of a long context costs ``ceil(L / BLOCK_N)`` steps and a sliding-window row
 ``ceil(window / BLOCK_N) + 1``.
@@ -123,7 +127,7 @@ def _tile_table(cu_q: torch.Tensor, batch: int, total: int, group: int, block_m:
     """(tile_seq, tile_start) int32 [grid]: tile t covers flattened rows [start, start + BLOCK_M)
     of sequence tile_seq[t]; -1 for the grid's spare tiles. Device-side, no host sync."""
     dev = cu_q.device
-    counts = (cu_q[1:] - cu_q[:-1]).to(torch.int64)
+    counts = (cu_q[1:] - cu_q[:-1]).to(torch.int64).clamp_(min=0)  # decreasing cu_q: no tiles, not a broken search
     per = (counts * group + block_m - 1) // block_m
     ends = torch.cumsum(per, 0)
     grid = -(-total * group // block_m) + batch
@@ -157,7 +161,6 @@ def _launch(
     if tile_seq.numel() == 0:
         return
     q2_, k2_ = (q2, k2) if q2 is not None else (query, key)
-    v_is_k = value is None and not tuning.interpreted
     v_ = value if value is not None else key
     lse_ = lse if lse is not None else tile_seq[:, None]  # unused (RETURN_LSE=False): any 2-D tensor
     upcast = tuning.interpreted and query.dtype == torch.bfloat16
@@ -171,8 +174,9 @@ def _launch(
         v_.stride(0), v_.stride(1), v_.stride(2), v_.stride(3),
         *out.stride(), lse_.stride(0), lse_.stride(1), *(table.stride() if table is not None else (0, 0)),
         scale, softcap if softcap > 0 else 1.0, window[0], window[1],
+        t, key.shape[0], table.shape[1] * block_size if table is not None else 0,
         GROUP=group, BS=block_size, D=d, D2=max(d2, 1), DV=dv, D_P=_pow2(d), D2_P=_pow2(d2), DV_P=_pow2(dv),
-        PAGED=paged, HAS_PE=q2 is not None, V_IS_K=v_is_k,
+        PAGED=paged, HAS_PE=q2 is not None, V_IS_K=value is None,
         CAUSAL=causal, HAS_WL=window[0] >= 0, HAS_WR=window[1] >= 0,
         HAS_SOFTCAP=softcap > 0, HAS_SINKS=sinks is not None, RETURN_LSE=lse is not None,
         UPCAST=upcast, DOT_PREC="ieee",

@@ -112,7 +112,7 @@ def launch_grouped(a, b, group_ends, c, *, tuning: Tuning, kernel: str = "groupe
     grid = (grouped_work_tiles(m, groups, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
     kern._grouped_gemm_kernel[grid](
         a, b, c, group_ends, perm if perm is not None else group_ends,
-        m, n, k, groups, topk, n * b.stride(1),
+        m, n, k, groups, topk, n * b.stride(1), a.shape[0],
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1), group_ends.stride(0),
         GATHER=perm is not None, SWIGLU=swiglu, G_POW2=_pow2(groups),
         **float_flags(a.dtype, tuning), BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], **launch,

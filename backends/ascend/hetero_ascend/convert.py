@@ -16,6 +16,11 @@ Sources (facts only; see tests/backends/test_ascend_convert.py for the semantics
 - npu_grouped_matmul (hiascend Pytorch 7.0.0 apilist ptaoplist_000524): group_list int64,
   group_list_type 0 = cumsum, 1 = counts; weight per group [K, N] (x @ w).
 - aclnnMoeTokenUnpermute (hiascend CANN 8.2 aolapi): out[i] = sum_j T[S[i*k+j]] * P[i][j].
+
+Index metadata is untrusted (validation off): every index that reaches torch_npu is first clamped
+into its tensor's range on the device (no host sync) or, for the host length lists FIA takes,
+after the read it needs anyway. A malformed call then computes garbage, never an access outside a
+tensor (on an NPU that would be an AI Core exception).
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import torch
 from hetero.spec import AttentionMeta
 
 __all__ = ["INT_MAX", "MASK_EDGE", "SPARSE_NONE", "SPARSE_RIGHT_DOWN_CAUSAL", "SPARSE_BAND",
-           "paged_lengths", "varlen_lengths", "sparse_args", "causal_mask", "paged_kv_bsh", "paged_kv_bnsd",
+           "paged_lengths", "varlen_lengths", "safe_block_table", "safe_expert_ids", "sparse_args", "causal_mask", "paged_kv_bsh", "paged_kv_bnsd",
            "tnd_query", "lse_from_npu", "group_list", "grouped_weights", "perm_from_row_idx",
            "unpermute_indices", "gating_args", "rotary_factors", "MLA_QUERY_HEADS"]
 
@@ -36,15 +41,41 @@ SPARSE_NONE, SPARSE_RIGHT_DOWN_CAUSAL, SPARSE_BAND = 0, 3, 4
 MLA_QUERY_HEADS = (32, 64, 128)  # FIA MLA (D=512): query n must be 32/64/128, kv n 1
 
 
-def paged_lengths(meta: AttentionMeta) -> tuple[list[int], list[int]]:
+def _cumulative(ends: list[int], limit: int | None) -> list[int]:
+    """Cumulative ends made non-decreasing, >= 0 and (when known) <= limit."""
+    out, last = [], 0
+    for v in ends:
+        last = max(last, int(v))
+        out.append(last if limit is None else min(last, limit))
+    return out
+
+
+def paged_lengths(meta: AttentionMeta, *, num_tokens: int | None = None,
+                  block_size: int | None = None) -> tuple[list[int], list[int]]:
     """(actual_seq_lengths, actual_seq_lengths_kv) host lists for FIA in TND with a block table:
-    cumulative query ends (query_start_loc[1:]) and per-sequence KV lengths (seq_lens)."""
-    return [int(v) for v in meta.query_start_loc[1:].tolist()], [int(v) for v in meta.seq_lens.tolist()]
+    cumulative query ends (query_start_loc[1:]) and per-sequence KV lengths (seq_lens), clamped to
+    T = ``num_tokens`` and to the table's columns * ``block_size`` when those are given."""
+    q_ends = _cumulative(meta.query_start_loc[1:].tolist(), num_tokens)
+    cap = meta.block_table.shape[1] * block_size if block_size is not None else None
+    kv = [max(0, int(v)) if cap is None else min(max(0, int(v)), cap) for v in meta.seq_lens.tolist()]
+    return q_ends, kv
 
 
-def varlen_lengths(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> tuple[list[int], list[int]]:
-    """Host lists for dense TND: both cumulative (cu_seqlens[1:])."""
-    return [int(v) for v in cu_seqlens_q[1:].tolist()], [int(v) for v in cu_seqlens_k[1:].tolist()]
+def varlen_lengths(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *, num_tokens: int | None = None,
+                   num_keys: int | None = None) -> tuple[list[int], list[int]]:
+    """Host lists for dense TND: both cumulative (cu_seqlens[1:]), non-decreasing, within T / Tk when given."""
+    return _cumulative(cu_seqlens_q[1:].tolist(), num_tokens), _cumulative(cu_seqlens_k[1:].tolist(), num_keys)
+
+
+def safe_block_table(block_table: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """The int32 block table FIA reads, every id outside [0, NB) replaced by block 0 (on the device)."""
+    ok = (block_table >= 0) & (block_table < num_blocks)
+    return torch.where(ok, block_table, torch.zeros_like(block_table)).to(torch.int32)
+
+
+def safe_expert_ids(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """int32 expert ids clamped into [0, E) on the device (the routing ops index their experts by them)."""
+    return ids.clamp(0, max(num_experts - 1, 0)).to(torch.int32)
 
 
 def sparse_args(causal: bool, window: tuple[int, int]) -> dict:
@@ -93,10 +124,15 @@ def lse_from_npu(lse: torch.Tensor) -> torch.Tensor:
     return out.masked_fill(torch.isnan(out) | (out == float("inf")), float("-inf"))
 
 
-def group_list(group_ends: torch.Tensor, group_list_type: int = 0) -> torch.Tensor:
+def group_list(group_ends: torch.Tensor, group_list_type: int = 0, rows: int | None = None) -> torch.Tensor:
     """hetero's int32 group end offsets as npu_grouped_matmul's int64 group_list:
-    type 0 = cumsum (the ends themselves), type 1 = per-group counts."""
-    ends = group_ends.to(torch.int64)
+    type 0 = cumsum (the ends themselves), type 1 = per-group counts; ends kept within [0, rows]
+    and non-decreasing (on the device)."""
+    ends = group_ends.to(torch.int64).clamp(min=0)
+    if rows is not None:
+        ends = ends.clamp(max=rows)
+    if ends.numel():  # decreasing ends: empty groups, not negative counts
+        ends = torch.cummax(ends, 0).values
     if group_list_type == 0:
         return ends
     if group_list_type == 1:
@@ -113,13 +149,14 @@ def perm_from_row_idx(expanded_row_idx: torch.Tensor) -> torch.Tensor:
     """npu_moe_init_routing_v2's expanded_row_idx (row_idx_type 0: for flat pair f = m*k + s, the
     row of expanded_x holding it) as hetero's perm (for each sorted row, its flat pair): the inverse."""
     idx = expanded_row_idx.to(torch.int64).reshape(-1)
-    return torch.empty_like(idx).scatter_(0, idx, torch.arange(idx.numel(), dtype=torch.int64, device=idx.device))
+    idx = idx.clamp(0, max(idx.numel() - 1, 0))  # an out-of-range row id must not reach scatter_
+    return torch.zeros_like(idx).scatter_(0, idx, torch.arange(idx.numel(), dtype=torch.int64, device=idx.device))
 
 
 def unpermute_indices(perm: torch.Tensor) -> torch.Tensor:
     """hetero's perm as npu_moe_token_unpermute's int32 sorted_indices S (S[f] = row of flat pair f)."""
-    p = perm.to(torch.int64)
-    return torch.empty_like(p).scatter_(0, p, torch.arange(p.numel(), dtype=torch.int64, device=p.device)).to(torch.int32)
+    p = perm.to(torch.int64).clamp(0, max(perm.numel() - 1, 0))  # an out-of-range perm value must not reach scatter_
+    return torch.zeros_like(p).scatter_(0, p, torch.arange(p.numel(), dtype=torch.int64, device=p.device)).to(torch.int32)
 
 
 def gating_args(top_k: int, scoring: str, n_group: int, topk_group: int, has_bias: bool,
@@ -136,6 +173,9 @@ def gating_args(top_k: int, scoring: str, n_group: int, topk_group: int, has_bia
 def rotary_factors(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(r1, r2) for npu_rotary_mul's neox ("half") mode, y = x * r1 + rotate_half(x) * r2, as
     [T, 1, 1, rot] to broadcast over a [T, 1, H, rot] ("BSND", S = 1) view of q / k."""
-    cos, sin = cos_sin_cache[positions.to(torch.int64)].chunk(2, dim=-1)
+    pos = positions.to(torch.int64)
+    ok = ((pos >= 0) & (pos < cos_sin_cache.shape[0]))[:, None]
+    cos, sin = cos_sin_cache[torch.where(ok[:, 0], pos, 0)].chunk(2, dim=-1)
+    cos, sin = torch.where(ok, cos, 1.0), torch.where(ok, sin, 0.0)  # out of range: angle 0, as the Triton kernel
     r1, r2 = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
     return r1[:, None, None, :], r2[:, None, None, :]
