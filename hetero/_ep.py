@@ -3,17 +3,22 @@
 Both the reference backend and TritonBackend bind these: the work is two
 ``all_to_all`` exchanges (plus one of counts) and index bookkeeping, which any
 device runs as torch ops; the expert MLP between them is the backend's own.
+
+Expert ids are range-checked by ``hetero.spec.validate.ep_dispatch`` when validation is on
+(the reference always checks them). Unchecked, an id outside [0, E) matches no rank, so its pair
+is dropped on the device and no torch index sees it (on a GPU a bad index is a device-side
+assert that kills the context).
 """
 from __future__ import annotations
 
 import torch
 
 from hetero.errors import OpError
-from hetero.spec.checks import check_ids, check_same_device, check_tensor, expect
+from hetero.spec.checks import INDEX_DTYPES, check_same_device, check_tensor, expect
 from hetero.spec.comm import Communicator
 from hetero.spec.types import FLOAT_DTYPES, EPDispatch
 
-__all__ = ["ep_dispatch", "ep_combine"]
+__all__ = ["check_dispatch", "ep_dispatch", "ep_combine"]
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -28,6 +33,20 @@ def _from_bytes(b: torch.Tensor, dtype: torch.dtype, cols: int) -> torch.Tensor:
     return b.contiguous().view(dtype).reshape(b.shape[0], cols)
 
 
+def check_dispatch(x: object, ids: object, weights: object, num_experts: object, comm: object) -> None:
+    """The arguments of ep_dispatch, less the ids' values (hetero.spec.validate.ep_dispatch)."""
+    op = "ep_dispatch"
+    expect(isinstance(comm, Communicator), op, "comm", "a hetero.spec.Communicator", type(comm).__name__)
+    check_tensor(op, "x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    expect(isinstance(num_experts, int) and not isinstance(num_experts, bool) and num_experts >= 1,
+           op, "num_experts", "an int >= 1", repr(num_experts))
+    world = comm.world_size
+    expect(num_experts % world == 0, op, "num_experts", f"a multiple of the world size {world}", num_experts)
+    check_tensor(op, "ids", ids, shape=(x.shape[0], None), dtypes=INDEX_DTYPES)
+    check_tensor(op, "weights", weights, dtypes=(torch.float32,), shape=(x.shape[0], ids.shape[1]))
+    check_same_device(op, x=x, ids=ids, weights=weights)
+
+
 def ep_dispatch(
     x: torch.Tensor,
     ids: torch.Tensor,
@@ -36,22 +55,14 @@ def ep_dispatch(
     num_experts: int,
     comm: Communicator,
 ) -> EPDispatch:
-    op = "ep_dispatch"
-    expect(isinstance(comm, Communicator), op, "comm", "a hetero.spec.Communicator", type(comm).__name__)
-    check_tensor(op, "x", x, ndim=2, dtypes=FLOAT_DTYPES)
-    expect(isinstance(num_experts, int) and not isinstance(num_experts, bool) and num_experts >= 1,
-           op, "num_experts", "an int >= 1", repr(num_experts))
-    world, rank = comm.world_size, comm.rank
-    expect(num_experts % world == 0, op, "num_experts", f"a multiple of the world size {world}", num_experts)
-    check_tensor(op, "ids", ids, ndim=2)
-    check_tensor(op, "weights", weights, dtypes=(torch.float32,), shape=(x.shape[0], ids.shape[1]))
-    check_same_device(op, x=x, ids=ids, weights=weights)
-    k = check_ids(op, ids, x.shape[0], num_experts)
+    check_dispatch(x, ids, weights, num_experts, comm)
+    world, rank, k = comm.world_size, comm.rank, ids.shape[1]
     m, hidden, device = x.shape[0], x.shape[1], x.device
     local = num_experts // world
 
     ids_l = ids.long()
-    dest = ids_l // local  # [M, k] the rank of each pair's expert
+    dest = ids_l // local  # [M, k] the rank of each pair's expert; in [0, R) exactly when the id is in [0, E),
+    # so an out-of-range id matches no rank below: its pair is dropped on the device, no index faults
     rank_ids = torch.arange(world, device=device)
     need = (dest.unsqueeze(-1) == rank_ids).any(dim=1)  # [M, R]: does rank d hold one of token m's experts
     dst_rank, send_index = need.t().nonzero(as_tuple=True)  # grouped by destination rank, tokens ascending
@@ -73,7 +84,7 @@ def ep_dispatch(
 
     # expand to (token, local expert) pairs, stably grouped by local expert
     flat = rl.reshape(-1)
-    pair = (flat >= 0).nonzero(as_tuple=True)[0]
+    pair = ((flat >= 0) & (flat < local)).nonzero(as_tuple=True)[0]  # -1: not on this rank
     order = torch.sort(flat[pair], stable=True).indices
     pair = pair[order]
     token_index = pair // max(k, 1)

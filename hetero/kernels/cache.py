@@ -30,7 +30,7 @@ import torch
 from hetero.kernels._triton import triton_modules
 from hetero.kernels.layers import cast_out, rne_bf16
 from hetero.kernels.tuning import Tuning
-from hetero.spec.checks import check_kv_write, check_same_device, check_slot_mapping, check_tensor
+from hetero.spec.checks import check_kv_write, check_same_device, check_tensor
 from hetero.spec.types import FLOAT_DTYPES
 
 triton, tl = triton_modules()
@@ -167,20 +167,17 @@ def _scatter(op: str, key, value, k_cache, v_cache, slot_mapping, tuning: Tuning
     )
 
 
-def _check_slots(op: str, slot_mapping, tokens: int, num_slots: int) -> None:
-    """dtype and shape always; the value range only where reading it costs no device sync (CPU).
-    On a device the kernel skips any slot outside [0, NB*BS) instead of writing out of bounds."""
-    if isinstance(slot_mapping, torch.Tensor) and slot_mapping.device.type == "cpu":
-        check_slot_mapping(op, slot_mapping, tokens, num_slots)
-    else:
-        check_tensor(op, "slot_mapping", slot_mapping, shape=(tokens,), dtypes=(torch.int64,))
+def _check_slots(op: str, slot_mapping, tokens: int) -> None:
+    """dtype and shape only: the values are hetero.spec.validate's (validation on); the kernel
+    skips any slot outside [0, NB*BS) instead of writing out of bounds."""
+    check_tensor(op, "slot_mapping", slot_mapping, shape=(tokens,), dtypes=(torch.int64,))
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping, *, tuning: Tuning) -> None:
     op = "write_kv"
-    t, num_slots = check_kv_write(op, key, value, k_cache, v_cache)
+    t, _ = check_kv_write(op, key, value, k_cache, v_cache)
     check_same_device(op, key=key, value=value, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
-    _check_slots(op, slot_mapping, t, num_slots)
+    _check_slots(op, slot_mapping, t)
     _scatter(op, key, value, k_cache, v_cache, slot_mapping, tuning)
 
 
@@ -194,7 +191,7 @@ def write_mla_kv(kv_c, k_pe, ckv_cache, kpe_cache, slot_mapping, *, tuning: Tuni
     nb, bs = ckv_cache.shape[:2]
     check_tensor(op, "kpe_cache", kpe_cache, shape=(nb, bs, k_pe.shape[1]), dtypes=dt)
     check_same_device(op, kv_c=kv_c, k_pe=k_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, slot_mapping=slot_mapping)
-    _check_slots(op, slot_mapping, t, nb * bs)
+    _check_slots(op, slot_mapping, t)
     # one latent "head": the [T, 1, *] / [NB, BS, 1, *] views share the storage (writes land in place)
     _scatter(op, kv_c.unsqueeze(1), k_pe.unsqueeze(1), ckv_cache.unsqueeze(2), kpe_cache.unsqueeze(2), slot_mapping, tuning)
 

@@ -13,6 +13,7 @@ Launch shapes (what a GPU runs):
   longer rows are streamed twice (sum of squares, then normalize).
 * rotary_embedding: one program per token; it loads the token's cos/sin row once and
   loops over tiles of query heads, then key heads; dims past ``rot`` are copied through.
+  A position outside [0, max_pos) is masked: it reads nothing and rotates by angle 0.
 * silu_and_mul: a 2-D grid of (row tile, column tile) over [rows, I].
 
 Tiles come from the tuning table: "rows" (num_warps, optional ``BLOCK`` elements per
@@ -274,7 +275,7 @@ def rms_norm(x, weight, eps, *, residual=None, tuning: Tuning):
 
 def rotary_embedding(positions, q, k, cos_sin_cache, *, is_neox=True, tuning: Tuning):
     tokens, head_dim, max_pos, rot = check_rotary("rotary_embedding", positions, q, k, cos_sin_cache, is_neox,
-                                                  read_positions=positions.device.type == "cpu")  # a device sync elsewhere
+                                                  read_positions=False)  # hetero.spec.validate's, when on
     hq = q.shape[1]
 
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -49,6 +49,7 @@ __all__ = [
     "moe_permute",
     "moe_unpermute",
     "fused_moe",
+    "ep_dispatch",
     "rotary_embedding",
     "VALIDATORS",
 ]
@@ -147,6 +148,11 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: object, weights: object, i
     check_ids("fused_moe", ids, _tokens("fused_moe", "x", x, 2), _tokens("fused_moe", "w13", w13, 3))
 
 
+def ep_dispatch(x: torch.Tensor, ids: torch.Tensor, weights: object, *, num_experts: int, **_: object) -> None:
+    """ids [M, k] in [0, num_experts)."""
+    check_ids("ep_dispatch", ids, _tokens("ep_dispatch", "x", x, 2), num_experts)
+
+
 def rotary_embedding(positions: torch.Tensor, q: object, k: object, cos_sin_cache: torch.Tensor, **_: object) -> None:
     """positions int64 [T] in [0, max_pos), max_pos = cos_sin_cache.shape[0]."""
     op = "rotary_embedding"
@@ -154,7 +160,6 @@ def rotary_embedding(positions: torch.Tensor, q: object, k: object, cos_sin_cach
     check_positions(op, positions, _tokens(op, "cos_sin_cache", cos_sin_cache, 2))
 
 
-#: op name -> its index-content validator, for the ops that take index tensors
-#: (ep_dispatch checks its expert ids always: it reads its split sizes on the host anyway).
+#: op name -> its index-content validator, for the ops that take index tensors.
 VALIDATORS = {f.__name__: f for f in (write_kv, write_mla_kv, paged_attention, mla_attention, varlen_attention,
-                                      grouped_gemm, moe_permute, moe_unpermute, fused_moe, rotary_embedding)}
+                                      grouped_gemm, moe_permute, moe_unpermute, fused_moe, ep_dispatch, rotary_embedding)}

@@ -28,3 +28,12 @@ def triton_backend():
     from hetero.kernels import TritonBackend
 
     return TritonBackend()
+
+
+@pytest.fixture
+def validated_ops(triton_backend):
+    """The TritonBackend's op table with index validation on (hetero.spec.validate in front)."""
+    from hetero.ops import Ops
+
+    triton_backend.validate = True
+    return Ops(triton_backend, None, {})

@@ -80,13 +80,16 @@ def test_write_kv_all_skipped_and_empty(triton_backend):
     assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)
 
 
-def test_write_kv_rejects_bad_arguments(triton_backend):
+def test_write_kv_rejects_bad_arguments(triton_backend, validated_ops):
     key = torch.randn(2, 1, 8)
     k_cache = torch.randn(2, 4, 1, 8)
     with pytest.raises(OpError, match="slot_mapping"):
         triton_backend.write_kv(key, key, k_cache, k_cache.clone(), torch.tensor([0, 1], dtype=torch.int32))
-    with pytest.raises(OpError, match="slot_mapping"):
-        triton_backend.write_kv(key, key, k_cache, k_cache.clone(), torch.tensor([0, 8]))  # 8 = NB*BS
+    with pytest.raises(OpError, match=r"write_kv: argument 'slot_mapping': expected slots in \[-1, 8\)"):
+        validated_ops.write_kv(key, key, k_cache, k_cache.clone(), torch.tensor([0, 8]))  # 8 = NB*BS
+    before = k_cache.clone()
+    triton_backend.write_kv(key, key, k_cache, k_cache.clone(), torch.tensor([8, 10**9]))  # unvalidated: skipped
+    assert torch.equal(k_cache, before)
     with pytest.raises(OpError, match="k_cache"):
         triton_backend.write_kv(key, key, k_cache.half(), k_cache.clone(), torch.tensor([0, 1]))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from hetero import _ep
+from hetero.spec import validate
 from hetero.spec.comm import Communicator
 from hetero.spec.types import EPDispatch
 
@@ -18,6 +19,8 @@ def ep_dispatch(
     num_experts: int,
     comm: Communicator,
 ) -> EPDispatch:
+    _ep.check_dispatch(x, ids, weights, num_experts, comm)  # shapes first, then the ids' values
+    validate.ep_dispatch(x, ids, weights, num_experts=num_experts)
     return _ep.ep_dispatch(x, ids, weights, num_experts=num_experts, comm=comm)
 
 
