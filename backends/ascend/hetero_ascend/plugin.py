@@ -91,9 +91,10 @@ class AscendBackend(TritonBackend):
     def paged_attention(self, query, k_cache, v_cache, meta, *, scale, causal=True, window=(-1, -1), softcap=0.0,
                         sinks=None, out=None, return_lse=False):
         """torch_npu.npu_fused_infer_attention_score, TND + block_table; never run on an NPU (conversions tested on CPU)."""
-        q_lens, kv_lens = convert.paged_lengths(meta)
+        q_lens, kv_lens = convert.paged_lengths(meta, num_tokens=query.shape[0], block_size=k_cache.shape[1])
         res = self._fia(query, convert.paged_kv_bsh(k_cache), convert.paged_kv_bsh(v_cache), q_lens, kv_lens,
-                        scale=scale, causal=causal, window=window, return_lse=return_lse, block_table=meta.block_table,
+                        scale=scale, causal=causal, window=window, return_lse=return_lse,
+                        block_table=convert.safe_block_table(meta.block_table, k_cache.shape[0]),
                         block_size=k_cache.shape[1], num_kv_heads=k_cache.shape[2])
         if out is None:
             return res
@@ -103,7 +104,7 @@ class AscendBackend(TritonBackend):
     def varlen_attention(self, query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, scale,
                          causal=True, window=(-1, -1), softcap=0.0, return_lse=False):
         """torch_npu.npu_fused_infer_attention_score, dense TND; never run on an NPU (conversions tested on CPU)."""
-        q_lens, kv_lens = convert.varlen_lengths(cu_seqlens_q, cu_seqlens_k)
+        q_lens, kv_lens = convert.varlen_lengths(cu_seqlens_q, cu_seqlens_k, num_tokens=query.shape[0], num_keys=key.shape[0])
         return self._fia(query, key.contiguous(), value.contiguous(), q_lens, kv_lens, scale=scale, causal=causal,
                          window=window, return_lse=return_lse, num_kv_heads=key.shape[1])
 
@@ -113,10 +114,11 @@ class AscendBackend(TritonBackend):
         if meta.max_query_len > 16 or return_lse:
             return super().mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, scale=scale, causal=causal,
                                          return_lse=return_lse)
-        q_lens, kv_lens = convert.paged_lengths(meta)
+        q_lens, kv_lens = convert.paged_lengths(meta, num_tokens=q_nope.shape[0], block_size=ckv_cache.shape[1])
         ckv = convert.paged_kv_bsh(ckv_cache)
         return self._fia(q_nope, ckv, ckv, q_lens, kv_lens, scale=scale, causal=causal and meta.max_query_len > 1,
-                         window=(-1, -1), return_lse=False, block_table=meta.block_table, block_size=ckv_cache.shape[1],
+                         window=(-1, -1), return_lse=False, block_table=convert.safe_block_table(meta.block_table, ckv_cache.shape[0]),
+                         block_size=ckv_cache.shape[1],
                          num_kv_heads=1, query_rope=convert.tnd_query(q_pe), key_rope=convert.paged_kv_bsh(kpe_cache))
 
     # -- gemm / moe -----------------------------------------------------------------------
@@ -124,7 +126,7 @@ class AscendBackend(TritonBackend):
         """torch_npu.npu_grouped_matmul (split_item 2, group_type 0, cumsum group_list); never run on an NPU
         (conversions tested on CPU)."""
         w = convert.grouped_weights(b)
-        y = _npu().npu_grouped_matmul([a], [w[g] for g in range(w.shape[0])], group_list=convert.group_list(group_ends, 0),
+        y = _npu().npu_grouped_matmul([a], [w[g] for g in range(w.shape[0])], group_list=convert.group_list(group_ends, 0, rows=a.shape[0]),
                                       split_item=2, group_type=0, group_list_type=0)[0]
         rows = torch.arange(a.shape[0], device=a.device).unsqueeze(1)
         y = y.masked_fill(rows >= group_ends[-1:].to(torch.int64), 0)  # hetero: rows past the last group are zero
@@ -141,7 +143,7 @@ class AscendBackend(TritonBackend):
     def moe_permute(self, x, ids, num_experts):
         """torch_npu.npu_moe_init_routing_v2 (dropless, cumsum counts); never run on an NPU (conversions tested on CPU)."""
         x_sorted, row_idx, ends, _ = _npu().npu_moe_init_routing_v2(
-            x, ids.to(torch.int32), active_num=ids.numel(), expert_num=num_experts, drop_pad_mode=0,
+            x, convert.safe_expert_ids(ids, num_experts), active_num=ids.numel(), expert_num=num_experts, drop_pad_mode=0,
             expert_tokens_num_type=0, expert_tokens_num_flag=True, row_idx_type=0)
         return x_sorted, ends.to(torch.int32), convert.perm_from_row_idx(row_idx)
 
@@ -189,7 +191,7 @@ class AscendBackend(TritonBackend):
         name = group._get_backend(torch.device("npu")).get_hccl_comm_name(dist.get_rank())
         args = ep.dispatch_args(comm_name=name, world=comm.world_size, rank=comm.rank, num_experts=num_experts,
                                 max_bs=max_bs)
-        ids32 = ids.to(torch.int32)
+        ids32 = convert.safe_expert_ids(ids, num_experts)
         outs = torch_npu.npu_moe_distribute_dispatch(x, ids32, quant_mode=0, **args)
         return ep.from_dispatch_outputs(tuple(outs), ids=ids32, weights=weights, num_tokens=x.shape[0],
                                         num_experts=num_experts, comm=comm, args=args)
