@@ -8,13 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Case", "CaseResult", "Runner", "catalog"]
+__all__ = ["Case", "CaseResult", "Runner", "catalog", "Malformed", "run_robustness"]
 
 _LAZY = {
     "Case": "hetero_conformance.case",
     "CaseResult": "hetero_conformance.runner",
     "Runner": "hetero_conformance.runner",
     "catalog": "hetero_conformance.cases",
+    "Malformed": "hetero_conformance.cases.malformed",
+    "run_robustness": "hetero_conformance.robustness",
 }
 
 

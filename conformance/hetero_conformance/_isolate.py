@@ -49,11 +49,11 @@ def _child_env() -> dict[str, str]:
 
 
 class _Worker:
-    """One worker process: its protocol lines arrive on a queue, its stderr in a temporary file."""
+    """One worker process (``python -m module``): its protocol lines arrive on a queue, its stderr in a temporary file."""
 
-    def __init__(self, config: dict[str, Any]):
+    def __init__(self, config: dict[str, Any], module: str = "hetero_conformance._isolate"):
         self.stderr = tempfile.TemporaryFile()
-        cmd = [sys.executable, "-m", "hetero_conformance._isolate"]
+        cmd = [sys.executable, "-m", module]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=_child_env(), text=True)
         self.messages: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

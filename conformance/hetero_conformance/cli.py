@@ -9,13 +9,11 @@ import argparse
 import shlex
 from typing import Any, Sequence
 
+from hetero.cli_args import add_list_option
+
 __all__ = ["add_parser", "command", "EXIT_OK", "EXIT_FAIL", "EXIT_USAGE"]
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-
-def _csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _positive(text: str) -> float:
@@ -34,8 +32,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("name", help="backend name, e.g. cpu_ref (cuda:1 picks a device index)")
     p.add_argument("--quick", action="store_true", help="the CI tier (about a minute); default: the full catalog")
-    p.add_argument("--ops", type=_csv, action="append", default=[], metavar="A,B", help="only these ops")
-    p.add_argument("--dtypes", type=_csv, action="append", default=[], metavar="D,E", help="only these case dtypes (float32, bfloat16, ...)")
+    add_list_option(p, "--ops", metavar="A,B", help="only these ops (a,b or a b; repeatable); also filters --robustness")
+    add_list_option(p, "--dtypes", metavar="D,E", help="only these case dtypes (float32, bfloat16, ...; a,b or a b; repeatable)")
     p.add_argument("-k", dest="patterns", action="append", default=[], metavar="PATTERN",
                    help="only case ids (op/shape/dtype) matching PATTERN: a glob if it has *?[, else a substring; repeatable (any matches)")
     p.add_argument("--seed", type=int, default=0, help="base seed of the random inputs (default 0)")
@@ -43,13 +41,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--junit", metavar="FILE", help="write a JUnit XML report")
     p.add_argument("--markdown", metavar="FILE", help="write a Markdown summary (for a PR comment)")
     p.add_argument("--isolate", action="store_true", help="run each op family in a worker process: a crash or hang is reported, the run goes on")
-    p.add_argument("--timeout", type=_positive, default=300.0, metavar="S",
-                   help="with --isolate: seconds one case may run before its worker is killed (default 300)")
+    p.add_argument("--timeout", type=_positive, default=None, metavar="S",
+                   help="with --isolate: seconds one case may run before its worker is killed (default 300); "
+                        "with --robustness: one malformed call (default 60)")
+    p.add_argument("--robustness", action="store_true",
+                   help="the robustness tier instead of the numeric catalog: malformed calls of every op, each in its own forked "
+                        "worker, must raise hetero.OpError naming the op (statuses rejected/silent/unclear/crashed/timeout)")
+    p.add_argument("--no-validate", dest="validate", action="store_false",
+                   help="with --robustness: load the backend with validate=False (silent passes for index-content defects; "
+                        "a crash or hang still fails)")
     p.add_argument("--world-size", type=int, default=1, metavar="N",
                    help="spawn N ranks and check the collectives and ep_dispatch/ep_combine against the single-process "
                         "reference (default 1: the op catalog in this process); --timeout: seconds a rank may spend on one case")
     p.add_argument("--list", action="store_true", help="print the selected case ids and exit")
-    p.add_argument("--catalog", default=None, metavar="MODULE:FUNC", help="another case catalog (a function taking quick=); default: the built-in one")
+    p.add_argument("--catalog", default=None, metavar="MODULE:FUNC",
+                   help="another case catalog (a function taking quick=; with --robustness, one taking nothing that returns "
+                        "Malformed calls); default: the built-in one")
     p.set_defaults(func=command)
     return p
 
@@ -57,29 +64,51 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _selection(args: argparse.Namespace) -> Any:
     from hetero_conformance.suite import DEFAULT_CATALOG, Selection
 
-    flat = lambda groups: tuple(x for g in groups for x in g)  # noqa: E731
-    return Selection(quick=args.quick, ops=flat(args.ops), dtypes=flat(args.dtypes), patterns=tuple(args.patterns), catalog=args.catalog or DEFAULT_CATALOG)
+    return Selection(quick=args.quick, ops=tuple(args.ops or ()), dtypes=tuple(args.dtypes or ()), patterns=tuple(args.patterns),
+                     catalog=args.catalog or DEFAULT_CATALOG, robustness=getattr(args, "robustness", False))
+
+
+def _timeout(args: argparse.Namespace) -> float:
+    """--timeout, else its default for the run's kind (seconds per case, or per malformed call)."""
+    from hetero_conformance.robustness import DEFAULT_TIMEOUT_S
+
+    if args.timeout is not None:
+        return args.timeout
+    return DEFAULT_TIMEOUT_S if getattr(args, "robustness", False) else 300.0
+
+
+def _robustness_conflict(args: argparse.Namespace) -> str | None:
+    """Why the options cannot go together, or None."""
+    if not getattr(args, "robustness", False):
+        return None if getattr(args, "validate", True) else "--no-validate applies to --robustness only"
+    given = [flag for flag, on in (("--quick", args.quick), ("--dtypes", bool(args.dtypes)), ("--isolate", args.isolate),
+                                   ("--world-size", getattr(args, "world_size", 1) > 1)) if on]
+    if given:
+        return f"--robustness is a tier of its own (every call already runs in its own worker): drop {', '.join(given)}"
+    return None
 
 
 def _canonical(args: argparse.Namespace, selection: Any) -> list[str]:
     """The command line that reproduces this run (without the report paths)."""
-    argv = [args.name] + (["--quick"] if selection.quick else [])
+    argv = [args.name] + (["--quick"] if selection.quick else []) + (["--robustness"] if selection.robustness else [])
+    argv += ["--no-validate"] if not getattr(args, "validate", True) else []
     argv += ["--ops", ",".join(selection.ops)] if selection.ops else []
     argv += ["--dtypes", ",".join(selection.dtypes)] if selection.dtypes else []
     for pattern in selection.patterns:
         argv += ["-k", pattern]
     argv += ["--seed", str(args.seed)]
-    argv += ["--isolate", "--timeout", f"{args.timeout:g}"] if args.isolate else []
     world = getattr(args, "world_size", 1)
+    argv += ["--isolate"] if args.isolate else []
     argv += ["--world-size", str(world)] if world > 1 else []
-    argv += ["--timeout", f"{args.timeout:g}"] if world > 1 and not args.isolate else []
+    argv += ["--timeout", f"{_timeout(args):g}"] if args.isolate or world > 1 or selection.robustness else []
     return argv + (["--catalog", args.catalog] if args.catalog else [])
 
 
-def _list(console: Any, cases: Sequence[Any]) -> int:
+def _list(console: Any, cases: Sequence[Any], what: str = "cases") -> int:
     for case in cases:
-        console.print(case.id + ("  (quick)" if case.quick else ""), highlight=False, markup=False)
-    console.print(f"{len(cases)} cases", style="dim")
+        mark = "  (quick)" if getattr(case, "quick", False) else "  (index)" if getattr(case, "index", False) else ""
+        console.print(case.id + mark, highlight=False, markup=False)
+    console.print(f"{len(cases)} {what}", style="dim")
     return EXIT_OK
 
 
@@ -92,6 +121,40 @@ def _write_reports(args: argparse.Namespace, suite: Any, console: Any) -> None:
             console.print(f"wrote {path}", style="dim", highlight=False)
 
 
+def _run(args: argparse.Namespace, registry: Any, console: Any, selection: Any) -> Any:
+    """The run the options ask for (--robustness, --world-size N, or the catalog in this process or isolated)."""
+    from hetero_conformance.suite import SelectionError, run_suite
+
+    world, argv, timeout = getattr(args, "world_size", 1), _canonical(args, selection), _timeout(args)
+    if world < 1:
+        raise SelectionError(f"--world-size must be >= 1, got {world}")
+    if selection.robustness:
+        from hetero_conformance.robustness import run_robustness_suite
+
+        return run_robustness_suite(registry, args.name, selection, validate=args.validate, seed=args.seed, timeout=timeout,
+                                    console=console, argv=argv)
+    if world > 1:
+        from hetero_conformance.distributed import run_world_suite
+
+        return run_world_suite(registry, args.name, world, selection, seed=args.seed, timeout=timeout, console=console, argv=argv)
+    return run_suite(registry, args.name, selection, seed=args.seed, isolate=args.isolate, timeout=timeout, console=console, argv=argv)
+
+
+def _listing(args: argparse.Namespace, console: Any, selection: Any) -> int:
+    """--list: the case ids (or malformed-call ids) the run would check."""
+    from hetero_conformance.suite import selected_cases
+
+    if selection.robustness:
+        from hetero_conformance.robustness import selected_calls
+
+        return _list(console, selected_calls(selection), "malformed calls")
+    if getattr(args, "world_size", 1) > 1:
+        from hetero_conformance.distributed import dist_cases
+
+        return _list(console, dist_cases(args.world_size, quick=args.quick))
+    return _list(console, selected_cases(selection))
+
+
 def command(args: argparse.Namespace, registry: Any, console: Any) -> int:
     """Run the subcommand: 0 when every case passed or was skipped, 1 on any failure, 2 on a usage error."""
     from rich.console import Console
@@ -99,31 +162,21 @@ def command(args: argparse.Namespace, registry: Any, console: Any) -> int:
 
     from hetero.errors import BackendIncompatible, BackendUnavailable
     from hetero_conformance import report
-    from hetero_conformance.suite import SelectionError, run_suite, selected_cases
+    from hetero_conformance.suite import SelectionError
 
     err = Console(stderr=True)
     selection = _selection(args)
     try:
-        world = getattr(args, "world_size", 1)
-        if world < 1:
-            raise SelectionError(f"--world-size must be >= 1, got {world}")
-        if world > 1 and args.list:
-            from hetero_conformance.distributed import dist_cases
-            return _list(console, [c for c in dist_cases(world, quick=args.quick)])
+        conflict = _robustness_conflict(args)
+        if conflict:
+            raise SelectionError(conflict)
         if args.list:
-            return _list(console, selected_cases(selection))
-        if world > 1:
-            from hetero_conformance.distributed import run_world_suite
-
-            suite = run_world_suite(registry, args.name, world, selection, seed=args.seed, timeout=args.timeout,
-                                    console=console, argv=_canonical(args, selection))
-        else:
-            suite = run_suite(registry, args.name, selection, seed=args.seed, isolate=args.isolate, timeout=args.timeout,
-                              console=console, argv=_canonical(args, selection))
+            return _listing(args, console, selection)
+        suite = _run(args, registry, console, selection)
     except (SelectionError, BackendUnavailable, BackendIncompatible) as e:
         err.print(f"[red]hetero conformance:[/] {escape(str(e))}", highlight=False)
         return EXIT_USAGE
-    if not suite.results:
+    if not suite.results and not (suite.robustness is not None and suite.robustness.calls):
         err.print(f"[red]hetero conformance:[/] no case matches {escape(shlex.join(_canonical(args, selection)))}", highlight=False)
         return EXIT_USAGE
     report.print_summary(console, suite)

@@ -20,3 +20,7 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--hetero-seed", type=int, default=0, metavar="N", help="base seed of the random inputs (default 0)")
     group.addoption("--hetero-ops", default="", metavar="A,B", help="only these ops (comma-separated)")
     group.addoption("--hetero-dtypes", default="", metavar="D,E", help="only these case dtypes (comma-separated)")
+    group.addoption("--hetero-robustness", action="store_true", default=False,
+                    help="run the robustness tier (malformed calls, each in a forked worker) instead of the numeric catalog")
+    group.addoption("--hetero-no-validate", action="store_true", default=False,
+                    help="with --hetero-robustness: load the backend with validate=False")

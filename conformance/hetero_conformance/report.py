@@ -13,14 +13,17 @@ from typing import Any, Iterable
 
 from hetero.spec import OP_NAMES
 
+from hetero_conformance import robustness_report
 from hetero_conformance.case import DTYPES
 from hetero_conformance.runner import FAILING, CaseResult
 from hetero_conformance.suite import SuiteResult
 
 __all__ = ["SCHEMA_VERSION", "schema", "to_json", "write_json", "to_junit", "write_junit", "to_markdown", "write_markdown", "summary_rows", "print_summary"]
 
-#: Major: a field changed meaning or was removed. Minor: fields were added.
-SCHEMA_VERSION = "1.0"
+#: Major: a field changed meaning or was removed. Minor: fields were added (1.1: the robustness tier).
+SCHEMA_VERSION = "1.1"
+#: A report without the robustness tier has no field added since 1.0, and says so.
+_BASE_VERSION = "1.0"
 _SKIPPING = ("skipped", "fallback")
 _COUNTS = ("passed", "failed", "skipped", "fallback")
 
@@ -45,7 +48,10 @@ def to_json(suite: SuiteResult) -> dict[str, Any]:
     """The report as a JSON-ready dict (schema version SCHEMA_VERSION)."""
     counts = suite.counts()
     summary = {"total": len(suite.results), **counts, "ok": suite.ok}
-    return _plain({"schema_version": SCHEMA_VERSION, **suite.meta, "summary": summary, "cases": [r.as_dict() for r in suite.results]})
+    doc = {"schema_version": _BASE_VERSION, **suite.meta, "summary": summary, "cases": [r.as_dict() for r in suite.results]}
+    if suite.robustness is not None:
+        doc.update(schema_version=SCHEMA_VERSION, robustness=suite.robustness.as_dict())
+    return _plain(doc)
 
 
 def write_json(suite: SuiteResult, path: str | Path) -> None:
@@ -102,12 +108,16 @@ def _worst_text(row: dict[str, Any]) -> str:
 
 def _headline(suite: SuiteResult) -> str:
     b, env, run = suite.meta["backend"], suite.meta["environment"], suite.meta["run"]
+    size = f"{len(suite.robustness.calls)} calls" if suite.robustness is not None else f"{len(suite.results)} cases"
     return (f"backend {b['name']} ({b['package'] or '?'} {b['version']}) on {b['device_name'] or b['device']}; spec {suite.meta['spec_version']}; "
-            f"torch {env['torch']}; seed {run['seed']}; {run['tier']} tier; {len(suite.results)} cases in {run['duration_s']:.1f} s")
+            f"torch {env['torch']}; seed {run['seed']}; {run['tier']} tier; {size} in {run['duration_s']:.1f} s")
 
 
 def _counts_text(suite: SuiteResult) -> str:
-    return ", ".join(f"{n} {s}" for s, n in suite.counts().items() if n)
+    parts = [", ".join(f"{n} {s}" for s, n in suite.counts().items() if n)]
+    if suite.robustness is not None:
+        parts.append(robustness_report.counts_text(suite.robustness))
+    return "; ".join(p for p in parts if p)
 
 
 def to_junit(suite: SuiteResult) -> ET.ElementTree:
@@ -127,7 +137,11 @@ def to_junit(suite: SuiteResult) -> ET.ElementTree:
         for r in results:
             _junit_case(node, backend, r)
         _tally(node, results)
-    _tally(root, suite.results)
+    if suite.robustness is not None:
+        robustness_report.junit_suite(root, backend, suite.robustness, suite.meta["run"]["started_at"])
+    for key in ("tests", "failures", "errors", "skipped"):
+        root.set(key, str(sum(int(node.get(key, 0)) for node in root)))
+    root.set("time", f"{sum(float(node.get('time', 0)) for node in root):.3f}")
     ET.indent(root)
     return ET.ElementTree(root)
 
@@ -163,7 +177,9 @@ def to_markdown(suite: SuiteResult, *, max_failures: int = 50) -> str:
     """A Markdown summary for a pull-request comment: verdict, op x dtype table, failing cases."""
     verdict = ":white_check_mark: passed" if suite.ok else ":x: failed"
     lines = [f"### hetero conformance: `{suite.meta['backend']['name']}` {verdict}", "", _md(_headline(suite)), ""]
-    lines += [f"**{_counts_text(suite) or 'no cases'}**", ""]
+    lines += [f"**{_md(_counts_text(suite)) or 'no cases'}**", ""]
+    if suite.robustness is not None and not suite.results:
+        return "\n".join(lines + robustness_report.markdown_lines(suite.robustness)) + "\n"
     lines += ["| op | dtype | passed | failed | skipped | fallback | worst error / bound |", "|---|---|---:|---:|---:|---:|---|"]
     for row in summary_rows(suite.results):
         lines.append(f"| {row['op']} | {row['dtype']} | {row['passed']} | {row['failed']} | {row['skipped']} | {row['fallback']} | {_md(_worst_text(row))} |")
@@ -174,6 +190,8 @@ def to_markdown(suite: SuiteResult, *, max_failures: int = 50) -> str:
         if len(failing) > max_failures:
             lines.append(f"| ... | | {len(failing) - max_failures} more in the JSON report |")
         lines += ["", "</details>"]
+    if suite.robustness is not None:
+        lines += [""] + robustness_report.markdown_lines(suite.robustness)
     return "\n".join(lines) + "\n"
 
 
@@ -187,6 +205,13 @@ def print_summary(console: Any, suite: SuiteResult, *, max_failures: int = 30) -
     from rich.markup import escape
     from rich.table import Table
 
+    if suite.robustness is not None:
+        robustness_report.print_tables(console, suite.meta["backend"]["name"], suite.robustness)
+    if suite.robustness is not None and not suite.results:
+        style = "green" if suite.ok else "red"
+        console.print(escape(_headline(suite)), style="dim", highlight=False)
+        console.print(f"[{style}]{'PASSED' if suite.ok else 'FAILED'}[/]: {escape(_counts_text(suite))}", highlight=False)
+        return
     table = Table(title=f"hetero conformance: {suite.meta['backend']['name']}", caption=escape(_headline(suite)))
     for col in ("op", "dtype", "passed", "failed", "skipped", "fallback", "worst error / bound"):
         table.add_column(col, justify="right" if col in _COUNTS else "left", overflow="fold", no_wrap=col in ("op", "dtype"))

@@ -37,17 +37,21 @@ class SelectionError(ValueError):
 
 @dataclass(frozen=True)
 class Selection:
-    """Which cases run: the tier, then ``ops``/``dtypes`` (empty: all) and ``-k`` patterns (any may match)."""
+    """Which cases run: the tier, then ``ops``/``dtypes`` (empty: all) and ``-k`` patterns (any may match).
+
+    ``robustness``: the malformed-call tier instead of the numeric catalog (``catalog``
+    then names a malformed-call catalog; see ``hetero_conformance.robustness``)."""
 
     quick: bool = False
     ops: tuple[str, ...] = ()
     dtypes: tuple[str, ...] = ()
     patterns: tuple[str, ...] = ()
     catalog: str = DEFAULT_CATALOG
+    robustness: bool = False
 
     @property
     def tier(self) -> str:
-        return "quick" if self.quick else "full"
+        return "robustness" if self.robustness else "quick" if self.quick else "full"
 
     def as_dict(self) -> dict[str, Any]:
         return {"ops": list(self.ops), "dtypes": list(self.dtypes), "patterns": list(self.patterns), "catalog": self.catalog}
@@ -55,10 +59,12 @@ class Selection:
 
 @dataclass
 class SuiteResult:
-    """A finished run: the report's metadata and one result per selected case, in catalog order."""
+    """A finished run: the report's metadata and one result per selected case, in catalog order;
+    ``robustness`` holds the malformed-call tier when it ran."""
 
     meta: dict[str, Any]
     results: list[CaseResult] = field(default_factory=list)
+    robustness: Any = None
 
     def counts(self) -> dict[str, int]:
         """The number of cases per status (every status present, zero when none)."""
@@ -69,8 +75,8 @@ class SuiteResult:
 
     @property
     def ok(self) -> bool:
-        """True unless a case failed, errored, crashed or timed out."""
-        return not any(r.status in FAILING for r in self.results)
+        """True unless a case failed, errored, crashed or timed out, or a malformed call did not pass."""
+        return not any(r.status in FAILING for r in self.results) and (self.robustness is None or self.robustness.ok)
 
 
 def load_catalog(ref: str, *, quick: bool) -> list[Case]:
@@ -207,8 +213,8 @@ def _progress(console: Any, total: int) -> Iterator[tuple[OnCase, OnResult]]:
         def started(case: Case) -> None:
             progress.update(task, case=case.id)
 
-        def finished(result: CaseResult) -> None:
-            failing[0] += result.status in FAILING
+        def finished(result: Any) -> None:  # a CaseResult, or a robustness CallResult (which says ok)
+            failing[0] += not result.ok if hasattr(result, "ok") else result.status in FAILING
             progress.update(task, advance=1, case=f"[red]{failing[0]} failing[/]" if failing[0] else "")
 
         yield started, finished
