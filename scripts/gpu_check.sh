@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The GPU check of the cuda backend, for a machine with an NVIDIA GPU:
 #   1. the full conformance catalog (`hetero conformance cuda`), JSON + Markdown reports;
-#   2. every op timed on realistic shapes against the torch reference and the H200 roofline
-#      (scripts/gpu_check.py), written as a Markdown table.
+#   2. the robustness tier (`hetero conformance cuda --robustness`): every malformed call rejected with
+#      validation on, and with it off (`--no-validate`) no illegal memory access, crash or hang;
+#   3. every op timed on realistic shapes against the torch reference and the H200 roofline, and
+#      the index-taking ops with validation on beside off (scripts/gpu_check.py), as a Markdown table.
 #
 # usage: scripts/gpu_check.sh [--smoke] [OUT.md]      (default OUT: docs/perf/gpu_check.md)
 #   --smoke  tiny shapes and a few conformance ops through Triton's interpreter on the CPU
 #            (HETERO_TRITON_INTERPRET=1): proves the script runs end to end without a GPU.
 # Environment: PYTHON (default .venv/bin/python, else python3); HETERO_CUDA_VENDOR=0 times the
 # Triton kernels in place of the vendor paths.
-# Exit status: 0 when conformance passed and every op ran, else 1.
+# Exit status: 0 when conformance and the robustness tier passed and every op ran, else 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +20,7 @@ out=docs/perf/gpu_check.md
 for arg in "$@"; do
   case "$arg" in
     --smoke) smoke=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option $arg" >&2; exit 2 ;;
     *) out=$arg ;;
   esac
@@ -30,11 +32,13 @@ else py=python3
 fi
 
 bench_args=()
+robustness_args=()
 conformance_args=(--isolate)  # on a GPU a faulting kernel kills its worker, not the run
 if (( smoke )); then
   export HETERO_TRITON_INTERPRET=1
   bench_args+=(--smoke)
   conformance_args=(--quick --ops rms_norm,silu_and_mul)
+  robustness_args=(--ops write_kv,grouped_gemm)
 fi
 
 mkdir -p "$(dirname "$out")"
@@ -43,9 +47,15 @@ echo "== conformance: hetero conformance cuda ${conformance_args[*]:-}"
 "$py" -m hetero.cli conformance cuda "${conformance_args[@]}" --json "$base.conformance.json" --markdown "$base.conformance.md"
 conformance_rc=$?
 
+echo "== robustness: hetero conformance cuda --robustness ${robustness_args[*]:-} (validation on, then off)"
+"$py" -m hetero.cli conformance cuda --robustness "${robustness_args[@]}" --json "$base.robustness.json" --markdown "$base.robustness.md"
+robustness_rc=$?
+"$py" -m hetero.cli conformance cuda --robustness --no-validate "${robustness_args[@]}" --json "$base.robustness-off.json" --markdown "$base.robustness-off.md"
+(( robustness_rc |= $? ))
+
 echo "== timing every op -> $out"
 "$py" scripts/gpu_check.py "${bench_args[@]}" --conformance "$base.conformance.json" "$out"
 bench_rc=$?
 
-echo "== conformance exit $conformance_rc, timing exit $bench_rc; report: $out"
-(( conformance_rc == 0 && bench_rc == 0 ))
+echo "== conformance exit $conformance_rc, robustness exit $robustness_rc, timing exit $bench_rc; report: $out"
+(( conformance_rc == 0 && robustness_rc == 0 && bench_rc == 0 ))
