@@ -1,16 +1,23 @@
-"""The ``hetero`` command: backends | explain | conformance | generate | check-model | bench | bench-engine | new-backend."""
+"""The ``hetero`` command: backends | explain | conformance | generate | check-model | bench | bench-engine | new-backend.
+
+An error the user can fix (``hetero.errors.USER_ERRORS``: a bad argument, a missing
+file, an unknown or unavailable backend) prints one line, ``hetero <command>: error:
+...``, and exits 2; ``--debug`` or ``HETERO_DEBUG=1`` shows its traceback instead. Any
+other exception is a bug and keeps its traceback.
+"""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from rich.console import Console
 from rich.table import Table
 
-from hetero.errors import BackendNotFound
+from hetero.errors import USER_ERRORS, UsageError
 from hetero.ops import BACKEND
 from hetero.registry import Registry, default_registry
 from hetero.spec import OP_NAMES, SPEC_VERSION
@@ -108,8 +115,29 @@ def _cmd_explain(args: argparse.Namespace, registry: Registry, console: Console)
     return EXIT_OK if report["status"] in ("available", "unavailable") else EXIT_FAIL
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's errors as the command's other usage errors: one line, exit 2 (``--help`` shows the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:  # named after the subcommand whose options they were meant for
+            command = getattr(namespace, "command", None)
+            prog = f"{self.prog} {command}" if command else self.prog
+            self.exit(EXIT_USAGE, f"{prog}: error: unrecognized arguments: {' '.join(extras)}\n")
+        return namespace
+
+
+def _add_debug(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument("--debug", action="store_true", default=default,
+                        help="show the traceback of a usage error (also HETERO_DEBUG=1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hetero", description="hardware-neutral LLM inference operators")
+    parser = _Parser(prog="hetero", description="hardware-neutral LLM inference operators")
+    _add_debug(parser, False)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("backends", help="list installed backends, their status and op coverage")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -133,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--triton", action="store_true", help="subclass hetero.kernels.TritonBackend: every op native through the portable Triton kernels")
     p.add_argument("--dir", default=".", metavar="D", help="where to create hetero-NAME/ (default: the current directory)")
     p.set_defaults(func=_cmd_new_backend, needs_registry=False)
+    for p in sub.choices.values():
+        # SUPPRESS: after the subcommand, --debug sets the top-level flag instead of resetting it;
+        # a subcommand (from a plugin) that has its own --debug keeps it
+        with contextlib.suppress(argparse.ArgumentError):
+            _add_debug(p, argparse.SUPPRESS)
     return parser
 
 
@@ -142,8 +175,7 @@ def _cmd_new_backend(args: argparse.Namespace, registry: Registry | None, consol
     try:
         root = create(args.name, args.dir, triton=args.triton)
     except ScaffoldError as e:
-        print(f"hetero new-backend: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(e)) from e
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         console.print(f"wrote {path}", style="dim", highlight=False, markup=False)
     console.print(f"next: pip install -e {root} && hetero explain {args.name} && hetero conformance {args.name} --quick",
@@ -152,8 +184,7 @@ def _cmd_new_backend(args: argparse.Namespace, registry: Registry | None, consol
 
 
 def _cmd_conformance_missing(args: argparse.Namespace, registry: Registry, console: Console) -> int:
-    Console(stderr=True).print("hetero conformance: install hetero-conformance (pip install hetero-conformance)", highlight=False)
-    return EXIT_USAGE
+    raise UsageError("the conformance suite is not installed: pip install hetero-conformance")
 
 
 def _add_conformance(sub: Any) -> None:
@@ -171,17 +202,39 @@ def _add_conformance(sub: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None) -> int:
+    """Run the ``hetero`` command; returns its exit code (2 for a user error, see the module docstring)."""
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args, registry)
+    except USER_ERRORS as e:
+        if args.debug or os.environ.get("HETERO_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"hetero {args.command}: error: {_one_line(e, args)}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _run(args: argparse.Namespace, registry: Registry | None) -> int:
     # piped into a CI log, rich would fold tables to 80 columns; COLUMNS still wins when set
     console = Console() if sys.stdout.isatty() or "COLUMNS" in os.environ else Console(width=160)
     if not getattr(args, "needs_registry", True):
         return args.func(args, registry, console)
     args.installed_plugins = registry is None  # a child process can load the same backends by name
-    try:
-        return args.func(args, registry or default_registry(), console)
-    except BackendNotFound as e:
-        Console(stderr=True).print(f"[red]hetero {args.command}:[/] {e}", highlight=False)
-        return EXIT_USAGE
+    return args.func(args, registry or default_registry(), console)
+
+
+def _one_line(error: Exception, args: argparse.Namespace) -> str:
+    """The error's message on one line.
+
+    A subcommand lists in ``args.api_options`` the API arguments (SamplingParams,
+    EngineConfig fields) it passes on unchanged from its options of the same name: a
+    UsageError about one of them names the option the user typed.
+    """
+    arg = getattr(error, "arg", None)
+    if isinstance(error, UsageError) and error.expected and arg in getattr(args, "api_options", ()):
+        message = f"argument --{arg.replace('_', '-')}: expected {error.expected}, got {error.got!r}"
+    else:
+        message = str(error)
+    return " ".join(message.split())
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ __all__ = [
     "BackendIncompatible",
     "OpNotAvailable",
     "CommError",
+    "UsageError",
+    "ModelNotFound",
+    "USER_ERRORS",
 ]
 
 
@@ -29,7 +32,7 @@ class BackendNotFound(HeteroError, LookupError):
 
     def __init__(self, name: str, known: list[str], closest: str | None):
         self.name, self.known, self.closest = name, known, closest
-        hint = f"; did you mean '{closest}'?" if closest else ""
+        hint = f"; did you mean '{closest}'?" if closest else "."
         known_s = ", ".join(known) if known else "none (no hetero backend package is installed)"
         super().__init__(f"unknown hetero backend '{name}'{hint} Known backends: {known_s}")
 
@@ -66,3 +69,25 @@ class CommError(HeteroError, RuntimeError):
         where = f"rank {rank} of world size {world_size}" if rank is not None else "this process"
         limit = f"{timeout:g} s" if timeout is not None else "unknown"
         super().__init__(f"{collective}: collective failed on {where} (timeout {limit}): {cause}")
+
+
+class UsageError(HeteroError, ValueError):
+    """A problem with what the user asked for (an argument, a request, a file), not with hetero or a backend.
+
+    The ``hetero`` command prints it as one line, ``hetero <command>: error: <message>``, and
+    exits 2. ``arg``, ``expected`` and ``got``, when given, name the bad argument (a Python
+    parameter such as ``max_tokens``), what it must be and what came, so a command can say
+    which of its options was wrong.
+    """
+
+    def __init__(self, message: str, *, arg: str | None = None, expected: str | None = None, got: object = None):
+        self.arg, self.expected, self.got = arg, expected, got
+        super().__init__(message)
+
+
+class ModelNotFound(UsageError, FileNotFoundError):
+    """The model directory does not exist or is not a Hugging Face checkpoint (no config.json)."""
+
+
+#: the errors a user can fix: the ``hetero`` command prints them as one line (exit 2), not a traceback
+USER_ERRORS = (UsageError, BackendNotFound, BackendUnavailable)

@@ -35,6 +35,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hetero.errors import UsageError
+
 __all__ = [
     "SCHEMA", "KINDS", "Metric", "Comparison", "BaselineError", "environment", "save_baseline",
     "load_baseline", "check_environment", "compare", "confirm",
@@ -75,8 +77,11 @@ class Comparison:
     note: str = ""
 
 
-class BaselineError(ValueError):
-    """A baseline file that cannot be used: missing, not JSON, another schema or kind, or malformed."""
+class BaselineError(UsageError):
+    """A baseline file that cannot be used: missing, not JSON, another schema or kind, or malformed.
+
+    A :class:`hetero.errors.UsageError` (and so a ValueError): the ``hetero`` command prints it as one line, exit 2.
+    """
 
 
 def _version(package: str) -> str | None:

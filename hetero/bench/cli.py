@@ -28,17 +28,14 @@ from hetero.bench.baseline import (
 from hetero.bench.devices import Ceilings, CeilingsError, device_label, find_ceilings, load_ceilings, override_from_env
 from hetero.bench.ops import ERROR, BenchConfig, OpBench, OpResult
 from hetero.bench.report import print_report, report_dict
-from hetero.errors import BackendUnavailable
+from hetero.cli_args import add_list_option
+from hetero.errors import UsageError
 from hetero.registry import Registry
 from hetero.spec import OP_NAMES
 
 __all__ = ["add_parser"]
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-
-class _Usage(Exception):
-    """A problem with the command line or its files: exit 2 with this message."""
 
 
 @dataclass
@@ -63,7 +60,7 @@ def add_parser(sub: Any) -> None:
                                    "time, GB/s and TFLOP/s from each op's byte/flop model, the speed-up over the reference "
                                    "(cpu_ref, same device, same run) and the fraction of the device's roofline.")
     p.add_argument("name", help="backend name, e.g. cuda or cpu_ref")
-    p.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (default: all)")
+    add_list_option(p, "--ops", metavar="OP", help="only these ops, as a,b or a b or repeated (default: all)")
     p.add_argument("--shapes", choices=("quick", "full"), default="quick",
                    help="quick: CPU-sized float32 cases (CI); full: production GPU sizes in bfloat16")
     p.add_argument("--json", metavar="F", help="write the results as JSON to F")
@@ -103,10 +100,10 @@ def _cases(tier: str, only: Sequence[str] | None) -> tuple[list[Any], list[OpRes
     except ModuleNotFoundError as e:
         if e.name is None or not e.name.startswith("hetero_conformance"):
             raise
-        raise _Usage("the performance shapes come with hetero-conformance: pip install hetero-conformance") from None
+        raise UsageError("the performance shapes come with hetero-conformance: pip install hetero-conformance") from None
     unknown = [op for op in only or () if op not in OP_NAMES]
     if unknown:
-        raise _Usage(f"unknown op(s) {', '.join(unknown)}; ops: {', '.join(OP_NAMES)}")
+        raise UsageError(f"argument --ops: unknown op(s) {', '.join(unknown)}; expected some of {', '.join(OP_NAMES)}")
     wanted = list(only) if only else list(OP_NAMES)
     cases = [c for c in perf_cases(tier) if c.op in wanted]
     skipped = [OpBench.skipped(op, UNBENCHED[op]) for op in wanted if op in UNBENCHED]
@@ -118,7 +115,7 @@ def _ceilings(args: argparse.Namespace, device_name: str) -> tuple[Ceilings | No
     try:
         override = load_ceilings(path) if path else None
     except CeilingsError as e:
-        raise _Usage(str(e)) from None
+        raise UsageError(f"argument --ceilings: {e}") from e
     return find_ceilings(device_name, override)
 
 
@@ -141,26 +138,23 @@ def _session(args: argparse.Namespace, registry: Registry, console: Console) -> 
         try:
             saved_env, saved = load_baseline(args.compare, "ops")
         except BaselineError as e:
-            raise _Usage(str(e)) from None
+            raise UsageError(f"argument --compare: {e}") from e
     if args.plot:
         from hetero.bench._plot import PlotUnavailable, require_matplotlib
 
         try:
             require_matplotlib()
         except PlotUnavailable as e:
-            raise _Usage(str(e)) from None
+            raise UsageError(f"argument --plot: {e}") from e
     cases, skipped = _cases(args.shapes, args.ops)
-    try:
-        ops = registry.load(args.name)
-    except BackendUnavailable as e:
-        raise _Usage(str(e)) from None
+    ops = registry.load(args.name)  # BackendNotFound / BackendUnavailable: a one-line error from the hetero command
     label = device_label(ops.device, registry.availability(args.name).device_name)
     ceilings, note = _ceilings(args, label)
     env = environment(args.name, label, _packages(registry, args.name))
     if saved_env is not None:
         error, warnings = check_environment(saved_env, env)
         if error:
-            raise _Usage(f"cannot compare with {args.compare}: {error}")
+            raise UsageError(f"argument --compare: cannot compare with {args.compare}: {error}")
         for w in warnings:
             console.print(f"[yellow]warning:[/] versions differ from the baseline: {escape(w)}", highlight=False)
     timer = TimerConfig(warmup=args.warmup, reps=args.reps, min_time=args.min_time)
@@ -276,22 +270,22 @@ def _verdict(console: Console, results: list[OpResult], comparisons: list[Compar
 
 def _cmd_bench(args: argparse.Namespace, registry: Registry, console: Console) -> int:
     if args.threads is not None and args.threads < 1:
-        Console(stderr=True).print("[red]hetero bench:[/] --threads must be >= 1", highlight=False)
-        return EXIT_USAGE
+        raise UsageError(f"argument --threads: expected an integer >= 1, got {args.threads}")
     with torch_threads(args.threads):
         return _bench(args, registry, console)
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    least = (("--threshold", args.threshold, 0), ("--repeats", args.repeats, 0), ("--warmup", args.warmup, 0),
+             ("--min-time", args.min_time, 0), ("--reps", args.reps, 1), ("--rounds", args.rounds, 1))
+    for option, value, minimum in least:
+        if value is not None and value < minimum:
+            raise UsageError(f"{option} must be >= {minimum}, got {value}")
+
+
 def _bench(args: argparse.Namespace, registry: Registry, console: Console) -> int:
-    try:
-        if args.threshold < 0 or args.repeats < 0 or args.reps < 1 or args.warmup < 0 or args.min_time < 0:
-            raise _Usage("--threshold, --repeats, --warmup and --min-time must be >= 0 and --reps >= 1")
-        if args.rounds is not None and args.rounds < 1:
-            raise _Usage(f"--rounds must be >= 1, got {args.rounds}")
-        session = _session(args, registry, console)
-    except _Usage as e:
-        Console(stderr=True).print(f"[red]hetero bench:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        return EXIT_USAGE
+    _check_numbers(args)
+    session = _session(args, registry, console)
     results = _run(session, args.rounds or (2 if args.save else 1))
     comparisons = _confirmed(session, results, args, console) if session.saved is not None else None
     roof = session.ceilings.name if session.ceilings is not None else "unknown ceilings"

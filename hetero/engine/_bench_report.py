@@ -22,6 +22,7 @@ from hetero.bench.baseline import (BaselineError, Comparison, Metric, check_envi
                                    environment, load_baseline, save_baseline)
 from hetero.bench.devices import device_label
 from hetero.engine.bench import Workload, model_identity, parse_range, run_workload, summarize
+from hetero.errors import UsageError
 
 __all__ = ["bench_engine", "engine_metrics", "bench_environment", "key_error"]
 
@@ -170,34 +171,41 @@ def _command(args: argparse.Namespace, dtype: str) -> str:
             f"--warmup {args.warmup}" + (f" --threads {args.threads}" if getattr(args, "threads", None) else ""))
 
 
-def _usage(message: str) -> int:
-    Console(stderr=True).print(f"[red]hetero bench-engine:[/] {message}", highlight=False)
-    return EXIT_USAGE
-
-
 def _setup(args: argparse.Namespace, registry: Any) -> tuple[Workload, Any, dict[str, Any]]:
-    """The workload, the resolved engine config and the baseline key; ValueError for unusable arguments."""
+    """The workload, the resolved engine config and the baseline key; UsageError for unusable arguments."""
     from hetero.engine.config import EngineConfig
 
-    if args.threshold < 0 or args.warmup < 0:
-        raise ValueError("--threshold and --warmup must be >= 0")
-    workload = Workload(args.num_requests, parse_range(args.input_len), parse_range(args.output_len), args.seed)
+    for option, value in (("--threshold", args.threshold), ("--warmup", args.warmup)):
+        if value < 0:
+            raise UsageError(f"argument {option}: expected a number >= 0, got {value}")
+    workload = Workload(args.num_requests, _range("--input-len", args.input_len), _range("--output-len", args.output_len),
+                        args.seed)
     cfg = EngineConfig(model=args.model, backend=args.backend, dtype=args.dtype or "auto", block_size=args.block_size,
                        max_num_seqs=args.max_num_seqs).resolve()
     if workload.max_len > cfg.max_model_len:
-        raise ValueError(f"--input-len and --output-len can draw sequences of {workload.max_len} tokens, longer than "
+        raise UsageError(f"--input-len and --output-len can draw sequences of {workload.max_len} tokens, longer than "
                          f"the model's {cfg.max_model_len} (max_position_embeddings)")
     engine = {"dtype": cfg.dtype, "block_size": cfg.block_size, "max_num_seqs": cfg.max_num_seqs}
     return workload, cfg, bench_environment(registry, args.backend, args.model, workload, engine)
 
 
+def _range(option: str, text: str) -> tuple[int, int]:
+    try:
+        return parse_range(text)
+    except UsageError as e:
+        raise UsageError(f"argument {option}: {e}") from e
+
+
 def _baseline(path: str, env: Mapping[str, Any]) -> dict[str, Metric]:
     """The metrics of a baseline measured under the same key; BaselineError naming what differs."""
-    saved_env, saved = load_baseline(path, "engine")
+    try:
+        saved_env, saved = load_baseline(path, "engine")
+    except BaselineError as e:
+        raise BaselineError(f"argument --compare: {e}") from e
     error, warnings = check_environment(saved_env, dict(env))
     error = error or key_error(saved_env, env)
     if error:
-        raise BaselineError(f"{path}: {error}")
+        raise BaselineError(f"argument --compare: cannot compare with {path}: {error}")
     for warning in warnings:
         Console(stderr=True).print(f"[yellow]warning:[/] {warning}", highlight=False)
     return saved
@@ -207,11 +215,8 @@ def bench_engine(args: argparse.Namespace, registry: Any, console: Console) -> i
     """``hetero bench-engine``: 0 measured (and no regression), 1 a metric regressed, 2 unusable input."""
     from hetero.engine import LLM
 
-    try:
-        workload, cfg, env = _setup(args, registry)
-        saved = _baseline(args.compare, env) if args.compare else None
-    except (ValueError, FileNotFoundError) as e:  # BaselineError is a ValueError
-        return _usage(str(e))
+    workload, cfg, env = _setup(args, registry)
+    saved = _baseline(args.compare, env) if args.compare else None
     llm = LLM(args.model, backend=args.backend, dtype=cfg.dtype, block_size=cfg.block_size,
               max_num_seqs=cfg.max_num_seqs)
     run = run_workload(llm, workload, args.warmup)
@@ -220,10 +225,7 @@ def bench_engine(args: argparse.Namespace, registry: Any, console: Console) -> i
     _print_summary(console, runs[0], f"bench-engine: {model['name']} ({model['architecture']}, {cfg.dtype}) on "
                                      f"{env['backend']}, {env['device']}; {workload.num_requests} requests, input "
                                      f"{args.input_len}, output {args.output_len}, seed {args.seed}")
-    try:
-        comparisons = _judge(llm, args, workload, saved, runs, console) if saved is not None else None
-    except BaselineError as e:
-        return _usage(str(e))
+    comparisons = _judge(llm, args, workload, saved, runs, console) if saved is not None else None
     metrics = _final_metrics(engine_metrics(runs[0]), runs)
     if comparisons is not None:
         _print_comparison(console, comparisons, {m.name: m.unit for m in metrics}, args.threshold)

@@ -18,6 +18,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from hetero.errors import UsageError
+
 __all__ = ["Workload", "Run", "parse_range", "percentiles", "request_latencies", "summarize", "run_workload",
            "model_identity", "PERCENTILES"]
 
@@ -30,14 +32,14 @@ _LENGTHS, _TOKENS, _WARMUP = 0, 1, 2
 
 
 def parse_range(text: str) -> tuple[int, int]:
-    """``"MIN:MAX"`` (or one integer N for N:N) -> ``(MIN, MAX)``; ValueError unless 1 <= MIN <= MAX."""
+    """``"MIN:MAX"`` (or one integer N for N:N) -> ``(MIN, MAX)``; UsageError (a ValueError) unless 1 <= MIN <= MAX."""
     parts = text.split(":")
     try:
         lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) in (1, 2) else (0, -1)
     except ValueError:
-        raise ValueError(f"expected MIN:MAX with integers, got {text!r}") from None
+        raise UsageError(f"expected MIN:MAX with integers, got {text!r}") from None
     if not 1 <= lo <= hi:
-        raise ValueError(f"expected MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
+        raise UsageError(f"expected MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
     return lo, hi
 
 
@@ -56,11 +58,12 @@ class Workload:
 
     def __post_init__(self) -> None:
         if isinstance(self.num_requests, bool) or not isinstance(self.num_requests, int) or self.num_requests < 1:
-            raise ValueError(f"Workload.num_requests must be an integer >= 1, got {self.num_requests!r}")
+            raise UsageError(f"Workload.num_requests must be an integer >= 1, got {self.num_requests!r}",
+                             arg="num_requests", expected="an integer >= 1", got=self.num_requests)
         for name in ("input_len", "output_len"):
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
-                raise ValueError(f"Workload.{name} must be (MIN, MAX) with 1 <= MIN <= MAX, got {(lo, hi)!r}")
+                raise UsageError(f"Workload.{name} must be (MIN, MAX) with 1 <= MIN <= MAX, got {(lo, hi)!r}")
 
     @property
     def max_len(self) -> int:

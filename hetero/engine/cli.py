@@ -4,12 +4,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from hetero.errors import UsageError
+
 __all__ = ["add_parsers"]
+
+# SamplingParams / EngineConfig fields each command passes on from its option of the same name
+_GENERATE_API = ("model", "backend", "dtype", "block_size", "max_num_seqs", "tensor_parallel_size",
+                 "max_tokens", "temperature", "top_k", "top_p", "seed")
+_BENCH_API = ("model", "backend", "dtype", "block_size", "max_num_seqs", "num_requests")
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -38,7 +46,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks; launch with torchrun --nproc-per-node N")
     p.add_argument("--expert-parallel", action="store_true", help="split MoE experts over the ranks instead of their columns")
     p.add_argument("--json", action="store_true", help="one JSON object per request (token_ids, and text with a tokenizer)")
-    p.set_defaults(func=_cmd_generate)
+    p.set_defaults(func=_cmd_generate, api_options=_GENERATE_API)
     p = sub.add_parser("check-model", help="compare a checkpoint on a backend with transformers, layer by layer",
                        description="Run the checkpoint through hetero and through transformers on the same prompts: "
                                    "per-layer hidden-state error (where an error starts), final logits error, greedy-token "
@@ -77,7 +85,7 @@ def _add_bench_parser(sub: Any) -> None:
     p.add_argument("--save", metavar="BASELINE", help="save the compared metrics as a baseline file")
     p.add_argument("--compare", metavar="BASELINE", help="compare with a baseline saved by --save")
     p.add_argument("--threshold", type=float, default=0.1, help="relative change that counts as a regression (default 0.1)")
-    p.set_defaults(func=_cmd_bench_engine)
+    p.set_defaults(func=_cmd_bench_engine, api_options=_BENCH_API)
 
 
 def _cmd_bench_engine(args: argparse.Namespace, registry: Any, console: Console) -> int:
@@ -85,8 +93,7 @@ def _cmd_bench_engine(args: argparse.Namespace, registry: Any, console: Console)
     from hetero.engine._bench_report import bench_engine
 
     if args.threads is not None and args.threads < 1:
-        Console(stderr=True).print("[red]hetero bench-engine:[/] --threads must be >= 1", highlight=False)
-        return EXIT_USAGE
+        raise UsageError(f"argument --threads: expected an integer >= 1, got {args.threads}")
     with torch_threads(args.threads):
         return bench_engine(args, registry, console)
 
@@ -94,9 +101,12 @@ def _cmd_bench_engine(args: argparse.Namespace, registry: Any, console: Console)
 def _token_ids(text: str) -> list[int]:
     """argparse type of --prompt-ids: a bad value is a usage error (exit 2) naming the option."""
     try:
-        return [int(t) for t in text.replace(",", " ").split()]
+        ids = [int(t) for t in text.replace(",", " ").split()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected token ids (integers separated by spaces), got {text!r}") from None
+        ids = []
+    if not ids:
+        raise argparse.ArgumentTypeError(f"expected token ids (integers separated by spaces), got {text!r}")
+    return ids
 
 
 def _cmd_generate(args: argparse.Namespace, registry: Any, console: Console) -> int:
@@ -104,8 +114,7 @@ def _cmd_generate(args: argparse.Namespace, registry: Any, console: Console) -> 
 
     prompts: list[Any] = list(args.prompt) + list(args.prompt_ids)
     if not prompts:
-        Console(stderr=True).print("hetero generate: give at least one --prompt or --prompt-ids", highlight=False)
-        return EXIT_USAGE
+        raise UsageError("arguments --prompt/--prompt-ids: expected at least one prompt, got none")
     llm = LLM(args.model, backend=args.backend, dtype=args.dtype or "auto", block_size=args.block_size,
               max_num_seqs=args.max_num_seqs, tensor_parallel_size=args.tensor_parallel_size,
               expert_parallel=args.expert_parallel)
@@ -156,15 +165,37 @@ def _print_check(console: Console, report) -> None:
 def _cmd_check_model(args: argparse.Namespace, registry: Any, console: Console) -> int:
     from hetero.engine.check import ModelCheck
 
+    prompts = list(args.prompt_ids) or None
+    _check_model_args(args, prompts)
     check = ModelCheck(args.model, args.backend, dtype=args.dtype or "float32", reference_dir=args.reference,
                        block_size=args.block_size)
-    prompts = list(args.prompt_ids) or None
     report = check.run(prompts, max_tokens=args.max_tokens, top_k=args.top_k)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
     else:
         _print_check(console, report)
     return EXIT_OK if report.passed else EXIT_FAIL
+
+
+def _check_model_args(args: argparse.Namespace, prompts: list[list[int]] | None) -> None:
+    """What check-model hands to transformers and the engine unchecked; UsageError naming the option."""
+    from hetero.engine.config import DTYPES, load_hf_config
+
+    if args.dtype is not None and args.dtype not in DTYPES:
+        raise UsageError(f"argument --dtype: expected one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    for option, value, least in (("--max-tokens", args.max_tokens, 0), ("--top-k", args.top_k, 1),
+                                 ("--block-size", args.block_size, 1)):
+        if value < least:
+            raise UsageError(f"argument {option}: expected an integer >= {least}, got {value}")
+    vocab = int(load_hf_config(args.model).vocab_size)  # the model directory and its architecture, too
+    if args.reference is not None and not (Path(args.reference) / "config.json").is_file():
+        raise UsageError(f"argument --reference: expected a Hugging Face checkpoint directory (with config.json), "
+                         f"got {args.reference!r}")
+    for i, ids in enumerate(prompts or ()):
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise UsageError(f"argument --prompt-ids (prompt {i}): expected token ids in [0, vocab_size={vocab}), "
+                             f"got {', '.join(map(str, bad[:5]))}")
 
 
 if __name__ == "__main__":  # pragma: no cover

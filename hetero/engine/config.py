@@ -10,14 +10,16 @@ from typing import Any
 
 import torch
 
+from hetero.errors import ModelNotFound, UsageError
+
 __all__ = ["EngineConfig", "load_hf_config", "DTYPES"]
 
 #: dtype names the engine accepts -> torch dtype
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _bad(name: str, expected: str, got: Any) -> ValueError:
-    return ValueError(f"EngineConfig.{name} must be {expected}, got {got!r}")
+def _bad(name: str, expected: str, got: Any) -> UsageError:
+    return UsageError(f"EngineConfig.{name} must be {expected}, got {got!r}", arg=name, expected=expected, got=got)
 
 
 def _int(name: str, value: Any, minimum: int) -> None:
@@ -86,7 +88,7 @@ class EngineConfig:
     def resolve(self, hf_config: Any = None) -> "EngineConfig":
         """A copy with ``max_model_len`` and ``dtype`` made concrete and ``hf_config`` attached.
 
-        ``hf_config`` defaults to ``load_hf_config(self.model)``. Raises ValueError when
+        ``hf_config`` defaults to ``load_hf_config(self.model)``. Raises UsageError (a ValueError) when
         ``max_model_len`` exceeds the checkpoint's ``max_position_embeddings``.
         """
         hf_config = hf_config if hf_config is not None else load_hf_config(self.model)
@@ -94,7 +96,8 @@ class EngineConfig:
         max_model_len = self.max_model_len
         if max_model_len is None:
             if limit is None:
-                raise ValueError(f"EngineConfig.max_model_len must be given: {self.model} has no max_position_embeddings")
+                raise UsageError(f"EngineConfig.max_model_len must be given: {self.model} has no max_position_embeddings",
+                                 arg="max_model_len", expected="an integer >= 1", got=None)
             max_model_len = int(limit)
         elif limit is not None and max_model_len > limit:
             raise _bad("max_model_len", f"<= the checkpoint's max_position_embeddings ({limit})", max_model_len)
@@ -129,12 +132,34 @@ def _auto_dtype(dtype: str, hf_config: Any) -> str:
 
 
 def load_hf_config(model_dir: str | os.PathLike) -> Any:
-    """The checkpoint's transformers config (``AutoConfig.from_pretrained``), with clear errors for a missing dir or config.json."""
+    """The checkpoint's transformers config (``AutoConfig.from_pretrained``).
+
+    Raises :class:`hetero.errors.ModelNotFound` (a FileNotFoundError) for a missing
+    directory or config.json, and :class:`hetero.errors.UsageError` for a config.json
+    transformers cannot read or an architecture the engine has no model for.
+    """
     path = Path(model_dir)
     if not path.is_dir():
-        raise FileNotFoundError(f"model directory {str(path)!r} does not exist (expected a Hugging Face checkpoint directory)")
+        raise ModelNotFound(f"model directory {str(path)!r} does not exist (expected a Hugging Face checkpoint directory)",
+                            arg="model", expected="an existing checkpoint directory", got=str(model_dir))
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{str(path)!r} has no config.json; is it a Hugging Face checkpoint directory?")
+        raise ModelNotFound(f"{str(path)!r} has no config.json; is it a Hugging Face checkpoint directory?",
+                            arg="model", expected="a Hugging Face checkpoint directory (with config.json)",
+                            got=str(model_dir))
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(path))
+    try:
+        hf_config = AutoConfig.from_pretrained(str(path))
+    except (ValueError, OSError) as e:  # malformed JSON, an unknown model_type: the file is the user's
+        raise UsageError(f"{str(path / 'config.json')!r} is not a config transformers can read: {e}") from e
+    _check_architecture(path, hf_config)
+    return hf_config
+
+
+def _check_architecture(path: Path, hf_config: Any) -> None:
+    from hetero.engine.models import UnsupportedArchitecture, model_class
+
+    try:
+        model_class(getattr(hf_config, "architectures", None))
+    except UnsupportedArchitecture as e:
+        raise UsageError(f"{str(path)!r}: {e}") from e

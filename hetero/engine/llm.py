@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import numbers
+import operator
 import os
 import sys
 import time
@@ -15,6 +17,7 @@ from hetero.engine.runtime.block_manager import BlockManager
 from hetero.engine.runtime.model_runner import ModelRunner
 from hetero.engine.runtime.scheduler import Scheduler
 from hetero.engine.runtime.sequence import SamplingParams, Sequence
+from hetero.errors import UsageError
 
 __all__ = ["LLM", "RequestOutput"]
 
@@ -73,12 +76,20 @@ class LLM:
 
     def add_request(self, prompt: str | Seq[int], sampling_params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
-        """Queue one request (text needs a tokenizer); returns its id. ValueError if it can never fit."""
-        params = sampling_params if sampling_params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        """Queue one request (text needs a tokenizer); returns its id.
+
+        Checked here, before any op sees it: the sampling parameters are a
+        ``SamplingParams`` (whose values are checked when it is made), the token ids are
+        integers in ``[0, vocab_size)``, the prompt is neither empty nor longer than
+        ``max_model_len``, and the request fits the KV cache. A prompt that leaves less
+        than ``max_tokens`` room stops at ``max_model_len`` tokens (finish reason
+        "length"). A failed check raises :class:`hetero.errors.UsageError` (a ValueError)
+        naming the request (its index: the arrival number on this engine, which is also the
+        default request id), the argument, what was expected and what came.
+        """
         index = self._num_requests
-        seq = Sequence(request_id if request_id is not None else str(index), self._encode(prompt), params, index)
+        params = _check_params(sampling_params, index)
+        seq = Sequence(request_id if request_id is not None else str(index), self._encode(prompt, index), params, index)
         self.scheduler.add(seq)
         self._num_requests += 1
         seq.metrics["arrival_time"] = time.perf_counter()
@@ -126,11 +137,14 @@ class LLM:
         prompts = _prompt_list(prompts)
         params = _params_list(sampling_params, len(prompts))
         ids: list[str] = []
+        first, prompt_tokens = self._num_requests, self.stats["prompt_tokens"]
         try:
             for prompt, p in zip(prompts, params):
                 ids.append(self.add_request(prompt, p))
         except Exception:
+            # a refused batch leaves nothing behind: the next one gets the same request indices (and seeds)
             self._abort_all()
+            self._num_requests, self.stats["prompt_tokens"] = first, prompt_tokens
             raise
         outputs: dict[str, RequestOutput] = {}
         show = progress if progress is not None else sys.stderr.isatty()
@@ -146,18 +160,17 @@ class LLM:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             self.scheduler.finish(seq, "abort")
 
-    def _encode(self, prompt: str | Seq[int]) -> list[int]:
+    def _encode(self, prompt: str | Seq[int], index: int) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError(f"prompt {prompt[:40]!r} is text, but {self.config.model} has no tokenizer files "
-                                 f"({', '.join(_TOKENIZER_FILES)}); pass token ids instead")
+                raise UsageError(f"request {index}: argument 'prompt': prompt {prompt[:40]!r} is text, but "
+                                 f"{self.config.model} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); "
+                                 f"pass token ids instead", arg="prompt", expected="token ids", got=prompt[:40])
             return list(self.tokenizer.encode(prompt))
-        ids = [int(t) for t in prompt]
-        vocab = getattr(self.config.hf_config, "vocab_size", None)
-        bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
-        if bad:
-            raise ValueError(f"prompt token ids must be in [0, vocab_size={vocab}), got {bad[:5]}")
-        return ids
+        if not hasattr(prompt, "__iter__"):
+            raise UsageError(f"request {index}: argument 'prompt': expected a string or a list of token ids, "
+                             f"got {prompt!r:.60}", arg="prompt", expected="a string or token ids", got=prompt)
+        return _token_ids(list(prompt), getattr(self.config.hf_config, "vocab_size", None), index)
 
     def _output(self, seq: Sequence, now: float) -> RequestOutput:
         seq.metrics.update(finish_time=now, num_prompt_tokens=seq.num_prompt_tokens,
@@ -175,11 +188,11 @@ def _communicator(cfg: EngineConfig):
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if world == 1:
         if cfg.tensor_parallel_size > 1:
-            raise ValueError(f"tensor_parallel_size={cfg.tensor_parallel_size} needs one process per rank: launch with "
+            raise UsageError(f"tensor_parallel_size={cfg.tensor_parallel_size} needs one process per rank: launch with "
                              f"`torchrun --nproc-per-node {cfg.tensor_parallel_size} your_script.py`")
         return None
     if world != cfg.tensor_parallel_size:
-        raise ValueError(f"torchrun started {world} processes (WORLD_SIZE) but tensor_parallel_size="
+        raise UsageError(f"torchrun started {world} processes (WORLD_SIZE) but tensor_parallel_size="
                          f"{cfg.tensor_parallel_size}; they must be equal")
     from hetero.distributed import init
 
@@ -209,15 +222,40 @@ def _eos_token_ids(config: EngineConfig, tokenizer) -> set[int]:
     return {int(i) for i in ids}
 
 
-def _prompt_list(prompts: Any) -> list[str | list[int]]:
+def _token_ids(prompt: list[Any], vocab: int | None, index: int) -> list[int]:
+    """``prompt`` as ints; UsageError naming the first bad ids (not integers, or outside the vocabulary)."""
+    ids, bad = [], []
+    for position, token in enumerate(prompt):
+        try:
+            value = None if isinstance(token, bool) else operator.index(token)
+        except TypeError:
+            value = None
+        if value is None or value < 0 or (vocab is not None and value >= vocab):
+            bad.append(f"{token!r} at position {position}")
+        ids.append(value)
+    if bad:
+        raise UsageError(f"request {index}: argument 'prompt': token ids must be integers in [0, vocab_size={vocab}), "
+                         f"got {', '.join(bad[:5])}" + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""),
+                         arg="prompt", expected=f"token ids in [0, {vocab})", got=bad[0])
+    return ids
+
+
+def _check_params(params: Any, index: int) -> SamplingParams:
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise UsageError(f"request {index}: argument 'sampling_params': expected a SamplingParams, got "
+                         f"{type(params).__name__}", arg="sampling_params", expected="a SamplingParams", got=params)
+    return params
+
+
+def _prompt_list(prompts: Any) -> list[Any]:
+    """One prompt (a string, or a flat list of numbers) or a list of them; their items are checked on admission."""
     if isinstance(prompts, str):
         return [prompts]
     prompts = list(prompts)
-    if prompts and all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
+    if prompts and all(isinstance(p, numbers.Number) for p in prompts):
         return [prompts]
-    for p in prompts:
-        if not isinstance(p, str) and not (hasattr(p, "__iter__") and all(isinstance(t, int) for t in p)):
-            raise TypeError(f"each prompt must be a string or a list of token ids, got {p!r:.60}")
     return prompts
 
 
@@ -226,7 +264,8 @@ def _params_list(params: Any, n: int) -> list[SamplingParams]:
         return [params or SamplingParams()] * n
     params = list(params)
     if len(params) != n:
-        raise ValueError(f"got {len(params)} sampling_params for {n} prompts; pass one, or one per prompt")
+        raise UsageError(f"argument 'sampling_params': expected one, or one per prompt ({n}), got {len(params)}",
+                         arg="sampling_params", expected=f"1 or {n}", got=len(params))
     return params
 
 

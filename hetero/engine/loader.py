@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from hetero.engine.layers.linear import copy_checked
+from hetero.errors import UsageError
 
 __all__ = ["load_weights", "LoadReport", "WeightLoadError", "CheckpointFilesError", "WeightMismatchError",
            "UnexpectedWeightsError", "MissingWeightsError", "checkpoint_files", "map_name", "checkpoint_name",
@@ -35,8 +36,9 @@ __all__ = ["load_weights", "LoadReport", "WeightLoadError", "CheckpointFilesErro
 INDEX = "model.safetensors.index.json"
 
 
-class WeightLoadError(ValueError):
-    """A checkpoint that does not fit the model; ``mismatched``, ``unexpected``, ``missing`` list every problem."""
+class WeightLoadError(UsageError):
+    """A checkpoint that does not fit the model; ``mismatched``, ``unexpected``, ``missing`` list every problem.
+    A user error (the command prints it as one line): the message names the checkpoint's tensors."""
 
     def __init__(self, message: str, *, mismatched=(), unexpected=(), missing=()):
         super().__init__(message)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 
 from hetero.engine.models.base import CausalLM
+from hetero.errors import UsageError
 
 __all__ = ["ARCHITECTURES", "model_class", "UnsupportedArchitecture"]
 
@@ -17,7 +18,7 @@ ARCHITECTURES = {
 }
 
 
-class UnsupportedArchitecture(ValueError):
+class UnsupportedArchitecture(UsageError):
     """config.json names an architecture the engine has no model for."""
 
 

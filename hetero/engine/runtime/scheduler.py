@@ -7,6 +7,7 @@ from typing import Iterable
 
 from hetero.engine.runtime.block_manager import BlockManager
 from hetero.engine.runtime.sequence import Sequence, SequenceStatus
+from hetero.errors import UsageError
 
 __all__ = ["Scheduler", "ScheduledBatch"]
 
@@ -80,19 +81,27 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        """Queue ``seq``; ValueError when it could never run (too long for the model or the cache)."""
-        n, params = seq.num_prompt_tokens, seq.sampling_params
+        """Queue ``seq``; UsageError (a ValueError) when it could never run.
+
+        Refused: an empty prompt, a prompt longer than ``max_model_len``, and a request
+        whose longest sequence needs more KV blocks than the cache has. A prompt that
+        fits but leaves less than ``max_tokens`` room is accepted: its output stops at
+        ``max_model_len`` tokens with finish reason "length".
+        """
+        n, params, who = seq.num_prompt_tokens, seq.sampling_params, _who(seq)
         if n == 0:
-            raise ValueError(f"request {seq.request_id}: the prompt is empty")
+            raise UsageError(f"{who}: argument 'prompt': expected at least one token, got an empty prompt",
+                             arg="prompt", expected="at least one token", got=[])
         if n > self.max_model_len:
-            raise ValueError(f"request {seq.request_id}: prompt of {n} tokens is longer than max_model_len "
-                             f"({self.max_model_len})")
+            raise UsageError(f"{who}: argument 'prompt': prompt of {n} tokens is longer than max_model_len "
+                             f"({self.max_model_len})", arg="prompt", expected=f"<= {self.max_model_len} tokens", got=n)
         longest = min(n + params.max_tokens - 1, self.max_model_len)
         needed = self.block_manager.blocks_needed(longest)
         if needed > self.block_manager.num_blocks:
-            raise ValueError(f"request {seq.request_id}: prompt of {n} tokens with max_tokens={params.max_tokens} "
+            raise UsageError(f"{who}: prompt of {n} tokens with max_tokens={params.max_tokens} "
                              f"needs {needed} KV blocks of {self.block_manager.block_size} tokens for {longest} tokens, "
-                             f"but the cache has {self.block_manager.num_blocks}")
+                             f"but the cache has {self.block_manager.num_blocks}", arg="max_tokens",
+                             expected=f"a request that fits {self.block_manager.num_blocks} KV blocks", got=params.max_tokens)
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
@@ -192,3 +201,10 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+
+def _who(seq: Sequence) -> str:
+    """``request 3`` (its index), with the id when the caller chose one."""
+    if seq.request_id == str(seq.index):
+        return f"request {seq.index}"
+    return f"request {seq.index} (id {seq.request_id!r})"

@@ -8,11 +8,13 @@ from typing import Any
 
 import torch
 
+from hetero.errors import UsageError
+
 __all__ = ["SamplingParams", "Sequence", "SequenceStatus"]
 
 
-def _bad(name: str, expected: str, got: Any) -> ValueError:
-    return ValueError(f"SamplingParams.{name} must be {expected}, got {got!r}")
+def _bad(name: str, expected: str, got: Any) -> UsageError:
+    return UsageError(f"SamplingParams.{name} must be {expected}, got {got!r}", arg=name, expected=expected, got=got)
 
 
 def _is_int(value: Any) -> bool:
@@ -27,11 +29,15 @@ class SamplingParams:
     - ``top_k``: keep the k most likely tokens (0: off); ``top_p``: keep the smallest set
       of most likely tokens whose probability reaches p (1.0: off). Applied in that order,
       after the temperature.
-    - ``max_tokens``: tokens to generate at most (finish reason "length").
+    - ``max_tokens``: tokens to generate at most (finish reason "length"). A request also
+      finishes with "length" when prompt and output reach the engine's ``max_model_len``;
+      only a prompt longer than ``max_model_len`` is rejected.
     - ``seed``: this request's sampling seed; None derives one from the engine seed and the
       request's index.
     - ``ignore_eos``: keep going past EOS; ``stop_token_ids``: more tokens that finish the
       request (finish reason "stop"; the stop token is part of the output).
+
+    Invalid values raise :class:`hetero.errors.UsageError` (a ValueError) naming the field.
     """
 
     temperature: float = 1.0
