@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := -e '.[test,plot]' -e backends/cpu_ref -e conformance -e backends/cuda -e backends/rocm -e backends/ascend
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench mutants clean
 
 $(STAMP): pyproject.toml backends/cpu_ref/pyproject.toml conformance/pyproject.toml backends/cuda/pyproject.toml backends/rocm/pyproject.toml backends/ascend/pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest benchmarks --benchmark-only
+
+# plants each bug of scripts/mutants.toml in a temporary copy and checks its tests catch it (docs/mutants.md)
+mutants: $(STAMP)
+	$(BIN)/python scripts/mutants.py $(MUTANTS_ARGS)
 
 clean:
 	rm -rf $(VENV) .demo

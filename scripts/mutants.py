@@ -1,0 +1,258 @@
+"""Mutation check: plant each curated bug of scripts/mutants.toml in a copy of the tree, run its tests.
+
+    python scripts/mutants.py [--only ID[,ID]] [--list] [-j N] [--timeout S] [--report PATH]
+
+A mutant is *caught* when its tests fail, *survived* when they pass, and *error* when it
+does not apply (its original text is not in its file exactly once), its tests cannot run
+(pytest exit 3-5), or they time out. The unmutated tree first runs the union of the selected
+tests: if that fails, every mutant would look caught, so nothing else runs (exit 2).
+
+Each run works in a temporary copy of one snapshot of the working tree, taken at the start
+(tracked files plus untracked ones git does not ignore, so tests not yet committed count), never
+in the tree itself, so edits others make meanwhile reach neither the baseline nor a mutant. The copy's
+packages shadow the editable installs through PYTHONPATH, which every subprocess the tests
+start (torchrun ranks, conformance isolate workers, spawn) inherits; the first copy checks
+that. A full run (no --only) writes docs/mutants.md. Exit 1 if a mutant survived or errored.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIST = ROOT / "scripts" / "mutants.toml"
+REPORT = ROOT / "docs" / "mutants.md"
+#: where each package lives in the tree, in the order PYTHONPATH lists them
+PACKAGE_DIRS = {".": "hetero", "backends/cpu_ref": "hetero_cpu_ref", "conformance": "hetero_conformance",
+                "backends/cuda": "hetero_cuda", "backends/rocm": "hetero_rocm", "backends/ascend": "hetero_ascend"}
+FIELDS = ("id", "area", "file", "original", "replacement", "description", "tests")
+
+
+@dataclass
+class Result:
+    id: str
+    status: str  # caught | survived | error
+    seconds: float
+    detail: str = ""  # the failing test (caught) or why (error)
+
+
+def load(path: Path = LIST) -> list[dict]:
+    with open(path, "rb") as f:
+        return tomllib.load(f)["mutant"]
+
+
+def file_of(path: str) -> str:
+    return path.split("::", 1)[0]
+
+
+def problems(mutants: list[dict], root: Path = ROOT) -> list[str]:
+    """Why the list would not apply to the tree at ``root`` (empty when it does)."""
+    out, seen = [], set()
+    for m in mutants:
+        name = m.get("id", "?")
+        out += [f"{name}: missing field {f}" for f in FIELDS if f not in m]
+        if name in seen:
+            out.append(f"{name}: duplicate id")
+        seen.add(name)
+        if not {"file", "original", "replacement", "tests"} <= set(m):
+            continue
+        target = root / m["file"]
+        count = target.read_text().count(m["original"]) if target.is_file() else -1
+        if count != 1:
+            out.append(f"{name}: original text occurs {count} times in {m['file']} (-1: no such file)")
+        if m["original"] == m["replacement"]:
+            out.append(f"{name}: replacement equals original")
+        if not m["tests"]:
+            out.append(f"{name}: no tests")
+        out += [f"{name}: no test {t}" for t in m["tests"] if not (root / file_of(t)).is_file()]
+    return out
+
+
+def union(paths: list[str]) -> list[str]:
+    """Distinct paths, node ids dropped when their whole file is already listed."""
+    files = {p for p in paths if "::" not in p}
+    return [p for p in dict.fromkeys(paths) if p in files or file_of(p) not in files]
+
+
+def copy_tree(dest: Path) -> None:
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():  # a tracked file deleted in the working tree is skipped
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def env_for(copy: Path) -> dict[str, str]:
+    paths = [str(copy / d) if d != "." else str(copy) for d in PACKAGE_DIRS]
+    old = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths + ([old] if old else []))}
+
+
+# run in the copy: the packages, and those a child started the way the tests start theirs, come from it
+_PROBE = """
+import subprocess, sys
+mods = {mods!r}
+def where():
+    return [__import__(m).__file__ for m in mods]
+from hetero_conformance._isolate import _child_env
+child = subprocess.run([sys.executable, "-c", "import sys; print(*[__import__(m).__file__ for m in sys.argv[1:]])", *mods],
+                       capture_output=True, text=True, check=True).stdout.split()
+isolated = subprocess.run([sys.executable, "-c", "import sys; print(*[__import__(m).__file__ for m in sys.argv[1:]])", *mods],
+                          capture_output=True, text=True, check=True, env=_child_env()).stdout.split()
+print("\\n".join(where() + child + isolated))
+"""
+
+
+def check_shadowing(copy: Path) -> None:
+    mods = list(PACKAGE_DIRS.values())
+    run = subprocess.run([sys.executable, "-c", _PROBE.format(mods=mods)], cwd=copy, env=env_for(copy),
+                         capture_output=True, text=True)
+    found = run.stdout.split()
+    escaped = [f for f in found if not Path(f).resolve().is_relative_to(copy.resolve())]
+    if run.returncode or len(found) != 3 * len(mods) or escaped:
+        sys.exit(f"mutants: the copy does not shadow the installed packages: {escaped or run.stderr[-2000:]}")
+
+
+def pytest(copy: Path, paths: list[str], timeout: float) -> tuple[int | None, str]:
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *paths]
+    try:
+        run = subprocess.run(cmd, cwd=copy, env=env_for(copy), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, ""
+    return run.returncode, run.stdout + run.stderr
+
+
+def first_failure(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split(" ", 1)[1].split(" - ", 1)[0]
+    return output.strip().splitlines()[-1] if output.strip() else ""
+
+
+def run_mutant(m: dict, snapshot: Path, timeout: float) -> Result:
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{m['id']}-") as tmp:
+        copy = Path(tmp)
+        shutil.copytree(snapshot, copy, dirs_exist_ok=True)
+        target = copy / m["file"]
+        text = target.read_text() if target.is_file() else ""
+        if text.count(m["original"]) != 1:
+            return Result(m["id"], "error", time.monotonic() - start, "does not apply")
+        target.write_text(text.replace(m["original"], m["replacement"]))
+        rc, output = pytest(copy, m["tests"], timeout)
+    seconds = time.monotonic() - start
+    if rc is None:
+        return Result(m["id"], "error", seconds, f"timeout after {timeout:g} s")
+    if rc == 0:
+        return Result(m["id"], "survived", seconds)
+    if rc in (1, 2):  # failed tests, or a collection error the mutant caused
+        return Result(m["id"], "caught", seconds, first_failure(output))
+    return Result(m["id"], "error", seconds, f"pytest exit {rc}: {first_failure(output)}")
+
+
+def baseline(selected: list[dict], snapshot: Path, timeout: float) -> None:
+    paths = union([t for m in selected for t in m["tests"]])
+    with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as tmp:
+        shutil.copytree(snapshot, tmp, dirs_exist_ok=True)
+        check_shadowing(Path(tmp))
+        print(f"unmutated tree: {len(paths)} test paths ...", flush=True)
+        rc, output = pytest(Path(tmp), paths, timeout * 3)
+    if rc != 0:
+        print(output[-4000:])
+        print(f"mutants: the unmutated tree fails its tests (exit {rc}); fix that first")
+        sys.exit(2)
+
+
+def tree_state() -> str:
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return f"commit {git('rev-parse', '--short', 'HEAD')}" + (" plus uncommitted changes" if git("status", "--porcelain") else "")
+
+
+def write_report(path: Path, selected: list[dict], results: dict[str, Result], command: str, wall: float) -> None:
+    counts = {s: sum(r.status == s for r in results.values()) for s in ("caught", "survived", "error")}
+    rows = []
+    for m in selected:
+        r = results[m["id"]]
+        catcher = r.detail if r.status == "caught" else ", ".join(m["tests"])
+        result = r.status if r.status != "error" else f"error: {r.detail}"
+        rows.append(f"| `{m['id']}` | {m['area']} | {m['description']} | `{catcher}` | {result} |")
+    path.write_text("\n".join([
+        "# Mutation check",
+        "",
+        "Curated bugs (`scripts/mutants.toml`) planted one at a time in a temporary copy of the tree;",
+        "each must make its tests fail. Regenerate with `make mutants` (this file is its report).",
+        "",
+        f"- command: `{command}`",
+        f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}, tree: {tree_state()}",
+        f"- wall time: {wall / 60:.1f} min",
+        f"- score: {counts['caught']} caught, {counts['survived']} survived, {counts['error']} error "
+        f"of {len(selected)} mutants",
+        "",
+        "| id | area | description | catching test (or tests run) | result |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="plant curated bugs in a copy of the tree and check the tests catch them")
+    p.add_argument("--only", help="comma-separated mutant ids")
+    p.add_argument("--list", action="store_true", help="list the mutants and exit")
+    p.add_argument("-j", "--jobs", type=int, default=1, help="mutants run in parallel (default 1)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per mutant's tests (default 600)")
+    p.add_argument("--report", type=Path, help=f"write the report here (default: {REPORT.relative_to(ROOT)} on a full run)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the unmutated run (only while developing)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    mutants = load()
+    if args.list:
+        for m in mutants:
+            print(f"{m['id']:32} {m['area']:12} {m['description']}")
+        return 0
+    selected = mutants
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = set(wanted) - {m["id"] for m in mutants}
+        if unknown:
+            print(f"mutants: unknown ids {', '.join(sorted(unknown))}", file=sys.stderr)
+            return 2
+        selected = [m for m in mutants if m["id"] in wanted]
+    start = time.monotonic()
+    results: dict[str, Result] = {}
+    # one snapshot of the shared working tree: the baseline and every mutant see the same files
+    with tempfile.TemporaryDirectory(prefix="mutant-snapshot-") as snapshot, ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        copy_tree(Path(snapshot))
+        if not args.no_baseline:
+            baseline(selected, Path(snapshot), args.timeout)
+        for r in pool.map(lambda m: run_mutant(m, Path(snapshot), args.timeout), selected):
+            results[r.id] = r
+            print(f"{r.status:9} {r.id:32} {r.seconds:6.1f} s  {r.detail}", flush=True)
+    wall = time.monotonic() - start
+    report = args.report or (None if args.only else REPORT)
+    if report is not None:
+        command = "python scripts/mutants.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        write_report(report, selected, results, command.strip(), wall)
+    bad = [r.id for r in results.values() if r.status != "caught"]
+    print(f"{len(selected) - len(bad)} of {len(selected)} caught in {wall / 60:.1f} min"
+          + (f"; not caught: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
