@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from hetero.kernels.tuning import Tuning, TuningTable
-from hetero.spec import AttentionMeta
 from hetero_cpu_ref import attention as ref
+from test_attention_kernels import paged_inputs
 
 BLOCK = 16
 #: (query length, key length): one query / key tile, one either side of a tile edge, fewer keys than queries
@@ -80,24 +80,14 @@ def test_varlen_window_sweep(attn, group, causal):
             raise AssertionError(f"window {window}: {e}") from None
 
 
-def paged_inputs(group: int, bs: int, seed: int = 1):
-    """Caches with permuted blocks, a table one column wider than needed."""
-    g = torch.Generator().manual_seed(seed)
-    need = [-(-L // bs) for _, L in PAGED_SEQS]
-    nb = sum(need) + 1
-    ids = torch.randperm(nb, generator=g).tolist()
-    table, at = [], 0
-    for n in need:
-        table.append(ids[at:at + n] + [ids[-1]] * (max(need) + 1 - n))
-        at += n
-    meta = AttentionMeta.build([n for n, _ in PAGED_SEQS], [L for _, L in PAGED_SEQS], table)
-    q = torch.randn(int(meta.query_start_loc[-1]), group, 16, generator=g)
-    return q, torch.randn(nb, bs, 1, 16, generator=g), torch.randn(nb, bs, 1, 16, generator=g), meta
+def sweep_inputs(group: int, bs: int, seed: int = 1):
+    """Caches with permuted blocks (one KV head of dim 16) for PAGED_SEQS; the kernel tests' builder."""
+    return paged_inputs(PAGED_SEQS, group, 1, 16, 16, bs, seed=seed)
 
 
 @pytest.mark.parametrize("group,bs", [(1, 7), (3, 8)])
 def test_paged_window_sweep(attn, group, bs):
-    q, kc, vc, meta = paged_inputs(group, bs)
+    q, kc, vc, meta = sweep_inputs(group, bs)
     for causal, window in [(True, (-1, -1)), (True, (6, -1)), (True, (17, -1)), (False, (5, 16)), (False, (-1, 1)), (False, (16, 0))]:
         opts = dict(scale=0.3, causal=causal, window=window, return_lse=True)
         out, lse = attn.paged_attention(q, kc, vc, meta, tuning=tuning(), **opts)
@@ -111,7 +101,7 @@ def test_mla_values_from_key_tile(attn, causal):
     """mla_attention with V_IS_K (values = the ckv tile already loaded as keys) under the
     interpreter: 3 heads (tiles straddle tokens), block size 8, latent 32 and rope 16."""
     g = torch.Generator().manual_seed(2)
-    _, _, _, meta = paged_inputs(1, 8)
+    _, _, _, meta = sweep_inputs(1, 8)
     t, h = int(meta.query_start_loc[-1]), 3
     nb = int(meta.block_table.max()) + 1
     q_nope, q_pe = torch.randn(t, h, 32, generator=g), torch.randn(t, h, 16, generator=g)
