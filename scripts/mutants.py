@@ -106,11 +106,11 @@ import subprocess, sys
 mods = {mods!r}
 def where():
     return [__import__(m).__file__ for m in mods]
-from hetero_conformance._isolate import _child_env
+from hetero_conformance._worker import child_env
 child = subprocess.run([sys.executable, "-c", "import sys; print(*[__import__(m).__file__ for m in sys.argv[1:]])", *mods],
                        capture_output=True, text=True, check=True).stdout.split()
 isolated = subprocess.run([sys.executable, "-c", "import sys; print(*[__import__(m).__file__ for m in sys.argv[1:]])", *mods],
-                          capture_output=True, text=True, check=True, env=_child_env()).stdout.split()
+                          capture_output=True, text=True, check=True, env=child_env()).stdout.split()
 print("\\n".join(where() + child + isolated))
 """
 

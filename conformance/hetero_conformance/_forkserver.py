@@ -20,70 +20,24 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import select
 import signal
 import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, NoReturn, Sequence
 
-from hetero_conformance._isolate import _EOF, _MARK, STARTUP_S, _gist, _Worker
+from hetero_conformance._attempt import CallResult, attempt, load_calls
+from hetero_conformance._worker import Channel, gist
 from hetero_conformance.cases.malformed import Malformed
-from hetero_conformance.robustness import CallResult
 
-__all__ = ["run_forked", "GRACE_S"]
+__all__ = ["main"]
 
-#: Seconds past a call's own timeout the parent waits for the server before giving it up.
-GRACE_S = 30.0
 #: A child's exit code when it could not make the call at all (its traceback is in its stderr).
 _SETUP_FAILED = 70
 
 
-def run_forked(config: dict[str, Any], calls: Sequence[Malformed], *, on_start: Callable[[Malformed], None],
-               on_result: Callable[[CallResult], None]) -> tuple[float, list[CallResult]]:
-    """Run ``calls`` through one fork server; returns (its start-up seconds, results in order)."""
-    pending = {c.id: c for c in calls}
-    results: dict[str, CallResult] = {}
-    launched = time.monotonic()
-    worker = _Worker({**config, "ids": list(pending)}, module="hetero_conformance._forkserver")
-    startup, current, deadline = 0.0, None, launched + STARTUP_S
-    try:
-        while pending:
-            try:
-                msg = worker.next(deadline)
-            except queue.Empty:
-                worker.stop()
-                status, why = "timeout", f"the fork server stopped answering ({'on ' + current if current else 'at start-up'})"
-                break
-            if msg is _EOF:
-                status, why = "crashed", f"the fork server died: {worker.death()}"
-                break
-            event = msg.get("event")
-            deadline = time.monotonic() + config["timeout"] + GRACE_S
-            if event == "ready":
-                startup = time.monotonic() - launched  # interpreter, imports, plugins, catalog
-            elif event == "start" and msg.get("id") in pending:
-                current = msg["id"]
-                on_start(pending[current])
-            elif event == "result":
-                result = CallResult(**msg["result"])
-                if pending.pop(result.id, None) is not None:
-                    results[result.id], current = result, None
-                    on_result(result)
-        else:
-            return startup, [results[c.id] for c in calls]
-        for cid, call in pending.items():
-            note = why if cid == current or current is None else f"not run: the fork server was lost on {current}"
-            results[cid] = CallResult.of(call, status, note, validate=config["validate"])
-            on_result(results[cid])
-    finally:
-        worker.stop()
-    return startup, [results[c.id] for c in calls]
-
-
-# -- the server side -------------------------------------------------------------------------
 def _preload(config: dict[str, Any]) -> tuple[Any, dict[str, Malformed]]:
     """Import everything a child needs, once: torch, hetero, the plugins, the catalog, Triton."""
     import importlib
@@ -92,8 +46,6 @@ def _preload(config: dict[str, Any]) -> tuple[Any, dict[str, Malformed]]:
 
     from hetero.kernels import TritonBackend
     from hetero.registry import Registry
-    from hetero_conformance import runner  # noqa: F401
-    from hetero_conformance.robustness import load_calls
 
     registry = Registry()
     cls = registry.entry(config["backend"].split(":")[0]).cls
@@ -155,8 +107,6 @@ def _child(registry: Any, call: Malformed, config: dict[str, Any], out_fd: int, 
         os.dup2(log_fd, 2)
         import torch
 
-        from hetero_conformance.robustness import attempt
-
         torch.set_num_threads(1)  # tiny shapes: an intra-op thread pool per child would cost more than it saves
         ops = registry.load(config["backend"], validate=config["validate"])
         os.write(out_fd, json.dumps(attempt(ops, call, seed=config["seed"]).as_dict()).encode())
@@ -194,30 +144,25 @@ def _fork_call(registry: Any, call: Malformed, config: dict[str, Any], channel_f
         if not finished:
             return CallResult.of(call, "timeout", f"killed after {seconds:.0f} s (--timeout {config['timeout']:g})", validate=validate, seconds=seconds)
         log.seek(0)
-        gist = _gist(log.read().decode(errors="replace"))
-        why = f"the worker process died: {_exit_text(status)}" + (": " + " | ".join(gist) if gist else "")
+        lines = gist(log.read().decode(errors="replace"))
+        why = f"the worker process died: {_exit_text(status)}" + (": " + " | ".join(lines) if lines else "")
         return CallResult.of(call, "crashed", why, validate=validate, seconds=seconds)
 
 
-def _server_main() -> int:
-    channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)  # the server's own prints go to stderr, not the protocol
-
-    def emit(event: str, **payload: Any) -> None:
-        channel.write(_MARK + json.dumps({"event": event, **payload}) + "\n")
-        channel.flush()
-
+def main() -> int:
+    """Serve the calls the config on stdin names, one forked child each; 0 once every one has its verdict."""
+    channel = Channel()
     config = json.loads(sys.stdin.read())
     registry, calls = _preload(config)
-    emit("ready", threads=threading.active_count())
+    channel.emit("ready", threads=threading.active_count())
     for cid in config["ids"]:
-        emit("start", id=cid)
+        channel.emit("start", id=cid)
         call = calls.get(cid)
         if call is None:
             raise SystemExit(f"hetero_conformance._forkserver: the catalog {config['catalog']} has no call {cid}")
-        emit("result", result=_fork_call(registry, call, config, channel.fileno()).as_dict())
+        channel.emit("result", result=_fork_call(registry, call, config, channel.fileno()).as_dict())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_server_main())
+    sys.exit(main())

@@ -2,16 +2,14 @@
 from __future__ import annotations
 
 import datetime
-import fnmatch
 import importlib
 import importlib.metadata as md
 import platform
 import shlex
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -19,6 +17,10 @@ from hetero.backend import Availability
 from hetero.registry import REFERENCE, Registry
 from hetero.spec import OPS, SPEC_VERSION
 
+from hetero_conformance._isolate import run_isolated
+from hetero_conformance._progress import progress
+from hetero_conformance._selectors import matches
+from hetero_conformance._version import __version__
 from hetero_conformance.case import DTYPES, Case
 from hetero_conformance.runner import FAILING, STATUSES, CaseResult, Runner
 
@@ -89,12 +91,6 @@ def load_catalog(ref: str, *, quick: bool) -> list[Case]:
     return list(fn(quick=quick))
 
 
-def _matches(case_id: str, pattern: str) -> bool:
-    if any(ch in pattern for ch in "*?["):
-        return fnmatch.fnmatchcase(case_id, pattern)
-    return pattern in case_id
-
-
 def select(cases: Iterable[Case], *, ops: Sequence[str] = (), dtypes: Sequence[str] = (), patterns: Sequence[str] = ()) -> list[Case]:
     """The cases whose op is in ``ops``, dtype in ``dtypes`` (empty: any) and id matches one of
     ``patterns`` (a glob when it has ``*?[``, else a substring; none: every id)."""
@@ -106,7 +102,7 @@ def select(cases: Iterable[Case], *, ops: Sequence[str] = (), dtypes: Sequence[s
         raise SelectionError(f"unknown dtype(s) {', '.join(bad)}; dtypes: {', '.join(DTYPES)}")
     return [
         c for c in cases
-        if (not ops or c.op in ops) and (not dtypes or c.dtype in dtypes) and (not patterns or any(_matches(c.id, p) for p in patterns))
+        if (not ops or c.op in ops) and (not dtypes or c.dtype in dtypes) and (not patterns or any(matches(c.id, p) for p in patterns))
     ]
 
 
@@ -172,11 +168,9 @@ def build_meta(registry: Registry, name: str, device: torch.device, *, seed: int
     base = name.split(":")[0]
     entry, avail = registry.entry(base), registry.availability(base)
     plugin = registry.plugins.get(entry.plugin)
-    import hetero_conformance
-
     return {
         "spec_version": SPEC_VERSION,
-        "tool": {"hetero": _dist_version("hetero"), "hetero_conformance": hetero_conformance.__version__},
+        "tool": {"hetero": _dist_version("hetero"), "hetero_conformance": __version__},
         "backend": {
             "name": name,
             "package": plugin.dist if plugin is not None else "",
@@ -201,25 +195,6 @@ def build_meta(registry: Registry, name: str, device: torch.device, *, seed: int
     }
 
 
-@contextmanager
-def _progress(console: Any, total: int) -> Iterator[tuple[OnCase, OnResult]]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("[bold]conformance[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[case]}"))
-    failing = [0]
-    with Progress(*columns, console=console, transient=True, disable=console is None) as progress:
-        task = progress.add_task("cases", total=total, case="")
-
-        def started(case: Case) -> None:
-            progress.update(task, case=case.id)
-
-        def finished(result: Any) -> None:  # a CaseResult, or a robustness CallResult (which says ok)
-            failing[0] += not result.ok if hasattr(result, "ok") else result.status in FAILING
-            progress.update(task, advance=1, case=f"[red]{failing[0]} failing[/]" if failing[0] else "")
-
-        yield started, finished
-
-
 def run_suite(registry: Registry, name: str, selection: Selection, *, seed: int = 0, isolate: bool = False,
               timeout: float = 300.0, console: Any = None, argv: Sequence[str] | None = None) -> SuiteResult:
     """Run the selected cases against backend ``name`` with a progress bar on ``console`` (None: silent).
@@ -231,10 +206,8 @@ def run_suite(registry: Registry, name: str, selection: Selection, *, seed: int 
     ops = registry.load(name)
     suite = SuiteResult(build_meta(registry, name, ops.device, seed=seed, selection=selection, isolate=isolate, timeout=timeout, argv=argv))
     start = time.perf_counter()
-    with _progress(console, len(cases)) as (started, finished):
+    with progress(console, len(cases)) as (started, finished):
         if isolate:
-            from hetero_conformance._isolate import run_isolated
-
             suite.results = run_isolated(name, cases, seed=seed, timeout=timeout, catalog=selection.catalog, quick=selection.quick,
                                          on_start=started, on_result=finished)
         else:

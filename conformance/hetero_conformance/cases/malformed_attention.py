@@ -7,7 +7,7 @@ import torch
 
 from hetero.spec import AttentionMeta
 
-from hetero_conformance.cases.malformed import Draw, Malformed, altered, meta_field, put, swap
+from hetero_conformance.cases._malformed import Draw, Malformed, altered, meta_field, put, swap
 
 __all__ = ["calls"]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero_conformance.cases.malformed import Draw, Malformed, put, swap
+from hetero_conformance.cases._malformed import Draw, Malformed, put, swap
 
 __all__ = ["calls"]
 
