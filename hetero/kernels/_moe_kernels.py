@@ -90,7 +90,9 @@ def _place_kernel(ids_ptr, offsets_ptr, perm_ptr, inv_ptr, P, E,
     offsets = tl.load(offsets_ptr + b.to(tl.int64) * E + experts, mask=experts < E, other=0)
     # sorted row = offsets[e] + (pairs of this block before p with expert e)
     row = tl.reduce(hits * (offsets[None, :] + tl.associative_scan(hits, 0, _SUM) - 1), 1, _SUM)
-    known = (e >= 0) & (e < E)  # a pair with an expert id outside [0, E) gets no row
+    # a pair with an expert id outside [0, E) gets no row; the row bound costs one compare and keeps
+    # a wrong offset (a bug here, or in the count kernels) from writing past perm
+    known = (e >= 0) & (e < E) & (row >= 0) & (row < P)
     tl.store(perm_ptr + row, p.to(tl.int64), mask=p_ok & known)
     if WRITE_INV:
         tl.store(inv_ptr + p, tl.where(known, row, -1), mask=p_ok)
