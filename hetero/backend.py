@@ -85,7 +85,7 @@ class Backend:
         The default group must be initialized, e.g. by ``hetero.distributed.init(backend)``,
         which uses this backend's ``dist_backend``.
         """
-        from hetero.distributed import TorchCommunicator
+        from hetero._torch_comm import TorchCommunicator
 
         return TorchCommunicator(group)
 

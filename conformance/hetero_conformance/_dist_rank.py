@@ -71,7 +71,7 @@ def rank_main(rank: int, name: str, world: int, seed: int, quick: bool, patterns
     try:
         backend = hetero.load(name).backend
         store = dist.FileStore(str(Path(scratch) / "store"), world)
-        dist.init_process_group(backend=type(backend).dist_backend, store=store, rank=rank, world_size=world,
+        dist.init_process_group(backend=type(backend).process_group_backend(), store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout))
         run_rank(name, rank, world, seed=seed, quick=quick, patterns=patterns, scratch=Path(scratch), emit=emit)
         emit({"event": "end"})

@@ -2,8 +2,8 @@
 
 The parent spawns N ranks (``torch.multiprocessing``, start method "spawn";
 rendezvous through a FileStore in a temporary directory). Each rank loads backend
-NAME, initializes the default process group with the backend's ``dist_backend``,
-takes ``backend.communicator()`` and runs the same list of cases in the same
+NAME, initializes the default process group with its ``process_group_backend()``
+(gloo for an interpreter), takes ``backend.communicator()`` and runs the same list of cases in the same
 order. Every rank draws its inputs from (seed, case, rank), so each one can
 recompute the others' inputs and check its own outputs against a single-process
 reference:

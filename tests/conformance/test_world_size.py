@@ -77,6 +77,15 @@ def test_cpu_ref_passes_every_distributed_case(world, tmp_path):
     assert all(s.startswith(f"world{world}.") for s in shapes)
 
 
+def test_an_interpreted_triton_backend_runs_its_ranks_over_gloo(monkeypatch, tmp_path):
+    """cuda under the interpreter takes CPU tensors: its ranks need process_group_backend() (gloo), not nccl."""
+    monkeypatch.setenv("HETERO_TRITON_INTERPRET", "1")
+    path = tmp_path / "r.json"
+    assert main(["conformance", "cuda", "--world-size", "2", "--quick", "--timeout", "60", "--json", str(path)]) == 0
+    cases = json.loads(path.read_text())["cases"]
+    assert cases and all(c["status"] == "pass" for c in cases), [c for c in cases if c["status"] != "pass"]
+
+
 def test_an_unreduced_all_reduce_fails(make_dist, tmp_path):
     make_dist("unreduced", BAD_COMM_PLUGIN.format(name="unreduced", comm="Unreduced"))
     path = tmp_path / "r.json"
