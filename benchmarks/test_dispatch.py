@@ -19,6 +19,9 @@ Variants (group "dispatch"):
   custom_op       a torch.library.custom_op returning x.clone() (a custom op may
                   not return its input), called as the op object and as
                   torch.ops.<ns>.<name>.default
+Group "seam": a layer's op call (``SiluAndMul.forward``, the identity op above) on a
+layer the op-call seam never touched, on one instrumented then restored, and on one
+instrumented with a pass-through hook (what the seam costs while on).
 Group "real_op": the reference silu_and_mul on a [1, 8] float32 tensor, called
 directly from hetero_cpu_ref.layers, through the Ops of a private test backend
 bound to it, and through hetero.load("cpu_ref") (skipped if that plugin does not load).
@@ -154,6 +157,36 @@ def test_dispatch(benchmark, variant, dispatch_results):
     run()  # fail early rather than benchmark an error
     benchmark(run)
     dispatch_results.record("dispatch", variant, benchmark)
+
+
+def seam_layer(state: str):
+    """A SiluAndMul over the identity op: "fresh", "restored" (instrumented, then restored) or "instrumented"."""
+    from hetero.engine.context import ModelContext
+    from hetero.engine.instrument import instrument
+    from hetero.engine.layers.activation import SiluAndMul
+    from hetero.engine.parallel import Parallel
+
+    ops = make_ops()
+    layer = SiluAndMul(ModelContext(ops=ops, parallel=Parallel(), dtype=torch.float32, device=torch.device("cpu")))
+    if state != "fresh":
+        handle = instrument(layer, lambda site, fn, args, kwargs: fn(*args, **kwargs))
+        if state == "restored":
+            handle.restore()
+            assert layer._op is ops.silu_and_mul
+    return layer
+
+
+SEAM = {state: (lambda state=state: unrolled("f(x)", f=seam_layer(state).forward, x=X))
+        for state in ("fresh", "restored", "instrumented")}
+
+
+@pytest.mark.benchmark(group="seam", **OPTIONS)
+@pytest.mark.parametrize("variant", list(SEAM))
+def test_seam(benchmark, variant, dispatch_results):
+    run = SEAM[variant]()
+    run()
+    benchmark(run)
+    dispatch_results.record("seam", variant, benchmark)
 
 
 REAL_X = torch.randn(1, 8, generator=torch.Generator().manual_seed(0))

@@ -5,11 +5,20 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch import nn
 
 from hetero.engine.parallel import Parallel
 from hetero.ops import Ops
 
-__all__ = ["ModelContext"]
+__all__ = ["ModelContext", "OP_SLOTS", "op_slots"]
+
+#: the attribute of a layer listing its op slots: {attribute name: op name}
+OP_SLOTS = "op_slots"
+
+
+def op_slots(layer: nn.Module) -> dict[str, str]:
+    """The op slots ``layer`` declared through ``ModelContext.bind_op``: {attribute: op} (empty if none)."""
+    return vars(layer).get(OP_SLOTS, {})
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,18 @@ class ModelContext:
         """The implementation of ``name`` for this model's dtype and the given static configuration."""
         static.setdefault("dtype", self.dtype)
         return self.ops.resolve(name, **static)
+
+    def bind_op(self, layer: nn.Module, attr: str, name: str, **static: Any) -> Callable:
+        """Resolve ``name`` (as ``op``), store it as ``layer.<attr>`` and declare the slot.
+
+        Every op a layer calls goes through a slot declared here, so the op-call seam
+        (``hetero.engine.instrument``) finds them all by name, not by guessing. The
+        layer keeps calling the plain resolved callable: nothing is added per call.
+        """
+        fn = self.op(name, **static)
+        setattr(layer, attr, fn)
+        vars(layer).setdefault(OP_SLOTS, {})[attr] = name
+        return fn
 
     def empty(self, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         return torch.empty(*shape, dtype=dtype or self.dtype, device=self.device)

@@ -14,7 +14,7 @@ class SiluAndMul(nn.Module):
 
     def __init__(self, ctx: ModelContext):
         super().__init__()
-        self._op = ctx.op("silu_and_mul")
+        ctx.bind_op(self, "_op", "silu_and_mul")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._op(x)

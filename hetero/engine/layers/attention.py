@@ -21,8 +21,8 @@ class Attention(CachedLayer):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.window = float(scale), window
-        self._write_kv = ctx.op("write_kv")
-        self._attention = ctx.op("paged_attention", head_dim=head_dim)
+        ctx.bind_op(self, "_write_kv", "write_kv")
+        ctx.bind_op(self, "_attention", "paged_attention", head_dim=head_dim)
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 

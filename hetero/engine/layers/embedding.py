@@ -47,7 +47,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def __init__(self, ctx: ModelContext, vocab_size: int, hidden: int):
         super().__init__(ctx, vocab_size, hidden)
-        self._gemm = ctx.op("gemm")
+        ctx.bind_op(self, "_gemm", "gemm")
 
     def tie(self, embedding: VocabParallelEmbedding) -> None:
         """Share the embedding table (tie_word_embeddings): one Parameter, loaded once."""

@@ -51,7 +51,7 @@ class Linear(nn.Module):
         if bias:
             self.bias = nn.Parameter(ctx.empty(sum(out_splits)), requires_grad=False)
             self.bias.weight_loader, self.bias.shards = self.load_weight, tuple(self.shard_ids)
-        self._gemm = ctx.op("gemm")
+        ctx.bind_op(self, "_gemm", "gemm")
 
     def shard_range(self, shard: Any) -> tuple[int, int]:
         """Rows of the local weight that hold ``shard``."""

@@ -64,7 +64,7 @@ def mla_softmax_scale(hf_config: Any) -> float:
 class MLAttention(CachedLayer):
     """``forward(hidden [T, H], step) -> [T, H]`` (after o_proj and its all-reduce).
 
-    ``rotary`` is shared by all layers (its cos/sin table can be large); build it with
+    ``rotary``'s cos/sin table is shared by all layers (it can be large; pass ``rotary.twin(ctx)``); build it with
     ``rotary_dim = qk_rope_head_dim`` and ``is_neox = not interleaved``.
     """
 
@@ -94,10 +94,10 @@ class MLAttention(CachedLayer):
         self.o_proj = RowParallelLinear(ctx, total_heads * self.v_dim, self.hidden, bias=bias)
         self.rotary = rotary
 
-        self._write = ctx.op("write_mla_kv")
-        self._mla = ctx.op("mla_attention", head_dim=self.kv_lora_rank + self.rope)
-        self._varlen = ctx.op("varlen_attention", head_dim=self.qk_dim, head_dim_v=self.v_dim)
-        self._grouped_gemm = ctx.op("grouped_gemm")
+        ctx.bind_op(self, "_write", "write_mla_kv")
+        ctx.bind_op(self, "_mla", "mla_attention", head_dim=self.kv_lora_rank + self.rope)
+        ctx.bind_op(self, "_varlen", "varlen_attention", head_dim=self.qk_dim, head_dim_v=self.v_dim)
+        ctx.bind_op(self, "_grouped_gemm", "grouped_gemm")
         self.ckv_cache: torch.Tensor | None = None
         self.kpe_cache: torch.Tensor | None = None
         self._absorbed: tuple[Any, torch.Tensor, torch.Tensor] | None = None

@@ -61,13 +61,14 @@ class FusedMoE(nn.Module):
             self.correction_bias = nn.Parameter(torch.empty(num_experts, dtype=torch.float32, device=ctx.device), requires_grad=False)
             self.correction_bias.weight_loader = lambda p, t, shard=None: copy_checked(p, t.float(), "e_score_correction_bias")
             self.correction_bias.shards = (None,)
-        self._route = ctx.op("route", scoring=routing.scoring)
+        ctx.bind_op(self, "_route", "route", scoring=routing.scoring)
         if self.ep:
-            self._grouped_gemm = ctx.op("grouped_gemm")
-            self._silu_and_mul = ctx.op("silu_and_mul")
-            self._dispatch, self._combine = ctx.op("ep_dispatch"), ctx.op("ep_combine")
+            ctx.bind_op(self, "_grouped_gemm", "grouped_gemm")
+            ctx.bind_op(self, "_silu_and_mul", "silu_and_mul")
+            ctx.bind_op(self, "_dispatch", "ep_dispatch")
+            ctx.bind_op(self, "_combine", "ep_combine")
         else:
-            self._fused_moe = ctx.op("fused_moe", activation="silu")
+            ctx.bind_op(self, "_fused_moe", "fused_moe", activation="silu")
 
     def load_expert(self, param: nn.Parameter, tensor: torch.Tensor, shard: tuple[int, str]) -> bool:
         expert, proj = shard

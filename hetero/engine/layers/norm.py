@@ -22,7 +22,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(ctx.empty(hidden), requires_grad=False)
         self.weight.weight_loader = lambda p, t, shard=None: copy_checked(p, t, "RMSNorm")
         self.weight.shards = (None,)
-        self._rms_norm = ctx.op("rms_norm")
+        ctx.bind_op(self, "_rms_norm", "rms_norm")
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:

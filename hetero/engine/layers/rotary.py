@@ -48,7 +48,17 @@ class RotaryEmbedding(nn.Module):
         cache = torch.cat([freqs.cos() * factor, freqs.sin() * factor], dim=-1)
         self.register_buffer("cos_sin_cache", cache.to(ctx.device), persistent=False)
         self.is_neox = is_neox
-        self._rotary = ctx.op("rotary_embedding")
+        ctx.bind_op(self, "_rotary", "rotary_embedding")
+
+    def twin(self, ctx: ModelContext) -> RotaryEmbedding:
+        """Another module over the same cos/sin table (no copy). Each layer holds its own twin, so
+        its rotary calls carry that layer's module path (a shared module has only one)."""
+        twin = RotaryEmbedding.__new__(RotaryEmbedding)
+        nn.Module.__init__(twin)
+        twin.register_buffer("cos_sin_cache", self.cos_sin_cache, persistent=False)
+        twin.is_neox = self.is_neox
+        ctx.bind_op(twin, "_rotary", "rotary_embedding")
+        return twin
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self._rotary(positions, q, k, self.cos_sin_cache, is_neox=self.is_neox)

@@ -147,7 +147,7 @@ class _DeepseekForCausalLM(CausalLM):
         rotary = RotaryEmbedding(ctx, c, c.qk_rope_head_dim, c.max_position_embeddings, is_neox=not interleaved)
         self.model = nn.Module()
         self.model.embed_tokens = VocabParallelEmbedding(ctx, c.vocab_size, c.hidden_size)
-        self.model.layers = nn.ModuleList(DeepseekDecoderLayer(ctx, c, i, rotary, self.v3)
+        self.model.layers = nn.ModuleList(DeepseekDecoderLayer(ctx, c, i, rotary.twin(ctx), self.v3)
                                           for i in range(c.num_hidden_layers))
         self.model.norm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps)
         self.lm_head = ParallelLMHead(ctx, c.vocab_size, c.hidden_size)

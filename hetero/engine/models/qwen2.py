@@ -154,9 +154,10 @@ class Qwen2Model(nn.Module):
     def __init__(self, ctx: ModelContext, config: Any):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(ctx, config.vocab_size, config.hidden_size)
-        # one cos/sin table for every layer (it is [max_positions, head_dim])
+        # one cos/sin table for every layer (it is [max_positions, head_dim]), one module per layer
         rotary = RotaryEmbedding(ctx, config, head_dim_of(config), config.max_position_embeddings, is_neox=True)
-        self.layers = nn.ModuleList(self.layer_cls(ctx, config, i, rotary) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_cls(ctx, config, i, rotary.twin(ctx))
+                                    for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(ctx, config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: Step,
