@@ -14,6 +14,7 @@ from typing import Any, Iterable
 from hetero.spec import OP_NAMES
 
 from hetero_conformance import robustness_report
+from hetero_conformance._markdown import cell, failure_details
 from hetero_conformance.case import DTYPES
 from hetero_conformance.runner import FAILING, CaseResult
 from hetero_conformance.suite import SuiteResult
@@ -169,27 +170,17 @@ def write_junit(suite: SuiteResult, path: str | Path) -> None:
     to_junit(suite).write(str(path), encoding="utf-8", xml_declaration=True)
 
 
-def _md(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def to_markdown(suite: SuiteResult, *, max_failures: int = 50) -> str:
     """A Markdown summary for a pull-request comment: verdict, op x dtype table, failing cases."""
     verdict = ":white_check_mark: passed" if suite.ok else ":x: failed"
-    lines = [f"### hetero conformance: `{suite.meta['backend']['name']}` {verdict}", "", _md(_headline(suite)), ""]
-    lines += [f"**{_md(_counts_text(suite)) or 'no cases'}**", ""]
+    lines = [f"### hetero conformance: `{suite.meta['backend']['name']}` {verdict}", "", cell(_headline(suite)), ""]
+    lines += [f"**{cell(_counts_text(suite)) or 'no cases'}**", ""]
     if suite.robustness is not None and not suite.results:
         return "\n".join(lines + robustness_report.markdown_lines(suite.robustness)) + "\n"
     lines += ["| op | dtype | passed | failed | skipped | fallback | worst error / bound |", "|---|---|---:|---:|---:|---:|---|"]
     for row in summary_rows(suite.results):
-        lines.append(f"| {row['op']} | {row['dtype']} | {row['passed']} | {row['failed']} | {row['skipped']} | {row['fallback']} | {_md(_worst_text(row))} |")
-    failing = [r for r in suite.results if r.status in FAILING]
-    if failing:
-        lines += ["", f"<details><summary>{len(failing)} failing case(s)</summary>", "", "| case | status | message |", "|---|---|---|"]
-        lines += [f"| `{r.id}` | {r.status} | {_md(r.message[:300])} |" for r in failing[:max_failures]]
-        if len(failing) > max_failures:
-            lines.append(f"| ... | | {len(failing) - max_failures} more in the JSON report |")
-        lines += ["", "</details>"]
+        lines.append(f"| {row['op']} | {row['dtype']} | {row['passed']} | {row['failed']} | {row['skipped']} | {row['fallback']} | {cell(_worst_text(row))} |")
+    lines += failure_details(((r.id, r.status, r.message) for r in suite.results if r.status in FAILING), "case", max_failures)
     if suite.robustness is not None:
         lines += [""] + robustness_report.markdown_lines(suite.robustness)
     return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ from typing import Any, Iterable
 
 from hetero.spec import OP_NAMES
 
+from hetero_conformance._markdown import cell, failure_details
 from hetero_conformance.robustness import STATUSES, CallResult, RobustnessResult
 
 __all__ = ["COLUMNS", "rows", "mode", "counts_text", "junit_suite", "markdown_lines", "print_tables"]
@@ -57,23 +58,13 @@ def junit_suite(root: ET.Element, backend: str, rob: RobustnessResult, started_a
     return node
 
 
-def _md(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def markdown_lines(rob: RobustnessResult, *, max_failures: int = 50) -> list[str]:
     """The robustness section of the Markdown summary: per-op counts, then the failing calls."""
     cost = f"{rob.per_call_s * 1000:.0f} ms per call, worker start-up {rob.startup_s:.1f} s"
-    lines = ["#### Robustness", "", f"{len(rob.calls)} malformed calls, {_md(mode(rob))}; {cost}", ""]
+    lines = ["#### Robustness", "", f"{len(rob.calls)} malformed calls, {cell(mode(rob))}; {cost}", ""]
     lines += ["| op | calls | " + " | ".join(COLUMNS) + " |", "|---|---:|" + "---:|" * len(COLUMNS)]
     lines += [f"| {r['op']} | {r['calls']} | " + " | ".join(str(r[k]) for k in COLUMNS) + " |" for r in rows(rob.calls)]
-    failing = [c for c in rob.calls if not c.ok]
-    if failing:
-        lines += ["", f"<details><summary>{len(failing)} failing call(s)</summary>", "", "| call | status | message |", "|---|---|---|"]
-        lines += [f"| `{c.id}` | {c.status} | {_md(c.message[:300])} |" for c in failing[:max_failures]]
-        if len(failing) > max_failures:
-            lines.append(f"| ... | | {len(failing) - max_failures} more in the JSON report |")
-        lines += ["", "</details>"]
+    lines += failure_details(((c.id, c.status, c.message) for c in rob.calls if not c.ok), "call", max_failures)
     return lines
 
 
