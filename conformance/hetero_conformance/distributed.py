@@ -45,13 +45,14 @@ import torch.distributed as dist
 
 import hetero
 from hetero.distributed import init
+from hetero.spec import OPS
 
-from hetero_conformance._dist_case import EXACT, DistCase
+from hetero_conformance._dist_case import DistCase
 from hetero_conformance._dist_checks import dist_cases, selected_dist_cases
 from hetero_conformance._dist_rank import rank_main, run_rank
 from hetero_conformance.runner import CaseResult
 from hetero_conformance.suite import SelectionError, SuiteResult, build_meta
-from hetero_conformance.tolerances import tolerance
+from hetero_conformance.tolerances import EXACT, tolerance
 
 __all__ = ["DistCase", "dist_cases", "run_distributed", "run_rank", "main"]
 
@@ -83,7 +84,7 @@ def _finished(case: DistCase, recs: list[dict[str, Any]], seed: int) -> CaseResu
     bad = [(r, rec) for r, rec in enumerate(recs) if rec["status"] != "pass"]
     outputs = {f"rank{r}.{k}": v for r, rec in enumerate(recs) for k, v in rec["outputs"].items()}
     seconds = max(rec["seconds"] for rec in recs)
-    tol = tolerance("fused_moe" if case.family == "moe" else case.op, case.dtype).as_dict() if outputs and any(
+    tol = tolerance(case.dtype).as_dict() if outputs and any(
         v.get("kind") == "float" for v in outputs.values()) else (EXACT.as_dict() if outputs else {})
     if bad:
         status = "error" if any(rec["status"] == "error" for _, rec in bad) else "fail"
@@ -222,7 +223,8 @@ def run_world_suite(registry: Any, name: str, world: int, selection: Any, *, see
                     console: Any = None, argv: Sequence[str] | None = None) -> Any:
     """A SuiteResult of the distributed cases on ``world`` ranks (``--world-size``), reported like any run."""
     if selection.ops or selection.dtypes:
-        bad = [o for o in selection.ops if o not in {c.op for c in dist_cases(world)} | {"ep_dispatch", "ep_combine"}]
+        collectives = {name for name, spec in OPS.items() if spec.collective}
+        bad = [o for o in selection.ops if o not in {c.op for c in dist_cases(world)} | collectives]
         if bad or any(d != "float32" for d in selection.dtypes):
             raise SelectionError("--world-size runs the collectives and ep_dispatch+ep_combine in float32; "
                                  "select them with -k (e.g. -k all_reduce)")

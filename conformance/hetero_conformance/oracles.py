@@ -1,13 +1,12 @@
 """The oracle: the reference backend on float64 copies of a case's inputs."""
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from hetero.backend import Backend
-from hetero.spec import AttentionMeta
 from hetero.spec.gemm import SCALE_BLOCK
 
 __all__ = ["to_float64", "run_oracle", "clone_inputs", "to_device"]
@@ -15,14 +14,9 @@ __all__ = ["to_float64", "run_oracle", "clone_inputs", "to_device"]
 _WIDEN = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _map(value: Any, fn) -> Any:
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, AttentionMeta):
-        return dataclasses.replace(value, **{f.name: _map(getattr(value, f.name), fn) for f in dataclasses.fields(value)})
-    if isinstance(value, tuple):
-        return tuple(_map(v, fn) for v in value)
-    return value
+def _map(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    # the spec's metadata types are pytrees (hetero.spec.types), so their tensors are reached too
+    return tree_map_only(torch.Tensor, fn, value)
 
 
 def to_float64(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -31,6 +25,7 @@ def to_float64(inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Copies of every tensor, inside metadata types too; everything else shared."""
     return {k: _map(v, lambda t: t.clone()) for k, v in inputs.items()}
 
 

@@ -13,9 +13,9 @@ from hetero.ops import Ops
 from hetero.spec import OPS
 
 from hetero_conformance.case import Case, dtype_name
-from hetero_conformance.metrics import compare
+from hetero_conformance.judge import judge
 from hetero_conformance.oracles import clone_inputs, run_oracle, to_device
-from hetero_conformance.outputs import INPLACE, OutputMismatch, align_route, kind_of, outputs_of
+from hetero_conformance.outputs import OutputMismatch, comparable, kind_of, outputs_of, spec_of, untouched_inputs
 from hetero_conformance.tolerances import tolerance
 
 __all__ = ["CaseResult", "Expected", "Runner", "STATUSES", "FAILING"]
@@ -64,11 +64,6 @@ def call(fn: Callable, op: str, inputs: dict[str, Any]) -> Any:
     return fn(*bound.args, **bound.kwargs)
 
 
-def _comparable(op: str, outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    outs = {k: v.detach().cpu() for k, v in outputs.items()}
-    return {**outs, **align_route(outs)} if op == "route" else outs
-
-
 class Runner:
     """Checks ``ops`` (one backend on one device) case by case.
 
@@ -89,7 +84,7 @@ class Runner:
             ref_in = clone_inputs(inputs)
             ref = outputs_of(case.op, ref_in, call(getattr(self.reference, case.op), case.op, ref_in))
             layout = {k: (tuple(v.shape), v.dtype) for k, v in ref.items()}
-            self.cache[key] = Expected(inputs, _comparable(case.op, oracle), _comparable(case.op, ref), layout)
+            self.cache[key] = Expected(inputs, comparable(case.op, oracle), comparable(case.op, ref), layout)
         return self.cache[key]
 
     def run(self, case: Case) -> CaseResult:
@@ -110,7 +105,7 @@ class Runner:
             return CaseResult.of(case, "error", f"the reference failed on this case (a catalog bug): {type(e).__name__}: {e}")
         inputs = to_device(exp.inputs, self.ops.device)
         poisoned = self._poison_out(case, inputs, exp)
-        untouched = {k: v.detach().cpu().clone() for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in INPLACE.get(case.op, ()) and k != "out"}
+        untouched = untouched_inputs(case.op, inputs)
         try:
             raw = call(binding.fn, case.op, inputs)
             if self.ops.device.type != "cpu" and hasattr(torch, "accelerator"):
@@ -124,17 +119,20 @@ class Runner:
             return CaseResult.of(case, "fail", str(e))
         problems = self._structure(outputs, exp, poisoned)
         problems += [f"modified its input '{k}'" for k, v in untouched.items() if not _same(inputs[k], v)]
-        return self._verdict(case, _comparable(case.op, outputs), exp, problems)
+        return self._verdict(case, comparable(case.op, outputs), exp, problems)
 
-    def _poison_out(self, case: Case, inputs: dict[str, Any], exp: Expected) -> torch.Tensor | None:
-        if "out" not in OPS[case.op].signature.parameters or "out" in inputs:
-            return None
-        shape, dtype = exp.layout["out"]
-        inputs["out"] = torch.full(shape, float("nan"), dtype=dtype, device=self.ops.device)
-        return inputs["out"]
+    def _poison_out(self, case: Case, inputs: dict[str, Any], exp: Expected) -> dict[str, torch.Tensor]:
+        """NaN buffers for the out= arguments the case leaves out (a mutated argument that is also a
+        returned output): the op must write every element and return the buffer it was given."""
+        spec, poisoned = spec_of(case.op), {}
+        for name in sorted({o.name for o in spec.returns} & set(spec.mutated_names)):
+            if name not in inputs and name in exp.layout:
+                shape, dtype = exp.layout[name]
+                inputs[name] = poisoned[name] = torch.full(shape, float("nan"), dtype=dtype, device=self.ops.device)
+        return poisoned
 
     @staticmethod
-    def _structure(outputs: dict[str, torch.Tensor], exp: Expected, poisoned: torch.Tensor | None) -> list[str]:
+    def _structure(outputs: dict[str, torch.Tensor], exp: Expected, poisoned: dict[str, torch.Tensor]) -> list[str]:
         problems = []
         if set(outputs) != set(exp.layout):
             problems.append(f"returned outputs {sorted(outputs)}, expected {sorted(exp.layout)}")
@@ -142,35 +140,22 @@ class Runner:
             want = exp.layout.get(name)
             if want is not None and (tuple(t.shape) != want[0] or t.dtype != want[1]):
                 problems.append(f"'{name}' is {dtype_name(t.dtype)}{list(t.shape)}, expected {dtype_name(want[1])}{list(want[0])}")
-        if poisoned is not None and "out" in outputs and outputs["out"].data_ptr() != poisoned.data_ptr():
-            problems.append("did not return the out= buffer it was given")
+        for name, buffer in poisoned.items():
+            if name in outputs and outputs[name].data_ptr() != buffer.data_ptr():
+                problems.append(f"did not return the {name}= buffer it was given")
         return problems
 
     def _verdict(self, case: Case, got: dict[str, torch.Tensor], exp: Expected, problems: list[str]) -> CaseResult:
-        tol = tolerance(case.op, case.dtype)
         report: dict[str, dict[str, Any]] = {}
         for name, want in exp.oracle.items():
             g = got.get(name)
             if g is None or tuple(g.shape) != tuple(want.shape):
                 continue
-            kind = kind_of(case.op, name, want)
-            if kind != "float":
-                mismatched = int((g.to(torch.int64) != want.to(torch.int64)).sum())
-                report[name] = {"kind": kind, "mismatched": mismatched, "numel": want.numel()}
-                if mismatched:
-                    problems.append(f"'{name}': {mismatched} of {want.numel()} elements differ ({kind})")
-                continue
-            m, ref = compare(g, want), compare(exp.reference[name], want)
-            bound = 2 * ref.max_abs + tol.floor * m.scale
-            report[name] = {"kind": kind, **m.as_dict(), "ref_max_abs": ref.max_abs, "ref_rel_l2": ref.rel_l2, "bound_max_abs": bound, "bound_rel_l2": tol.max_rel_l2}
-            if m.nonfinite_mismatch:
-                problems.append(f"'{name}': {m.nonfinite_mismatch} elements NaN/Inf where the oracle is not (or the reverse)")
-            if m.max_abs > bound:
-                problems.append(f"'{name}': max abs error {m.max_abs:.3g} > bound {bound:.3g} (2 x reference {ref.max_abs:.3g} + floor)")
-            if m.rel_l2 > tol.max_rel_l2:
-                problems.append(f"'{name}': relative L2 error {m.rel_l2:.3g} > {tol.max_rel_l2:.3g}")
+            layout = exp.layout.get(name)
+            tol = tolerance(case.dtype, dtype_name(layout[1]) if layout else None)
+            judge(name, g, want, exp.reference.get(name), kind_of(case.op, name, want), tol, report, problems)
         status = "fail" if problems else "pass"
-        return CaseResult.of(case, status, "; ".join(problems), outputs=report, tolerance=tol.as_dict())
+        return CaseResult.of(case, status, "; ".join(problems), outputs=report, tolerance=tolerance(case.dtype).as_dict())
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

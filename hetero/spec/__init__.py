@@ -22,12 +22,12 @@ from __future__ import annotations
 from types import MappingProxyType, ModuleType
 
 from hetero.spec import attention, gemm, layers, moe
-from hetero.spec._op import OpSpec
+from hetero.spec._op import COMPARISONS, OpSpec, Output
 from hetero.spec.comm import REDUCE_OPS, Communicator
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta, EPDispatch
 
 __all__ = [
-    "SPEC_VERSION", "OPS", "OP_NAMES", "FAMILIES", "OpSpec", "AttentionMeta", "EPDispatch",
+    "SPEC_VERSION", "OPS", "OP_NAMES", "FAMILIES", "OpSpec", "Output", "COMPARISONS", "AttentionMeta", "EPDispatch",
     "Communicator", "REDUCE_OPS", "FLOAT_DTYPES",
 ]
 

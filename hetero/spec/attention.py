@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec._op import spec_op
+from hetero.spec._op import Output, spec_op
 from hetero.spec.types import AttentionMeta
 
 __all__ = [
@@ -22,8 +22,11 @@ __all__ = [
     "merge_attention",
 ]
 
+#: The softmax statistics an attention op returns after ``out`` when asked with ``return_lse``.
+_LSE = Output("lse", when="return_lse")
 
-@spec_op(inplace=True)
+
+@spec_op(returns=(), mutates=(Output("k_cache", "exact"), Output("v_cache", "exact")))
 def write_kv(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -40,7 +43,7 @@ def write_kv(
     """
 
 
-@spec_op()
+@spec_op(returns=("out", _LSE), mutates=("out",))
 def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -76,7 +79,7 @@ def paged_attention(
     """
 
 
-@spec_op()
+@spec_op(returns=("out", _LSE))
 def varlen_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -105,7 +108,7 @@ def varlen_attention(
     """
 
 
-@spec_op(inplace=True)
+@spec_op(returns=(), mutates=(Output("ckv_cache", "exact"), Output("kpe_cache", "exact")))
 def write_mla_kv(
     kv_c: torch.Tensor,
     k_pe: torch.Tensor,
@@ -121,7 +124,7 @@ def write_mla_kv(
     """
 
 
-@spec_op()
+@spec_op(returns=("out", _LSE))
 def mla_attention(
     q_nope: torch.Tensor,
     q_pe: torch.Tensor,
@@ -147,7 +150,7 @@ def mla_attention(
     """
 
 
-@spec_op()
+@spec_op(returns=("out", "lse"))
 def merge_attention(
     out_a: torch.Tensor,
     lse_a: torch.Tensor,

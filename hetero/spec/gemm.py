@@ -15,7 +15,7 @@ __all__ = ["gemm", "scaled_gemm", "grouped_gemm", "SCALE_BLOCK"]
 SCALE_BLOCK = 128
 
 
-@spec_op()
+@spec_op(returns=("out",))
 def gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -30,7 +30,7 @@ def gemm(
     """
 
 
-@spec_op()
+@spec_op(returns=("out",))
 def scaled_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -56,7 +56,7 @@ def scaled_gemm(
     """
 
 
-@spec_op()
+@spec_op(returns=("out",))
 def grouped_gemm(
     a: torch.Tensor,
     b: torch.Tensor,

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec._op import spec_op
+from hetero.spec._op import Output, spec_op
 
 __all__ = ["rms_norm", "rotary_embedding", "silu_and_mul"]
 
 
-@spec_op()
+@spec_op(returns=("out", Output("residual", when="residual")))
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -26,7 +26,7 @@ def rms_norm(
     """
 
 
-@spec_op()
+@spec_op(returns=("q", "k"))
 def rotary_embedding(
     positions: torch.Tensor,
     q: torch.Tensor,
@@ -47,7 +47,7 @@ def rotary_embedding(
     """
 
 
-@spec_op()
+@spec_op(returns=("out",))
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """The gated activation of SwiGLU MLPs: ``silu(x[..., :I]) * x[..., I:]``.
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec._op import spec_op
+from hetero.spec._op import Output, spec_op
 from hetero.spec.comm import Communicator
 from hetero.spec.types import EPDispatch
 
@@ -17,7 +17,7 @@ SCORING = ("softmax", "sigmoid")
 ACTIVATIONS = ("silu",)
 
 
-@spec_op()
+@spec_op(returns=("weights", Output("ids", "row_set", reorders=("weights",))))
 def route(
     router_logits: torch.Tensor,
     *,
@@ -51,7 +51,7 @@ def route(
     """
 
 
-@spec_op()
+@spec_op(returns=(Output("x_sorted", "exact"), Output("group_ends", "exact"), Output("perm", "exact")))
 def moe_permute(
     x: torch.Tensor, ids: torch.Tensor, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -65,7 +65,7 @@ def moe_permute(
     """
 
 
-@spec_op()
+@spec_op(returns=("out",))
 def moe_unpermute(
     y_sorted: torch.Tensor, perm: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
@@ -78,7 +78,7 @@ def moe_unpermute(
     """
 
 
-@spec_op()
+@spec_op(returns=("out",))
 def fused_moe(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -99,7 +99,7 @@ def fused_moe(
     """
 
 
-@spec_op()
+@spec_op(returns=(Output("dispatch", "exact"),), collective=True)
 def ep_dispatch(
     x: torch.Tensor,
     ids: torch.Tensor,
@@ -129,7 +129,7 @@ def ep_dispatch(
     """
 
 
-@spec_op()
+@spec_op(returns=("out",), collective=True)
 def ep_combine(y_local: torch.Tensor, dispatch: EPDispatch) -> torch.Tensor:
     """Expert parallelism, second half: return each token's weighted expert sum to its source rank.
 

@@ -1,10 +1,18 @@
-"""Types shared by the operator families."""
+"""Types shared by the operator families.
+
+``AttentionMeta`` and ``EPDispatch`` are registered as pytrees
+(``torch.utils._pytree``): their tensor fields are the leaves and their host
+fields (ints, splits, the communicator) the context, so ``tree_map`` over an
+op's arguments reaches every tensor inside them (widening to float64, moving to
+a device, recording) and rebuilds the same type.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 
 if TYPE_CHECKING:
     from hetero.spec.comm import Communicator
@@ -109,3 +117,25 @@ class EPDispatch:
     def expert_offset(self) -> int:
         """The global id of this rank's first expert."""
         return self.comm.rank * self.num_local_experts
+
+
+def _register_pytree(cls: type, static: tuple[str, ...]) -> None:
+    """Register a frozen dataclass: the fields not in ``static`` are children, ``static`` ones the context."""
+    dynamic = tuple(f.name for f in fields(cls) if f.name not in static)
+
+    def flatten(obj: Any) -> tuple[list[Any], tuple[Any, ...]]:
+        return [getattr(obj, n) for n in dynamic], tuple(getattr(obj, n) for n in static)
+
+    def unflatten(children: Any, context: tuple[Any, ...]) -> Any:
+        return cls(**dict(zip(dynamic, children)), **dict(zip(static, context)))
+
+    def flatten_with_keys(obj: Any) -> tuple[list[tuple[Any, Any]], tuple[Any, ...]]:
+        children, context = flatten(obj)
+        return [(pytree.GetAttrKey(n), c) for n, c in zip(dynamic, children)], context
+
+    pytree.register_pytree_node(cls, flatten, unflatten, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+                                flatten_with_keys_fn=flatten_with_keys)
+
+
+_register_pytree(AttentionMeta, static=("max_query_len", "max_seq_len"))
+_register_pytree(EPDispatch, static=("recv_splits", "send_splits", "num_tokens", "num_experts", "comm"))

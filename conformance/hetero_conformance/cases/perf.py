@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from hetero.spec import OPS
+
 from hetero_conformance.case import Case
 from hetero_conformance.cases import attention as _att
 from hetero_conformance.cases import gemm as _gemm
@@ -32,10 +34,10 @@ from hetero_conformance.shapes import MODELS
 __all__ = ["TIERS", "UNBENCHED", "perf_cases"]
 
 TIERS = ("quick", "full")
-#: Ops without performance cases, with the reason the report gives.
+#: Ops without performance cases, with the reason the report gives: the collectives.
 UNBENCHED = {
-    "ep_dispatch": "needs several ranks: benchmark it under torchrun (hetero conformance --world-size checks it)",
-    "ep_combine": "needs several ranks: benchmark it under torchrun (hetero conformance --world-size checks it)",
+    op: "needs several ranks: benchmark it under torchrun (hetero conformance --world-size checks it)"
+    for op, spec in OPS.items() if spec.collective
 }
 
 _Add = Callable[..., None]
