@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from hetero.engine.context import ModelContext
-from hetero.engine.models.base import CachedLayer
+from hetero.engine.layers.cached import CachedLayer, PagedEntry
 from hetero.engine.step import Step
 
 __all__ = ["Attention"]
@@ -26,8 +26,9 @@ class Attention(CachedLayer):
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
-    def cache_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {"k_cache": (self.num_kv_heads, self.head_dim), "v_cache": (self.num_kv_heads, self.head_dim)}
+    def cache_spec(self) -> tuple[PagedEntry, ...]:
+        per_token = (self.num_kv_heads, self.head_dim)
+        return PagedEntry("k_cache", per_token), PagedEntry("v_cache", per_token)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Step) -> torch.Tensor:
         if self.k_cache is None:

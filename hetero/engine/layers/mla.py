@@ -31,7 +31,7 @@ from hetero.engine.context import ModelContext
 from hetero.engine.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
-from hetero.engine.models.base import CachedLayer
+from hetero.engine.layers.cached import CachedLayer, PagedEntry
 from hetero.engine.parallel import divide
 from hetero.engine.step import Step
 
@@ -102,8 +102,8 @@ class MLAttention(CachedLayer):
         self.kpe_cache: torch.Tensor | None = None
         self._absorbed: tuple[Any, torch.Tensor, torch.Tensor] | None = None
 
-    def cache_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {"ckv_cache": (self.kv_lora_rank,), "kpe_cache": (self.rope,)}
+    def cache_spec(self) -> tuple[PagedEntry, ...]:
+        return PagedEntry("ckv_cache", (self.kv_lora_rank,)), PagedEntry("kpe_cache", (self.rope,))
 
     # -- weights of the absorbed path ------------------------------------------------
     def _absorb_weights(self) -> tuple[torch.Tensor, torch.Tensor]:

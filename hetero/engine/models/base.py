@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 from hetero.engine.context import ModelContext
+from hetero.engine.layers.cached import CachedLayer
 from hetero.engine.step import Step
 
-__all__ = ["CausalLM", "WeightMapping", "CachedLayer"]
+__all__ = ["CausalLM", "WeightMapping"]
 
 
 @dataclass(frozen=True)
@@ -33,22 +34,6 @@ class WeightMapping:
     packed: tuple[tuple[str, str, Any], ...] = ()
     experts: tuple[tuple[str, str, str], ...] = ()
     ignore: tuple[str, ...] = ()
-
-
-class CachedLayer(nn.Module):
-    """A layer that keeps state in the paged KV cache (attention, MLA).
-
-    The runner allocates one tensor ``[num_blocks, block_size, *shape]`` per entry of
-    ``cache_shapes()`` and hands them to ``bind_cache`` before the first step.
-    """
-
-    def cache_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Per-token cache shape of each tensor, e.g. {"k_cache": (Hkv, D), "v_cache": (Hkv, D)}."""
-        raise NotImplementedError
-
-    def bind_cache(self, **tensors: torch.Tensor) -> None:
-        for name, tensor in tensors.items():
-            setattr(self, name, tensor)
 
 
 class CausalLM(nn.Module):

@@ -12,8 +12,9 @@ __all__ = ["bytes_per_block", "allocate_kv_cache"]
 
 def bytes_per_block(model: CausalLM, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one KV block takes over all cached layers of ``model``."""
-    per_token = sum(math.prod(shape) for layer in model.cached_layers() for shape in layer.cache_shapes().values())
-    return per_token * block_size * torch.empty((), dtype=dtype).element_size()
+    per_token = sum(math.prod(e.shape) * (e.dtype or dtype).itemsize
+                    for layer in model.cached_layers() for e in layer.cache_spec())
+    return per_token * block_size
 
 
 def allocate_kv_cache(model: CausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
@@ -24,8 +25,8 @@ def allocate_kv_cache(model: CausalLM, num_blocks: int, block_size: int, dtype: 
     """
     caches = []
     for layer in model.cached_layers():
-        tensors = {name: torch.full((num_blocks, block_size, *shape), float("nan"), dtype=dtype, device=device)
-                   for name, shape in layer.cache_shapes().items()}
+        tensors = {e.name: torch.full((num_blocks, block_size, *e.shape), e.fill, dtype=e.dtype or dtype, device=device)
+                   for e in layer.cache_spec()}
         layer.bind_cache(**tensors)
         caches.append(tensors)
     return caches
