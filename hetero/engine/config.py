@@ -43,6 +43,10 @@ class EngineConfig:
     - ``num_kv_blocks``: KV blocks; None: enough for ``max_num_seqs`` sequences of
       ``max_model_len`` tokens, capped by ``kv_cache_bytes``.
     - ``enable_prefix_caching``: reuse computed KV blocks of identical prefixes.
+    - ``num_state_snapshots``: for models with per-sequence state, the state slots kept
+      for prefix caching (a hit needs the state at its end); None: ``max_num_seqs``
+      with prefix caching, else 0. Every state slot (one per running sequence, plus
+      these) comes out of ``kv_cache_bytes`` before the KV blocks do.
     - ``tensor_parallel_size`` / ``expert_parallel``: ranks (launch with torchrun) and
       whether MoE experts are split over them.
     - ``device``: device of the backend (None: its default); ``seed``: sampling seed.
@@ -60,6 +64,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     kv_cache_bytes: int = 1 << 30
     enable_prefix_caching: bool = True
+    num_state_snapshots: int | None = None
     tensor_parallel_size: int = 1
     expert_parallel: bool = False
     device: str | torch.device | None = None
@@ -76,9 +81,9 @@ class EngineConfig:
         for name, minimum in (("block_size", 1), ("max_num_seqs", 1), ("max_num_batched_tokens", 1),
                               ("kv_cache_bytes", 1), ("tensor_parallel_size", 1), ("seed", 0)):
             _int(name, getattr(self, name), minimum)
-        for name in ("max_model_len", "num_kv_blocks"):
+        for name, minimum in (("max_model_len", 1), ("num_kv_blocks", 1), ("num_state_snapshots", 0)):
             if getattr(self, name) is not None:
-                _int(name, getattr(self, name), 1)
+                _int(name, getattr(self, name), minimum)
         for name in ("enable_prefix_caching", "expert_parallel"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, "True or False", getattr(self, name))
@@ -109,16 +114,27 @@ class EngineConfig:
         """The model's torch dtype (bfloat16 for "auto" before ``resolve``)."""
         return DTYPES.get(self.dtype, torch.bfloat16)
 
-    def kv_blocks(self, bytes_per_block: int) -> int:
-        """The number of KV blocks: ``num_kv_blocks``, else derived (see the class docstring)."""
+    def state_slots(self, bytes_per_state_slot: int) -> tuple[int, int]:
+        """(live slots, snapshot slots) of the state pool; (0, 0) for a model without state."""
+        if bytes_per_state_slot == 0:
+            return 0, 0
+        snapshots = self.num_state_snapshots
+        if snapshots is None:
+            snapshots = self.max_num_seqs if self.enable_prefix_caching else 0
+        return self.max_num_seqs, snapshots
+
+    def kv_blocks(self, bytes_per_block: int, reserved_bytes: int = 0) -> int:
+        """The number of KV blocks: ``num_kv_blocks``, else derived (see the class docstring) from
+        ``kv_cache_bytes`` less ``reserved_bytes`` (the state pool)."""
         if self.num_kv_blocks is not None:
             return self.num_kv_blocks
         if self.max_model_len is None:
             raise ValueError("EngineConfig.resolve() must run before kv_blocks() when num_kv_blocks is None")
         wanted = self.max_num_seqs * math.ceil(self.max_model_len / self.block_size)
-        affordable = self.kv_cache_bytes // max(bytes_per_block, 1)
+        affordable = (self.kv_cache_bytes - reserved_bytes) // max(bytes_per_block, 1)
         if affordable < 1:
-            raise _bad("kv_cache_bytes", f"at least one KV block ({bytes_per_block} bytes)", self.kv_cache_bytes)
+            raise _bad("kv_cache_bytes", f"at least one KV block ({bytes_per_block} bytes) after the state pool "
+                       f"({reserved_bytes} bytes)", self.kv_cache_bytes)
         return min(wanted, affordable)
 
 

@@ -1,19 +1,19 @@
 """``LLM``: the offline serving loop (scheduler, block manager and model runner) behind one ``generate`` call."""
 from __future__ import annotations
 
-import contextlib
 import json
-import numbers
-import operator
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence as Seq
+from typing import Any, Sequence as Seq
 
+from hetero.engine._inputs import check_import, check_params, params_list, prompt_list, token_ids
+from hetero.engine._progress import progress_bar
 from hetero.engine.config import EngineConfig
 from hetero.engine.runtime.block_manager import BlockManager
+from hetero.engine.runtime.cache_io import SequenceCache, check_fits, export_sequence_cache
 from hetero.engine.runtime.model_runner import ModelRunner
 from hetero.engine.runtime.scheduler import Scheduler
 from hetero.engine.runtime.sequence import SamplingParams, Sequence
@@ -64,7 +64,9 @@ class LLM:
         self.config = cfg.resolve()
         self.tokenizer = _tokenizer(self.config.model)
         self.runner = ModelRunner(self.config, comm)
-        self.block_manager = BlockManager(self.runner.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.block_manager = BlockManager(self.runner.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching,
+                                          num_state_slots=self.runner.num_state_slots,
+                                          num_state_snapshots=self.runner.num_state_snapshots)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=cfg.max_num_seqs,
                                    max_num_batched_tokens=cfg.max_num_batched_tokens,
                                    max_model_len=self.config.max_model_len,
@@ -75,8 +77,12 @@ class LLM:
         self._num_requests = 0
 
     def add_request(self, prompt: str | Seq[int], sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, *, cache: SequenceCache | None = None) -> str:
         """Queue one request (text needs a tokenizer); returns its id.
+
+        ``cache``: the exported cache of this prompt's first ``cache.num_tokens`` tokens
+        (``export_cache`` on another engine of the same model and parallel layout), written
+        into this request's blocks when it is admitted; only the rest is computed.
 
         Checked here, before any op sees it: the sampling parameters are a
         ``SamplingParams`` (whose values are checked when it is made), the token ids are
@@ -88,13 +94,25 @@ class LLM:
         default request id), the argument, what was expected and what came.
         """
         index = self._num_requests
-        params = _check_params(sampling_params, index)
+        params = check_params(sampling_params, index)
         seq = Sequence(request_id if request_id is not None else str(index), self._encode(prompt, index), params, index)
+        if cache is not None:
+            check_import(cache, seq.num_prompt_tokens, index)
+            check_fits(self.runner.cache, cache)
+            seq.imported = cache
         self.scheduler.add(seq)
         self._num_requests += 1
         seq.metrics["arrival_time"] = time.perf_counter()
         self.stats["prompt_tokens"] += seq.num_prompt_tokens
         return seq.request_id
+
+    def export_cache(self, request_id: str) -> SequenceCache:
+        """The cache of a running request's computed tokens, on the CPU in a layout another engine imports."""
+        for seq in self.scheduler.running:
+            if seq.request_id == request_id:
+                return export_sequence_cache(self.runner.cache, seq.block_table, seq.state_slot, seq.num_computed_tokens)
+        raise UsageError(f"export_cache: argument 'request_id': no running request {request_id!r}",
+                         arg="request_id", expected="a running request", got=request_id)
 
     @property
     def rank(self) -> int:
@@ -134,8 +152,8 @@ class LLM:
         if self.has_unfinished():
             raise RuntimeError("generate() needs an idle engine: requests added with add_request() are unfinished; "
                                "drive them with step() first")
-        prompts = _prompt_list(prompts)
-        params = _params_list(sampling_params, len(prompts))
+        prompts = prompt_list(prompts)
+        params = params_list(sampling_params, len(prompts))
         ids: list[str] = []
         first, prompt_tokens = self._num_requests, self.stats["prompt_tokens"]
         try:
@@ -149,7 +167,7 @@ class LLM:
         outputs: dict[str, RequestOutput] = {}
         show = progress if progress is not None else sys.stderr.isatty()
         before = self.stats["generated_tokens"]
-        with _progress_bar(show and self.rank == 0, len(ids)) as advance:
+        with progress_bar(show and self.rank == 0, len(ids)) as advance:
             while self.has_unfinished():
                 done = self.step()
                 outputs.update((out.request_id, out) for out in done)
@@ -170,7 +188,7 @@ class LLM:
         if not hasattr(prompt, "__iter__"):
             raise UsageError(f"request {index}: argument 'prompt': expected a string or a list of token ids, "
                              f"got {prompt!r:.60}", arg="prompt", expected="a string or token ids", got=prompt)
-        return _token_ids(list(prompt), getattr(self.config.hf_config, "vocab_size", None), index)
+        return token_ids(list(prompt), getattr(self.config.hf_config, "vocab_size", None), index)
 
     def _output(self, seq: Sequence, now: float) -> RequestOutput:
         seq.metrics.update(finish_time=now, num_prompt_tokens=seq.num_prompt_tokens,
@@ -220,72 +238,3 @@ def _eos_token_ids(config: EngineConfig, tokenizer) -> set[int]:
     if not ids and tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return {int(i) for i in ids}
-
-
-def _token_ids(prompt: list[Any], vocab: int | None, index: int) -> list[int]:
-    """``prompt`` as ints; UsageError naming the first bad ids (not integers, or outside the vocabulary)."""
-    ids, bad = [], []
-    for position, token in enumerate(prompt):
-        try:
-            value = None if isinstance(token, bool) else operator.index(token)
-        except TypeError:
-            value = None
-        if value is None or value < 0 or (vocab is not None and value >= vocab):
-            bad.append(f"{token!r} at position {position}")
-        ids.append(value)
-    if bad:
-        raise UsageError(f"request {index}: argument 'prompt': token ids must be integers in [0, vocab_size={vocab}), "
-                         f"got {', '.join(bad[:5])}" + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""),
-                         arg="prompt", expected=f"token ids in [0, {vocab})", got=bad[0])
-    return ids
-
-
-def _check_params(params: Any, index: int) -> SamplingParams:
-    if params is None:
-        return SamplingParams()
-    if not isinstance(params, SamplingParams):
-        raise UsageError(f"request {index}: argument 'sampling_params': expected a SamplingParams, got "
-                         f"{type(params).__name__}", arg="sampling_params", expected="a SamplingParams", got=params)
-    return params
-
-
-def _prompt_list(prompts: Any) -> list[Any]:
-    """One prompt (a string, or a flat list of numbers) or a list of them; their items are checked on admission."""
-    if isinstance(prompts, str):
-        return [prompts]
-    prompts = list(prompts)
-    if prompts and all(isinstance(p, numbers.Number) for p in prompts):
-        return [prompts]
-    return prompts
-
-
-def _params_list(params: Any, n: int) -> list[SamplingParams]:
-    if params is None or isinstance(params, SamplingParams):
-        return [params or SamplingParams()] * n
-    params = list(params)
-    if len(params) != n:
-        raise UsageError(f"argument 'sampling_params': expected one, or one per prompt ({n}), got {len(params)}",
-                         arg="sampling_params", expected=f"1 or {n}", got=len(params))
-    return params
-
-
-@contextlib.contextmanager
-def _progress_bar(enabled: bool, total: int) -> Iterator[Callable[[int, int], None]]:
-    """A transient rich bar of finished requests and generated tokens per second (a no-op when disabled)."""
-    if not enabled:
-        yield lambda done, tokens: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    start = time.perf_counter()
-    columns = (TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[rate]}"))
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("generate", total=total, rate="")
-
-        def advance(done: int, tokens: int) -> None:
-            rate = tokens / max(time.perf_counter() - start, 1e-9)
-            bar.update(task, advance=done, rate=f"{rate:.1f} tok/s")
-
-        yield advance

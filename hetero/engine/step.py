@@ -45,6 +45,9 @@ class Step:
     - ``prefill``: the remaining sequences as a ``PrefillSpan`` (None when there are none).
     - ``logits_indices`` int64 [S]: the rows whose logits are sampled (the last row of
       each sequence that completes its prompt or decodes).
+    - ``state_slots`` int64 [B]: each sequence's slot in the state pool, and
+      ``has_initial_state`` bool [B]: whether it had tokens computed before this step
+      (None for models without per-sequence state).
     """
 
     positions: torch.Tensor
@@ -54,6 +57,8 @@ class Step:
     decode_meta: AttentionMeta | None
     prefill: PrefillSpan | None
     logits_indices: torch.Tensor
+    state_slots: torch.Tensor | None = None
+    has_initial_state: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -68,10 +73,12 @@ class Step:
         block_size: int,
         device: torch.device | str,
         sample: Sequence[bool] | None = None,
+        state_slots: Sequence[int] | None = None,
     ) -> "Step":
         """Build a step from host lists. Sequences with one query row must come first.
 
-        ``sample[b]``: whether sequence b's last row is sampled (default: all).
+        ``sample[b]``: whether sequence b's last row is sampled (default: all);
+        ``state_slots[b]``: its state slot (models with per-sequence state).
         """
         num_decodes = 0
         while num_decodes < len(query_lens) and query_lens[num_decodes] == 1:
@@ -105,6 +112,9 @@ class Step:
             decode_meta=decode_meta,
             prefill=prefill,
             logits_indices=torch.tensor(rows, dtype=torch.int64, device=device),
+            state_slots=None if state_slots is None else torch.tensor(list(state_slots), dtype=torch.int64, device=device),
+            has_initial_state=None if state_slots is None else torch.tensor(
+                [length > n for n, length in zip(query_lens, seq_lens)], dtype=torch.bool, device=device),
         )
 
 

@@ -8,8 +8,8 @@ from hetero.errors import UsageError
 
 __all__ = ["ARCHITECTURES", "model_class", "UnsupportedArchitecture"]
 
-#: architectures[0] -> "module:Class" under hetero.engine.models
-ARCHITECTURES = {
+#: architectures[0] -> "module:Class" under hetero.engine.models, or a model class (an out-of-tree model)
+ARCHITECTURES: dict[str, str | type[CausalLM]] = {
     "Qwen2ForCausalLM": "qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "qwen3_moe:Qwen3MoeForCausalLM",
@@ -30,5 +30,8 @@ def model_class(architectures: list[str] | None) -> type[CausalLM]:
     name = architectures[0]
     if name not in ARCHITECTURES:
         raise UnsupportedArchitecture(f"architecture {name!r} is not supported by hetero.engine; supported: {supported}")
-    module, cls = ARCHITECTURES[name].split(":")
+    target = ARCHITECTURES[name]
+    if isinstance(target, type):
+        return target
+    module, cls = target.split(":")
     return getattr(importlib.import_module(f"hetero.engine.models.{module}"), cls)

@@ -1,150 +1,125 @@
-"""KV block allocation with reference counts and prefix caching over full blocks."""
+"""The scheduler's view of the cache: one allocator per pool, coordinated so a sequence holds all or nothing."""
 from __future__ import annotations
 
-import math
+from typing import Any
 
+from hetero.engine.runtime.block_allocator import BlockAllocator
+from hetero.engine.runtime.cache_ops import CacheOp, ImportCache
 from hetero.engine.runtime.sequence import Sequence
+from hetero.engine.runtime.slot_allocator import SlotAllocator
 
 __all__ = ["BlockManager"]
 
 
-class _Block:
-    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
-
-    def __init__(self, block_id: int):
-        self.block_id = block_id
-        self.ref_count = 0
-        self.hash: int | None = None
-        self.token_ids: tuple[int, ...] = ()
-
-
-def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
-    """The prefix-cache key of a full block: its tokens and, through ``parent``, everything before them."""
-    return hash((parent, token_ids))
-
-
 class BlockManager:
-    """Hands out the ``num_blocks`` KV blocks of ``block_size`` tokens to sequences.
+    """Allocates, frees and prefix-matches a sequence's cache over every pool of the model.
 
-    With ``enable_prefix_caching``, every full block whose KV has been computed is
-    registered under a hash chained over all tokens up to its end; a later sequence
-    with the same leading tokens reuses those blocks (reference counted) instead of
-    computing them. A cached block whose last user is freed keeps its contents until
-    its id is handed out again; free blocks are handed out least recently freed first.
+    - The paged pool (``BlockAllocator``): ``num_blocks`` blocks of ``block_size``
+      tokens, for every per-token entry (K/V, latents, indexer keys).
+    - The state pool (``SlotAllocator``, only when ``num_state_slots`` > 0): one
+      slot per running sequence for every per-sequence entry (recurrent states),
+      plus ``num_state_snapshots`` snapshot slots for prefix caching.
+
+    A prefix hit is the minimum over pools: the paged pool's cached blocks, cut back
+    to the longest prefix whose state snapshot exists. A model with state and no
+    snapshots therefore never reuses a block: cached KV without the recurrent state
+    that goes with it would give wrong tokens. Tensor changes (resetting or
+    copying a slot, importing a sequence's cache) are queued and handed to the
+    runner through ``take_ops``.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"BlockManager needs num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
-        self._blocks = [_Block(i) for i in range(num_blocks)]
-        self._free: dict[int, None] = dict.fromkeys(range(num_blocks))  # insertion order = order freed
-        self._cached: dict[int, int] = {}  # block hash -> block id
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, *,
+                 num_state_slots: int = 0, num_state_snapshots: int = 0):
+        self.blocks = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
+        self.slots = SlotAllocator(num_state_slots, num_state_snapshots) if num_state_slots else None
+        self._ops: list[CacheOp] = []
+
+    @property
+    def num_blocks(self) -> int:
+        return self.blocks.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.blocks.block_size
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks no sequence uses (cached ones among them stay reusable until handed out)."""
-        return len(self._free)
+        return self.blocks.num_free_blocks
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.blocks.num_used_blocks
+
+    @property
+    def snapshots_state(self) -> bool:
+        """Whether states are snapshotted at full blocks (a stateful model with prefix caching and snapshot slots)."""
+        return self.slots is not None and self.slots.num_snapshots > 0 and self.blocks.enable_prefix_caching
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return math.ceil(num_tokens / self.block_size)
+        return self.blocks.blocks_needed(num_tokens)
 
     def ref_count(self, block_id: int) -> int:
-        return self._blocks[block_id].ref_count
+        return self.blocks.ref_count(block_id)
 
-    def _lookup(self, seq: Sequence) -> tuple[list[int], list[int]]:
-        """Cached block ids and their hashes for the leading full blocks of ``seq``, short of its last token."""
-        ids: list[int] = []
-        hashes: list[int] = []
-        if not self.enable_prefix_caching:
-            return ids, hashes
-        bs, parent = self.block_size, None
-        for i in range((seq.num_tokens - 1) // bs):
-            tokens = tuple(seq.tokens(i * bs, (i + 1) * bs))
-            h = block_hash(parent, tokens)
-            block_id = self._cached.get(h)
-            if block_id is None or self._blocks[block_id].token_ids != tokens:
-                break
-            ids.append(block_id)
-            hashes.append(h)
-            parent = h
+    def _hits(self, seq: Sequence, reuse: bool) -> tuple[list[int], list[int]]:
+        if not reuse:
+            return [], []
+        ids, hashes = self.blocks.lookup(seq)
+        if self.slots is not None:
+            k = self.slots.hit_blocks(hashes)
+            ids, hashes = ids[:k], hashes[:k]
         return ids, hashes
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        """Whether ``allocate(seq)`` would find enough blocks now."""
-        hits, _ = self._lookup(seq)
-        in_use = sum(1 for b in hits if self._blocks[b].ref_count > 0)
-        return self.blocks_needed(seq.num_tokens) - in_use <= len(self._free)
+    def can_allocate(self, seq: Sequence, reuse: bool = True) -> bool:
+        """Whether ``allocate(seq, reuse)`` would find enough blocks (and a state slot) now."""
+        ids, _ = self._hits(seq, reuse)
+        return self.blocks.can_allocate(seq, ids) and (self.slots is None or self.slots.num_free_slots > 0)
 
-    def allocate(self, seq: Sequence) -> int:
-        """Give ``seq`` (holding no blocks) blocks for all its tokens; return how many are already cached.
+    def allocate(self, seq: Sequence, reuse: bool = True) -> int:
+        """Give ``seq`` (holding nothing) its blocks and state slot; return how many tokens are already cached.
 
         The cached count is a multiple of the block size and always leaves the last token
-        to compute. Raises RuntimeError when there are not enough free blocks (ask
-        ``can_allocate`` first).
+        to compute; ``reuse=False`` takes fresh blocks only (a sequence whose cache is
+        imported must not write into blocks others share). Raises RuntimeError when a
+        pool is short (ask ``can_allocate`` first).
         """
-        if seq.block_table:
-            raise RuntimeError(f"sequence {seq.request_id} already holds blocks")
-        if not self.can_allocate(seq):
-            raise RuntimeError(f"not enough free KV blocks for sequence {seq.request_id}")
-        hits, hashes = self._lookup(seq)
-        for block_id in hits:
-            block = self._blocks[block_id]
-            if block.ref_count == 0:
-                del self._free[block_id]
-            block.ref_count += 1
-        seq.block_table = hits + [self._take() for _ in range(self.blocks_needed(seq.num_tokens) - len(hits))]
-        seq.block_hashes = hashes
-        return len(hits) * self.block_size
+        if not self.can_allocate(seq, reuse):
+            raise RuntimeError(f"not enough free KV blocks or state slots for sequence {seq.request_id}")
+        ids, hashes = self._hits(seq, reuse)
+        self.blocks.allocate(seq, ids, hashes)
+        if self.slots is not None:
+            self._ops.append(self.slots.allocate(seq, hashes[-1] if hashes else None))
+        return len(ids) * self.block_size
+
+    def import_cache(self, seq: Sequence, cache: Any) -> None:
+        """Queue the write of an exported cache (``cache_io.SequenceCache``) into ``seq``'s blocks and slot."""
+        self._ops.append(ImportCache(tuple(seq.block_table), seq.state_slot, cache))
 
     def can_append(self, seq: Sequence) -> bool:
         """Whether ``append_slot(seq)`` would find a block now."""
-        return self.blocks_needed(seq.num_tokens) <= len(seq.block_table) or len(self._free) > 0
+        return self.blocks.can_append(seq)
 
     def append_slot(self, seq: Sequence) -> None:
         """Make room for all of ``seq``'s tokens (a new block when its last token starts one)."""
-        while len(seq.block_table) < self.blocks_needed(seq.num_tokens):
-            if not self._free:
-                raise RuntimeError(f"no free KV block for sequence {seq.request_id}")
-            seq.block_table.append(self._take())
+        self.blocks.append_slot(seq)
 
     def cache_computed(self, seq: Sequence) -> None:
-        """Register the blocks of ``seq`` that became full and computed (call after each step)."""
-        if not self.enable_prefix_caching:
-            return
-        bs = self.block_size
-        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
-            tokens = tuple(seq.tokens(i * bs, (i + 1) * bs))
-            h = block_hash(seq.block_hashes[-1] if seq.block_hashes else None, tokens)
-            seq.block_hashes.append(h)
-            block = self._blocks[seq.block_table[i]]
-            if h not in self._cached and block.hash is None:
-                block.hash, block.token_ids = h, tokens
-                self._cached[h] = block.block_id
+        """Register the blocks of ``seq`` that became full and computed, and snapshot its state when
+        its computed tokens end exactly on such a block (call after each step)."""
+        self.blocks.cache_computed(seq)
+        if self.slots is not None and seq.block_hashes and \
+                seq.num_computed_tokens == len(seq.block_hashes) * self.block_size:
+            op = self.slots.snapshot(seq, seq.block_hashes[-1])
+            if op is not None:
+                self._ops.append(op)
 
     def free(self, seq: Sequence) -> None:
-        """Release ``seq``'s blocks, last block first (so its prefix stays cached longest)."""
-        for block_id in reversed(seq.block_table):
-            block = self._blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self._free[block_id] = None
-        seq.block_table = []
-        seq.block_hashes = []
+        """Release ``seq``'s blocks (last block first, so its prefix stays cached longest) and slot."""
+        self.blocks.free(seq)
+        if self.slots is not None:
+            self.slots.free(seq)
 
-    def _take(self) -> int:
-        """The least recently freed block, its cached contents (if any) evicted."""
-        block_id = next(iter(self._free))
-        del self._free[block_id]
-        block = self._blocks[block_id]
-        if block.hash is not None:
-            del self._cached[block.hash]
-            block.hash, block.token_ids = None, ()
-        block.ref_count = 1
-        return block_id
+    def take_ops(self) -> list[CacheOp]:
+        """The queued cache ops, oldest first; the queue is emptied."""
+        ops, self._ops = self._ops, []
+        return ops

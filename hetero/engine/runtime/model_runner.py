@@ -7,7 +7,7 @@ import hetero
 from hetero.engine.config import EngineConfig
 from hetero.engine.forward import build_model
 from hetero.engine.parallel import Parallel
-from hetero.engine.runtime.kv_cache import allocate_kv_cache, bytes_per_block
+from hetero.engine.runtime.kv_cache import allocate_kv_cache, bytes_per_block, bytes_per_state_slot
 from hetero.engine.runtime.sampler import Sampler
 from hetero.engine.runtime.scheduler import ScheduledBatch
 from hetero.engine.step import Step
@@ -35,9 +35,13 @@ class ModelRunner:
         self.dtype = config.torch_dtype
         self.model = build_model(config.model, self.ops, self.dtype, self.parallel, hf_config=config.hf_config)
         self.block_size = config.block_size
-        self.num_kv_blocks = config.kv_blocks(bytes_per_block(self.model, self.block_size, self.dtype))
+        slot_bytes = bytes_per_state_slot(self.model, self.dtype)
+        self.num_state_slots, self.num_state_snapshots = config.state_slots(slot_bytes)
+        state_bytes = (self.num_state_slots + self.num_state_snapshots) * slot_bytes
+        self.num_kv_blocks = config.kv_blocks(bytes_per_block(self.model, self.block_size, self.dtype), state_bytes)
         with torch.no_grad():
-            self.kv_caches = allocate_kv_cache(self.model, self.num_kv_blocks, self.block_size, self.dtype, self.device)
+            self.cache = allocate_kv_cache(self.model, self.num_kv_blocks, self.block_size, self.dtype, self.device,
+                                           self.num_state_slots + self.num_state_snapshots)
         self.sampler = Sampler(config.seed)
 
     @property
@@ -46,11 +50,13 @@ class ModelRunner:
 
     def run(self, batch: ScheduledBatch) -> list[int]:
         """Compute ``batch``'s rows and return one sampled token per sampled sequence, in batch order."""
-        if not batch.seqs:
-            return []
         with torch.inference_mode():
+            self.cache.apply(batch.cache_ops)  # even for an empty batch: a snapshot must not be lost
+            if not batch.seqs:
+                return []
+            slots = [seq.state_slot for seq in batch.seqs] if self.num_state_slots else None
             step = Step.build(batch.query_lens, batch.seq_lens, batch.block_tables, self.block_size, self.device,
-                              sample=batch.sample)
+                              sample=batch.sample, state_slots=slots)
             input_ids = torch.tensor(self._input_ids(batch), dtype=torch.int64, device=self.device)
             hidden = self.model(input_ids, step.positions, step)
             if step.logits_indices.numel() == 0:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from hetero.engine.runtime.block_manager import BlockManager
+from hetero.engine.runtime.cache_ops import CacheOp
 from hetero.engine.runtime.sequence import Sequence, SequenceStatus
 from hetero.errors import UsageError
 
@@ -18,7 +19,8 @@ class ScheduledBatch:
 
     Decodes (query length 1) come first, then prefill chunks. ``sample[i]`` says whether
     row ``seq_lens[i] - 1`` is sampled (a chunk that leaves part of the prompt is not).
-    ``preempted`` lists the sequences sent back to the waiting queue while scheduling.
+    ``preempted`` lists the sequences sent back to the waiting queue while scheduling;
+    ``cache_ops`` the cache changes allocation decided, to apply before the step runs.
     """
 
     seqs: list[Sequence] = field(default_factory=list)
@@ -26,6 +28,7 @@ class ScheduledBatch:
     seq_lens: list[int] = field(default_factory=list)
     sample: list[bool] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    cache_ops: list[CacheOp] = field(default_factory=list)
 
     def add(self, seq: Sequence, query_len: int) -> None:
         self.seqs.append(seq)
@@ -66,7 +69,10 @@ class Scheduler:
     their prompt first, then waiting ones in arrival order. When a decode finds no free
     KV block, the most recently admitted running sequence is preempted: its blocks are
     freed and it goes back to the front of the waiting queue, to be recomputed from its
-    prompt and generated tokens.
+    prompt and generated tokens. For a model with per-sequence state under prefix
+    caching, a prompt's prefill stops once at its last full block, where the state is
+    snapshotted (``BlockManager.snapshots_state``): the next request that shares those
+    blocks can then start from them.
     """
 
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
@@ -117,11 +123,12 @@ class Scheduler:
                 break
             remaining = seq.num_tokens - seq.num_computed_tokens
             if remaining > 1:
-                chunk = min(remaining, budget)
+                chunk = self._chunk(seq, budget)
                 batch.add(seq, chunk)
                 budget -= chunk
         if not batch.preempted:
             self._admit(batch, budget)
+        batch.cache_ops = self.block_manager.take_ops()
         return batch
 
     def _schedule_decodes(self, batch: ScheduledBatch) -> int:
@@ -154,17 +161,31 @@ class Scheduler:
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.block_manager.can_allocate(seq):
+            if not self.block_manager.can_allocate(seq, reuse=seq.imported is None):
                 break
             self.waiting.popleft()
-            cached = self.block_manager.allocate(seq)
+            cached = self.block_manager.allocate(seq, reuse=seq.imported is None)
+            if seq.imported is not None:
+                self.block_manager.import_cache(seq, seq.imported)
+                cached, seq.imported = seq.imported.num_tokens, None
             seq.num_computed_tokens = cached
             seq.num_cached_tokens = max(seq.num_cached_tokens, cached)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            chunk = min(seq.num_tokens - cached, budget)
+            chunk = self._chunk(seq, budget)
             batch.add(seq, chunk)
             budget -= chunk
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """The rows of ``seq``'s prompt to compute now: what is left, within ``budget``; for a model whose
+        state is snapshotted, cut at the last full block before the end, so that its state there is kept."""
+        chunk = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        if self.block_manager.snapshots_state:
+            bs = self.block_manager.block_size
+            boundary = (seq.num_tokens - 1) // bs * bs
+            if seq.num_computed_tokens < boundary < seq.num_computed_tokens + chunk:
+                chunk = boundary - seq.num_computed_tokens
+        return chunk
 
     def postprocess(self, batch: ScheduledBatch, sampled_ids: list[int]) -> list[Sequence]:
         """Account the computed rows, append the sampled tokens (one per sampled sequence, in

@@ -91,6 +91,9 @@ class Sequence:
     ``block_table`` lists its KV block ids in order; ``block_hashes`` the prefix-cache
     hashes of its first full, computed blocks (kept by the BlockManager).
     ``index`` is the request's arrival number (the default sampling seed derives from it).
+    ``state_slot`` is its slot in the state pool while it runs (models with per-sequence
+    state only); ``imported`` an exported cache (``cache_io.SequenceCache``) to start from,
+    written into its blocks when it is admitted.
     """
 
     request_id: str
@@ -102,6 +105,8 @@ class Sequence:
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
+    state_slot: int | None = None
+    imported: Any = field(default=None, repr=False)
     finish_reason: str | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0

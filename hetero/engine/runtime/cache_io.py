@@ -1,0 +1,81 @@
+"""One sequence's cache out of the pools and back in, in a layout no device or block size is baked into.
+
+Prefill/decode disaggregation moves a prefilled sequence to another engine this
+way: the exporter reads the sequence's blocks and state slot, the importer writes
+them into blocks and a slot of its own, which may be numbered and sized otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence as Seq
+
+import torch
+
+if TYPE_CHECKING:
+    from hetero.engine.runtime.kv_cache import CachePools
+
+__all__ = ["SequenceCache", "export_sequence_cache", "write_sequence_cache", "check_fits"]
+
+
+@dataclass
+class SequenceCache:
+    """The cache of one sequence's first ``num_tokens`` tokens (on one rank, under TP: its shard).
+
+    ``paged[name]`` is ``[num_tokens, *shape]``, token-major, for every per-token entry
+    (``name`` = ``"{layer path}.{entry}"``); ``state[name]`` is the per-sequence state
+    after those tokens. Every tensor is on the CPU, in the pool's dtype.
+    """
+
+    num_tokens: int
+    paged: dict[str, torch.Tensor] = field(default_factory=dict)
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _slots(block_table: Seq[int], num_tokens: int, block_size: int, device: torch.device) -> torch.Tensor:
+    if len(block_table) * block_size < num_tokens:
+        raise ValueError(f"{num_tokens} tokens need {-(-num_tokens // block_size)} blocks of {block_size}, "
+                         f"the sequence holds {len(block_table)}")
+    pos = torch.arange(num_tokens, device=device)
+    table = torch.tensor(list(block_table), dtype=torch.int64, device=device)
+    return table[pos // block_size] * block_size + pos % block_size
+
+
+def export_sequence_cache(pools: "CachePools", block_table: Seq[int], slot: int | None, num_tokens: int) -> SequenceCache:
+    """Copy the entries of tokens ``[0, num_tokens)`` (in ``block_table``'s blocks) and of state ``slot`` to the CPU."""
+    out = SequenceCache(num_tokens)
+    for name, t in pools.paged.items():
+        slots = _slots(block_table, num_tokens, pools.block_size, t.device)
+        out.paged[name] = t.flatten(0, 1).index_select(0, slots).cpu()
+    for name, t in pools.state.items():
+        if slot is None:
+            raise ValueError(f"the model has state entry '{name}' but the sequence holds no state slot")
+        out.state[name] = t[slot].cpu().clone()
+    return out
+
+
+def _check(kind: str, have: dict[str, torch.Tensor], got: dict[str, torch.Tensor], lead: tuple[int, ...], cut: int) -> None:
+    if set(have) != set(got):
+        raise ValueError(f"the cache to import has {kind} entries {sorted(got)}, this model has {sorted(have)}")
+    for name, t in have.items():
+        want = (*lead, *t.shape[cut:])
+        if tuple(got[name].shape) != want or got[name].dtype != t.dtype:
+            raise ValueError(f"{kind} entry '{name}': expected {t.dtype} {list(want)}, "
+                             f"the cache to import has {got[name].dtype} {list(got[name].shape)}")
+
+
+def check_fits(pools: "CachePools", cache: SequenceCache) -> None:
+    """ValueError unless ``cache`` has exactly the pools' entries, each of the right shape and dtype."""
+    _check("paged", pools.paged, cache.paged, (cache.num_tokens,), 2)
+    _check("state", pools.state, cache.state, (), 1)
+
+
+def write_sequence_cache(pools: "CachePools", block_table: Seq[int], slot: int | None, cache: SequenceCache) -> None:
+    """Write ``cache`` into ``block_table``'s blocks and state ``slot`` (ValueError when it does not fit the model)."""
+    check_fits(pools, cache)
+    for name, t in pools.paged.items():
+        slots = _slots(block_table, cache.num_tokens, pools.block_size, t.device)
+        t.flatten(0, 1).index_copy_(0, slots, cache.paged[name].to(t.device))
+    for name, t in pools.state.items():
+        if slot is None:
+            raise ValueError(f"the model has state entry '{name}' but the sequence holds no state slot")
+        t[slot].copy_(cache.state[name])
