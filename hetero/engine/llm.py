@@ -5,18 +5,19 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence as Seq
 
 from hetero.engine._inputs import check_import, check_params, params_list, prompt_list, token_ids
 from hetero.engine._progress import progress_bar
 from hetero.engine.config import EngineConfig
+from hetero.engine.outputs import RequestOutput, request_output
 from hetero.engine.runtime.block_manager import BlockManager
 from hetero.engine.runtime.cache_io import SequenceCache, check_fits, export_sequence_cache
 from hetero.engine.runtime.model_runner import ModelRunner
-from hetero.engine.runtime.scheduler import Scheduler
+from hetero.engine.runtime.scheduler import ScheduledBatch, Scheduler
 from hetero.engine.runtime.sequence import SamplingParams, Sequence
+from hetero.engine.runtime.step_plan import StepPlan
 from hetero.errors import UsageError
 
 __all__ = ["LLM", "RequestOutput"]
@@ -24,29 +25,15 @@ __all__ = ["LLM", "RequestOutput"]
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-@dataclass
-class RequestOutput:
-    """A finished request. ``text`` is None without a tokenizer. ``finish_reason``: "stop" or "length".
-
-    ``metrics``: ``arrival_time``, ``first_token_time``, ``finish_time`` (``time.perf_counter``
-    seconds), ``num_prompt_tokens``, ``num_cached_tokens`` (prompt tokens found in the prefix
-    cache) and ``num_preemptions``.
-    """
-
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str | None
-    finish_reason: str
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
 class LLM:
     """Generate from a Hugging Face checkpoint directory through hetero ops.
 
     Keyword arguments are ``EngineConfig`` fields. With ``tensor_parallel_size`` N > 1,
-    launch N processes with ``torchrun --nproc-per-node N script.py``; every rank runs
-    the same requests and gets the same outputs.
+    launch N processes with ``torchrun --nproc-per-node N script.py``. Rank 0 owns the
+    requests: it schedules every step and broadcasts the plan and the outputs, so every
+    rank returns rank 0's outputs and a request added on another rank is checked but
+    never served. Under TP, ``step``, ``has_unfinished`` and ``generate`` are collective
+    (every rank calls them together); ``abort`` and ``export_cache`` act on rank 0 only.
 
     ``stats`` (a dict, counted since construction): ``num_kv_blocks``, ``block_size``,
     ``steps``, ``preemptions``, ``prompt_tokens``, ``cached_prompt_tokens`` (found in the
@@ -97,10 +84,15 @@ class LLM:
         params = check_params(sampling_params, index)
         seq = Sequence(request_id if request_id is not None else str(index), self._encode(prompt, index), params, index)
         if cache is not None:
+            if self.runner.parallel.size > 1:
+                raise UsageError(f"request {index}: argument 'cache': importing a cache under tensor parallelism "
+                                 f"is not supported (each rank holds its own shard)", arg="cache",
+                                 expected="tensor_parallel_size 1", got=self.runner.parallel.size)
             check_import(cache, seq.num_prompt_tokens, index)
             check_fits(self.runner.cache, cache)
             seq.imported = cache
-        self.scheduler.add(seq)
+        if self.rank == 0:
+            self.scheduler.add(seq)
         self._num_requests += 1
         seq.metrics["arrival_time"] = time.perf_counter()
         self.stats["prompt_tokens"] += seq.num_prompt_tokens
@@ -120,26 +112,56 @@ class LLM:
         return self.runner.rank
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Whether rank 0 has requests waiting or running (collective under TP)."""
+        if self.runner.parallel.size == 1:
+            return self.scheduler.has_unfinished()
+        return bool(self.runner.parallel.broadcast_object(self.scheduler.has_unfinished(), self.runner.device))
+
+    def abort(self, request_id: str) -> bool:
+        """End a waiting or running request now (finish reason "abort"), freeing its blocks and state slot.
+
+        Returns False when no such request is unfinished (it may have just finished). An
+        aborted request is not reported by later steps.
+        """
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            if seq.request_id == request_id:
+                self.scheduler.finish(seq, "abort")
+                return True
+        return False
 
     def step(self) -> list[RequestOutput]:
-        """Schedule and run one step; the outputs of the requests that finished in it."""
+        """Schedule and run one step; an output for every request that got tokens or finished in it.
+
+        Each output carries the tokens new since the request was last reported
+        (``new_token_ids``) and ``finish_reason`` once it ends.
+        """
         start = time.perf_counter()
-        batch = self.scheduler.schedule()
+        lead = self.rank == 0
+        batch = self.scheduler.schedule() if lead else None
         in_use = self.block_manager.num_used_blocks
-        sampled = self.runner.run(batch)
+        plan = StepPlan.of(batch, self.runner.num_state_slots > 0) if batch is not None else None
+        plan = self.runner.parallel.broadcast_object(plan, self.runner.device)
+        sampled = self.runner.run(plan, batch.sampled_seqs if batch is not None else None)
+        report = self._advance(batch, sampled, in_use) if lead else None
+        outputs, preempted, in_use = self.runner.parallel.broadcast_object(report, self.runner.device)
+        st = self.stats
+        st["steps"] += 1
+        st["preemptions"] += preempted
+        st["generated_tokens"] += len(sampled)
+        st["cached_prompt_tokens"] += sum(o.metrics["num_cached_tokens"] for o in outputs if o.finished)
+        st["kv_blocks_in_use"].append(in_use)
+        st["step_tokens"].append(len(plan.input_ids))
+        st["step_seconds"].append(time.perf_counter() - start)
+        return outputs
+
+    def _advance(self, batch: ScheduledBatch, sampled: list[int], in_use: int) -> tuple[list[RequestOutput], int, int]:
+        """Rank 0: account the step, and the outputs of the requests that moved."""
         now = time.perf_counter()
         for seq in batch.sampled_seqs:
             seq.metrics.setdefault("first_token_time", now)
-        finished = self.scheduler.postprocess(batch, sampled)
-        s = self.stats
-        s["steps"] += 1
-        s["preemptions"] += len(batch.preempted)
-        s["generated_tokens"] += len(sampled)
-        s["kv_blocks_in_use"].append(in_use)
-        s["step_tokens"].append(batch.num_tokens)
-        s["step_seconds"].append(time.perf_counter() - start)
-        return [self._output(seq, now) for seq in finished]
+        self.scheduler.postprocess(batch, sampled)
+        moved = [seq for seq in batch.sampled_seqs if seq.num_streamed < len(seq.output_token_ids)]
+        return [request_output(seq, now, self.tokenizer) for seq in moved], len(batch.preempted), in_use
 
     def generate(self, prompts: str | Seq[int] | Seq[str | Seq[int]],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None, *,
@@ -164,12 +186,13 @@ class LLM:
             self._abort_all()
             self._num_requests, self.stats["prompt_tokens"] = first, prompt_tokens
             raise
+        ids = self.runner.parallel.broadcast_object(ids, self.runner.device)  # rank 0's requests, in its order
         outputs: dict[str, RequestOutput] = {}
         show = progress if progress is not None else sys.stderr.isatty()
         before = self.stats["generated_tokens"]
         with progress_bar(show and self.rank == 0, len(ids)) as advance:
             while self.has_unfinished():
-                done = self.step()
+                done = [out for out in self.step() if out.finished]
                 outputs.update((out.request_id, out) for out in done)
                 advance(len(done), self.stats["generated_tokens"] - before)
         return [outputs[i] for i in ids]
@@ -189,16 +212,6 @@ class LLM:
             raise UsageError(f"request {index}: argument 'prompt': expected a string or a list of token ids, "
                              f"got {prompt!r:.60}", arg="prompt", expected="a string or token ids", got=prompt)
         return token_ids(list(prompt), getattr(self.config.hf_config, "vocab_size", None), index)
-
-    def _output(self, seq: Sequence, now: float) -> RequestOutput:
-        seq.metrics.update(finish_time=now, num_prompt_tokens=seq.num_prompt_tokens,
-                           num_cached_tokens=seq.num_cached_tokens, num_preemptions=seq.num_preemptions)
-        self.stats["cached_prompt_tokens"] += seq.num_cached_tokens
-        text = None
-        if self.tokenizer is not None:
-            text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-        return RequestOutput(seq.request_id, list(seq.prompt_token_ids), list(seq.output_token_ids), text,
-                             seq.finish_reason, dict(seq.metrics))
 
 
 def _communicator(cfg: EngineConfig):

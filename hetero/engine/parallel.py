@@ -1,7 +1,9 @@
 """Tensor and expert parallelism: who this process is, and the explicit collectives layers call."""
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -46,3 +48,18 @@ class Parallel:
 
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
         return x if self.size == 1 else self.comm.broadcast(x, src)
+
+    def broadcast_object(self, obj: Any, device: torch.device, src: int = 0) -> Any:
+        """``obj`` (picklable; ignored on ranks other than ``src``) as rank ``src`` has it, on every rank.
+
+        Two broadcasts through the communicator (length, then bytes), on ``device``:
+        the engine's step plan and outputs travel this way under TP.
+        """
+        if self.size == 1:
+            return obj
+        payload = pickle.dumps(obj) if self.rank == src else b""
+        length = self.comm.broadcast(torch.tensor([len(payload)], dtype=torch.int64, device=device), src)
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device) if self.rank == src else \
+            torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+        data = self.comm.broadcast(data, src)
+        return obj if self.rank == src else pickle.loads(data.cpu().numpy().tobytes())

@@ -9,7 +9,8 @@ from hetero.engine.forward import build_model
 from hetero.engine.parallel import Parallel
 from hetero.engine.runtime.kv_cache import allocate_kv_cache, bytes_per_block, bytes_per_state_slot
 from hetero.engine.runtime.sampler import Sampler
-from hetero.engine.runtime.scheduler import ScheduledBatch
+from hetero.engine.runtime.sequence import Sequence
+from hetero.engine.runtime.step_plan import StepPlan
 from hetero.engine.step import Step
 from hetero.spec.comm import Communicator
 
@@ -48,31 +49,26 @@ class ModelRunner:
     def rank(self) -> int:
         return self.parallel.rank
 
-    def run(self, batch: ScheduledBatch) -> list[int]:
-        """Compute ``batch``'s rows and return one sampled token per sampled sequence, in batch order."""
+    def run(self, plan: StepPlan, sampled: list[Sequence] | None = None) -> list[int]:
+        """Compute ``plan``'s rows and return one token per sampled row, in order.
+
+        ``sampled``: the sequences whose rows are sampled (rank 0 needs their sampling
+        parameters and generators; the other ranks receive rank 0's choice).
+        """
         with torch.inference_mode():
-            self.cache.apply(batch.cache_ops)  # even for an empty batch: a snapshot must not be lost
-            if not batch.seqs:
+            self.cache.apply(plan.cache_ops)  # even without rows: a snapshot must not be lost
+            if not plan.query_lens:
                 return []
-            slots = [seq.state_slot for seq in batch.seqs] if self.num_state_slots else None
-            step = Step.build(batch.query_lens, batch.seq_lens, batch.block_tables, self.block_size, self.device,
-                              sample=batch.sample, state_slots=slots)
-            input_ids = torch.tensor(self._input_ids(batch), dtype=torch.int64, device=self.device)
+            step = Step.build(plan.query_lens, plan.seq_lens, plan.block_tables, self.block_size, self.device,
+                              sample=plan.sample, state_slots=plan.state_slots)
+            input_ids = torch.tensor(plan.input_ids, dtype=torch.int64, device=self.device)
             hidden = self.model(input_ids, step.positions, step)
             if step.logits_indices.numel() == 0:
                 return []
             logits = self.model.compute_logits(hidden[step.logits_indices])
-            return self._sample(logits, batch)
+            return self._sample(logits, sampled or [], plan.num_sampled)
 
-    @staticmethod
-    def _input_ids(batch: ScheduledBatch) -> list[int]:
-        ids: list[int] = []
-        for seq, n, length in zip(batch.seqs, batch.query_lens, batch.seq_lens):
-            ids.extend(seq.tokens(length - n, length))
-        return ids
-
-    def _sample(self, logits: torch.Tensor, batch: ScheduledBatch) -> list[int]:
-        seqs = batch.sampled_seqs
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], count: int) -> list[int]:
         if self.rank == 0:
             for seq in seqs:
                 if seq.generator is None and not seq.sampling_params.greedy:
@@ -82,5 +78,5 @@ class ModelRunner:
                 return ids
             chosen = torch.tensor(ids, dtype=torch.int64, device=self.device)
         else:
-            chosen = torch.empty(len(seqs), dtype=torch.int64, device=self.device)
+            chosen = torch.empty(count, dtype=torch.int64, device=self.device)
         return self.parallel.broadcast(chosen, 0).tolist()

@@ -93,7 +93,8 @@ class Sequence:
     ``index`` is the request's arrival number (the default sampling seed derives from it).
     ``state_slot`` is its slot in the state pool while it runs (models with per-sequence
     state only); ``imported`` an exported cache (``cache_io.SequenceCache``) to start from,
-    written into its blocks when it is admitted.
+    written into its blocks when it is admitted. ``num_streamed`` counts the output tokens
+    already reported by ``LLM.step``.
     """
 
     request_id: str
@@ -110,6 +111,7 @@ class Sequence:
     finish_reason: str | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    num_streamed: int = 0
     generator: torch.Generator | None = field(default=None, repr=False)
     metrics: dict[str, float] = field(default_factory=dict)
 

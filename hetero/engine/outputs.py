@@ -1,0 +1,51 @@
+"""What ``LLM`` hands back per request: the tokens so far, what is new since the last report, and how it ended."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetero.engine.runtime.sequence import Sequence
+
+__all__ = ["RequestOutput", "request_output"]
+
+
+@dataclass
+class RequestOutput:
+    """One request's progress after a step, or its end.
+
+    ``token_ids``: every generated token so far; ``new_token_ids``: those generated since
+    this request was last reported (a streaming client appends them). ``finish_reason``:
+    None while it runs, then "stop", "length" or "abort". ``text`` (the decoded output) is
+    set once it finishes, when the engine has a tokenizer.
+
+    ``metrics``: ``arrival_time``, ``first_token_time``, ``finish_time`` (``time.perf_counter``
+    seconds; the last once finished), ``num_prompt_tokens``, ``num_cached_tokens`` (prompt
+    tokens found in the prefix cache or imported) and ``num_preemptions``.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    new_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+def request_output(seq: Sequence, now: float, tokenizer: Any) -> RequestOutput:
+    """``seq``'s output now; the tokens it reports as new are marked streamed."""
+    new = seq.output_token_ids[seq.num_streamed:]
+    seq.num_streamed = len(seq.output_token_ids)
+    seq.metrics.update(num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
+                       num_preemptions=seq.num_preemptions)
+    text = None
+    if seq.finish_reason is not None:
+        seq.metrics["finish_time"] = now
+        if tokenizer is not None:
+            text = tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+    return RequestOutput(seq.request_id, list(seq.prompt_token_ids), list(seq.output_token_ids), text,
+                         seq.finish_reason, dict(seq.metrics), list(new))

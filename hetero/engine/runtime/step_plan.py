@@ -1,0 +1,38 @@
+"""One step as plain host data: what the model runner needs, and what rank 0 broadcasts under TP."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hetero.engine.runtime.cache_ops import CacheOp
+from hetero.engine.runtime.scheduler import ScheduledBatch
+
+__all__ = ["StepPlan"]
+
+
+@dataclass
+class StepPlan:
+    """The rows of one step: sequence b computes ``query_lens[b]`` rows ending at KV length
+    ``seq_lens[b]``, over the blocks ``block_tables[b]`` (and state slot ``state_slots[b]``),
+    from the token ids ``input_ids`` (all rows, in order); ``sample[b]``: whether its last
+    row is sampled. ``cache_ops`` are applied first, even when there are no rows."""
+
+    input_ids: list[int] = field(default_factory=list)
+    query_lens: list[int] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
+    sample: list[bool] = field(default_factory=list)
+    state_slots: list[int] | None = None
+    cache_ops: list[CacheOp] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, batch: ScheduledBatch, stateful: bool) -> "StepPlan":
+        ids: list[int] = []
+        for seq, n, length in zip(batch.seqs, batch.query_lens, batch.seq_lens):
+            ids.extend(seq.tokens(length - n, length))
+        return cls(ids, list(batch.query_lens), list(batch.seq_lens), [list(t) for t in batch.block_tables],
+                   list(batch.sample), [seq.state_slot for seq in batch.seqs] if stateful else None,
+                   list(batch.cache_ops))
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(self.sample)
