@@ -78,58 +78,15 @@ class Step:
         """Build a step from host lists. Sequences with one query row must come first.
 
         ``sample[b]``: whether sequence b's last row is sampled (default: all);
-        ``state_slots[b]``: its state slot (models with per-sequence state).
+        ``state_slots[b]``: its state slot (models with per-sequence state). The block
+        table is padded with 0 to the longest row. This goes through ``StepBuffers``
+        sized to this one batch, the code path of the engine's persistent buffers.
         """
-        num_decodes = 0
-        while num_decodes < len(query_lens) and query_lens[num_decodes] == 1:
-            num_decodes += 1
-        positions: list[int] = []
-        slots: list[int] = []
-        for n, length, blocks in zip(query_lens, seq_lens, block_tables):
-            for pos in range(length - n, length):
-                positions.append(pos)
-                slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+        # imported here: step_buffers builds Step objects, so it imports this module
+        from hetero.engine.step_buffers import StepBuffers
+
         width = max((len(b) for b in block_tables), default=0)
-        table = [list(b) + [0] * (width - len(b)) for b in block_tables]
-        meta = AttentionMeta.build(query_lens, seq_lens, table, device=device)
-        decode_meta = None
-        if num_decodes:
-            decode_meta = AttentionMeta.build(query_lens[:num_decodes], seq_lens[:num_decodes],
-                                              table[:num_decodes], device=device)
-        prefill = None
-        if num_decodes < len(query_lens):
-            prefill = _prefill_span(query_lens, seq_lens, block_tables, block_size, num_decodes, device)
-        ends, rows = 0, []
-        for b, n in enumerate(query_lens):
-            ends += n
-            if sample is None or sample[b]:
-                rows.append(ends - 1)
-        return cls(
-            positions=torch.tensor(positions, dtype=torch.int64, device=device),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            meta=meta,
-            num_decodes=num_decodes,
-            decode_meta=decode_meta,
-            prefill=prefill,
-            logits_indices=torch.tensor(rows, dtype=torch.int64, device=device),
-            state_slots=None if state_slots is None else torch.tensor(list(state_slots), dtype=torch.int64, device=device),
-            has_initial_state=None if state_slots is None else torch.tensor(
-                [length > n for n, length in zip(query_lens, seq_lens)], dtype=torch.bool, device=device),
-        )
-
-
-def _prefill_span(query_lens, seq_lens, block_tables, block_size, first, device) -> PrefillSpan:
-    cu_q, cu_k, kv_slots = [0], [0], []
-    for n, length, blocks in zip(query_lens[first:], seq_lens[first:], block_tables[first:]):
-        cu_q.append(cu_q[-1] + n)
-        cu_k.append(cu_k[-1] + length)
-        kv_slots.extend(blocks[p // block_size] * block_size + p % block_size for p in range(length))
-    return PrefillSpan(
-        first_seq=first,
-        first_token=sum(query_lens[:first]),
-        cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, device=device),
-        cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32, device=device),
-        max_seqlen_q=max(query_lens[first:]),
-        max_seqlen_k=max(seq_lens[first:]),
-        kv_slots=torch.tensor(kv_slots, dtype=torch.int64, device=device),
-    )
+        buffers = StepBuffers(sum(query_lens), len(query_lens), width * block_size, block_size, device,
+                              has_state=state_slots is not None, kv_slots_capacity=0)
+        step, _ = buffers.fill(query_lens, seq_lens, block_tables, sample=sample, state_slots=state_slots)
+        return step

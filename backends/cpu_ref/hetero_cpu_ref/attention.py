@@ -145,7 +145,8 @@ def write_kv(
 
 def _used_blocks(meta: AttentionMeta, seq_lens: list[int], block_size: int) -> list[list[int]]:
     """Per sequence, the block ids that hold its seq_lens[b] keys (check_meta has checked them)."""
-    table = meta.block_table.tolist()
+    used = -(-max(seq_lens, default=0) // block_size)
+    table = meta.block_table[:, :used].tolist()  # a persistent table is as wide as max_model_len allows
     return [row[: -(-length // block_size)] for row, length in zip(table, seq_lens)]
 
 

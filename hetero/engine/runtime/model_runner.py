@@ -11,7 +11,7 @@ from hetero.engine.runtime.kv_cache import allocate_kv_cache, bytes_per_block, b
 from hetero.engine.runtime.sampler import Sampler
 from hetero.engine.runtime.sequence import Sequence
 from hetero.engine.runtime.step_plan import StepPlan
-from hetero.engine.step import Step
+from hetero.engine.step_buffers import StepBuffers
 from hetero.spec.comm import Communicator
 
 __all__ = ["ModelRunner"]
@@ -22,8 +22,10 @@ class ModelRunner:
 
     ``config`` is resolved if it is not yet (``EngineConfig.resolve``). With a
     communicator of more than one rank, the model is split over them (tensor
-    parallelism); every rank must run the same batches, and the tokens sampled
-    on rank 0 are broadcast so that all ranks append the same ones.
+    parallelism); every rank runs the plan rank 0 broadcast, and the tokens sampled
+    on rank 0 are broadcast so that all ranks append the same ones. Step tensors
+    live in persistent buffers sized by the config (``StepBuffers``): a step's
+    tensors are views, valid until the next one.
     """
 
     def __init__(self, config: EngineConfig, comm: Communicator | None = None):
@@ -43,6 +45,8 @@ class ModelRunner:
         with torch.no_grad():
             self.cache = allocate_kv_cache(self.model, self.num_kv_blocks, self.block_size, self.dtype, self.device,
                                            self.num_state_slots + self.num_state_snapshots)
+        self.buffers = StepBuffers(config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
+                                   self.block_size, self.device, has_state=bool(self.num_state_slots))
         self.sampler = Sampler(config.seed)
 
     @property
@@ -59,9 +63,8 @@ class ModelRunner:
             self.cache.apply(plan.cache_ops)  # even without rows: a snapshot must not be lost
             if not plan.query_lens:
                 return []
-            step = Step.build(plan.query_lens, plan.seq_lens, plan.block_tables, self.block_size, self.device,
-                              sample=plan.sample, state_slots=plan.state_slots)
-            input_ids = torch.tensor(plan.input_ids, dtype=torch.int64, device=self.device)
+            step, input_ids = self.buffers.fill(plan.query_lens, plan.seq_lens, plan.block_tables, plan.sample,
+                                                plan.state_slots, plan.input_ids)
             hidden = self.model(input_ids, step.positions, step)
             if step.logits_indices.numel() == 0:
                 return []
