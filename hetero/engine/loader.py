@@ -3,8 +3,9 @@
 Each checkpoint name maps to (parameter name, shard), checked in this order:
 
 1. ``mapping.ignore``: ``re.fullmatch`` (the whole name must match) -> ignored;
-2. ``mapping.experts``: ``re.fullmatch`` with groups ``layer``/``expert`` ->
-   (template.format(layer=...), (int(expert), projection));
+2. ``mapping.experts``: ``re.fullmatch`` with groups ``layer``/``expert`` (and an
+   optional ``suffix``) -> (``WeightMapping.expert_param``: the template for suffix
+   ``weight``, template_suffix otherwise, (int(expert), projection));
 3. ``mapping.packed``: the first fragment with ``.{fragment}.`` in the name ->
    the name with ``.{parameter fragment}.`` (first occurrence), shard;
 4. otherwise the same name, shard None.
@@ -14,6 +15,10 @@ one on the instance (e.g. ignoring MTP layers past ``num_hidden_layers``). A
 Parameter shared under several names (tied embeddings) loads once: from its first
 registered name if the checkpoint has it, else from an alias. Every problem found is
 reported at once; tensors are read one at a time and nothing is ever unpickled.
+
+Once every tensor is in, the post-load pass (``process_weights_after_loading``) lets
+each layer's quantization method fix its weights up, then runs every ``post_load()``
+hook (MLA's absorbed weights); it runs again after each load.
 """
 from __future__ import annotations
 
@@ -26,12 +31,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from hetero.engine.layers.linear import copy_checked
+from hetero.engine.layers.weights import copy_checked
+from hetero.engine.models.base import WeightMapping
 from hetero.errors import UsageError
 
 __all__ = ["load_weights", "LoadReport", "WeightLoadError", "CheckpointFilesError", "WeightMismatchError",
            "UnexpectedWeightsError", "MissingWeightsError", "checkpoint_files", "map_name", "checkpoint_name",
-           "render_pattern"]
+           "render_pattern", "process_weights_after_loading"]
 
 INDEX = "model.safetensors.index.json"
 
@@ -99,7 +105,7 @@ def map_name(mapping, name: str) -> tuple[str, Any] | None:
     for pattern, template, proj in mapping.experts:
         m = re.fullmatch(pattern, name)
         if m:
-            return template.format(layer=m["layer"]), (int(m["expert"]), proj)
+            return WeightMapping.expert_param(template, m.groupdict()), (int(m["expert"]), proj)
     for frag, param_frag, shard in mapping.packed:
         if f".{frag}." in name:
             return name.replace(f".{frag}.", f".{param_frag}.", 1), shard
@@ -135,9 +141,9 @@ def checkpoint_name(mapping, param_name: str, shard: Any) -> str:
     if isinstance(shard, tuple):
         expert, proj = shard
         for pattern, template, p in mapping.experts:
-            m = p == proj and re.fullmatch(re.escape(template).replace(re.escape("{layer}"), r"(?P<layer>\d+)"), param_name)
-            if m:
-                values = dict(m.groupdict(), expert=expert)
+            groups = p == proj and WeightMapping.expert_groups(template, param_name)
+            if groups:
+                values = dict(groups, expert=expert)
                 return render_pattern(pattern, **values) or f"{pattern} with {values}"
     for frag, param_frag, s in mapping.packed:
         if s == shard and f".{param_frag}." in param_name:
@@ -217,7 +223,24 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> LoadReport:
     missing = sorted(checkpoint_name(mapping, n, s) for n, p in params.items()
                      for s in getattr(p, "shards", (None,)) if (n, s) not in filled)
     _raise_problems(where, mismatched, sorted(unexpected), missing)
+    process_weights_after_loading(model)
     return report
+
+
+@torch.no_grad()
+def process_weights_after_loading(model: nn.Module) -> None:
+    """The post-load pass: every layer's ``quant_method.process_weights_after_loading(layer)``, then every
+    module's ``post_load()`` hook. Methods first, so a hook (MLA splitting kv_b_proj per head) reads
+    processed weights; ``load_weights`` runs it after every load, so what it derives follows a reload."""
+    modules = list(model.modules())
+    for module in modules:
+        method = vars(module).get("quant_method")
+        if method is not None:
+            method.process_weights_after_loading(module)
+    for module in modules:
+        hook = getattr(module, "post_load", None)
+        if callable(hook):
+            hook()
 
 
 def _raise_problems(where: str, mismatched: list[str], unexpected: list[str], missing: list[str]) -> None:

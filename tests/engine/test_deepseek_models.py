@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 import hetero
 from hetero.engine import tiny
 from hetero.engine.forward import build_model, prefill
-from hetero.engine.loader import INDEX, UnexpectedWeightsError, load_weights
+from hetero.engine.loader import INDEX, UnexpectedWeightsError, load_weights, process_weights_after_loading
 from hetero.engine.runtime.kv_cache import allocate_kv_cache
 from hetero.engine.step import Step
 
@@ -193,7 +193,7 @@ def test_mtp_layers_ignored(pair, tmp_path):
 def test_corrupted_weight_is_caught(pair, which):
     """The comparisons can fail: a small change to one weight shows in the decode errors."""
     layers = pair.model.model.layers
-    if which == "kv_b_proj":  # W_UK/W_UV of the absorbed path (the cached copies must follow)
+    if which == "kv_b_proj":  # and W_UK/W_UV of the absorbed path, rebuilt by the post-load pass
         param = layers[0].self_attn.kv_b_proj.weight
         index = (0, 0)
     else:  # the router of the last (MoE) layer
@@ -203,6 +203,7 @@ def test_corrupted_weight_is_caught(pair, which):
     try:
         with torch.no_grad():
             param.data[index] += 0.5
+        process_weights_after_loading(pair.model)
         errors = decode_and_chunked(pair)
         if which == "kv_b_proj":  # every row moved, the absorbed decodes included
             assert min(errors) > TOL, errors
@@ -211,4 +212,5 @@ def test_corrupted_weight_is_caught(pair, which):
     finally:
         with torch.no_grad():
             param.data.copy_(saved)
+        process_weights_after_loading(pair.model)
     assert max(decode_and_chunked(pair)) < TOL

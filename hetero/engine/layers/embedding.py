@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetero.engine.context import ModelContext
-from hetero.engine.layers.linear import copy_checked
+from hetero.engine.layers.weights import copy_checked
 
 __all__ = ["VocabParallelEmbedding", "ParallelLMHead"]
 
@@ -15,12 +15,12 @@ class VocabParallelEmbedding(nn.Module):
     """Rank r holds rows [r*V/R, (r+1)*V/R) of the table (the last rank pads when V % R != 0).
 
     A rank looks up the ids it owns, zeroes the others, and the ranks sum their
-    rows with one explicit all_reduce.
+    rows with one explicit all_reduce. ``prefix`` is the checkpoint name ("model.embed_tokens").
     """
 
-    def __init__(self, ctx: ModelContext, vocab_size: int, hidden: int):
+    def __init__(self, ctx: ModelContext, vocab_size: int, hidden: int, *, prefix: str = ""):
         super().__init__()
-        self.ctx, self.vocab_size = ctx, vocab_size
+        self.ctx, self.vocab_size, self.prefix = ctx, vocab_size, prefix
         size = ctx.parallel.size
         self.per_rank = -(-vocab_size // size)
         self.start = ctx.parallel.rank * self.per_rank
@@ -45,8 +45,8 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """logits = hidden @ W.T through ``gemm`` on this rank's vocabulary slice, gathered over ranks in float32."""
 
-    def __init__(self, ctx: ModelContext, vocab_size: int, hidden: int):
-        super().__init__(ctx, vocab_size, hidden)
+    def __init__(self, ctx: ModelContext, vocab_size: int, hidden: int, *, prefix: str = ""):
+        super().__init__(ctx, vocab_size, hidden, prefix=prefix)
         ctx.bind_op(self, "_gemm", "gemm")
 
     def tie(self, embedding: VocabParallelEmbedding) -> None:

@@ -4,7 +4,8 @@ Per token the cache keeps one latent ``kv_c`` [kv_lora_rank] (after ``kv_a_layer
 and one rope key ``k_pe`` [qk_rope_head_dim] (after rotary), shared by every head:
 
 - decode rows (``[0, step.num_decodes)``) take the *absorbed* path: each head's
-  ``W_UK`` (from ``kv_b_proj``) is folded into its ``q_nope``, ``mla_attention``
+  ``W_UK`` (from ``kv_b_proj``, split per head by the post-load pass: ``post_load``,
+  run by the loader after every load) is folded into its ``q_nope``, ``mla_attention``
   attends over the latent cache, and each head's ``W_UV`` maps the latent output
   to ``v_head_dim``. The per-head products are one ``grouped_gemm`` over head-major
   rows (group h = head h).
@@ -32,7 +33,9 @@ from hetero.engine.layers.linear import ColumnParallelLinear, ReplicatedLinear, 
 from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
 from hetero.engine.layers.cached import CachedLayer, PagedEntry
+from hetero.engine.layers.weights import join_prefix
 from hetero.engine.parallel import divide
+from hetero.engine.quant.config import QuantConfig
 from hetero.engine.step import Step
 
 __all__ = ["MLAttention", "mla_softmax_scale", "yarn_get_mscale"]
@@ -65,13 +68,15 @@ class MLAttention(CachedLayer):
     """``forward(hidden [T, H], step) -> [T, H]`` (after o_proj and its all-reduce).
 
     ``rotary``'s cos/sin table is shared by all layers (it can be large; pass ``rotary.twin(ctx)``); build it with
-    ``rotary_dim = qk_rope_head_dim`` and ``is_neox = not interleaved``.
+    ``rotary_dim = qk_rope_head_dim`` and ``is_neox = not interleaved``. ``prefix`` is the checkpoint
+    name ("model.layers.0.self_attn"); ``quant_config`` picks the projections' methods.
     """
 
-    def __init__(self, ctx: ModelContext, hf_config: Any, rotary: RotaryEmbedding):
+    def __init__(self, ctx: ModelContext, hf_config: Any, rotary: RotaryEmbedding, *, prefix: str = "",
+                 quant_config: QuantConfig | None = None):
         super().__init__()
         c = hf_config
-        self.ctx = ctx
+        self.ctx, self.prefix = ctx, prefix
         self.hidden = c.hidden_size
         self.num_heads = divide(c.num_attention_heads, ctx.parallel.size, "attention heads")
         self.q_lora_rank = getattr(c, "q_lora_rank", None)
@@ -82,16 +87,21 @@ class MLAttention(CachedLayer):
         bias = bool(getattr(c, "attention_bias", False))
         total_heads = c.num_attention_heads
 
+        def at(name: str) -> dict[str, Any]:
+            return dict(prefix=join_prefix(prefix, name), quant_config=quant_config)
+
         if self.q_lora_rank is None:
-            self.q_proj = ColumnParallelLinear(ctx, self.hidden, total_heads * self.qk_dim)
+            self.q_proj = ColumnParallelLinear(ctx, self.hidden, total_heads * self.qk_dim, **at("q_proj"))
         else:
-            self.q_a_proj = ReplicatedLinear(ctx, self.hidden, self.q_lora_rank, bias=bias)
-            self.q_a_layernorm = RMSNorm(ctx, self.q_lora_rank, LATENT_NORM_EPS)
-            self.q_b_proj = ColumnParallelLinear(ctx, self.q_lora_rank, total_heads * self.qk_dim)
-        self.kv_a_proj_with_mqa = ReplicatedLinear(ctx, self.hidden, self.kv_lora_rank + self.rope, bias=bias)
-        self.kv_a_layernorm = RMSNorm(ctx, self.kv_lora_rank, LATENT_NORM_EPS)
-        self.kv_b_proj = ColumnParallelLinear(ctx, self.kv_lora_rank, total_heads * (self.nope + self.v_dim))
-        self.o_proj = RowParallelLinear(ctx, total_heads * self.v_dim, self.hidden, bias=bias)
+            self.q_a_proj = ReplicatedLinear(ctx, self.hidden, self.q_lora_rank, bias=bias, **at("q_a_proj"))
+            self.q_a_layernorm = RMSNorm(ctx, self.q_lora_rank, LATENT_NORM_EPS, prefix=join_prefix(prefix, "q_a_layernorm"))
+            self.q_b_proj = ColumnParallelLinear(ctx, self.q_lora_rank, total_heads * self.qk_dim, **at("q_b_proj"))
+        self.kv_a_proj_with_mqa = ReplicatedLinear(ctx, self.hidden, self.kv_lora_rank + self.rope, bias=bias,
+                                                   **at("kv_a_proj_with_mqa"))
+        self.kv_a_layernorm = RMSNorm(ctx, self.kv_lora_rank, LATENT_NORM_EPS, prefix=join_prefix(prefix, "kv_a_layernorm"))
+        self.kv_b_proj = ColumnParallelLinear(ctx, self.kv_lora_rank, total_heads * (self.nope + self.v_dim),
+                                              **at("kv_b_proj"))
+        self.o_proj = RowParallelLinear(ctx, total_heads * self.v_dim, self.hidden, bias=bias, **at("o_proj"))
         self.rotary = rotary
 
         ctx.bind_op(self, "_write", "write_mla_kv")
@@ -100,23 +110,22 @@ class MLAttention(CachedLayer):
         ctx.bind_op(self, "_grouped_gemm", "grouped_gemm")
         self.ckv_cache: torch.Tensor | None = None
         self.kpe_cache: torch.Tensor | None = None
-        self._absorbed: tuple[Any, torch.Tensor, torch.Tensor] | None = None
+        # the absorbed path's per-head weights, set by post_load()
+        self.w_uk_t: torch.Tensor | None = None
+        self.w_uv: torch.Tensor | None = None
 
     def cache_spec(self) -> tuple[PagedEntry, ...]:
         return PagedEntry("ckv_cache", (self.kv_lora_rank,)), PagedEntry("kpe_cache", (self.rope,))
 
     # -- weights of the absorbed path ------------------------------------------------
-    def _absorb_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(W_UK^T [h, Lkv, nope], W_UV [h, v, Lkv]) of this rank's heads, contiguous, rebuilt
-        whenever kv_b_proj's weight changes (loading bumps its version counter)."""
-        w = self.kv_b_proj.weight
-        key = (w.data_ptr(), w._version, w.dtype, w.device)
-        if self._absorbed is None or self._absorbed[0] != key:
-            per_head = w.detach().view(self.num_heads, self.nope + self.v_dim, self.kv_lora_rank)
-            w_uk_t = per_head[:, : self.nope].transpose(1, 2).contiguous()
-            w_uv = per_head[:, self.nope:].contiguous()
-            self._absorbed = (key, w_uk_t, w_uv)
-        return self._absorbed[1], self._absorbed[2]
+    def post_load(self) -> None:
+        """Split kv_b_proj's weight (dense, as its method gives it) into this rank's W_UK^T [h, Lkv, nope] and
+        W_UV [h, v, Lkv], contiguous. The loader's post-load pass calls it after every load, once kv_b_proj's
+        method has processed its weights; a weight edited in place afterwards is not seen until it runs again."""
+        w = self.kv_b_proj.quant_method.dense_weight(self.kv_b_proj)
+        per_head = w.view(self.num_heads, self.nope + self.v_dim, self.kv_lora_rank)
+        self.w_uk_t = per_head[:, : self.nope].transpose(1, 2).contiguous()
+        self.w_uv = per_head[:, self.nope:].contiguous()
 
     def _per_head(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x [T, h, K], w [h, N, K] -> [T, h, N]: ``x[:, i] @ w[i].T`` for every head, one grouped GEMM."""
@@ -147,11 +156,13 @@ class MLAttention(CachedLayer):
         out = hidden.new_empty(t, self.num_heads, self.v_dim)
         nd = step.num_decodes
         if nd:
-            w_uk_t, w_uv = self._absorb_weights()
-            q_lat = self._per_head(q_nope[:nd], w_uk_t)  # [nd, h, Lkv]
+            if self.w_uk_t is None:
+                raise RuntimeError("MLAttention: no absorbed weights; the post-load pass computes them "
+                                   "(hetero.engine.loader.load_weights runs it, or process_weights_after_loading)")
+            q_lat = self._per_head(q_nope[:nd], self.w_uk_t)  # [nd, h, Lkv]
             o_lat = self._mla(q_lat.contiguous(), q_pe[:nd].contiguous(), self.ckv_cache, self.kpe_cache,
                               step.decode_meta, scale=self.scale)
-            out[:nd] = self._per_head(o_lat, w_uv)
+            out[:nd] = self._per_head(o_lat, self.w_uv)
         if step.prefill is not None:
             out[step.prefill.first_token:] = self._prefill(q_nope, q_pe, step)
         return self.o_proj(out.view(t, self.num_heads * self.v_dim))

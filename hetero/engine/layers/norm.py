@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from hetero.engine.context import ModelContext
-from hetero.engine.layers.linear import copy_checked
+from hetero.engine.layers.weights import copy_checked
 
 __all__ = ["RMSNorm"]
 
@@ -13,12 +13,13 @@ __all__ = ["RMSNorm"]
 class RMSNorm(nn.Module):
     """``norm(x)``, or with ``residual``: ``(norm(x + residual), x + residual)``.
 
-    Works on any leading shape (per-head q/k norms pass [T, H, D]).
+    Works on any leading shape (per-head q/k norms pass [T, H, D]). ``prefix`` is the
+    checkpoint name ("model.layers.0.input_layernorm").
     """
 
-    def __init__(self, ctx: ModelContext, hidden: int, eps: float):
+    def __init__(self, ctx: ModelContext, hidden: int, eps: float, *, prefix: str = ""):
         super().__init__()
-        self.eps = float(eps)
+        self.eps, self.prefix = float(eps), prefix
         self.weight = nn.Parameter(ctx.empty(hidden), requires_grad=False)
         self.weight.weight_loader = lambda p, t, shard=None: copy_checked(p, t, "RMSNorm")
         self.weight.shards = (None,)

@@ -1,6 +1,7 @@
 """What every model class provides to the runner and the loader."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -23,10 +24,12 @@ class WeightMapping:
       parameter named with ``.{parameter fragment}.`` instead, at ``shard``
       (e.g. ("q_proj", "qkv_proj", "q"), ("gate_proj", "gate_up_proj", 0)).
     - ``experts``: (checkpoint regex, parameter name template, projection) triples for
-      per-expert tensors; the regex has named groups ``layer`` and ``expert`` and the
-      template ``{layer}``; the shard passed to the weight loader is (expert, projection),
-      e.g. (r"model\\.layers\\.(?P<layer>\\d+)\\.mlp\\.experts\\.(?P<expert>\\d+)\\.gate_proj\\.weight",
-      "model.layers.{layer}.mlp.experts.w13", "gate").
+      per-expert tensors; the regex has named groups ``layer`` and ``expert``, and
+      optionally ``suffix`` (what follows the projection: ``weight``,
+      ``weight_scale_inv``, ``bias``...); the template has ``{layer}``. The parameter is
+      the template for suffix ``weight`` (or no suffix group) and template + "_" + suffix
+      otherwise (``w13_weight_scale_inv``); the shard passed to the weight loader is
+      (expert, projection). See ``stacked_experts``.
     - ``ignore``: regexes of checkpoint tensors the model may find and does not use
       (rotary inv_freq buffers, MTP layers, a tied lm_head).
     """
@@ -34,6 +37,29 @@ class WeightMapping:
     packed: tuple[tuple[str, str, Any], ...] = ()
     experts: tuple[tuple[str, str, str], ...] = ()
     ignore: tuple[str, ...] = ()
+
+    @staticmethod
+    def stacked_experts(checkpoint: str = r"model\.layers\.(?P<layer>\d+)\.mlp\.experts",
+                        parameter: str = "model.layers.{layer}.mlp.experts") -> tuple[tuple[str, str, str], ...]:
+        """The ``experts`` rules of per-expert ``{checkpoint}.E.{gate,up,down}_proj.{suffix}`` tensors
+        stacked into ``{parameter}.w13`` (gate, up) and ``{parameter}.w2`` (down), any suffix."""
+        return tuple((rf"{checkpoint}\.(?P<expert>\d+)\.{proj}_proj\.(?P<suffix>\w+)",
+                      f"{parameter}.{'w2' if proj == 'down' else 'w13'}", proj) for proj in ("gate", "up", "down"))
+
+    @staticmethod
+    def expert_param(template: str, groups: dict[str, Any]) -> str:
+        """The parameter name an expert rule's match ``groups`` (layer, optional suffix) stands for."""
+        name, suffix = template.format(layer=groups["layer"]), groups.get("suffix")
+        return name if suffix in (None, "weight") else f"{name}_{suffix}"
+
+    @staticmethod
+    def expert_groups(template: str, param_name: str) -> dict[str, str] | None:
+        """``expert_param`` reversed: the layer and suffix of ``param_name`` under ``template``, or None."""
+        pattern = re.escape(template).replace(re.escape("{layer}"), r"(?P<layer>\d+)") + r"(?:_(?P<suffix>\w+))?"
+        m = re.fullmatch(pattern, param_name)
+        if m is None:
+            return None
+        return {"layer": m["layer"], "suffix": m["suffix"] or "weight"}
 
 
 class CausalLM(nn.Module):

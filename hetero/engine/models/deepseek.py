@@ -18,12 +18,13 @@ Mirrors transformers' modeling_deepseek_v2.py / modeling_deepseek_v3.py:
 - rope: interleaved pairs for V2 always and for V3 when ``rope_interleave``.
 
 Checkpoint layers at index >= ``num_hidden_layers`` (the multi-token-prediction
-layers, ``num_nextn_predict_layers`` of them) are ignored.
+layers, ``num_nextn_predict_layers`` of them) are ignored. Every module gets its
+checkpoint ``prefix`` and the model's ``quant_config`` (which picks each Linear's and
+FusedMoE's method by prefix).
 """
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import torch
@@ -37,14 +38,14 @@ from hetero.engine.layers.mla import MLAttention
 from hetero.engine.layers.moe import FusedMoE, Routing
 from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
+from hetero.engine.layers.weights import join_prefix
 from hetero.engine.models.base import CausalLM, WeightMapping
+from hetero.engine.quant.config import QuantConfig, quant_config_of
 from hetero.engine.step import Step
 
 __all__ = ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "deepseek_routing"]
 
-_EXPERT = r"model\.layers\.(?P<layer>\d+)\.mlp\.experts\.(?P<expert>\d+)\.{}_proj\.weight"
-_EXPERTS = tuple((_EXPERT.format(p), "model.layers.{layer}.mlp.experts." + ("w2" if p == "down" else "w13"), p)
-                 for p in ("gate", "up", "down"))
+_EXPERTS = WeightMapping.stacked_experts()
 _PACKED = (("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 1))
 _IGNORE = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"model\.rotary_emb\.inv_freq")
 
@@ -70,11 +71,15 @@ def deepseek_routing(hf_config: Any, v3: bool) -> Routing:
 class DeepseekMLP(nn.Module):
     """down(silu(gate(x)) * up(x)), gate and up packed column-parallel, down row-parallel."""
 
-    def __init__(self, ctx: ModelContext, hidden: int, intermediate: int, *, bias: bool = False):
+    def __init__(self, ctx: ModelContext, hidden: int, intermediate: int, *, bias: bool = False, prefix: str = "",
+                 quant_config: QuantConfig | None = None):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(ctx, hidden, [intermediate, intermediate], bias=bias)
+        self.prefix = prefix
+        self.gate_up_proj = MergedColumnParallelLinear(ctx, hidden, [intermediate, intermediate], bias=bias,
+                                                       prefix=join_prefix(prefix, "gate_up_proj"), quant_config=quant_config)
         self.act = SiluAndMul(ctx)
-        self.down_proj = RowParallelLinear(ctx, intermediate, hidden, bias=bias)
+        self.down_proj = RowParallelLinear(ctx, intermediate, hidden, bias=bias, prefix=join_prefix(prefix, "down_proj"),
+                                           quant_config=quant_config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
@@ -88,18 +93,22 @@ class DeepseekMoE(nn.Module):
     the loader fills it directly.
     """
 
-    def __init__(self, ctx: ModelContext, hf_config: Any, v3: bool):
+    def __init__(self, ctx: ModelContext, hf_config: Any, v3: bool, *, prefix: str = "",
+                 quant_config: QuantConfig | None = None):
         super().__init__()
-        c = hf_config
-        self.gate = ReplicatedLinear(dataclasses.replace(ctx, dtype=torch.float32), c.hidden_size, c.n_routed_experts)
+        c, self.prefix = hf_config, prefix
+        self.gate = ReplicatedLinear(dataclasses.replace(ctx, dtype=torch.float32), c.hidden_size, c.n_routed_experts,
+                                     prefix=join_prefix(prefix, "gate"), quant_config=quant_config)
         self.experts = FusedMoE(ctx, c.n_routed_experts, c.hidden_size, c.moe_intermediate_size,
-                                deepseek_routing(c, v3), correction_bias=v3)
+                                deepseek_routing(c, v3), correction_bias=v3, prefix=join_prefix(prefix, "experts"),
+                                quant_config=quant_config)
         if v3:
             self.gate.e_score_correction_bias = self.experts.correction_bias
         self.shared_experts = None
         if c.n_shared_experts:
             self.shared_experts = DeepseekMLP(ctx, c.hidden_size, c.moe_intermediate_size * c.n_shared_experts,
-                                              bias=bool(getattr(c, "mlp_bias", False)) and not v3)
+                                              bias=bool(getattr(c, "mlp_bias", False)) and not v3,
+                                              prefix=join_prefix(prefix, "shared_experts"), quant_config=quant_config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.gate(x.float())
@@ -110,16 +119,20 @@ class DeepseekMoE(nn.Module):
 
 
 class DeepseekDecoderLayer(nn.Module):
-    def __init__(self, ctx: ModelContext, hf_config: Any, layer: int, rotary: RotaryEmbedding, v3: bool):
+    def __init__(self, ctx: ModelContext, hf_config: Any, layer: int, rotary: RotaryEmbedding, v3: bool, *,
+                 prefix: str = "", quant_config: QuantConfig | None = None):
         super().__init__()
-        c = hf_config
-        self.self_attn = MLAttention(ctx, c, rotary)
+        c, self.prefix = hf_config, prefix
+        q = dict(quant_config=quant_config)
+        self.self_attn = MLAttention(ctx, c, rotary, prefix=join_prefix(prefix, "self_attn"), **q)
         if layer >= c.first_k_dense_replace:
-            self.mlp = DeepseekMoE(ctx, c, v3)
+            self.mlp = DeepseekMoE(ctx, c, v3, prefix=join_prefix(prefix, "mlp"), **q)
         else:
-            self.mlp = DeepseekMLP(ctx, c.hidden_size, c.intermediate_size, bias=bool(getattr(c, "mlp_bias", False)) and not v3)
-        self.input_layernorm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps)
+            bias = bool(getattr(c, "mlp_bias", False)) and not v3
+            self.mlp = DeepseekMLP(ctx, c.hidden_size, c.intermediate_size, bias=bias, prefix=join_prefix(prefix, "mlp"), **q)
+        self.input_layernorm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps, prefix=join_prefix(prefix, "input_layernorm"))
+        self.post_attention_layernorm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps,
+                                                prefix=join_prefix(prefix, "post_attention_layernorm"))
 
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         """x: the residual stream in; returns the residual stream out."""
@@ -136,21 +149,23 @@ class _DeepseekForCausalLM(CausalLM):
     mapping = _MAPPING
     v3: bool = True
 
-    def __init__(self, hf_config: Any, ctx: ModelContext):
+    def __init__(self, hf_config: Any, ctx: ModelContext, *, quant_config: QuantConfig | None = None):
         super().__init__()
         c = hf_config
         if c.num_key_value_heads not in (None, c.num_attention_heads):
             raise ValueError(f"{type(self).__name__}: MLA needs num_key_value_heads == num_attention_heads, "
                              f"the config has {c.num_key_value_heads} and {c.num_attention_heads}")
         self.ctx, self.config = ctx, c
+        self.quant_config = quant = quant_config or quant_config_of(c)
         interleaved = bool(getattr(c, "rope_interleave", True)) if self.v3 else True
         rotary = RotaryEmbedding(ctx, c, c.qk_rope_head_dim, c.max_position_embeddings, is_neox=not interleaved)
         self.model = nn.Module()
-        self.model.embed_tokens = VocabParallelEmbedding(ctx, c.vocab_size, c.hidden_size)
-        self.model.layers = nn.ModuleList(DeepseekDecoderLayer(ctx, c, i, rotary.twin(ctx), self.v3)
+        self.model.embed_tokens = VocabParallelEmbedding(ctx, c.vocab_size, c.hidden_size, prefix="model.embed_tokens")
+        self.model.layers = nn.ModuleList(DeepseekDecoderLayer(ctx, c, i, rotary.twin(ctx), self.v3,
+                                                               prefix=f"model.layers.{i}", quant_config=quant)
                                           for i in range(c.num_hidden_layers))
-        self.model.norm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps)
-        self.lm_head = ParallelLMHead(ctx, c.vocab_size, c.hidden_size)
+        self.model.norm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps, prefix="model.norm")
+        self.lm_head = ParallelLMHead(ctx, c.vocab_size, c.hidden_size, prefix="lm_head")
         if getattr(c, "tie_word_embeddings", False):
             self.lm_head.tie(self.model.embed_tokens)
         self.mapping = self.weight_mapping(c)

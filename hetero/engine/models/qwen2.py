@@ -8,6 +8,9 @@ Residual stream: each decoder layer returns ``(hidden, residual)`` unsummed (the
 vLLM convention); the next layer's ``input_layernorm`` (or the final norm) adds
 them in the fused ``rms_norm(x, residual=...)``, which also returns the sum, the
 full residual stream, so ``capture`` costs no extra op.
+
+Every module gets its checkpoint ``prefix`` ("model.layers.3.self_attn") and the
+model's ``quant_config``, which picks each Linear's and FusedMoE's method by prefix.
 """
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ from hetero.engine.layers.embedding import ParallelLMHead, VocabParallelEmbeddin
 from hetero.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
+from hetero.engine.layers.weights import join_prefix
 from hetero.engine.models.base import CausalLM, WeightMapping
+from hetero.engine.quant.config import QuantConfig, quant_config_of
 from hetero.engine.step import Step
 
 __all__ = ["Qwen2Attention", "Qwen2MLP", "Qwen2DecoderLayer", "Qwen2Model", "Qwen2ForCausalLM",
@@ -66,15 +71,18 @@ def sliding_window_of(config: Any, layer_idx: int) -> tuple[int, int]:
 class Qwen2Attention(nn.Module):
     """qkv_proj -> (q/k transform) -> rope -> paged attention -> o_proj, heads split over ranks."""
 
-    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding):
+    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str = "",
+                 quant_config: QuantConfig | None = None):
         super().__init__()
-        self.head_dim = head_dim_of(config)
+        self.prefix, self.head_dim = prefix, head_dim_of(config)
         qkv_bias, o_bias = self.biases(config)
         self.qkv_proj = QKVParallelLinear(ctx, config.hidden_size, self.head_dim, config.num_attention_heads,
-                                          config.num_key_value_heads, bias=qkv_bias)
+                                          config.num_key_value_heads, bias=qkv_bias,
+                                          prefix=join_prefix(prefix, "qkv_proj"), quant_config=quant_config)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.o_proj = RowParallelLinear(ctx, config.num_attention_heads * self.head_dim, config.hidden_size, bias=o_bias)
+        self.o_proj = RowParallelLinear(ctx, config.num_attention_heads * self.head_dim, config.hidden_size, bias=o_bias,
+                                        prefix=join_prefix(prefix, "o_proj"), quant_config=quant_config)
         self.rotary_emb = rotary
         self.attn = Attention(ctx, self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5,
                               window=sliding_window_of(config, layer_idx))
@@ -103,11 +111,15 @@ class Qwen2Attention(nn.Module):
 class Qwen2MLP(nn.Module):
     """down(silu(gate(x)) * up(x)); gate/up packed column-parallel, down row-parallel."""
 
-    def __init__(self, ctx: ModelContext, hidden: int, intermediate: int):
+    def __init__(self, ctx: ModelContext, hidden: int, intermediate: int, *, prefix: str = "",
+                 quant_config: QuantConfig | None = None):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(ctx, hidden, [intermediate, intermediate])
+        self.prefix = prefix
+        self.gate_up_proj = MergedColumnParallelLinear(ctx, hidden, [intermediate, intermediate],
+                                                       prefix=join_prefix(prefix, "gate_up_proj"), quant_config=quant_config)
         self.act_fn = SiluAndMul(ctx)
-        self.down_proj = RowParallelLinear(ctx, intermediate, hidden)
+        self.down_proj = RowParallelLinear(ctx, intermediate, hidden, prefix=join_prefix(prefix, "down_proj"),
+                                           quant_config=quant_config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -122,15 +134,21 @@ class Qwen2DecoderLayer(nn.Module):
 
     attention_cls: type[Qwen2Attention] = Qwen2Attention
 
-    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding):
+    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str = "",
+                 quant_config: QuantConfig | None = None):
         super().__init__()
-        self.self_attn = self.attention_cls(ctx, config, layer_idx, rotary)
-        self.mlp = self.make_mlp(ctx, config, layer_idx)
-        self.input_layernorm = RMSNorm(ctx, config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(ctx, config.hidden_size, config.rms_norm_eps)
+        self.prefix = prefix
+        self.self_attn = self.attention_cls(ctx, config, layer_idx, rotary, prefix=join_prefix(prefix, "self_attn"),
+                                            quant_config=quant_config)
+        self.mlp = self.make_mlp(ctx, config, layer_idx, prefix=join_prefix(prefix, "mlp"), quant_config=quant_config)
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(ctx, config.hidden_size, eps, prefix=join_prefix(prefix, "input_layernorm"))
+        self.post_attention_layernorm = RMSNorm(ctx, config.hidden_size, eps,
+                                                prefix=join_prefix(prefix, "post_attention_layernorm"))
 
-    def make_mlp(self, ctx: ModelContext, config: Any, layer_idx: int) -> nn.Module:
-        return Qwen2MLP(ctx, config.hidden_size, config.intermediate_size)
+    def make_mlp(self, ctx: ModelContext, config: Any, layer_idx: int, *, prefix: str = "",
+                 quant_config: QuantConfig | None = None) -> nn.Module:
+        return Qwen2MLP(ctx, config.hidden_size, config.intermediate_size, prefix=prefix, quant_config=quant_config)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, step: Step,
                 capture: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,14 +169,17 @@ class Qwen2Model(nn.Module):
 
     layer_cls: type[Qwen2DecoderLayer] = Qwen2DecoderLayer
 
-    def __init__(self, ctx: ModelContext, config: Any):
+    def __init__(self, ctx: ModelContext, config: Any, *, prefix: str = "", quant_config: QuantConfig | None = None):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(ctx, config.vocab_size, config.hidden_size)
+        self.prefix = prefix
+        self.embed_tokens = VocabParallelEmbedding(ctx, config.vocab_size, config.hidden_size,
+                                                   prefix=join_prefix(prefix, "embed_tokens"))
         # one cos/sin table for every layer (it is [max_positions, head_dim]), one module per layer
         rotary = RotaryEmbedding(ctx, config, head_dim_of(config), config.max_position_embeddings, is_neox=True)
-        self.layers = nn.ModuleList(self.layer_cls(ctx, config, i, rotary.twin(ctx))
+        self.layers = nn.ModuleList(self.layer_cls(ctx, config, i, rotary.twin(ctx), quant_config=quant_config,
+                                                   prefix=join_prefix(prefix, f"layers.{i}"))
                                     for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(ctx, config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(ctx, config.hidden_size, config.rms_norm_eps, prefix=join_prefix(prefix, "norm"))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: Step,
                 capture: list[torch.Tensor] | None = None) -> torch.Tensor:
@@ -177,16 +198,20 @@ class Qwen2Model(nn.Module):
 
 
 class Qwen2ForCausalLM(CausalLM):
-    """Qwen2 (and the skeleton of Qwen3 / Qwen3-MoE): ``model.*`` plus ``lm_head`` (tied when configured)."""
+    """Qwen2 (and the skeleton of Qwen3 / Qwen3-MoE): ``model.*`` plus ``lm_head`` (tied when configured).
+
+    ``quant_config`` (default: what the config's ``quantization_config`` asks for) picks each layer's method.
+    """
 
     model_cls: type[Qwen2Model] = Qwen2Model
     mapping = WeightMapping(packed=QWEN_PACKED, ignore=QWEN_IGNORE)
 
-    def __init__(self, hf_config: Any, ctx: ModelContext):
+    def __init__(self, hf_config: Any, ctx: ModelContext, *, quant_config: QuantConfig | None = None):
         super().__init__()
         self.ctx, self.config = ctx, hf_config
-        self.model = self.model_cls(ctx, hf_config)
-        self.lm_head = ParallelLMHead(ctx, hf_config.vocab_size, hf_config.hidden_size)
+        self.quant_config = quant_config or quant_config_of(hf_config)
+        self.model = self.model_cls(ctx, hf_config, prefix="model", quant_config=self.quant_config)
+        self.lm_head = ParallelLMHead(ctx, hf_config.vocab_size, hf_config.hidden_size, prefix="lm_head")
         if getattr(hf_config, "tie_word_embeddings", False):
             self.lm_head.tie(self.model.embed_tokens)
 

@@ -9,7 +9,9 @@ import torch
 from hetero.engine.context import ModelContext
 from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
+from hetero.engine.layers.weights import join_prefix
 from hetero.engine.models.qwen2 import Qwen2Attention, Qwen2DecoderLayer, Qwen2ForCausalLM, Qwen2Model
+from hetero.engine.quant.config import QuantConfig
 
 __all__ = ["Qwen3Attention", "Qwen3DecoderLayer", "Qwen3Model", "Qwen3ForCausalLM"]
 
@@ -17,10 +19,11 @@ __all__ = ["Qwen3Attention", "Qwen3DecoderLayer", "Qwen3Model", "Qwen3ForCausalL
 class Qwen3Attention(Qwen2Attention):
     """Qwen2 attention plus ``q_norm`` / ``k_norm`` (RMSNorm over head_dim, one weight shared by all heads)."""
 
-    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding):
-        super().__init__(ctx, config, layer_idx, rotary)
-        self.q_norm = RMSNorm(ctx, self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(ctx, self.head_dim, config.rms_norm_eps)
+    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str = "",
+                 quant_config: QuantConfig | None = None):
+        super().__init__(ctx, config, layer_idx, rotary, prefix=prefix, quant_config=quant_config)
+        self.q_norm = RMSNorm(ctx, self.head_dim, config.rms_norm_eps, prefix=join_prefix(prefix, "q_norm"))
+        self.k_norm = RMSNorm(ctx, self.head_dim, config.rms_norm_eps, prefix=join_prefix(prefix, "k_norm"))
 
     @staticmethod
     def biases(config: Any) -> tuple[bool, bool]:

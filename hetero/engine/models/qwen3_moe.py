@@ -16,15 +16,15 @@ from torch import nn
 from hetero.engine.context import ModelContext
 from hetero.engine.layers.linear import ReplicatedLinear
 from hetero.engine.layers.moe import FusedMoE, Routing
+from hetero.engine.layers.weights import join_prefix
 from hetero.engine.models.base import WeightMapping
 from hetero.engine.models.qwen2 import QWEN_IGNORE, QWEN_PACKED, Qwen2MLP
 from hetero.engine.models.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM, Qwen3Model
+from hetero.engine.quant.config import QuantConfig
 
 __all__ = ["Qwen3MoeSparseMoeBlock", "Qwen3MoeDecoderLayer", "Qwen3MoeModel", "Qwen3MoeForCausalLM", "is_sparse_layer"]
 
-_EXPERT = r"model\.layers\.(?P<layer>\d+)\.mlp\.experts\.(?P<expert>\d+)\.{}_proj\.weight"
-_EXPERTS = tuple((_EXPERT.format(proj), "model.layers.{layer}.mlp.experts." + param, proj)
-                 for proj, param in (("gate", "w13"), ("up", "w13"), ("down", "w2")))
+_EXPERTS = WeightMapping.stacked_experts()
 
 
 def is_sparse_layer(config: Any, layer_idx: int) -> bool:
@@ -37,21 +37,25 @@ def is_sparse_layer(config: Any, layer_idx: int) -> bool:
 class Qwen3MoeSparseMoeBlock(nn.Module):
     """router_logits = gate(x); experts(x, router_logits) (the all_reduce / EP exchange is FusedMoE's)."""
 
-    def __init__(self, ctx: ModelContext, config: Any):
+    def __init__(self, ctx: ModelContext, config: Any, *, prefix: str = "", quant_config: QuantConfig | None = None):
         super().__init__()
-        self.gate = ReplicatedLinear(ctx, config.hidden_size, config.num_experts)
+        self.prefix = prefix
+        self.gate = ReplicatedLinear(ctx, config.hidden_size, config.num_experts, prefix=join_prefix(prefix, "gate"),
+                                     quant_config=quant_config)
         routing = Routing(top_k=config.num_experts_per_tok, scoring="softmax", renormalize=bool(config.norm_topk_prob))
-        self.experts = FusedMoE(ctx, config.num_experts, config.hidden_size, config.moe_intermediate_size, routing)
+        self.experts = FusedMoE(ctx, config.num_experts, config.hidden_size, config.moe_intermediate_size, routing,
+                                prefix=join_prefix(prefix, "experts"), quant_config=quant_config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.experts(x, self.gate(x))
 
 
 class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
-    def make_mlp(self, ctx: ModelContext, config: Any, layer_idx: int) -> nn.Module:
+    def make_mlp(self, ctx: ModelContext, config: Any, layer_idx: int, *, prefix: str = "",
+                 quant_config: QuantConfig | None = None) -> nn.Module:
         if is_sparse_layer(config, layer_idx):
-            return Qwen3MoeSparseMoeBlock(ctx, config)
-        return Qwen2MLP(ctx, config.hidden_size, config.intermediate_size)
+            return Qwen3MoeSparseMoeBlock(ctx, config, prefix=prefix, quant_config=quant_config)
+        return Qwen2MLP(ctx, config.hidden_size, config.intermediate_size, prefix=prefix, quant_config=quant_config)
 
 
 class Qwen3MoeModel(Qwen3Model):
