@@ -12,7 +12,7 @@ from typing import Iterable, Mapping
 import pluggy
 import torch
 
-from hetero import hookspecs
+import hetero.hookspecs as hookspecs  # the submodule itself, not the package namespace that imports this one
 from hetero._plugins import BackendEntry, PluginLoader, PluginRecord
 from hetero.backend import Availability, Backend
 from hetero.errors import BackendIncompatible, BackendNotFound, BackendUnavailable

@@ -1,13 +1,16 @@
 """One rank of a ``--world-size`` run: run every selected case and record a line per event.
 
-The parent spawns :func:`rank_main` per rank (rendezvous through a FileStore in
-the scratch directory); under torchrun, ``hetero_conformance.distributed.main``
-calls :func:`run_rank` directly.
+The parent starts ``python -m hetero_conformance._dist_rank`` per rank through the
+conformance spawner (``_spawn.Child``), its config as JSON on stdin; :func:`main`
+hands it to :func:`rank_main` (rendezvous through a FileStore in the scratch
+directory). Under torchrun, ``hetero_conformance.distributed.main`` calls
+:func:`run_rank` directly.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import traceback
 import warnings
@@ -24,7 +27,7 @@ from hetero.registry import REFERENCE, default_registry
 from hetero_conformance._dist_case import RankContext, Skip
 from hetero_conformance._dist_checks import selected_dist_cases
 
-__all__ = ["run_rank", "rank_main"]
+__all__ = ["run_rank", "rank_main", "rank_config", "main"]
 
 
 def _load(name: str) -> tuple[Any, Any]:
@@ -58,10 +61,11 @@ def run_rank(name: str, rank: int, world: int, *, seed: int, quick: bool, patter
 
 def rank_main(rank: int, name: str, world: int, seed: int, quick: bool, patterns: Sequence[str], scratch: str,
               timeout: float) -> None:
-    """A spawned rank: join the group, run the cases into ``scratch/rank{rank}.jsonl``, exit."""
+    """A spawned rank: join the group, run the cases into ``scratch/rank{rank}.jsonl``, exit.
+
+    The spawner sets ``HETERO_COMM_TIMEOUT`` to ``timeout`` in the rank's environment."""
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     warnings.filterwarnings("ignore", message=".*is deprecated.*", category=FutureWarning)
-    os.environ["HETERO_COMM_TIMEOUT"] = f"{timeout:g}"
     out = open(Path(scratch) / f"rank{rank}.jsonl", "a", buffering=1)
 
     def emit(rec: dict[str, Any]) -> None:
@@ -84,3 +88,20 @@ def rank_main(rank: int, name: str, world: int, seed: int, quick: bool, patterns
         out.close()
     # skip destroy_process_group: a peer may be gone; the process exits now
     os._exit(0)
+
+
+def rank_config(rank: int, name: str, world: int, seed: int, quick: bool, patterns: Sequence[str], scratch: str,
+                timeout: float) -> dict[str, Any]:
+    """The JSON config :func:`main` reads: :func:`rank_main`'s arguments by name."""
+    return {"rank": rank, "name": name, "world": world, "seed": seed, "quick": quick, "patterns": list(patterns),
+            "scratch": scratch, "timeout": timeout}
+
+
+def main() -> None:
+    """``python -m hetero_conformance._dist_rank`` with a :func:`rank_config` on stdin."""
+    config = json.loads(sys.stdin.read())
+    rank_main(**{**config, "patterns": tuple(config["patterns"])})
+
+
+if __name__ == "__main__":
+    main()

@@ -29,6 +29,7 @@ import time
 from typing import Any, NoReturn, Sequence
 
 from hetero_conformance._attempt import CallResult, attempt, load_calls
+from hetero_conformance._spawn import exit_text
 from hetero_conformance._worker import Channel, gist
 from hetero_conformance.cases.malformed import Malformed
 
@@ -59,16 +60,6 @@ def _preload(config: dict[str, Any]) -> tuple[Any, dict[str, Malformed]]:
         except Exception:  # the child's load reports why, call by call
             pass
     return registry, {c.id: c for c in load_calls(config["catalog"])}
-
-
-def _exit_text(status: int) -> str:
-    code = os.waitstatus_to_exitcode(status)
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"{signal.Signals(-code).name} (exit {code})"
-    except ValueError:
-        return f"signal {-code}"
 
 
 def _collect(fd: int, deadline: float) -> tuple[bytes, bool]:
@@ -145,7 +136,7 @@ def _fork_call(registry: Any, call: Malformed, config: dict[str, Any], channel_f
             return CallResult.of(call, "timeout", f"killed after {seconds:.0f} s (--timeout {config['timeout']:g})", validate=validate, seconds=seconds)
         log.seek(0)
         lines = gist(log.read().decode(errors="replace"))
-        why = f"the worker process died: {_exit_text(status)}" + (": " + " | ".join(lines) if lines else "")
+        why = f"the worker process died: {exit_text(os.waitstatus_to_exitcode(status))}" + (": " + " | ".join(lines) if lines else "")
         return CallResult.of(call, "crashed", why, validate=validate, seconds=seconds)
 
 

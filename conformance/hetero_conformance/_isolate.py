@@ -1,6 +1,7 @@
 """``--isolate``: each op family runs in its own worker process, so a crash or a hang is a verdict.
 
 The parent starts ``python -m hetero_conformance._isolate_worker`` per family
+(through the conformance spawner, ``_spawn``, as ``--world-size`` starts its ranks)
 and sends it the backend name, seed, catalog and case ids as JSON on stdin (the
 protocol is ``hetero_conformance._worker``'s). The worker loads the backend by
 name from the installed entry points (the parent's ``sys.path`` is its

@@ -1,7 +1,8 @@
 """``hetero conformance NAME --world-size N``: the collectives and expert parallelism on N ranks.
 
-The parent spawns N ranks (``torch.multiprocessing``, start method "spawn";
-rendezvous through a FileStore in a temporary directory). Each rank loads backend
+The parent starts N ranks (``python -m hetero_conformance._dist_rank`` through the
+conformance spawner, ``_spawn``, as ``--isolate`` starts its workers; rendezvous
+through a FileStore in a temporary directory). Each rank loads backend
 NAME, initializes the default process group with its ``process_group_backend()``
 (gloo for an interpreter), takes ``backend.communicator()`` and runs the same list of cases in the same
 order. Every rank draws its inputs from (seed, case, rank), so each one can
@@ -17,8 +18,9 @@ reference:
 
 Each rank appends one JSON line per case to its own file; the parent merges the
 lines into one CaseResult per case (failing if any rank failed, naming it). A
-rank that dies is reported as ``crashed``; when no rank finishes a case within
-``timeout`` seconds the ranks are killed and the unfinished cases are ``timeout``.
+rank that dies is reported as ``crashed`` (with the end of its stderr); when no
+rank finishes a case within ``timeout`` seconds the ranks are killed and the
+unfinished cases are ``timeout``.
 
 Under torchrun (``torchrun --nproc-per-node 2 -m hetero_conformance.distributed cpu_ref``)
 the ranks use torchrun's environment instead, and rank 0 gathers the results and
@@ -30,9 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -49,14 +49,15 @@ from hetero.spec import OPS
 
 from hetero_conformance._dist_case import DistCase
 from hetero_conformance._dist_checks import dist_cases, selected_dist_cases
-from hetero_conformance._dist_rank import rank_main, run_rank
+from hetero_conformance._dist_rank import rank_config, run_rank
+from hetero_conformance._spawn import Child, signal_name, stop_all, watch
 from hetero_conformance.runner import CaseResult
 from hetero_conformance.suite import SelectionError, SuiteResult, build_meta
 from hetero_conformance.tolerances import EXACT, tolerance
 
 __all__ = ["DistCase", "dist_cases", "run_distributed", "run_rank", "main"]
 
-_POLL_S = 0.05
+_RANK = "hetero_conformance._dist_rank"
 #: Seconds on top of ``timeout`` before the first record: spawning the ranks and importing torch.
 _GRACE_S = 60.0
 
@@ -94,20 +95,23 @@ def _finished(case: DistCase, recs: list[dict[str, Any]], seed: int) -> CaseResu
     return _result(case, status, message, case.seed(seed), seconds=seconds, outputs=outputs, tolerance=tol)
 
 
-def _why_missing(where: str, abort: str, exit: int | None, r: int) -> str:
+def _why_missing(where: str, abort: str, exit: int | None, r: int, stderr: Sequence[str] = ()) -> str:
     if abort:
         return f"rank {r} aborted {where}: {abort}"
     if exit is None:
         return f"rank {r} did not finish {where} (killed after the timeout)"
     if exit != 0:
-        code = _signal_name(-exit) if exit < 0 else f"exit code {exit}"
-        return f"rank {r} died ({code}) {where}"
+        code = signal_name(-exit) if exit < 0 else f"exit code {exit}"
+        quote = ": " + " | ".join(stderr) if stderr and where == "in this case" else ""
+        return f"rank {r} died ({code}) {where}{quote}"
     return f"rank {r} exited {where}"
 
 
 def _merge(cases: list[DistCase], per_rank: list[list[dict[str, Any]]], exits: list[int | None], timed_out: bool,
-           seed: int) -> list[CaseResult]:
+           seed: int, stderr: Sequence[Sequence[str]] = ()) -> list[CaseResult]:
+    """One CaseResult per case from every rank's records; ``stderr``: the gist of each rank's stderr (spawned ranks)."""
     world = len(per_rank)
+    stderr = list(stderr) or [()] * world
     done = [{r["id"]: r for r in recs if r.get("event") == "done"} for recs in per_rank]
     started = [{r["id"] for r in recs if r.get("event") == "start"} for recs in per_rank]
     aborts = [next((r["message"] for r in recs if r.get("event") == "abort"), "") for recs in per_rank]
@@ -118,28 +122,36 @@ def _merge(cases: list[DistCase], per_rank: list[list[dict[str, Any]]], exits: l
             results.append(_finished(case, recs, seed))
             continue
         missing = [r for r in range(world) if not recs[r]]
-        why = [_why_missing("in this case" if case.id in started[r] else "before this case", aborts[r], exits[r], r) for r in missing]
+        why = [_why_missing("in this case" if case.id in started[r] else "before this case", aborts[r], exits[r], r, stderr[r])
+               for r in missing]
         status = "timeout" if timed_out and any(exits[r] is None for r in missing) and not any(aborts[r] for r in missing) else "crashed"
         results.append(_result(case, status, "; ".join(why), case.seed(seed)))
     return results
 
 
-def _watch(procs: list[Any], files: list[Path], timeout: float) -> bool:
-    """Wait while the ranks run; True when they went ``timeout`` seconds without progress (their files grow)."""
-    last, progress = time.monotonic(), -1
-    while any(p.is_alive() for p in procs):
-        size = sum(f.stat().st_size for f in files if f.exists())
-        if size != progress:
-            progress, last = size, time.monotonic()
-        elif time.monotonic() - last > timeout + (_GRACE_S if progress <= 0 else 0.0):
-            return True
-        if any(p.exitcode not in (None, 0) for p in procs):  # one died: give the others a moment, then stop
-            deadline = time.monotonic() + min(5.0, timeout)
-            while time.monotonic() < deadline and any(p.is_alive() for p in procs):
-                time.sleep(_POLL_S)
-            return False
-        time.sleep(_POLL_S)
-    return False
+def _run_ranks(name: str, world: int, seed: int, quick: bool, patterns: Sequence[str], scratch: str,
+               timeout: float) -> tuple[bool, list[int | None], list[list[str]]]:
+    """Start the ``world`` ranks and wait for them: (timed out, exit codes, gist of each one's stderr).
+
+    Each rank reports through its file in ``scratch`` (its progress: the files grow with every case
+    started or finished); its stdout and stderr go to its log. Exit code None: killed at the timeout
+    before it recorded its end (it did not finish, it did not die)."""
+    env = {"HETERO_COMM_TIMEOUT": f"{timeout:g}"}  # a collective that waits longer than a case may is a failure
+    files = [Path(scratch) / f"rank{r}.jsonl" for r in range(world)]
+    ranks: list[Child] = []
+    timed_out = False
+    try:
+        for r in range(world):
+            ranks.append(Child(_RANK, rank_config(r, name, world, seed, quick, patterns, scratch, timeout), messages=False, env=env))
+        timed_out = watch(ranks, lambda: sum(f.stat().st_size for f in files if f.exists()), timeout=timeout, grace=_GRACE_S)
+    finally:
+        codes = stop_all(ranks)
+    exits = [None if (timed_out and code is not None and code < 0 and not _ended(files[i])) else code
+             for i, code in enumerate(codes)]
+    stderr = [rank.stderr_gist() for rank in ranks]
+    for rank in ranks:
+        rank.close()
+    return timed_out, exits, stderr
 
 
 def run_distributed(name: str, world: int, *, seed: int = 0, quick: bool = False, patterns: Sequence[str] = (),
@@ -149,33 +161,14 @@ def run_distributed(name: str, world: int, *, seed: int = 0, quick: bool = False
     ``timeout``: seconds the ranks may go without finishing a case before all are killed.
     """
     cases = selected_dist_cases(world, quick=quick, patterns=patterns)
-    ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="hetero-conformance-world") as scratch:
-        procs = [ctx.Process(target=rank_main, args=(r, name, world, seed, quick, tuple(patterns), scratch, timeout), daemon=True)
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        files = [Path(scratch) / f"rank{r}.jsonl" for r in range(world)]
-        timed_out = _watch(procs, files, timeout)
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(5)
-        exits: list[int | None] = [None if (timed_out and p.exitcode is not None and p.exitcode < 0 and not _ended(files[i]))
-                                   else p.exitcode for i, p in enumerate(procs)]
-        results = _merge(cases, [_read(f) for f in files], exits, timed_out, seed)
+        timed_out, exits, stderr = _run_ranks(name, world, seed, quick, patterns, scratch, timeout)
+        per_rank = [_read(Path(scratch) / f"rank{r}.jsonl") for r in range(world)]
+    results = _merge(cases, per_rank, exits, timed_out, seed, stderr)
     if on_result is not None:
         for r in results:
             on_result(r)
     return results
-
-
-def _signal_name(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
 
 
 def _ended(path: Path) -> bool:

@@ -1,14 +1,20 @@
 """The reference engine: Hugging Face checkpoints through hetero ops (see DESIGN.md section 8).
 
-``from hetero.engine import LLM, SamplingParams``; the names load on first use, so
-``import hetero.engine`` stays light (no transformers, no model code).
+``from hetero.engine import LLM, SamplingParams``; those names load on first use, so
+``import hetero.engine`` stays light (no transformers, no model code). The op-call
+seam (``instrument``, ``OpSite``, ``OpCounter``, ``op_sites``) is imported eagerly: it
+needs only torch and two small modules, and its function ``instrument`` shares its
+submodule's name, so a lazy attribute would be shadowed by the submodule as soon as
+anything imported ``hetero.engine.instrument``.
 """
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "EngineConfig"]
+from hetero.engine.instrument import OpCounter, OpSite, instrument, op_sites
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "EngineConfig", "instrument", "OpSite", "OpCounter", "op_sites"]
 
 _EXPORTS = {
     "LLM": "hetero.engine.llm",

@@ -1,0 +1,162 @@
+"""The shape of the source tree: no module-level import cycle, no overlong file.
+
+Both checks cover the packages ``hetero`` (``hetero/``) and ``hetero_conformance``
+(``conformance/hetero_conformance/``), read with ``ast`` (nothing is imported).
+
+Which imports count as an edge of the import graph:
+
+* only statements that run when the module is imported: at module level, including
+  inside module-level ``if``/``try``/``with`` blocks, but not inside a function or a
+  class body, and not under ``if TYPE_CHECKING:`` (those never run: such a block is
+  the usual way to name a type without importing its module, so counting it would
+  flag what is not a cycle at run time);
+* ``import a.b.c`` is an edge to ``a.b.c``; ``from a.b import c`` is an edge to
+  ``a.b.c`` when that is a module of the tree, else to ``a.b`` (``c`` is a name
+  defined there); relative imports are resolved against the importing package;
+* the implicit import of a module's parent packages is not an edge: every submodule
+  of ``hetero`` would otherwise depend on ``hetero/__init__.py``, which imports them;
+* imports of modules outside the two packages are ignored.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+#: package name -> the directory holding it
+PACKAGES = {"hetero": ROOT / "hetero", "hetero_conformance": ROOT / "conformance" / "hetero_conformance"}
+MAX_LINES = 300
+
+
+def modules(packages: dict[str, Path]) -> dict[str, Path]:
+    """Every module of ``packages`` by dotted name (a package by its own name, for its ``__init__.py``)."""
+    found = {}
+    for name, root in packages.items():
+        for path in sorted(root.rglob("*.py")):
+            parts = [name, *path.relative_to(root).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_imports(body: list[ast.stmt]):
+    """The import statements of ``body`` that run on import: nested blocks yes, functions, classes and TYPE_CHECKING no."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If):
+            if not _is_type_checking(node.test):
+                yield from _runtime_imports(node.body)
+            yield from _runtime_imports(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                yield from _runtime_imports(block)
+        elif isinstance(node, (ast.With, ast.For, ast.While)):
+            yield from _runtime_imports(node.body)
+
+
+def _base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` reads from."""
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    package = package[:len(package) - (node.level - 1)]
+    return ".".join(package + ([node.module] if node.module else []))
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``module`` (at ``path``) imports when it is imported."""
+    tree = ast.parse(path.read_text(), str(path))
+    edges = set()
+    for node in _runtime_imports(tree.body):
+        if isinstance(node, ast.Import):
+            edges.update(alias.name for alias in node.names)
+            continue
+        base = _base(module, path.name == "__init__.py", node)
+        for alias in node.names:
+            sub = f"{base}.{alias.name}"
+            edges.add(sub if sub in known else base)
+    return (edges & known) - {module}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted; a cycle lies in each."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def import_graph(packages: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules of ``packages`` it imports at module level."""
+    found = modules(packages)
+    return {name: imports_of(name, path, set(found)) for name, path in found.items()}
+
+
+def long_files(packages: dict[str, Path], limit: int = MAX_LINES) -> dict[str, int]:
+    """The ``.py`` files of ``packages`` over ``limit`` lines, relative to the repository, with their length."""
+    counts = {path: len(path.read_text().splitlines()) for path in modules(packages).values()}
+    return {str(p.relative_to(ROOT)): n for p, n in counts.items() if n > limit}
+
+
+def test_no_module_level_import_cycle():
+    found = cycles(import_graph(PACKAGES))
+    assert not found, f"module-level import cycles: {found}"
+
+
+def test_no_file_over_300_lines():
+    found = long_files(PACKAGES)
+    assert not found, f"files over {MAX_LINES} lines (split them by responsibility): {found}"
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("from pkg import VERSION\n", [["pkg", "pkg.a"]]),  # a name of the package namespace: an edge to pkg
+    ("from pkg import b\n", []),  # the submodule b, not the package
+    ("from pkg.b import thing\n", []),
+    ("from . import b\n", []),
+    ("from . import VERSION\n", [["pkg", "pkg.a"]]),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import thing\n", []),
+    ("def f():\n    from pkg import thing\n", []),
+    ("try:\n    import pkg\nexcept ImportError:\n    pass\n", [["pkg", "pkg.a"]]),
+])
+def test_the_cycle_finder(tmp_path, source, expected):
+    """A planted package: ``pkg/__init__`` imports ``pkg.a``; ``a``'s source decides whether there is a cycle."""
+    (tmp_path / "__init__.py").write_text("from pkg.a import thing\n")
+    (tmp_path / "a.py").write_text(source + "thing = 1\n")
+    (tmp_path / "b.py").write_text("")
+    assert cycles(import_graph({"pkg": tmp_path})) == expected
