@@ -45,7 +45,7 @@ class Step:
     - ``prefill``: the remaining sequences as a ``PrefillSpan`` (None when there are none).
     - ``logits_indices`` int64 [S]: the rows whose logits are sampled (the last row of
       each sequence that completes its prompt or decodes).
-    - ``state_slots`` int64 [B]: each sequence's slot in the state pool, and
+    - ``state_slots`` int32 [B]: each sequence's slot in the state pool, and
       ``has_initial_state`` bool [B]: whether it had tokens computed before this step
       (None for models without per-sequence state).
     """

@@ -67,7 +67,7 @@ class StepBuffers:
                   "logits_indices": ((b,), i64), "cu_seqlens_q": ((b + 1,), i32), "cu_seqlens_k": ((b + 1,), i32),
                   "kv_slots": ((t if kv_slots_capacity is None else int(kv_slots_capacity),), i64)}
         if self.has_state:
-            shapes.update(state_slots=((b,), i64), has_initial_state=((b,), torch.bool))
+            shapes.update(state_slots=((b,), i32), has_initial_state=((b,), torch.bool))
         for name, (shape, dtype) in shapes.items():
             self._alloc(name, shape, dtype)
         if not self.has_state:
