@@ -1,6 +1,8 @@
 """Ops: the resolved op table an engine calls. One attribute per op, no dispatch per call."""
 from __future__ import annotations
 
+import inspect
+
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -140,7 +142,9 @@ class Ops:
         binding = self._native.get(op)
         if binding is None:
             return None, self._info[op].reasons[0]
-        reason = binding.supports(**static) if binding.supports is not None else None
+        reason = _missing_option(binding.fn, op, static)
+        if reason is None and binding.supports is not None:
+            reason = binding.supports(**static)
         return binding, reason
 
     def resolve(self, op: str, **static: Any) -> Callable:
@@ -169,3 +173,20 @@ class Ops:
     def __repr__(self) -> str:
         fallback = sum(1 for i in self._info.values() if i.origin != BACKEND and not i.origin.startswith("override"))
         return f"<Ops {self.backend.name!r} on {self.backend.device}: {len(OP_NAMES) - fallback} native, {fallback} fallback>"
+
+
+def _missing_option(fn: Callable, op: str, static: dict[str, Any]) -> str | None:
+    """Why ``fn`` cannot serve a call that sets a keyword option of the spec it does not take (an
+    implementation written against an older minor version of the spec), else None."""
+    params = OPS[op].signature.parameters
+    options = [k for k in static if k in params and params[k].kind is inspect.Parameter.KEYWORD_ONLY]
+    if not options:
+        return None
+    try:
+        accepted = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        return None
+    missing = [k for k in options if k not in accepted]
+    return f"takes no {', '.join(repr(k) for k in missing)} (an option newer than it)" if missing else None

@@ -2,7 +2,9 @@
 
 * ``rms_norm_kernel``: one program per tile of rows; the sum of squares is a float32 (float64
   for float64 inputs) reduction along the row, one pass when the row fits ``BLOCK_H``, else
-  two streamed passes (sum of squares, then normalize), optionally fused with the residual add.
+  two streamed passes (sum of squares, then normalize), optionally fused with the residual add;
+  the weight offset is a scalar argument, the gate (HAS_GATE) and its activation (SIGMOID_GATE,
+  else SiLU) compile-time switches.
 * ``rope_kernel``: one program per token; it loads the token's cos/sin row once and loops
   over tiles of query heads, then key heads (``_rope_heads``); dims past ``rot`` are copied
   through. A position outside [0, max_pos) reads nothing and rotates by angle 0.
@@ -44,38 +46,72 @@ def _row_sum(x):
 
 
 @triton.jit
+def _sigmoid(a):
+    e = tl.exp(-tl.abs(a))  # without overflow: exp of a non-positive number only
+    return tl.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+@triton.jit
+def _norm_out(xf, inv, w, g_ptrs, m, DST: tl.constexpr, HAS_GATE: tl.constexpr, SIGMOID_GATE: tl.constexpr,
+              RNE_BF16: tl.constexpr):
+    """One tile of rms_norm's output in DST: ``xn * w`` (xn = xf * inv), or with the gate the spec's
+    order ``r(r(r(xn) * w) * act(gate))`` (r: a rounding to DST, act on the gate in xf's dtype)."""
+    xn = xf * inv[:, None]
+    if HAS_GATE:
+        xn = cast_out(xn, DST, RNE_BF16).to(xf.dtype)
+        y = cast_out(xn * w[None, :], DST, RNE_BF16).to(xf.dtype)
+        g = tl.load(g_ptrs, mask=m, other=0.0).to(xf.dtype)
+        if SIGMOID_GATE:
+            y = y * _sigmoid(g)
+        else:
+            y = y * (g * _sigmoid(g))
+    else:
+        y = xn * w[None, :]
+    return cast_out(y, DST, RNE_BF16)
+
+
+@triton.jit
+def _h_tile(x_ptr, r_ptr, r, c, m, sx_r, sx_c, sr_r, sr_c,
+            HAS_RES: tl.constexpr, ACC: tl.constexpr, RNE_BF16: tl.constexpr):
+    """A tile of the normalized input in x's dtype: x, or ``h = x + residual`` rounded to x's dtype."""
+    x = tl.load(x_ptr + r[:, None] * sx_r + c[None, :] * sx_c, mask=m, other=0.0)
+    if HAS_RES:
+        res = tl.load(r_ptr + r[:, None] * sr_r + c[None, :] * sr_c, mask=m, other=0.0)
+        x = cast_out(x.to(ACC) + res.to(ACC), x_ptr.dtype.element_ty, RNE_BF16)
+    return x
+
+
+@triton.jit
 def rms_norm_kernel(
-    x_ptr, r_ptr, w_ptr, y_ptr, h_ptr,
-    rows, hidden, eps,
-    sx_r, sx_c, sr_r, sr_c, sw, sy_r, sh_r,
-    HAS_RES: tl.constexpr, ACC: tl.constexpr, ONE_PASS: tl.constexpr, RNE_BF16: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+    x_ptr, r_ptr, w_ptr, g_ptr, y_ptr, h_ptr,
+    rows, hidden, eps, offset,
+    sx_r, sx_c, sr_r, sr_c, sw, sg_r, sg_c, sy_r, sh_r,
+    HAS_RES: tl.constexpr, HAS_GATE: tl.constexpr, SIGMOID_GATE: tl.constexpr, ACC: tl.constexpr,
+    ONE_PASS: tl.constexpr, RNE_BF16: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     rm = r < rows
     cc = tl.arange(0, BLOCK_H)
+    dst = y_ptr.dtype.element_ty
     if ONE_PASS:
         cm = cc < hidden
         m = rm[:, None] & cm[None, :]
-        x = tl.load(x_ptr + r[:, None] * sx_r + cc[None, :] * sx_c, mask=m, other=0.0)
+        x = _h_tile(x_ptr, r_ptr, r, cc, m, sx_r, sx_c, sr_r, sr_c, HAS_RES, ACC, RNE_BF16)
         if HAS_RES:
-            res = tl.load(r_ptr + r[:, None] * sr_r + cc[None, :] * sr_c, mask=m, other=0.0)
-            x = cast_out(x.to(ACC) + res.to(ACC), x_ptr.dtype.element_ty, RNE_BF16)  # h rounded to x's dtype
             tl.store(h_ptr + r[:, None] * sh_r + cc[None, :], x, mask=m)
         xf = x.to(ACC)
         inv = 1.0 / tl.sqrt(_row_sum(xf * xf) / hidden + eps)
-        w = tl.load(w_ptr + cc * sw, mask=cm, other=0.0).to(ACC)
-        y = xf * inv[:, None] * w[None, :]
-        tl.store(y_ptr + r[:, None] * sy_r + cc[None, :], cast_out(y, y_ptr.dtype.element_ty, RNE_BF16), mask=m)
+        w = tl.load(w_ptr + cc * sw, mask=cm, other=0.0).to(ACC) + offset
+        y = _norm_out(xf, inv, w, g_ptr + r[:, None] * sg_r + cc[None, :] * sg_c, m, dst, HAS_GATE, SIGMOID_GATE,
+                      RNE_BF16)
+        tl.store(y_ptr + r[:, None] * sy_r + cc[None, :], y, mask=m)
     else:
         ss = tl.full([BLOCK_R], 0.0, ACC)  # (tl.zeros is a triton.language jit function: see _row_sum)
         for c0 in range(0, hidden, BLOCK_H):
             c = c0 + cc
             m = rm[:, None] & (c < hidden)[None, :]
-            x = tl.load(x_ptr + r[:, None] * sx_r + c[None, :] * sx_c, mask=m, other=0.0)
+            x = _h_tile(x_ptr, r_ptr, r, c, m, sx_r, sx_c, sr_r, sr_c, HAS_RES, ACC, RNE_BF16)
             if HAS_RES:
-                res = tl.load(r_ptr + r[:, None] * sr_r + c[None, :] * sr_c, mask=m, other=0.0)
-                x = cast_out(x.to(ACC) + res.to(ACC), x_ptr.dtype.element_ty, RNE_BF16)
                 tl.store(h_ptr + r[:, None] * sh_r + c[None, :], x, mask=m)
             xf = x.to(ACC)
             ss += _row_sum(xf * xf)
@@ -85,13 +121,11 @@ def rms_norm_kernel(
             cm = c < hidden
             m = rm[:, None] & cm[None, :]
             # recompute h from the inputs rather than reading back this program's own stores
-            x = tl.load(x_ptr + r[:, None] * sx_r + c[None, :] * sx_c, mask=m, other=0.0)
-            if HAS_RES:
-                res = tl.load(r_ptr + r[:, None] * sr_r + c[None, :] * sr_c, mask=m, other=0.0)
-                x = cast_out(x.to(ACC) + res.to(ACC), x_ptr.dtype.element_ty, RNE_BF16)
-            w = tl.load(w_ptr + c * sw, mask=cm, other=0.0).to(ACC)
-            y = x.to(ACC) * inv[:, None] * w[None, :]
-            tl.store(y_ptr + r[:, None] * sy_r + c[None, :], cast_out(y, y_ptr.dtype.element_ty, RNE_BF16), mask=m)
+            x = _h_tile(x_ptr, r_ptr, r, c, m, sx_r, sx_c, sr_r, sr_c, HAS_RES, ACC, RNE_BF16)
+            w = tl.load(w_ptr + c * sw, mask=cm, other=0.0).to(ACC) + offset
+            y = _norm_out(x.to(ACC), inv, w, g_ptr + r[:, None] * sg_r + c[None, :] * sg_c, m, dst, HAS_GATE,
+                          SIGMOID_GATE, RNE_BF16)
+            tl.store(y_ptr + r[:, None] * sy_r + c[None, :], y, mask=m)
 
 
 @triton.jit
@@ -171,7 +205,5 @@ def silu_and_mul_kernel(
     base = x_ptr + r[:, None] * sx_r
     a = tl.load(base + c[None, :] * sx_c, mask=m, other=0.0).to(ACC)
     b = tl.load(base + (c[None, :] + inter) * sx_c, mask=m, other=0.0).to(ACC)
-    e = tl.exp(-tl.abs(a))  # sigmoid without overflow: exp of a non-positive number only
-    sig = tl.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-    y = a * sig * b
+    y = a * _sigmoid(a) * b
     tl.store(y_ptr + r[:, None] * sy_r + c[None, :], cast_out(y, y_ptr.dtype.element_ty, RNE_BF16), mask=m)

@@ -1,5 +1,6 @@
-"""Triton kernels of the glue ops: rms_norm (optionally fused with the residual add),
-rotary_embedding (NeoX and interleaved pairs, partial rotary) and silu_and_mul.
+"""Triton kernels of the glue ops: rms_norm (optionally fused with the residual add, with a
+weight offset, or gated), rotary_embedding (NeoX and interleaved pairs, partial rotary) and
+silu_and_mul.
 
 Semantics: ``hetero.spec.layers``. Each kernel computes in float32 (float64 when an input is
 float64) and rounds once to the input's dtype; inputs are read through their strides and
@@ -32,6 +33,7 @@ from hetero.kernels._rounding import cast_out, rne_bf16
 from hetero.kernels._triton import triton_modules
 from hetero.kernels.tuning import Tuning
 from hetero.spec.checks import check_at_least_1d, check_rms_norm, check_rotary, expect
+from hetero.spec.layers import check_rms_norm_options
 from hetero.spec.types import FLOAT_DTYPES
 
 triton, tl = triton_modules()
@@ -62,10 +64,25 @@ def _rows2d(x: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- launchers
 
 
-def rms_norm(x, weight, eps, *, residual=None, tuning: Tuning):
-    """``x / rms(x) * weight`` per row; with ``residual`` it normalizes ``h = x + residual`` and returns ``(y, h)``."""
+def _row_tiles(rows: int, hidden: int, tuning: Tuning) -> tuple[int, int, dict]:
+    """rms_norm's (BLOCK_R, BLOCK_H, launch options) for ``rows`` rows of ``hidden`` elements."""
+    meta, launch = Tuning.launch_options(tuning("rows"))
+    tile = int(meta.get("BLOCK", ROW_TILE_INTERPRETED if tuning.interpreted else ROW_TILE))
+    bh = min(_pow2(hidden), MAX_ROW_BLOCK)
+    br = max(1, min(_pow2(rows), tile // bh))
+    if not tuning.interpreted and "num_warps" in launch:
+        # at least one warp per 1024 elements of the tile, so a long row does not spill
+        launch["num_warps"] = min(16, max(int(launch["num_warps"]), (br * bh) // 1024))
+    return br, bh, launch
+
+
+def rms_norm(x, weight, eps, *, residual=None, weight_offset=0.0, gate=None, gate_act="silu", tuning: Tuning):
+    """``x / rms(x) * (weight + weight_offset)`` per row; with ``residual`` it normalizes ``h = x + residual``
+    and returns ``(y, h)``; with ``gate`` the result is gated by ``silu(gate)`` or ``sigmoid(gate)``
+    (``gate_act``), rounded in the spec's order. The offset reaches the kernel as a float32 scalar."""
     op = "rms_norm"
     hidden = check_rms_norm(op, x, weight, eps, residual)
+    check_rms_norm_options(op, x, residual, weight_offset, gate, gate_act)
 
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
@@ -73,21 +90,17 @@ def rms_norm(x, weight, eps, *, residual=None, tuning: Tuning):
     if rows and hidden:
         x2 = _rows2d(x)
         r2 = _rows2d(residual) if residual is not None else x2
+        g2 = _rows2d(gate) if gate is not None else x2
         y2 = y.view(-1, hidden)
         h2 = h.view(-1, hidden) if h is not None else y2
-        meta, launch = Tuning.launch_options(tuning("rows"))
-        tile = int(meta.get("BLOCK", ROW_TILE_INTERPRETED if tuning.interpreted else ROW_TILE))
-        bh = min(_pow2(hidden), MAX_ROW_BLOCK)
-        one_pass = bh >= hidden
-        br = max(1, min(_pow2(rows), tile // bh))
-        if not tuning.interpreted and "num_warps" in launch:
-            # at least one warp per 1024 elements of the tile, so a long row does not spill
-            launch["num_warps"] = min(16, max(int(launch["num_warps"]), (br * bh) // 1024))
+        br, bh, launch = _row_tiles(rows, hidden, tuning)
         kern.rms_norm_kernel[(triton.cdiv(rows, br),)](
-            x2, r2, weight, y2, h2,
-            rows, hidden, float(eps),
-            x2.stride(0), x2.stride(1), r2.stride(0), r2.stride(1), weight.stride(0), y2.stride(0), h2.stride(0),
-            HAS_RES=residual is not None, ACC=_acc(x, weight), ONE_PASS=one_pass, RNE_BF16=rne_bf16(x.dtype, tuning),
+            x2, r2, weight, g2, y2, h2,
+            rows, hidden, float(eps), float(weight_offset),
+            x2.stride(0), x2.stride(1), r2.stride(0), r2.stride(1), weight.stride(0), g2.stride(0), g2.stride(1),
+            y2.stride(0), h2.stride(0),
+            HAS_RES=residual is not None, HAS_GATE=gate is not None, SIGMOID_GATE=gate_act == "sigmoid",
+            ACC=_acc(x, weight), ONE_PASS=bh >= hidden, RNE_BF16=rne_bf16(x.dtype, tuning),
             BLOCK_R=br, BLOCK_H=bh, **launch,
         )
     return y if residual is None else (y, h)

@@ -74,8 +74,9 @@ class WrongScale(CpuRefBackend):
     name = "wrong_scale"
     priority = -2000
 
-    def rms_norm(self, x, weight, eps, *, residual=None):
-        out = CpuRefBackend.rms_norm(x, weight, eps, residual=residual)
+    def rms_norm(self, x, weight, eps, *, residual=None, weight_offset=0.0, gate=None, gate_act="silu"):
+        out = CpuRefBackend.rms_norm(x, weight, eps, residual=residual, weight_offset=weight_offset, gate=gate,
+                                     gate_act=gate_act)
         return (out[0] * 1.02, out[1]) if isinstance(out, tuple) else out * 1.02
 
 

@@ -98,6 +98,46 @@ def test_rms_norm_empty_and_errors(triton_backend):
         triton_backend.rms_norm(torch.randn(2, 64), w, 1e-6, residual=torch.randn(2, 64).half())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("opts", [{"weight_offset": 1.0}, {"weight_offset": 1.0, "residual": True},
+                                  {"gate": "silu"}, {"gate": "sigmoid", "weight_offset": -0.5}])
+def test_rms_norm_options(tune, dtype, opts):
+    """Spec 1.2: the zero-centred weight (offset scalar) and the gated norm per head ([T, HV, V] rows)."""
+    g = _gen(8)
+    x = (3 * torch.randn(4, 6, 128, generator=g)).to(dtype)
+    w = (0.2 * torch.randn(128, generator=g)).to(dtype)
+    kw = {"weight_offset": opts.get("weight_offset", 0.0)}
+    if opts.get("residual"):
+        kw["residual"] = torch.randn(4, 6, 128, generator=g).to(dtype)
+    if "gate" in opts:
+        packed = torch.randn(4, 6, 2 * 128, generator=g).to(dtype)
+        kw.update(gate=packed[..., 128:], gate_act=opts["gate"])  # a strided slice of a projection
+    got = _layers().rms_norm(x, w, 1e-6, tuning=tune, **kw)
+    want = ref.rms_norm(x, w, 1e-6, **kw)
+    if "residual" in kw:
+        assert torch.equal(got[1], want[1])
+        got, want = got[0], want[0]
+    assert got.shape == x.shape and got.dtype == dtype
+    torch.testing.assert_close(got, want, **_tol(dtype))
+
+
+def test_rms_norm_options_two_pass_and_errors(monkeypatch, triton_backend):
+    layers = _layers()
+    monkeypatch.setattr(layers, "MAX_ROW_BLOCK", 64)
+    g = _gen(9)
+    x, z = torch.randn(3, 150, generator=g).to(torch.bfloat16), torch.randn(3, 150, generator=g).to(torch.bfloat16)
+    w = (0.1 * torch.randn(150, generator=g)).to(torch.bfloat16)
+    for kw in ({"weight_offset": 1.0}, {"gate": z, "gate_act": "silu"}, {"gate": z, "gate_act": "sigmoid"}):
+        got = layers.rms_norm(x, w, 1e-6, tuning=triton_backend.tune, **kw)
+        torch.testing.assert_close(got, ref.rms_norm(x, w, 1e-6, **kw), **_tol(torch.bfloat16))
+    assert layers.rms_norm(torch.empty(0, 8, 64), torch.ones(64), 1e-6, gate=torch.empty(0, 8, 64),
+                           tuning=triton_backend.tune).shape == (0, 8, 64)
+    with pytest.raises(OpError, match="'gate'.*residual"):
+        layers.rms_norm(x, w, 1e-6, residual=x, gate=z, tuning=triton_backend.tune)
+    with pytest.raises(OpError, match="gate_act"):
+        layers.rms_norm(x, w, 1e-6, gate=z, gate_act="tanh", tuning=triton_backend.tune)
+
+
 # ----------------------------------------------------------------------------- rotary_embedding
 
 

@@ -83,6 +83,9 @@ def test_op_override_from_another_package(make_dist):
 
     assert ops.resolve("rms_norm", dtype="float32") is ops.rms_norm
     assert ops.resolve("rms_norm", dtype="float64") is layers.rms_norm
+    # the override predates the spec 1.2 options: a layer that sets one gets the reference, and the reason
+    assert ops.resolve("rms_norm", dtype="float32", weight_offset=1.0) is layers.rms_norm
+    assert any("takes no 'weight_offset'" in r for r in ops.explain()["rms_norm"].reasons)
     assert "float64 is not accelerated" in ops.explain()["rms_norm"].reasons[0]
     assert reg.load("cpu_ref").explain()["rms_norm"].origin == "backend"  # other backends untouched
 

@@ -1,8 +1,9 @@
-"""Reference glue ops: RMS normalization, rotary embedding, gated SiLU.
+"""Reference glue ops: RMS normalization (plain, zero-centred, gated), rotary embedding, gated SiLU.
 
 Plain PyTorch on whatever device the inputs live on. Each op computes in
 float32 (float64 when any input is float64) and rounds once to the input's
-dtype; inputs are never modified.
+dtype (the gated rms_norm also at the two points the spec names); inputs are
+never modified.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from hetero.spec.checks import check_at_least_1d, check_rms_norm, check_rotary, expect
+from hetero.spec.layers import check_rms_norm_options
 from hetero.spec.types import FLOAT_DTYPES
 
 from hetero_cpu_ref._util import acc_dtype, up
@@ -17,11 +19,22 @@ from hetero_cpu_ref._util import acc_dtype, up
 __all__ = ["rms_norm", "rotary_embedding", "silu_and_mul"]
 
 
-def _normalize(h: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.dtype) -> torch.Tensor:
-    """rms_norm of h computed in `acc`, rounded once to h's dtype."""
+_GATE_ACTS = {"silu": F.silu, "sigmoid": torch.sigmoid}
+
+
+def _normalize(h: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.dtype, weight_offset: float = 0.0,
+               gate: torch.Tensor | None = None, gate_act: str = "silu") -> torch.Tensor:
+    """rms_norm of h computed in `acc` with weight + weight_offset, rounded once to h's dtype; with
+    `gate`, the spec's order: r(r(r(xn) * w) * act(gate)), r() rounding to h's dtype."""
     a = up(h, acc)
-    inv_rms = torch.rsqrt(a.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (a * inv_rms * up(weight, acc)).to(h.dtype)
+    xn = a * torch.rsqrt(a.pow(2).mean(dim=-1, keepdim=True) + eps)
+    w = up(weight, acc)
+    if weight_offset:
+        w = w + weight_offset
+    if gate is None:
+        return (xn * w).to(h.dtype)
+    y = (xn.to(h.dtype).to(acc) * w).to(h.dtype).to(acc)
+    return (y * _GATE_ACTS[gate_act](up(gate, acc))).to(h.dtype)
 
 
 def rms_norm(
@@ -30,16 +43,20 @@ def rms_norm(
     eps: float,
     *,
     residual: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+    gate: torch.Tensor | None = None,
+    gate_act: str = "silu",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     op = "rms_norm"
     check_rms_norm(op, x, weight, eps, residual)
+    check_rms_norm_options(op, x, residual, weight_offset, gate, gate_act)
 
-    acc = acc_dtype(x, weight, residual)
-    eps = float(eps)
+    acc = acc_dtype(x, weight, residual, gate)
+    eps, offset = float(eps), float(weight_offset)
     if residual is None:
-        return _normalize(x, weight, eps, acc)
+        return _normalize(x, weight, eps, acc, offset, gate, gate_act)
     h = (up(x, acc) + up(residual, acc)).to(x.dtype)  # the add makes a new tensor
-    return _normalize(h, weight, eps, acc), h
+    return _normalize(h, weight, eps, acc, offset), h
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int, is_neox: bool, acc: torch.dtype) -> torch.Tensor:

@@ -163,6 +163,7 @@ def _merge(t: int, h: int, dv: int, *, lo: float = -2.0, hi: float = 12.0, lse_v
 
 # ----------------------------------------------------------------------------- the catalog
 
+QWEN3_NEXT = Heads(16, 2, 256)  # Qwen3-Next-80B-A3B's full attention (not in shapes.MODELS)
 # Batches, as (query rows, KV length) per sequence; lengths mostly not multiples of the block size.
 DECODE4 = [(1, 300), (1, 17), (1, 129), (1, 64)]
 MIXED4 = [(37, 37), (1, 201), (20, 150), (1, 33)]  # fresh prefill, decode, chunked prefill, decode
@@ -202,6 +203,9 @@ def _paged_cases(dt: str) -> list[Case]:
         ("qwen3-8b.noncontig.mixed", q8, 16, [(5, 5), (0, 40), (1, 77)], {"views": True, "lse": True}, dt == "bfloat16"),
         ("qwen3-8b.decode.alloc-out", q8, 16, [(1, 70), (1, 31)], {"alloc_out": True}, False),
         ("qwen3-8b.decode.bs128", q8, 128, [(1, 300), (1, 100)], {}, False),
+        # Qwen3-Next / Qwen3.5 full-attention layers: GQA 16:2, head dim 256
+        ("qwen3-next.d256.mixed", QWEN3_NEXT, 16, [(21, 21), (1, 150), (9, 70)], {"lse": True}, dt == "bfloat16"),
+        ("qwen3-next.d256.decode.b3.bs64", QWEN3_NEXT, 64, [(1, 200), (1, 65), (1, 1)], {}, False),
     ]
     return [Case("paged_attention", shape, dt, _paged(h, bs, seqs, **opts), _static_paged(dt, h, bs, opts), quick)
             for shape, h, bs, seqs, opts, quick in rows]

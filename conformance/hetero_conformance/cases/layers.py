@@ -1,4 +1,5 @@
-"""Cases of the glue ops: rms_norm (with and without the residual), rotary_embedding, silu_and_mul."""
+"""Cases of the glue ops: rms_norm (with and without the residual; zero-centred and gated, spec 1.2),
+rotary_embedding, silu_and_mul."""
 from __future__ import annotations
 
 import math
@@ -13,6 +14,11 @@ __all__ = ["cases"]
 
 FLOATS = ("float32", "float16", "bfloat16")
 
+# Qwen3-Next-80B-A3B (transformers' Qwen3NextConfig defaults): hidden 2048; full attention 16 query,
+# 2 KV heads of 256, partial rotary 0.25 (64 dims); Gated DeltaNet 32 value heads of V = 128.
+QN_HIDDEN, QN_HEADS, QN_KV_HEADS, QN_HEAD_DIM, QN_ROT = 2048, 16, 2, 256, 64
+QN_V_HEADS, QN_V = 32, 128
+
 
 def _rms(tokens: int, hidden: int, residual: bool, noncontig: bool):
     def build(gen: torch.Generator, dtype: torch.dtype):
@@ -25,6 +31,48 @@ def _rms(tokens: int, hidden: int, residual: bool, noncontig: bool):
         return args
 
     return build
+
+
+def _rms_options(lead: tuple[int, ...], hidden: int, *, offset: float = 0.0, residual: bool = False,
+                 gate: str | None = None, gate_view: bool = False):
+    """rms_norm on x [*lead, hidden] with the 1.2 options: ``offset`` (zero-centred weights drawn
+    near 0, as trained), ``gate`` ("silu"/"sigmoid"; ``gate_view``: a slice of a packed projection)."""
+
+    def build(gen: torch.Generator, dtype: torch.dtype):
+        w = 0.1 * randn(gen, (hidden,), dtype) if offset else 1 + 0.1 * randn(gen, (hidden,), dtype)
+        args = {"x": 2 * randn(gen, (*lead, hidden), dtype), "weight": w, "eps": 1e-6}
+        if offset:
+            args["weight_offset"] = offset
+        if residual:
+            args["residual"] = randn(gen, (*lead, hidden), dtype)
+        if gate is not None:
+            z = 2 * randn(gen, (*lead, 2 * hidden if gate_view else hidden), dtype)
+            args.update(gate=z[..., hidden:] if gate_view else z, gate_act=gate)
+        return args
+
+    return build
+
+
+def _rms_option_cases(dt: str) -> list[Case]:
+    """Qwen3-Next's zero-centred norms (hidden, per-head q/k), Gated DeltaNet's gated norm per value head."""
+    quick = dt in ("float32", "bfloat16")
+    st = {"dtype": dt, "hidden": QN_HIDDEN, "weight_offset": 1.0}
+    gated = {"dtype": dt, "hidden": QN_V, "gate": True, "gate_act": "silu"}
+    rows = [
+        ("qwen3-next.t7.offset", _rms_options((7,), QN_HIDDEN, offset=1.0), st, quick),
+        ("qwen3-next.t7.offset.residual", _rms_options((7,), QN_HIDDEN, offset=1.0, residual=True), st, False),
+        ("qwen3-next.q-norm.t5.offset", _rms_options((5, QN_HEADS), QN_HEAD_DIM, offset=1.0),
+         {**st, "hidden": QN_HEAD_DIM}, False),
+        ("qwen3-next.k-norm.t5.offset", _rms_options((5, QN_KV_HEADS), QN_HEAD_DIM, offset=1.0),
+         {**st, "hidden": QN_HEAD_DIM}, False),
+        ("qwen3-next.gdn-gated.t6", _rms_options((6, QN_V_HEADS), QN_V, gate="silu"), gated, quick),
+        ("qwen3-next.gdn-gated.t3.gate-view", _rms_options((3, QN_V_HEADS), QN_V, gate="silu", gate_view=True),
+         gated, False),
+        ("gated-sigmoid.t4.v128", _rms_options((4, QN_V_HEADS), QN_V, gate="sigmoid"),
+         {**gated, "gate_act": "sigmoid"}, False),
+        ("qwen3-next.gdn-gated.t0", _rms_options((0, QN_V_HEADS), QN_V, gate="silu"), gated, False),
+    ]
+    return [Case("rms_norm", shape, dt, build, static, q) for shape, build, static, q in rows]
 
 
 def _cos_sin(positions: int, rot: int, base: float = 1e6) -> torch.Tensor:
@@ -68,8 +116,12 @@ def cases() -> list[Case]:
                  {"dtype": dt, "head_dim": ds.qk_rope_head_dim, "rotary_dim": ds.qk_rope_head_dim, "is_neox": False}, quick),
             Case("rotary_embedding", "partial-rotary.d128.rot64.t5", dt, _rotary(5, 8, 2, 128, 64, True),
                  {"dtype": dt, "head_dim": 128, "rotary_dim": 64, "is_neox": True}),
+            Case("rotary_embedding", "qwen3-next.partial-rotary.d256.rot64.t5", dt,
+                 _rotary(5, QN_HEADS, QN_KV_HEADS, QN_HEAD_DIM, QN_ROT, True),
+                 {"dtype": dt, "head_dim": QN_HEAD_DIM, "rotary_dim": QN_ROT, "is_neox": True}, dt == "bfloat16"),
             Case("silu_and_mul", "qwen3-8b.t7", dt, _silu(7, q8.intermediate), {"dtype": dt}, quick),
             Case("silu_and_mul", "qwen3-30b-a3b.experts.t64", dt, _silu(64, MODELS["qwen3-30b-a3b"].moe_intermediate), {"dtype": dt}),
             Case("silu_and_mul", "t0", dt, _silu(0, 256), {"dtype": dt}),
         ]
+        out += _rms_option_cases(dt)
     return out
