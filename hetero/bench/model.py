@@ -202,6 +202,45 @@ def _silu_and_mul(a: Mapping[str, Any]) -> Work:
     return Work(4.0 * x.numel() / 2, _nb(x) + _nb(x) // 2)
 
 
+def _live_sequences(a: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(rows, sequences, sequences with an initial state) of the sequences a recurrent op runs:
+    slot -1 and empty sequences read and write no state."""
+    cu, slots, initial = a["query_start_loc"].tolist(), a["state_slots"].tolist(), a["has_initial_state"].tolist()
+    live = [(cu[n + 1] - cu[n], initial[n]) for n, slot in enumerate(slots) if slot >= 0 and cu[n + 1] > cu[n]]
+    return sum(r for r, _ in live), len(live), sum(1 for _, i in live if i)
+
+
+def _index_bytes(a: Mapping[str, Any]) -> int:
+    return _nb(a["query_start_loc"]) + _nb(a["state_slots"]) + _nb(a["has_initial_state"])
+
+
+def _causal_conv1d(a: Mapping[str, Any]) -> Work:
+    """W multiply-adds per channel and live row (+ bias, + silu's exp, add, divide); the live rows of x,
+    the weight, the states read (initial state) and written (every live sequence), all of out."""
+    x, weight, state = a["x"], a["weight"], a["conv_state"]
+    rows, seqs, reads = _live_sequences(a)
+    c, w = weight.shape
+    flops = rows * c * (2.0 * w + (1 if a["bias"] is not None else 0) + (3 if a["activation"] == "silu" else 0))
+    per_state = state[0].numel() * state.element_size() if state.shape[0] else 0
+    moved = rows * c * x.element_size() + _nb(weight) + _nb(a["bias"]) + (reads + seqs) * per_state + _nb(x)
+    return Work(flops, moved + _index_bytes(a))
+
+
+def _gated_delta_rule(a: Mapping[str, Any]) -> Work:
+    """The recurrence per live row and value head: decay S, k^T S, the outer-product update and q^T S
+    (7 K V flops), plus the l2 norms and exps; the live rows of q, k, v, g, beta, the states read and
+    written, all of out. A chunked kernel does other arithmetic for the same function."""
+    q, v, g, state = a["q"], a["v"], a["g"], a["ssm_state"]
+    rows, seqs, reads = _live_sequences(a)
+    h, k, hv, dv = q.shape[1], q.shape[2], v.shape[1], v.shape[2]
+    gate = k if g.ndim == 3 else 1
+    flops = rows * (hv * (7.0 * k * dv + 2 * dv + gate) + (8.0 * h * k if a["use_qk_l2norm"] else 0))
+    per_state = state[0].numel() * state.element_size() if state.shape[0] else 0
+    inputs = rows * (2 * h * k * q.element_size() + hv * dv * v.element_size() + hv * gate * g.element_size()
+                     + hv * a["beta"].element_size())
+    return Work(flops, inputs + (reads + seqs) * per_state + _nb(v) + _index_bytes(a))
+
+
 _MODELS: dict[str, Callable[[Mapping[str, Any]], Work]] = {
     "write_kv": lambda a: _cache_write(a["slot_mapping"], a["key"], a["value"]),
     "paged_attention": _paged_attention,
@@ -221,6 +260,8 @@ _MODELS: dict[str, Callable[[Mapping[str, Any]], Work]] = {
     "rms_norm": _rms_norm,
     "rotary_embedding": _rotary_embedding,
     "silu_and_mul": _silu_and_mul,
+    "causal_conv1d": _causal_conv1d,
+    "gated_delta_rule": _gated_delta_rule,
 }
 
 

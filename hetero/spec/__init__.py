@@ -9,7 +9,7 @@ Malformed input, for every op of every backend:
   only. A failure raises ``hetero.OpError`` naming the op, the argument, what was
   expected and what came.
 - Index-content checks (block ids, slots, positions, cumulative lengths, group
-  ends, expert ids, perm; ``hetero.spec.validate``) read tensor values, a
+  ends, expert ids, perm, state slots; ``hetero.spec.validate``) read tensor values, a
   device-to-host sync on an accelerator. They run when validation is on
   (``hetero.load(name, validate=True)`` or ``HETERO_VALIDATE=1``; by default on
   for CPU tensors, off on accelerators) and then raise the same ``OpError``.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from types import MappingProxyType, ModuleType
 
-from hetero.spec import attention, gemm, layers, moe
+from hetero.spec import attention, gemm, layers, moe, recurrent
 from hetero.spec._op import COMPARISONS, OpSpec, Output
 from hetero.spec.comm import REDUCE_OPS, Communicator
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta, EPDispatch
@@ -32,9 +32,9 @@ __all__ = [
 ]
 
 #: Semver of the interface. Major: an op's meaning or signature changed. Minor: ops were added.
-SPEC_VERSION = "1.1.0"
+SPEC_VERSION = "1.2.0"
 
-_FAMILY_MODULES: tuple[ModuleType, ...] = (attention, gemm, moe, layers)
+_FAMILY_MODULES: tuple[ModuleType, ...] = (attention, gemm, moe, layers, recurrent)
 
 
 def _collect() -> dict[str, OpSpec]:

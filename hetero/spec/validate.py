@@ -2,8 +2,8 @@
 
 Shape, dtype and device checks read only host metadata and are always on. The
 checks here read the *values* of index tensors (block ids, slots, positions,
-cumulative lengths, group ends, expert ids, perm), which on an accelerator is a
-device-to-host copy and a stream sync per call. A backend runs them when its
+cumulative lengths, group ends, expert ids, perm, state slots), which on an
+accelerator is a device-to-host copy and a stream sync per call. A backend runs them when its
 ``validate`` flag is on (``hetero.load(name, validate=True)`` or
 ``HETERO_VALIDATE=1``); then every malformed call raises an OpError naming the op,
 the argument, what was expected and what came, before any kernel runs. With
@@ -24,6 +24,7 @@ from typing import Mapping
 
 import torch
 
+from hetero.spec._checks_recurrent import check_state_batch
 from hetero.spec.checks import (
     check_cu_seqlens,
     check_group_ends,
@@ -51,6 +52,8 @@ __all__ = [
     "fused_moe",
     "ep_dispatch",
     "rotary_embedding",
+    "causal_conv1d",
+    "gated_delta_rule",
     "VALIDATORS",
 ]
 
@@ -160,6 +163,23 @@ def rotary_embedding(positions: torch.Tensor, q: object, k: object, cos_sin_cach
     check_positions(op, positions, _tokens(op, "cos_sin_cache", cos_sin_cache, 2))
 
 
+def causal_conv1d(x: torch.Tensor, weight: object, bias: object, conv_state: torch.Tensor, query_start_loc: torch.Tensor,
+                  state_slots: torch.Tensor, has_initial_state: torch.Tensor, **_: object) -> None:
+    """query_start_loc [N+1] from 0 to T non-decreasing; state_slots [N] in [-1, S); has_initial_state bool [N]."""
+    op = "causal_conv1d"
+    check_state_batch(op, query_start_loc, state_slots, has_initial_state, _tokens(op, "x", x, 2),
+                      _tokens(op, "conv_state", conv_state, 3))
+
+
+def gated_delta_rule(q: torch.Tensor, k: object, v: object, g: object, beta: object, ssm_state: torch.Tensor,
+                     query_start_loc: torch.Tensor, state_slots: torch.Tensor, has_initial_state: torch.Tensor, **_: object) -> None:
+    """As causal_conv1d, with S = ssm_state.shape[0] and T = q.shape[0]."""
+    op = "gated_delta_rule"
+    check_state_batch(op, query_start_loc, state_slots, has_initial_state, _tokens(op, "q", q, 3),
+                      _tokens(op, "ssm_state", ssm_state, 4))
+
+
 #: op name -> its index-content validator, for the ops that take index tensors.
 VALIDATORS = {f.__name__: f for f in (write_kv, write_mla_kv, paged_attention, mla_attention, varlen_attention,
-                                      grouped_gemm, moe_permute, moe_unpermute, fused_moe, ep_dispatch, rotary_embedding)}
+                                      grouped_gemm, moe_permute, moe_unpermute, fused_moe, ep_dispatch, rotary_embedding,
+                                      causal_conv1d, gated_delta_rule)}

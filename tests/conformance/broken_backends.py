@@ -17,6 +17,8 @@ from hetero_cpu_ref import layers as ref_layers
 from hetero_cpu_ref import moe as ref_moe
 from hetero_cpu_ref.plugin import CpuRefBackend
 
+from broken_recurrent import BUGS as RECURRENT_BUGS
+
 __all__ = ["BUGS", "make_plugin"]
 
 _NEG_INF = float("-inf")
@@ -118,10 +120,24 @@ def _write_kv_writes_minus_one(key, value, k_cache, v_cache, slot_mapping):
     v_cache.view(-1, *v_cache.shape[2:])[slot_mapping] = value.to(v_cache.dtype)
 
 
-def _rms_norm_no_residual(x, weight, eps, *, residual=None):
+def _rms_norm_no_residual(x, weight, eps, *, residual=None, weight_offset=0.0, gate=None, gate_act="silu"):
+    opts = {"weight_offset": weight_offset, "gate": gate, "gate_act": gate_act}
     if residual is None:
-        return ref_layers.rms_norm(x, weight, eps)
-    return ref_layers.rms_norm(x, weight, eps), (x + residual).to(x.dtype)
+        return ref_layers.rms_norm(x, weight, eps, **opts)
+    return ref_layers.rms_norm(x, weight, eps, **opts), (x + residual).to(x.dtype)
+
+
+def _rms_norm_ignores_offset(x, weight, eps, *, residual=None, weight_offset=0.0, gate=None, gate_act="silu"):
+    # reads the zero-centred weight as the weight itself: y = xn * w instead of xn * (1 + w)
+    return ref_layers.rms_norm(x, weight, eps, residual=residual, gate=gate, gate_act=gate_act)
+
+
+def _rms_norm_gate_first(x, weight, eps, *, residual=None, weight_offset=0.0, gate=None, gate_act="silu"):
+    # gates the input, then normalizes (norm(x * silu(z)) instead of norm(x) * silu(z))
+    if gate is not None:
+        act = torch.sigmoid if gate_act == "sigmoid" else torch.nn.functional.silu
+        x = (x.float() * act(gate.float())).to(x.dtype)
+    return ref_layers.rms_norm(x, weight, eps, residual=residual, weight_offset=weight_offset)
 
 
 def _rotary_wrong_layout(positions, q, k, cos_sin_cache, *, is_neox=True):
@@ -150,9 +166,12 @@ BUGS = {
     "unpermute_drops_weights": ("moe_unpermute", staticmethod(_unpermute_drops_weights)),
     "write_kv_writes_slot_minus_one": ("write_kv", staticmethod(_write_kv_writes_minus_one)),
     "rms_norm_without_residual_add": ("rms_norm", staticmethod(_rms_norm_no_residual)),
+    "rms_norm_ignores_weight_offset": ("rms_norm", staticmethod(_rms_norm_ignores_offset)),
+    "rms_norm_gate_before_norm": ("rms_norm", staticmethod(_rms_norm_gate_first)),
     "rotary_wrong_half_layout": ("rotary_embedding", staticmethod(_rotary_wrong_layout)),
     "silu_and_mul_swapped_halves": ("silu_and_mul", staticmethod(_silu_swapped)),
 }
+BUGS.update(RECURRENT_BUGS)  # causal_conv1d and gated_delta_rule (spec 1.2): broken_recurrent.py
 
 
 def make_plugin(bug: str | None):

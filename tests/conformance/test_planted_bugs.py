@@ -9,6 +9,7 @@ from hetero_conformance.cases import catalog
 from hetero_conformance.runner import FAILING, Runner
 
 from broken_backends import BUGS, make_plugin
+from broken_recurrent import make_control
 
 QUICK = catalog(quick=True)
 
@@ -51,6 +52,12 @@ def test_reference_passes_every_quick_case(suite):
 def test_control_backend_passes(suite):
     """The bug-free mini attention passes: the planted bugs below are the only difference."""
     assert suite(make_plugin(None)) == {}
+
+
+@pytest.mark.parametrize("op", ["causal_conv1d", "gated_delta_rule"])
+def test_recurrent_control_backends_pass(suite, op):
+    """The bug-free mini recurrent ops pass: their planted bugs are the only difference."""
+    assert suite(make_control(op)) == {}
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))

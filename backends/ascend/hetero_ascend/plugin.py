@@ -205,8 +205,13 @@ class AscendBackend(TritonBackend):
         return _ep.ep_combine(y_local, dispatch)
 
     # -- layers ---------------------------------------------------------------------------
-    def rms_norm(self, x, weight, eps, *, residual=None):
-        """torch_npu.npu_rms_norm / npu_add_rms_norm; never run on an NPU (conversions tested on CPU)."""
+    def rms_norm(self, x, weight, eps, *, residual=None, weight_offset=0.0, gate=None, gate_act="silu"):
+        """torch_npu.npu_rms_norm / npu_add_rms_norm; never run on an NPU (conversions tested on CPU).
+        They have no weight offset and no gate: those calls take the portable Triton kernel, which needs
+        triton-ascend (``supports`` declines them without it)."""
+        if weight_offset or gate is not None or gate_act != "silu":
+            return super().rms_norm(x, weight, eps, residual=residual, weight_offset=weight_offset, gate=gate,
+                                    gate_act=gate_act)
         if residual is None:
             return _npu().npu_rms_norm(x, weight.to(x.dtype), epsilon=eps)[0]
         y, _, h = _npu().npu_add_rms_norm(x, residual, weight.to(x.dtype), eps)

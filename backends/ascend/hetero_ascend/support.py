@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from hetero.kernels.limits import dtype_name, kernel_reason
 
-__all__ = ["MAPPED", "NEVER_RUN", "reason", "triton_ascend_version"]
+__all__ = ["MAPPED", "NEVER_RUN", "DECLINED", "reason", "triton_ascend_version"]
 
 #: op -> the torch_npu operator it is mapped to.
 MAPPED = {
@@ -28,6 +28,13 @@ MAPPED = {
     "ep_combine": "npu_moe_distribute_combine",
 }
 NEVER_RUN = "never run on an NPU (conversions tested on CPU)"
+
+#: Ops ascend declines whatever is installed, with the reason: the reference runs them.
+DECLINED = {
+    op: (f"torch_npu documents no {what} operator (vllm-ascend runs its own triton-ascend ports of fla's "
+         f"kernels), and hetero's portable Triton {op} kernel is unverified on triton-ascend: never run on an NPU")
+    for op, what in (("causal_conv1d", "causal conv1d"), ("gated_delta_rule", "gated delta rule"))
+}
 
 HALF = ("float16", "bfloat16")  # FIA query: float16, bfloat16 (doc, A2/A3)
 HALF_FP32 = ("float16", "bfloat16", "float32")  # npu_rms_norm, npu_moe_gating_top_k, npu_grouped_matmul (A2/A3)
@@ -123,12 +130,25 @@ def _mapped_reason(op: str, s: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _rms_norm_options(s: Mapping[str, Any]) -> bool:
+    """Whether a static rms_norm configuration asks for an option torch_npu's norms lack (spec 1.2)."""
+    gate = s.get("gate")
+    return float(s.get("weight_offset", 0.0) or 0.0) != 0.0 or (gate is not None and gate is not False)
+
+
 def reason(op: str, static: Mapping[str, Any], triton_ok: bool) -> str | None:
     """None if ``op`` runs natively with ``static``, else why not."""
+    if op in DECLINED:
+        return DECLINED[op]
     if op in ("ep_dispatch", "ep_combine"):
         # always accepted: the method itself checks the npu_moe_distribute_* limits at run time
         # (hetero_ascend.ep.dispatch_limit_reason) and otherwise runs the portable hetero._ep path
         return None
+    if op == "rms_norm" and _rms_norm_options(static):
+        if not triton_ok:
+            return ("npu_rms_norm / npu_add_rms_norm have no weight_offset or gate (the portable Triton kernel "
+                    "has them, but triton-ascend is not installed)")
+        return kernel_reason(op, static)
     if op in MAPPED:
         return _mapped_reason(op, static)
     if not triton_ok:

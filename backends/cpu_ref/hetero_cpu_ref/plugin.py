@@ -13,6 +13,7 @@ from hetero_cpu_ref import ep as _ep
 from hetero_cpu_ref import gemm as _gemm
 from hetero_cpu_ref import layers as _layers
 from hetero_cpu_ref import moe as _moe
+from hetero_cpu_ref import recurrent as _recurrent
 
 __all__ = ["CpuRefBackend", "hetero_backends"]
 
@@ -56,6 +57,9 @@ class CpuRefBackend(hetero.Backend):
     rms_norm = staticmethod(_layers.rms_norm)
     rotary_embedding = staticmethod(_layers.rotary_embedding)
     silu_and_mul = staticmethod(_layers.silu_and_mul)
+
+    causal_conv1d = staticmethod(_recurrent.causal_conv1d)
+    gated_delta_rule = staticmethod(_recurrent.gated_delta_rule)
 
 
 @hetero.hookimpl

@@ -3,7 +3,7 @@
 Each call starts from a valid call at a small real-ish shape (fresh random
 values from the call's seed, never zeros, on the backend's device) and breaks
 one thing: an index tensor's contents (block ids, slots, positions, cumulative
-lengths, group ends, expert ids, perm: ``index=True``, caught only with
+lengths, group ends, expert ids, perm, state slots: ``index=True``, caught only with
 validation on), or a shape, dtype, rank, type or option (always caught). A
 conforming backend raises ``hetero.OpError`` naming the op; the reference names
 ``arg`` too, which the catalog's own tests check.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from hetero.spec import OPS
 
-from hetero_conformance.cases import malformed_attention, malformed_dense, malformed_moe
+from hetero_conformance.cases import malformed_attention, malformed_dense, malformed_moe, malformed_recurrent
 from hetero_conformance.cases._malformed import Base, Corrupt, Draw, Malformed, altered, meta_field, put, swap
 
 __all__ = ["Malformed", "Draw", "Base", "Corrupt", "catalog", "put", "swap", "meta_field", "altered", "DEFAULT"]
@@ -23,7 +23,7 @@ DEFAULT = "hetero_conformance.cases.malformed:catalog"
 
 def catalog() -> list[Malformed]:
     """Every malformed call, ops in spec order; ids are unique."""
-    calls = [c for family in (malformed_attention, malformed_dense, malformed_moe) for c in family.calls()]
+    calls = [c for family in (malformed_attention, malformed_dense, malformed_moe, malformed_recurrent) for c in family.calls()]
     order = {op: i for i, op in enumerate(OPS)}
     seen: set[str] = set()
     for c in calls:

@@ -9,7 +9,8 @@ faults would dominate the timing and come and go with the heap's history (a
 32 MiB moe_permute took 3.5 or 15 ms from one run to the next). ``full`` (bfloat16) is
 what a GPU runs in production: decode batch 64 at 4k context, 4k-token prefill,
 Qwen3-8B and DeepSeek-V3 projections, 128- and 256-expert MoE, DeepSeek-V3's
-fp8 GEMM with 128-block scales. Never run ``full`` on a CPU in tests: drawing
+fp8 GEMM with 128-block scales, Qwen3-Next's linear-attention ops at decode batch
+64 and a 4k prefill. Never run ``full`` on a CPU in tests: drawing
 its inputs alone takes gigabytes.
 
 The ep_* ops have no case here: they need several ranks (see
@@ -28,7 +29,9 @@ from hetero_conformance.cases import gemm as _gemm
 from hetero_conformance.cases import layers as _layers
 from hetero_conformance.cases import mla as _mla
 from hetero_conformance.cases import moe as _moe
+from hetero_conformance.cases import recurrent as _rec
 from hetero_conformance.cases._paged import heads, mla_scale
+from hetero_conformance.cases._recurrent_draw import LINEAR
 from hetero_conformance.shapes import MODELS
 
 __all__ = ["TIERS", "UNBENCHED", "perf_cases"]
@@ -136,6 +139,18 @@ def _layer_ops(add: _Add, full: bool, dt: str) -> None:
     add("silu_and_mul", f"qwen3-8b-t{t}", _layers._silu(t, q8.intermediate), {"dtype": dt})
 
 
+def _recurrent_ops(add: _Add, full: bool, dt: str) -> None:
+    """Qwen3-Next-80B-A3B's linear-attention layer: decode across a batch, and one prefill from zeros."""
+    qn = LINEAR["qwen3-next-80b-a3b"]
+    b = 64 if full else 8
+    for op, build, static in (("gated_delta_rule", _rec._gdr, _rec._gdr_static), ("causal_conv1d", _rec._conv, _rec._conv_static)):
+        add(op, f"qwen3-next-80b-a3b-decode-b{b}", build(qn, [(1, "init")] * b), static(dt, qn))
+    add("gated_delta_rule", f"qwen3-next-80b-a3b-prefill-{'4k' if full else '64'}",
+        _rec._gdr(qn, [(4096 if full else 64, "fresh")]), _rec._gdr_static(dt, qn))
+    add("causal_conv1d", f"qwen3-next-80b-a3b-prefill-{'4k' if full else '256'}",
+        _rec._conv(qn, [(4096 if full else 256, "fresh")]), _rec._conv_static(dt, qn))
+
+
 def perf_cases(tier: str) -> list[Case]:
     """The performance cases of ``tier`` ("quick": float32, CPU-sized; "full": bfloat16, GPU-sized)."""
     if tier not in TIERS:
@@ -147,6 +162,6 @@ def perf_cases(tier: str) -> list[Case]:
     def add(op: str, shape: str, build: Any, static: dict[str, Any], dtype: str | None = None) -> None:
         out.append(Case(op, f"perf/{shape}", dtype or dt, build, static, quick=not full))
 
-    for family in (_attention, _mla_ops, _gemms, _moe_ops, _layer_ops):
+    for family in (_attention, _mla_ops, _gemms, _moe_ops, _layer_ops, _recurrent_ops):
         family(add, full, dt)
     return out
