@@ -2,6 +2,7 @@
 """Time every hetero op of a backend on realistic shapes and write a Markdown table.
 
     python scripts/gpu_check.py [--smoke] [--backend cuda] [--conformance REPORT.json] [OUT.md]
+    python scripts/gpu_check.py --list [--smoke]     # the cases and their roofline, nothing run
 
 Each op runs through ``hetero.load(backend)`` (the bound implementation: a vendor
 path where the backend has one), through the backend's Triton kernel when that
@@ -61,6 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--conformance", metavar="JSON", help="a `hetero conformance --json` report to summarise in the header")
     p.add_argument("--ops", default="", help="only these ops (comma-separated)")
     p.add_argument("--reps", type=int, default=3, help="perf_counter repetitions off a GPU (default 3)")
+    p.add_argument("--list", action="store_true", help="list the cases with their bytes, flops and roofline; run nothing")
     return p.parse_args(argv)
 
 
@@ -104,15 +106,30 @@ def kernel_of(backend: Any, op: str) -> Callable | None:
     return getattr(type(backend), op).__get__(backend)
 
 
+def roofline(bench: Any, flops: float, nbytes: float) -> tuple[float, str]:
+    """(roofline ms, "memory" or "compute")."""
+    mem_s, flop_s = nbytes / HBM_BYTES_PER_S, flops / PEAK.get(bench.dtype, BF16_FLOPS)
+    return max(mem_s, flop_s) * 1e3, "memory" if mem_s >= flop_s else "compute"
+
+
+def fresh_copies(op: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """``inputs`` with the tensors ``op`` writes in place cloned, so the reference starts from the state the op saw
+    (a recurrent op's output depends on the state it reads)."""
+    from hetero.spec import OPS
+
+    written = {m.name for m in OPS[op].mutates} if op in OPS else set()
+    return {k: v.clone() if k in written and hasattr(v, "clone") else v for k, v in inputs.items()}
+
+
 def run_bench(bench: Any, ops: Any, vops: Any, ref: Any, timer: Callable, device) -> Row:
     row = Row(bench.op, bench.case, bench.dtype, impl=ops.explain()[bench.op].implementation)
     try:
         inputs, flops, nbytes = bench.make(device)
-        mem_s, flop_s = nbytes / HBM_BYTES_PER_S, flops / PEAK.get(bench.dtype, BF16_FLOPS)
-        row.roof_ms, row.bound = max(mem_s, flop_s) * 1e3, "memory" if mem_s >= flop_s else "compute"
+        row.roof_ms, row.bound = roofline(bench, flops, nbytes)
         fn, ref_fn, kernel = getattr(ops, bench.op), getattr(ref, bench.op), kernel_of(ops.backend, bench.op)
+        ref_inputs = fresh_copies(bench.op, inputs)
         out = fn(**inputs)
-        row.rel_err = rel_err(out, ref_fn(**inputs))
+        row.rel_err = rel_err(out, ref_fn(**ref_inputs))
         row.hetero_ms = timer(lambda: fn(**inputs))
         row.kernel_ms = timer(lambda: kernel(**inputs)) if kernel is not None else None
         row.ref_ms = timer(lambda: ref_fn(**inputs))
@@ -195,12 +212,33 @@ def _triton_version() -> str:
         return "not importable"
 
 
+def list_cases(cases: Any, sizes: Any, wanted: set[str]) -> int:
+    """Print every case with its bytes, flops and roofline, drawn on the meta device (no memory, no kernel);
+    a case whose inputs need real values (block tables, expert ids) shows "-"."""
+    import torch
+
+    for bench in cases.benches(sizes):
+        if wanted and bench.op not in wanted:
+            continue
+        try:
+            _, flops, nbytes = bench.make(torch.device("meta"))
+            roof, bound = roofline(bench, flops, nbytes)
+            numbers = f"{nbytes / 2**20:12.1f} MiB {flops / 1e9:12.2f} GFLOP {roof:10.4g} ms {bound}"
+        except Exception:  # noqa: BLE001  (listing only)
+            numbers = "-"
+        print(f"{bench.op:18} {bench.case:55} {bench.dtype:14} {numbers}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.smoke:
         os.environ["HETERO_TRITON_INTERPRET"] = "1"  # before Triton is first imported
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import gpu_check_cases as cases
+
+    if args.list:
+        return list_cases(cases, cases.SMOKE if args.smoke else cases.FULL, {o.strip() for o in args.ops.split(",") if o.strip()})
 
     import hetero
     from hetero.registry import default_registry

@@ -6,9 +6,13 @@
 #   3. every op timed on realistic shapes against the torch reference and the H200 roofline, and
 #      the index-taking ops with validation on beside off (scripts/gpu_check.py), as a Markdown table.
 #
-# usage: scripts/gpu_check.sh [--smoke] [OUT.md]      (default OUT: docs/perf/gpu_check.md)
+# The timed cases include Qwen3-Next-80B's linear-attention layers (causal_conv1d, gated_delta_rule:
+# decode at batch 64, prefill 8 x 4096 tokens), each against its memory / compute roofline.
+#
+# usage: scripts/gpu_check.sh [--smoke] [--list] [OUT.md]      (default OUT: docs/perf/gpu_check.md)
 #   --smoke  tiny shapes and a few conformance ops through Triton's interpreter on the CPU
 #            (HETERO_TRITON_INTERPRET=1): proves the script runs end to end without a GPU.
+#   --list   print the timed cases with their bytes, flops and roofline, and run nothing.
 # Environment: PYTHON (default .venv/bin/python, else python3); HETERO_CUDA_VENDOR=0 times the
 # Triton kernels in place of the vendor paths.
 # Exit status: 0 when conformance and the robustness tier passed and every op ran, else 1.
@@ -16,11 +20,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 smoke=0
+list=0
 out=docs/perf/gpu_check.md
 for arg in "$@"; do
   case "$arg" in
     --smoke) smoke=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --list) list=1 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option $arg" >&2; exit 2 ;;
     *) out=$arg ;;
   esac
@@ -29,6 +35,11 @@ done
 if [[ -n "${PYTHON:-}" ]]; then py=$PYTHON
 elif [[ -x .venv/bin/python ]]; then py=.venv/bin/python
 else py=python3
+fi
+
+if (( list )); then
+  if (( smoke )); then exec "$py" scripts/gpu_check.py --list --smoke; fi
+  exec "$py" scripts/gpu_check.py --list
 fi
 
 bench_args=()

@@ -32,12 +32,16 @@ class Sizes:
     experts: dict[str, tuple[int, int, int, int]]  # model -> (E, top_k, H, I)
     routed_rows: int  # grouped_gemm rows (tokens x top_k)
     moe_tokens: tuple[int, ...]
+    linear: tuple[int, int, int, int, int, int]  # Gated DeltaNet (H, K, HV, V, conv channels C, conv width W)
+    linear_batch: tuple[int, int, int]  # (decode sequences, prefill sequences, prefill tokens each)
 
 
 FULL = Sizes((64, 4096), (32, 8, 128), 16, (8, 2048), (128, 512, 64), 4096, 8192, (4096, 12288),
-             {"qwen3-30b-a3b": (128, 8, 2048, 768), "deepseek-v3": (256, 8, 7168, 2048)}, 32768, (1, 256))
+             {"qwen3-30b-a3b": (128, 8, 2048, 768), "deepseek-v3": (256, 8, 7168, 2048)}, 32768, (1, 256),
+             (16, 128, 32, 128, 8192, 4), (64, 8, 4096))  # Qwen3-Next-80B-A3B's linear-attention layers
 SMOKE = Sizes((2, 40), (4, 2, 32), 16, (2, 24), (4, 64, 16), 64, 16, (64, 96),
-              {"qwen3-30b-a3b": (8, 2, 64, 32), "deepseek-v3": (16, 2, 128, 64)}, 24, (1, 4))
+              {"qwen3-30b-a3b": (8, 2, 64, 32), "deepseek-v3": (16, 2, 128, 64)}, 24, (1, 4),
+              (2, 16, 4, 16, 64, 4), (3, 2, 40))
 
 
 @dataclass(frozen=True)
@@ -253,6 +257,52 @@ def _layers(s: Sizes) -> list[Bench]:
             Bench("silu_and_mul", f"T{t} I{inter}", "bfloat16", silu)]
 
 
+def _state_batch(seqs: int, each: int, decode: bool, device) -> dict[str, torch.Tensor]:
+    """query_start_loc, state_slots (a permutation of the slots) and has_initial_state (decode: True)."""
+    return {"query_start_loc": torch.arange(0, seqs * each + 1, each, dtype=torch.int32, device=device),
+            "state_slots": torch.randperm(seqs).to(torch.int32).to(device),
+            "has_initial_state": torch.full((seqs,), decode, dtype=torch.bool, device=device)}
+
+
+def _linear_attention(s: Sizes) -> list[Bench]:
+    """causal_conv1d and gated_delta_rule (per-head g) at decode and prefill. Bytes: every input
+    and output once, the state slot read (decode only: a fresh prefill has no initial state) and
+    written. Flops of the delta rule: 6 K V per row and value head (k^T S, the rank-1 update,
+    q^T S), plus for prefill the chunked form's intra-chunk products 4 * 64 * (K + V)."""
+    h, kd, hv, vd, c, w = s.linear
+    decode_b, pre_b, pre_n = s.linear_batch
+
+    def conv(seqs: int, each: int, decode: bool):
+        def make(dev):
+            t = seqs * each
+            x, weight, state = _randn((t, c), dev), _randn((c, w), dev, scale=w ** -0.5), _randn((seqs, w - 1, c), dev)
+            inputs = {"x": x, "weight": weight, "bias": None, "conv_state": state, **_state_batch(seqs, each, decode, dev),
+                      "activation": "silu"}
+            return inputs, 2.0 * t * c * w, 2 * _nbytes(x) + _nbytes(weight) + (2 if decode else 1) * _nbytes(state)
+
+        return make
+
+    def delta(seqs: int, each: int, decode: bool):
+        def make(dev):
+            t = seqs * each
+            q, k, v = _randn((t, h, kd), dev), _randn((t, h, kd), dev), _randn((t, hv, vd), dev)
+            g = torch.rand(t, hv, device=dev).mul_(-0.5).sub_(0.01)  # log-decays, float32
+            beta = torch.rand(t, hv, device=dev).to(BF16)
+            state = torch.randn(seqs, hv, kd, vd, device=dev).mul_(0.1)  # float32, 2 MiB per sequence
+            inputs = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "ssm_state": state, **_state_batch(seqs, each, decode, dev),
+                      "scale": kd ** -0.5, "use_qk_l2norm": True}
+            flops = t * hv * (6.0 * kd * vd + (0 if decode else 4 * 64 * (kd + vd)))
+            return inputs, flops, _nbytes(q, k, v, g, beta, v) + (2 if decode else 1) * _nbytes(state)
+
+        return make
+
+    heads = f"H{h} K{kd} HV{hv} V{vd}"
+    return [Bench("causal_conv1d", f"decode B{decode_b} C{c} W{w}", "bfloat16", conv(decode_b, 1, True)),
+            Bench("causal_conv1d", f"prefill {pre_b}x{pre_n} C{c} W{w}", "bfloat16", conv(pre_b, pre_n, False)),
+            Bench("gated_delta_rule", f"decode B{decode_b} {heads}", "bfloat16", delta(decode_b, 1, True)),
+            Bench("gated_delta_rule", f"prefill {pre_b}x{pre_n} {heads}", "bfloat16", delta(pre_b, pre_n, False))]
+
+
 def benches(s: Sizes) -> list[Bench]:
     """Every op of the spec at least once, in spec order."""
     (b, length), (pb, pn) = s.decode, s.prefill
@@ -265,4 +315,4 @@ def benches(s: Sizes) -> list[Bench]:
     out += _moe_data(s)
     for model, (e, k, h, i) in s.experts.items():
         out += [_fused(model, e, k, h, i, t) for t in s.moe_tokens]
-    return out + _layers(s)
+    return out + _layers(s) + _linear_attention(s)

@@ -129,11 +129,21 @@ class TritonBackend(Backend):
         return _ep.ep_combine(y_local, dispatch)
 
     # -- layers --------------------------------------------------------------------------
-    def rms_norm(self, x, weight, eps, *, residual=None) -> Any:
-        return _family("layers").rms_norm(x, weight, eps, residual=residual, tuning=self.tune)
+    def rms_norm(self, x, weight, eps, *, residual=None, weight_offset=0.0, gate=None, gate_act="silu") -> Any:
+        return _family("layers").rms_norm(x, weight, eps, residual=residual, weight_offset=weight_offset, gate=gate,
+                                          gate_act=gate_act, tuning=self.tune)
 
     def rotary_embedding(self, positions, q, k, cos_sin_cache, *, is_neox=True) -> Any:
         return _family("layers").rotary_embedding(positions, q, k, cos_sin_cache, is_neox=is_neox, tuning=self.tune)
 
     def silu_and_mul(self, x) -> torch.Tensor:
         return _family("layers").silu_and_mul(x, tuning=self.tune)
+
+    # -- recurrent (linear attention) -----------------------------------------------------
+    def causal_conv1d(self, x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, *, activation="silu") -> torch.Tensor:
+        return _family("recurrent").causal_conv1d(x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state,
+                                                  activation=activation, tuning=self.tune)
+
+    def gated_delta_rule(self, q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state, *, scale, use_qk_l2norm=True) -> torch.Tensor:
+        return _family("recurrent").gated_delta_rule(q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state,
+                                                     scale=scale, use_qk_l2norm=use_qk_l2norm, tuning=self.tune)

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-__all__ = ["dtype_name", "dtype_reason", "shape_reason", "kernel_reason", "MAX_HEAD_DIM", "FLOATS", "QUANTS", "DOT_OPS"]
+__all__ = ["dtype_name", "dtype_reason", "shape_reason", "kernel_reason", "MAX_HEAD_DIM", "MAX_KEY_DIM", "FLOATS",
+           "QUANTS", "DOT_OPS"]
 
 #: The attention kernels pad head dims to a power of two; 576 (MLA: 512 latent + 64 rope) is the largest case.
 MAX_HEAD_DIM = 576
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 QUANTS = ("float8_e4m3fn", "float8_e4m3fnuz", "int8")
 #: Ops whose kernels multiply with tl.dot (tensor or matrix cores): no float64 path there.
-DOT_OPS = frozenset({"paged_attention", "varlen_attention", "mla_attention", "gemm", "grouped_gemm", "fused_moe"})
+DOT_OPS = frozenset({"paged_attention", "varlen_attention", "mla_attention", "gemm", "grouped_gemm", "fused_moe",
+                     "gated_delta_rule"})
+#: The gated_delta_rule kernels keep whole key rows in registers (every released model has K = 128).
+MAX_KEY_DIM = 256
 
 
 def dtype_name(dtype: Any) -> str | None:
@@ -50,6 +54,11 @@ def shape_reason(op: str, static: Mapping[str, Any]) -> str | None:
         return f"the fused_moe kernel applies silu, not {static['activation']!r}"
     if op == "route" and static.get("scoring", "softmax") not in ("softmax", "sigmoid"):
         return f"route scores with softmax or sigmoid, not {static['scoring']!r}"
+    if op == "gated_delta_rule":
+        for key in ("head_dim", "head_dim_k", "key_head_dim"):
+            value = static.get(key)
+            if value is not None and int(value) > MAX_KEY_DIM:
+                return f"{key} {int(value)} > {MAX_KEY_DIM}: the gated_delta_rule kernels keep whole key rows in registers"
     return None
 
 

@@ -24,6 +24,11 @@ PORTABLE_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "mla_attention": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
     "elementwise": {"BLOCK": 1024, "num_warps": 4},
     "rows": {"num_warps": 4},
+    # recurrent ops (hetero.kernels.recurrent), untimed on hardware so far: chunk 64 as fla / vLLM; the
+    # conv tile is the largest that ptxas (sm90, compiled without a GPU) fits without spilling
+    "causal_conv1d": {"BLOCK_T": 32, "BLOCK_C": 128, "TILES_PER_PROGRAM": 4, "num_warps": 4},
+    "gated_delta_rule": {"BLOCK_T": 64, "BLOCK_V": 32, "RECURRENT_ROWS": 1, "num_warps": 8, "num_stages": 1},
+    "gated_delta_rule_decode": {"BLOCK_V": 32, "num_warps": 4},
 })
 
 #: The interpreter runs each program in NumPy: bigger tiles mean fewer Python-level steps.
@@ -36,6 +41,9 @@ INTERPRETER: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "varlen_attention": {"BLOCK_M": 32, "BLOCK_N": 64},
     "mla_attention": {"BLOCK_M": 16, "BLOCK_N": 64},
     "elementwise": {"BLOCK": 16384},
+    "causal_conv1d": {"BLOCK_C": 1024, "TILES_PER_PROGRAM": 64},
+    "gated_delta_rule": {"BLOCK_T": 16, "BLOCK_V": 128},
+    "gated_delta_rule_decode": {"BLOCK_V": 128},
 })
 
 
