@@ -27,14 +27,26 @@ _MLA = dict(vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermedi
             v_head_dim=16, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
             max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6, tie_word_embeddings=False,
             bos_token_id=1, eos_token_id=2, pad_token_id=0)
+#: hybrid linear/full attention (Qwen3-Next, Qwen3.5): Gated DeltaNet head dims powers of two, 2 key heads and
+#: 4 value heads (GVA 2), so TP=2 splits both; 4 layers: three linear, then one full (full_attention_interval 4)
+_HYBRID = dict(_ATTN, num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+               linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
+_HYBRID_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
 
-#: short name -> (config class name, defaults)
+#: short name -> (config class name, defaults); ``architecture(name)`` is the causal LM class a checkpoint names
 ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", dict(_ATTN)),
     "qwen3": ("Qwen3Config", dict(_ATTN, head_dim=32)),
     "qwen3_moe": ("Qwen3MoeConfig", dict(_ATTN, head_dim=16, num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
                                          moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=1,
                                          mlp_only_layers=[1])),
+    # dense layer 0 (mlp_only_layers), MoE with a shared expert after
+    "qwen3_next": ("Qwen3NextConfig", dict(_HYBRID, **_HYBRID_MOE, norm_topk_prob=True, decoder_sparse_step=1,
+                                           mlp_only_layers=[0])),
+    # [linear, full, linear, full], value heads wider than key heads
+    "qwen3_5": ("Qwen3_5TextConfig", dict(_HYBRID, full_attention_interval=2, linear_value_head_dim=32)),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", dict({k: v for k, v in _HYBRID.items() if k != "intermediate_size"},
+                                                 **_HYBRID_MOE)),
     "deepseek_v2": ("DeepseekV2Config", dict(_MLA, q_lora_rank=None, n_group=4, topk_group=2, topk_method="group_limited_greedy",
                                              routed_scaling_factor=1.5, norm_topk_prob=False)),
     "deepseek_v3": ("DeepseekV3Config", dict(_MLA, q_lora_rank=32, n_group=4, topk_group=2, routed_scaling_factor=2.5,
@@ -46,21 +58,39 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def tiny_config(arch: str, **overrides: Any):
-    """The transformers config of a tiny ``arch`` ("qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3")."""
+    """The transformers config of a tiny ``arch`` (a key of ``ARCHS``), its ``architectures`` set."""
     import transformers
 
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny architecture {arch!r}; known: {', '.join(ARCHS)}")
     cls_name, defaults = ARCHS[arch]
-    return getattr(transformers, cls_name)(**{**defaults, **overrides})
+    config = getattr(transformers, cls_name)(**{**defaults, **overrides})
+    config.architectures = [architecture(arch)]
+    return config
+
+
+def architecture(arch: str) -> str:
+    """The ``architectures[0]`` of a tiny ``arch``'s checkpoint: the causal LM class transformers builds for its config."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[getattr(transformers, ARCHS[arch][0]).model_type]
 
 
 @torch.no_grad()
 def _randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
-    """Norm weights around 1, biases and correction biases non-zero: every tensor matters."""
+    """Norm weights around their initial value, biases and correction biases non-zero: every tensor matters.
+
+    Norms start at 1, or at 0 where the model computes ``norm(x) * (1 + w)`` (Qwen3-Next, Qwen3.5),
+    so the effective weight is around 1 and a missing (or doubled) offset shows. ``A_log`` (Gated
+    DeltaNet's decay rate) is log(U(0.02, 0.5)): transformers' U(0.01, 16) makes many heads forget
+    their state within a token, which would hide a state carried wrongly between steps.
+    """
     for name, p in model.named_parameters():
         if p.ndim == 1 and "norm" in name:
-            p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+            p.copy_(p + 0.3 * torch.randn(p.shape, generator=gen))
+        elif name.endswith("A_log"):
+            p.copy_(torch.empty(p.shape).uniform_(0.02, 0.5, generator=gen).log())
         elif p.ndim == 1:
             p.copy_(0.2 * torch.randn(p.shape, generator=gen))
     for name, b in model.named_buffers():
@@ -117,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         scale = args.hidden / 64
         defaults = ARCHS[args.arch][1]
         overrides["hidden_size"] = args.hidden
-        for key in ("intermediate_size", "moe_intermediate_size"):
+        for key in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"):
             if key in defaults:
                 overrides[key] = int(defaults[key] * scale)
     shard = None if args.shard_size.lower() == "none" else args.shard_size

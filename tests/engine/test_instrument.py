@@ -145,7 +145,7 @@ def test_every_op_a_layer_holds_is_declared(ops, arch):
     """No layer keeps a callable outside its declared slots (what the seam could not see)."""
     config = tiny.tiny_config(arch)
     ctx = ModelContext(ops=ops, parallel=Parallel(), dtype=torch.float32, device=torch.device("cpu"))
-    model = model_class([tiny.ARCHS[arch][0].replace("Config", "ForCausalLM")])(config, ctx)
+    model = model_class(config.architectures)(config, ctx)
     for path, module in model.named_modules():
         held = {k for k, v in vars(module).items() if callable(v) and not isinstance(v, type) and not k.startswith("__")}
         assert held == set(op_slots(module)), path

@@ -42,6 +42,8 @@ def _jobs(checkpoints, backend: str, plan: list[tuple[str, bool]]) -> tuple[list
 def test_tp2_and_ep2_on_cpu_ref(checkpoints, tmp_path):
     plan = [(a, False) for a in ("qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3")]
     plan += [(a, True) for a in ("qwen3_moe", "deepseek_v2", "deepseek_v3")]
+    # hybrid models: Gated DeltaNet heads, conv channels and state split over the ranks
+    plan += [(a, False) for a in ("qwen3_next", "qwen3_5", "qwen3_5_moe")] + [("qwen3_next", True)]
     jobs, want = _jobs(checkpoints, "cpu_ref", plan)
     jobs[1]["stray"] = True  # a request only rank 1 sees: rank 0 schedules, so the ranks cannot diverge
     got = _torchrun(jobs, tmp_path)

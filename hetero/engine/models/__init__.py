@@ -13,6 +13,9 @@ ARCHITECTURES: dict[str, str | type[CausalLM]] = {
     "Qwen2ForCausalLM": "qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "qwen3_moe:Qwen3MoeForCausalLM",
+    "Qwen3NextForCausalLM": "qwen3_next:Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM": "qwen3_5:Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM": "qwen3_5:Qwen3_5MoeForCausalLM",
     "DeepseekV2ForCausalLM": "deepseek:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "deepseek:DeepseekV3ForCausalLM",
 }
