@@ -31,7 +31,7 @@ from hetero.engine.models.base import CausalLM, WeightMapping
 from hetero.engine.quant.config import QuantConfig, quant_config_of
 from hetero.engine.step import Step
 
-__all__ = ["Qwen2Attention", "Qwen2MLP", "Qwen2DecoderLayer", "Qwen2Model", "Qwen2ForCausalLM",
+__all__ = ["Qwen2Attention", "Qwen2MLP", "PreNormDecoderLayer", "Qwen2DecoderLayer", "Qwen2Model", "Qwen2ForCausalLM",
            "QWEN_PACKED", "QWEN_IGNORE", "head_dim_of", "sliding_window_of"]
 
 #: q/k/v into qkv_proj, gate/up into gate_up_proj (shared by every Qwen here)
@@ -125,12 +125,34 @@ class Qwen2MLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
-class Qwen2DecoderLayer(nn.Module):
-    """Pre-norm attention and MLP; ``forward(positions, hidden, residual, step) -> (hidden, residual)``.
+class PreNormDecoderLayer(nn.Module):
+    """Pre-norm token mixer and MLP; ``forward(positions, hidden, residual, step) -> (hidden, residual)``.
 
     ``residual`` None means ``hidden`` is the embedding output. The layer's output
-    stream is ``hidden + residual`` (summed by the next norm).
+    stream is ``hidden + residual`` (summed by the next norm). A subclass builds
+    ``input_layernorm``, ``post_attention_layernorm`` and ``mlp``, and says what mixes
+    tokens (``mix``: attention, or a hybrid layer's own choice).
     """
+
+    def mix(self, positions: torch.Tensor, hidden: torch.Tensor, step: Step) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, step: Step,
+                capture: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+            if capture is not None:  # the previous layer's output stream
+                capture.append(residual)
+        hidden = self.mix(positions, hidden, step)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class Qwen2DecoderLayer(PreNormDecoderLayer):
+    """Attention (``self_attn``) as the token mixer, then the MLP (see ``PreNormDecoderLayer``)."""
 
     attention_cls: type[Qwen2Attention] = Qwen2Attention
 
@@ -150,18 +172,8 @@ class Qwen2DecoderLayer(nn.Module):
                  quant_config: QuantConfig | None = None) -> nn.Module:
         return Qwen2MLP(ctx, config.hidden_size, config.intermediate_size, prefix=prefix, quant_config=quant_config)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, step: Step,
-                capture: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-            if capture is not None:  # the previous layer's output stream
-                capture.append(residual)
-        hidden = self.self_attn(positions, hidden, step)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+    def mix(self, positions: torch.Tensor, hidden: torch.Tensor, step: Step) -> torch.Tensor:
+        return self.self_attn(positions, hidden, step)
 
 
 class Qwen2Model(nn.Module):

@@ -26,7 +26,8 @@ from hetero.engine.layers.moe import FusedMoE, Routing
 from hetero.engine.layers.rotary import RotaryEmbedding
 from hetero.engine.layers.weights import join_prefix
 from hetero.engine.models.base import WeightMapping
-from hetero.engine.models.qwen2 import QWEN_IGNORE, QWEN_PACKED, Qwen2ForCausalLM, Qwen2MLP, Qwen2Model
+from hetero.engine.models.qwen2 import (QWEN_IGNORE, QWEN_PACKED, PreNormDecoderLayer, Qwen2ForCausalLM, Qwen2MLP,
+                                       Qwen2Model)
 from hetero.engine.models.qwen3_moe import is_sparse_layer
 from hetero.engine.quant.config import QuantConfig
 from hetero.engine.step import Step
@@ -67,8 +68,8 @@ class HybridSparseMoeBlock(nn.Module):
         return self.experts(x, self.gate(x)) + shared
 
 
-class Qwen3NextDecoderLayer(nn.Module):
-    """``forward(positions, hidden, residual, step) -> (hidden, residual)``, the Qwen2 residual convention.
+class Qwen3NextDecoderLayer(PreNormDecoderLayer):
+    """A Gated DeltaNet or a gated full-attention layer by ``config.layer_types``, then the MLP.
 
     ``layout`` is the checkpoint layout of the Gated DeltaNet input projections
     (``gated_deltanet.LAYOUTS``); ``make_mlp`` builds the layer's MLP.
@@ -104,21 +105,10 @@ class Qwen3NextDecoderLayer(nn.Module):
                                         quant_config=quant_config)
         return Qwen2MLP(ctx, config.hidden_size, config.intermediate_size, prefix=prefix, quant_config=quant_config)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, step: Step,
-                capture: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-            if capture is not None:  # the previous layer's output stream
-                capture.append(residual)
+    def mix(self, positions: torch.Tensor, hidden: torch.Tensor, step: Step) -> torch.Tensor:
         if self.layer_type == "linear_attention":
-            hidden = self.linear_attn(hidden, step)
-        else:
-            hidden = self.self_attn(positions, hidden, step)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+            return self.linear_attn(hidden, step)
+        return self.self_attn(positions, hidden, step)
 
 
 class Qwen3NextModel(nn.Module):
