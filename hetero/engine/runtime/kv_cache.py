@@ -11,7 +11,7 @@ from hetero.engine.layers.cached import CachedLayer, PagedEntry, StateEntry
 from hetero.engine.runtime.cache_io import write_sequence_cache
 from hetero.engine.runtime.cache_ops import CacheOp, CopySlot, ImportCache, ResetSlot
 
-__all__ = ["CachePools", "bytes_per_block", "bytes_per_state_slot", "has_state", "allocate_kv_cache"]
+__all__ = ["CachePools", "bytes_per_block", "bytes_per_state_slot", "allocate_kv_cache"]
 
 
 def _cached_layers(model: nn.Module) -> list[tuple[str, CachedLayer]]:
@@ -30,10 +30,6 @@ def bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> in
 def bytes_per_state_slot(model: nn.Module, dtype: torch.dtype) -> int:
     """Bytes one slot of the state pool takes over every per-sequence entry of ``model`` (0: no state)."""
     return sum(math.prod(e.shape) * (e.dtype or dtype).itemsize for _, _, e in _entries(model, StateEntry))
-
-
-def has_state(model: nn.Module) -> bool:
-    return bool(_entries(model, StateEntry))
 
 
 @dataclass
