@@ -9,7 +9,7 @@ import torch
 from hetero.spec._op import Output, spec_op
 from hetero.spec.checks import check_same_device, check_tensor, expect
 
-__all__ = ["rms_norm", "rotary_embedding", "silu_and_mul"]
+__all__ = ["rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"]
 
 #: rms_norm's gate activations (``gate_act``).
 GATE_ACTS = ("silu", "sigmoid")
@@ -49,6 +49,22 @@ def rms_norm(
     head, V = 128) is the caller's reshape of x and gate to [..., V], with weight
     [V]. ``gate`` with ``residual`` is an OpError (no model fuses them);
     ``gate_act`` is "silu" or "sigmoid" (checked even without a gate).
+    """
+
+
+@spec_op(returns=("out",))
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    """Layer normalization over the last dimension, with weight and optional bias (the DSA indexer's k_norm).
+
+    x [T, H] (or any [..., H]); weight [H] and bias [H] (or None) of x's dtype or
+    float32. In float32 or wider: ``mean = mean(x, -1)``, ``var = mean((x - mean)**2, -1)``
+    (biased), ``y = (x - mean) * rsqrt(var + eps) * weight + bias``, rounded once to
+    x's dtype (torch.nn.LayerNorm's arithmetic). eps > 0. Returns [..., H] in x's dtype.
     """
 
 

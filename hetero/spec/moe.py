@@ -14,7 +14,8 @@ from hetero.spec.types import EPDispatch
 __all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe", "ep_dispatch", "ep_combine", "SCORING", "ACTIVATIONS"]
 
 SCORING = ("softmax", "sigmoid")
-ACTIVATIONS = ("silu",)
+#: fused_moe's expert activations on the [gate | up] halves (see ``fused_moe``).
+ACTIVATIONS = ("silu", "swigluoai", "swiglu_clamp")
 
 
 @spec_op(returns=("weights", Output("ids", "row_set", reorders=("weights",))))
@@ -87,15 +88,36 @@ def fused_moe(
     ids: torch.Tensor,
     *,
     activation: str = "silu",
+    alpha: float = 1.702,
+    limit: float | None = None,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The routed expert MLP of a MoE layer, summed over each token's experts.
 
     x [M, H]; w13 [E, 2I, H] with the gate projection in rows [0, I) and the up
     projection in rows [I, 2I); w2 [E, H, I]; weights float32 [M, k]; ids int32
-    [M, k]. ``y[m] = sum_s weights[m, s] * w2[e] @ (silu(gate_e x_m) * up_e x_m)``
-    with ``e = ids[m, s]``. Intermediate activations are rounded to x's dtype as a
-    composition of ``moe_permute``, ``grouped_gemm``, ``silu_and_mul``,
-    ``grouped_gemm`` and ``moe_unpermute`` would. Returns [M, H] in x's dtype.
+    [M, k]; w13_bias [E, 2I] and w2_bias [E, H] of x's dtype, or None. For token m
+    and slot s with ``e = ids[m, s]``::
+
+        gu   = r(w13[e] @ x_m + w13_bias[e])         # [2I]: gate = gu[:I], up = gu[I:]
+        h    = r(act(gate, up))                      # [I]
+        y    = r(w2[e] @ h + w2_bias[e])             # [H]
+        out[m] = sum_s weights[m, s] * y             # float32 or wider, then rounded
+
+    where r() rounds to x's dtype (as a composition of ``moe_permute``,
+    ``grouped_gemm``, the activation, ``grouped_gemm`` and ``moe_unpermute``
+    would; a bias is added in float32 before its rounding; a missing bias is 0), and
+    ``act`` is evaluated in float32 or wider:
+
+    - ``"silu"``: ``silu(gate) * up`` (Qwen, DeepSeek); ``limit`` must be None.
+    - ``"swigluoai"`` (gpt-oss, alpha 1.702, limit 7.0): ``g = min(gate, limit)``,
+      ``u = clamp(up, -limit, limit)``, ``(u + 1) * g * sigmoid(alpha * g)``.
+      gpt-oss checkpoints interleave gate and up columns; the caller splits them into halves at load.
+    - ``"swiglu_clamp"`` (DeepSeek-V4, limit 10.0): ``silu(min(gate, limit)) * clamp(up, -limit, limit)``.
+
+    The clamped activations need a finite ``limit`` > 0; ``alpha`` must be finite and
+    only enters swigluoai. Returns [M, H] in x's dtype.
     """
 
 

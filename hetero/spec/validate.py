@@ -54,6 +54,8 @@ __all__ = [
     "rotary_embedding",
     "causal_conv1d",
     "gated_delta_rule",
+    "write_index_k",
+    "indexer_topk",
     "VALIDATORS",
 ]
 
@@ -113,7 +115,8 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: object,
 
 
 def mla_attention(q_nope: torch.Tensor, q_pe: object, ckv_cache: torch.Tensor, kpe_cache: object, meta: AttentionMeta, **_: object) -> None:
-    """As paged_attention, over the latent cache."""
+    """As paged_attention, over the latent cache. topk_indices needs no check: every entry outside
+    a row's visible positions is skipped by definition (a kernel masks it)."""
     _paged("mla_attention", q_nope, "q_nope", ckv_cache, "ckv_cache", 3, meta)
 
 
@@ -179,7 +182,18 @@ def gated_delta_rule(q: torch.Tensor, k: object, v: object, g: object, beta: obj
                       _tokens(op, "ssm_state", ssm_state, 4))
 
 
+def write_index_k(k: torch.Tensor, index_cache: torch.Tensor, slot_mapping: torch.Tensor, **_: object) -> None:
+    """slot_mapping int64 [T], every entry in [-1, NB*BS)."""
+    nb, bs = _cache_slots("write_index_k", "index_cache", index_cache, 3)
+    check_slot_mapping("write_index_k", slot_mapping, _tokens("write_index_k", "k", k, 2), nb * bs)
+
+
+def indexer_topk(q: torch.Tensor, weights: object, index_cache: torch.Tensor, meta: AttentionMeta, **_: object) -> None:
+    """As paged_attention, over the index-key cache."""
+    _paged("indexer_topk", q, "q", index_cache, "index_cache", 3, meta)
+
+
 #: op name -> its index-content validator, for the ops that take index tensors.
 VALIDATORS = {f.__name__: f for f in (write_kv, write_mla_kv, paged_attention, mla_attention, varlen_attention,
                                       grouped_gemm, moe_permute, moe_unpermute, fused_moe, ep_dispatch, rotary_embedding,
-                                      causal_conv1d, gated_delta_rule)}
+                                      causal_conv1d, gated_delta_rule, write_index_k, indexer_topk)}

@@ -17,6 +17,8 @@ from hetero_cpu_ref import layers as ref_layers
 from hetero_cpu_ref import moe as ref_moe
 from hetero_cpu_ref.plugin import CpuRefBackend
 
+from broken_dsa import BUGS as DSA_BUGS
+from broken_moe import BUGS as MOE_BUGS
 from broken_recurrent import BUGS as RECURRENT_BUGS
 
 __all__ = ["BUGS", "make_plugin"]
@@ -172,6 +174,8 @@ BUGS = {
     "silu_and_mul_swapped_halves": ("silu_and_mul", staticmethod(_silu_swapped)),
 }
 BUGS.update(RECURRENT_BUGS)  # causal_conv1d and gated_delta_rule (spec 1.2): broken_recurrent.py
+BUGS.update(DSA_BUGS)  # write_index_k, indexer_topk, sparse mla_attention, layer_norm (spec 1.3): broken_dsa.py
+BUGS.update(MOE_BUGS)  # fused_moe's activations and biases (spec 1.3): broken_moe.py
 
 
 def make_plugin(bug: str | None):

@@ -9,6 +9,8 @@ from hetero_conformance.cases import catalog
 from hetero_conformance.runner import FAILING, Runner
 
 from broken_backends import BUGS, make_plugin
+from broken_dsa import make_control as make_dsa_control
+from broken_moe import make_control as make_moe_control
 from broken_recurrent import make_control
 
 QUICK = catalog(quick=True)
@@ -58,6 +60,18 @@ def test_control_backend_passes(suite):
 def test_recurrent_control_backends_pass(suite, op):
     """The bug-free mini recurrent ops pass: their planted bugs are the only difference."""
     assert suite(make_control(op)) == {}
+
+
+@pytest.mark.parametrize("op", ["write_index_k", "indexer_topk", "mla_attention", "layer_norm"])
+def test_dsa_control_backends_pass(suite, op):
+    """The bug-free mini DSA ops and layer_norm pass (mla_attention's dense cases too): their
+    planted bugs are the only difference."""
+    assert suite(make_dsa_control(op)) == {}
+
+
+def test_moe_control_backend_passes(suite):
+    """The bug-free mini fused_moe passes: its planted bugs are the only difference."""
+    assert suite(make_moe_control("fused_moe")) == {}
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))

@@ -117,3 +117,15 @@ def test_paged_metadata_defects_are_named(meta, arg, what):
     validate.paged_attention(q, cache, cache, _meta([0, 3, 5], [7, 2], [[0, 1], [2, 3]]), scale=0.1)  # well formed
     with pytest.raises(OpError, match=rf"paged_attention: argument '{arg}': expected .*{re.escape(what)}"):
         validate.paged_attention(q, cache, cache, meta, scale=0.1)
+
+
+def test_dsa_validators_name_bad_slots_and_block_ids():
+    """write_index_k reads slot_mapping, indexer_topk the metadata, as write_kv and paged_attention do."""
+    k, cache = torch.randn(3, 128), torch.randn(4, 4, 128)
+    validate.write_index_k(k, cache, torch.tensor([0, -1, 15]))  # well formed
+    with pytest.raises(OpError, match=r"write_index_k: argument 'slot_mapping': expected slots in \[-1, 16\)"):
+        validate.write_index_k(k, cache, torch.tensor([0, 16, 1]))
+    q, w, good = torch.randn(5, 2, 128), torch.rand(5, 2), _meta([0, 3, 5], [7, 2], [[0, 1], [2, 3]])
+    validate.indexer_topk(q, w, cache, good, topk=4)
+    with pytest.raises(OpError, match=r"indexer_topk: argument 'meta.block_table': expected block ids in \[0, 4\)"):
+        validate.indexer_topk(q, w, cache, _meta([0, 3, 5], [7, 2], [[0, 9], [2, 3]]), topk=4)

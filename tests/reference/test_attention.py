@@ -196,6 +196,50 @@ def test_paged_sinks_shrink_the_output():
     assert torch.equal(lse, lse_s)  # sinks excluded from lse
 
 
+#: gpt-oss: 64 query heads, 8 KV heads, head dim 64; sliding layers keep W = 128 keys, the token's own included.
+GPT_OSS_HEADS, GPT_OSS_SLIDING_WINDOW = (64, 8, 64), 128
+
+
+def _hf_gpt_oss_rows(query, k, v, sinks, scale, n, window: int | None):
+    """transformers' gpt-oss eager attention (sinks) under its own mask functions, on one sequence
+    whose last n positions are the query rows: [n, Hq, D] in float64."""
+    from types import SimpleNamespace
+
+    from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    length, hq, hkv = k.shape[0], query.shape[1], k.shape[1]
+    visible = causal_mask_function if window is None else sliding_window_causal_mask_function(window)
+    keep = visible(0, 0, torch.arange(length - n, length)[:, None], torch.arange(length)[None, :]).expand(n, length)
+    mask = torch.zeros(n, length, dtype=torch.float64).masked_fill(~keep, NEG_INF)[None, None]
+    module = SimpleNamespace(num_key_value_groups=hq // hkv, sinks=sinks.double(), training=False)
+    out, _ = eager_attention_forward(module, query.double().transpose(0, 1)[None], k.double().transpose(0, 1)[None],
+                                     v.double().transpose(0, 1)[None], mask, scale)
+    return out[0]
+
+
+@pytest.mark.parametrize("window", [GPT_OSS_SLIDING_WINDOW, None], ids=["sliding128", "full"])
+def test_paged_gpt_oss_layers_are_hf(window):
+    """gpt-oss's alternating layers: HF ``sliding_window`` W is ``window=(W - 1, -1)`` (the pinned
+    convention), sinks join the softmax with any window. Contexts past the window: decode at W - 1,
+    W and W + 1 keys (the boundary), a chunked prefill crossing it, a long decode."""
+    hq, hkv, d = GPT_OSS_HEADS
+    seqs = [(1, 127), (1, 128), (1, 129), (40, 200), (1, 300)]
+    gen = _gen(31)
+    query, kc, vc, meta, keys, values = _paged_batch(gen, seqs, hq, hkv, d, d, 16, torch.float64)
+    sinks = _randn(gen, hq, std=2.0).float()
+    opts = dict(scale=d**-0.5, sinks=sinks, window=(-1, -1) if window is None else (window - 1, -1))
+    out = ref.paged_attention(query, kc, vc, meta, **opts)
+    starts = _starts([n for n, _ in seqs])
+    for b, (n, _) in enumerate(seqs):
+        want = _hf_gpt_oss_rows(query[starts[b]:starts[b + 1]], keys[b], values[b], sinks, d**-0.5, n, window)
+        torch.testing.assert_close(out[starts[b]:starts[b + 1]], want, atol=1e-12, rtol=1e-12)
+    if window is not None:  # one key more or less changes the boundary rows
+        for off in (-1, 1):
+            moved = ref.paged_attention(query, kc, vc, meta, **{**opts, "window": (window - 1 + off, -1)})
+            assert not torch.allclose(moved[1:3], out[1:3])
+
+
 def test_paged_bf16_against_float64():
     query, kc, vc, meta, keys, values = _paged_batch(_gen(5), MIXED, 8, 2, 128, 128, 16, torch.bfloat16)
     out, lse = ref.paged_attention(query, kc, vc, meta, scale=128**-0.5, return_lse=True)

@@ -1,4 +1,4 @@
-"""The reference glue ops (rms_norm, rotary_embedding, silu_and_mul) against independent formulations.
+"""The reference glue ops (rms_norm, layer_norm, rotary_embedding, silu_and_mul) against independent formulations.
 
 The independent sides: Hugging Face transformers' own model code (Qwen3RMSNorm,
 the Llama/Qwen rotate_half rope, DeepSeek-V3's interleaved rope) and explicit
@@ -38,7 +38,7 @@ def randn(g: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32) -
 # --------------------------------------------------------------------------- signatures
 
 
-@pytest.mark.parametrize("name", ["rms_norm", "rotary_embedding", "silu_and_mul"])
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"])
 def test_signature_matches_spec(name):
     spec = getattr(spec_layers, name).__hetero_op__
     assert spec.check_signature(getattr(layers, name)) is None
@@ -380,3 +380,46 @@ def test_bad_input_raises_op_error(case):
     msg = str(err)
     assert msg.startswith(f"{op}: argument '{arg}': expected ") and ", got " in msg
     assert err.expected and err.got is not None
+
+
+# --------------------------------------------------------------------------- layer_norm (spec 1.3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(7, 128), (2, 3, 48), (1, 7168)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm_matches_torch(dtype, shape, bias):
+    g = gen(11)
+    x, w = randn(g, *shape, dtype=dtype) + 3.0, randn(g, shape[-1], dtype=dtype)
+    b = randn(g, shape[-1], dtype=dtype) if bias else None
+    want = F.layer_norm(x, (shape[-1],), w, b, 1e-6)
+    torch.testing.assert_close(layers.layer_norm(x, w, b, 1e-6), want, atol=2e-6 if dtype == torch.float32 else 1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_layer_norm_low_precision_with_float32_params_rounds_once(dtype):
+    """DeepSeek's indexer k_norm: bf16 keys, float32 weight and bias; float32 math, one rounding."""
+    g = gen(12)
+    x, w, b = randn(g, 9, 128, dtype=dtype), randn(g, 128), randn(g, 128)
+    want = F.layer_norm(x.double(), (128,), w.double(), b.double(), 1e-6).to(dtype)
+    got = layers.layer_norm(x, w, b, 1e-6)
+    assert got.dtype == dtype
+    assert (got.double() - want.double()).abs().max() <= (want.double().abs() * 2.0 ** -7).max()
+
+
+def test_layer_norm_variance_is_biased_and_eps_inside_the_root():
+    x = torch.tensor([[1.0, 3.0]], dtype=torch.float64)
+    got = layers.layer_norm(x, torch.ones(2, dtype=torch.float64), None, 1.0)
+    torch.testing.assert_close(got, torch.tensor([[-1.0, 1.0]], dtype=torch.float64) / 2 ** 0.5)
+
+
+@pytest.mark.parametrize("args, arg", [
+    ((torch.randn(3, 8), torch.randn(7), None, 1e-6), "weight"),
+    ((torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(8), torch.randn(8, dtype=torch.float16), 1e-6), "bias"),
+    ((torch.randn(3, 8), torch.randn(8), None, 0.0), "eps"),
+    ((torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(8, dtype=torch.float64), None, 1e-6), "weight"),
+])
+def test_layer_norm_rejects_bad_arguments_by_name(args, arg):
+    with pytest.raises(OpError) as info:
+        layers.layer_norm(*args)
+    assert info.value.arg == arg

@@ -401,3 +401,120 @@ def test_fused_moe_bad_inputs():
     raises(op, "weights", ref.fused_moe, x, w13, w2, w[:, :1], ids)
     raises(op, "weights", ref.fused_moe, x, w13, w2, w.half(), ids)
     raises(op, "weights", ref.fused_moe, x, w13, w2, w.to("meta"), ids)
+
+
+# ---------------------------------------------------------------- fused_moe: gpt-oss and DeepSeek-V4 activations
+
+def _experts(seed: int, e: int = 6, inter: int = 10, hidden: int = 16, m: int = 11, k: int = 3, gain: float = 6.0):
+    """Expert weights and biases large enough that many gate/up values pass the clamp limits."""
+    x = randn(m, hidden, seed=seed)
+    w13 = randn(e, 2 * inter, hidden, seed=seed + 1, scale=gain / math.sqrt(hidden))
+    w2 = randn(e, hidden, inter, seed=seed + 2, scale=1 / math.sqrt(inter))
+    b13, b2 = randn(e, 2 * inter, seed=seed + 3), randn(e, hidden, seed=seed + 4)
+    g = torch.Generator().manual_seed(seed + 5)
+    ids = torch.stack([torch.randperm(e - 1, generator=g)[:k] + 1 for _ in range(m)]).to(torch.int32)  # expert 0 empty
+    weights = torch.rand(m, k, generator=g).float()
+    return x, w13, w2, b13, b2, weights, ids
+
+
+def test_fused_moe_swigluoai_is_hf_gpt_oss():
+    """Against transformers' GptOssExperts in float64: its checkpoint layout (W13 [E, H, 2I] with gate
+    and up columns interleaved) de-interleaved into the [gate | up] halves fused_moe takes."""
+    from types import SimpleNamespace
+
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    x, w13, w2, b13, b2, weights, ids = _experts(seed=150)
+    e, two_i, hidden = w13.shape
+    inter = two_i // 2
+    cfg = SimpleNamespace(intermediate_size=inter, num_local_experts=e, hidden_size=hidden, swiglu_alpha=1.702,
+                          swiglu_limit=7.0, _experts_implementation="eager")
+    hf = GptOssExperts(cfg).double()
+    interleaved, interleaved_bias = torch.empty(e, hidden, two_i, dtype=torch.float64), torch.empty(e, two_i, dtype=torch.float64)
+    interleaved[..., 0::2], interleaved[..., 1::2] = w13[:, :inter].transpose(1, 2), w13[:, inter:].transpose(1, 2)
+    interleaved_bias[:, 0::2], interleaved_bias[:, 1::2] = b13[:, :inter], b13[:, inter:]
+    with torch.no_grad():
+        for p, v in ((hf.gate_up_proj, interleaved), (hf.gate_up_proj_bias, interleaved_bias),
+                     (hf.down_proj, w2.transpose(1, 2)), (hf.down_proj_bias, b2)):
+            p.copy_(v)
+        want = hf(x, router_indices=ids.long(), routing_weights=weights.double())
+    gu = torch.einsum("mh,mkih->mki", x, w13[ids.long()])
+    assert (gu[..., :inter] > 7).any() and (gu[..., inter:].abs() > 7).any()  # the clamps matter here
+    out = ref.fused_moe(x, w13, w2, weights.double(), ids, activation="swigluoai", alpha=1.702, limit=7.0, w13_bias=b13, w2_bias=b2)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_fused_moe_swiglu_clamp_is_hf_deepseek_v4():
+    from types import SimpleNamespace
+
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Experts
+
+    x, w13, w2, _, _, weights, ids = _experts(seed=160, gain=9.0)
+    e, two_i, hidden = w13.shape
+    cfg = SimpleNamespace(num_local_experts=e, hidden_size=hidden, intermediate_size=two_i // 2, hidden_act="silu",
+                          swiglu_limit=10.0, _experts_implementation="eager")
+    hf = DeepseekV4Experts(cfg).double()
+    with torch.no_grad():
+        hf.gate_up_proj.copy_(w13)
+        hf.down_proj.copy_(w2)
+        want = hf(x, ids.long(), weights.double())
+    out = ref.fused_moe(x, w13, w2, weights.double(), ids, activation="swiglu_clamp", limit=10.0)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
+def fused_moe_rounded(x, w13, w2, weights, ids, act, alpha, limit, b13, b2):
+    """Token by token and slot by slot in float64, rounding to x's dtype at the spec's three points."""
+    inter, dt = w13.shape[1] // 2, x.dtype
+    r = lambda t: t.to(dt).double()  # noqa: E731
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for m in range(x.shape[0]):
+        for s in range(ids.shape[1]):
+            e = int(ids[m, s])
+            gu = r(w13[e].double() @ x[m].double() + (0 if b13 is None else b13[e].double()))
+            gate, up = gu[:inter], gu[inter:]
+            if act != "silu":
+                gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+            h = r((up + 1) * gate * torch.sigmoid(alpha * gate) if act == "swigluoai" else torch.nn.functional.silu(gate) * up)
+            out[m] += float(weights[m, s]) * r(w2[e].double() @ h + (0 if b2 is None else b2[e].double()))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("act,limit", [("swigluoai", 7.0), ("swiglu_clamp", 10.0), ("silu", None)])
+@pytest.mark.parametrize("biases", [False, True], ids=["no-bias", "bias"])
+def test_fused_moe_activations_round_as_pinned(dtype, act, limit, biases):
+    x, w13, w2, b13, b2, weights, ids = (t.to(dtype) if t.is_floating_point() and t.dtype == torch.float64 else t
+                                         for t in _experts(seed=170))
+    b13, b2 = (b13, b2) if biases else (None, None)
+    out = ref.fused_moe(x, w13, w2, weights, ids, activation=act, alpha=1.702, limit=limit, w13_bias=b13, w2_bias=b2)
+    assert out.dtype == dtype
+    want = fused_moe_rounded(x, w13, w2, weights, ids, act, 1.702, limit, b13, b2)
+    rel = ((out.double() - want).norm() / want.norm()).item()
+    assert rel < {torch.float32: 1e-6, torch.bfloat16: 4e-3}[dtype]
+
+
+def test_fused_moe_bias_and_options_change_the_result():
+    x, w13, w2, b13, b2, weights, ids = _experts(seed=180)
+    base = ref.fused_moe(x, w13, w2, weights, ids, activation="swigluoai", limit=7.0)
+    for kw in (dict(w13_bias=b13), dict(w2_bias=b2), dict(alpha=1.0), dict(limit=3.0), dict(activation="swiglu_clamp")):
+        opts = {"activation": "swigluoai", "limit": 7.0, **kw}
+        assert not torch.allclose(ref.fused_moe(x, w13, w2, weights, ids, **opts), base), kw
+
+
+def test_fused_moe_bad_options():
+    op = "fused_moe"
+    x, w13, w2 = torch.ones(3, 8), torch.ones(4, 6, 8), torch.ones(4, 8, 3)
+    w, ids = torch.ones(3, 2), torch.zeros(3, 2, dtype=torch.int32)
+    raises(op, "limit", ref.fused_moe, x, w13, w2, w, ids, limit=7.0)
+    for bad in (None, 0.0, -1.0, float("inf"), float("nan"), True, "7"):
+        raises(op, "limit", ref.fused_moe, x, w13, w2, w, ids, activation="swigluoai", limit=bad)
+    raises(op, "limit", ref.fused_moe, x, w13, w2, w, ids, activation="swiglu_clamp")
+    for bad in (float("nan"), float("-inf"), None, False):
+        raises(op, "alpha", ref.fused_moe, x, w13, w2, w, ids, activation="swigluoai", alpha=bad, limit=7.0)
+    raises(op, "w13_bias", ref.fused_moe, x, w13, w2, w, ids, w13_bias=torch.ones(4, 5))
+    raises(op, "w13_bias", ref.fused_moe, x, w13, w2, w, ids, w13_bias=torch.ones(4, 6, dtype=torch.float64))
+    raises(op, "w13_bias", ref.fused_moe, x, w13, w2, w, ids, w13_bias=torch.ones(24))
+    raises(op, "w2_bias", ref.fused_moe, x, w13, w2, w, ids, w2_bias=torch.ones(3, 8))
+    raises(op, "w2_bias", ref.fused_moe, x, w13, w2, w, ids, w2_bias=torch.ones(4, 8).half())
+    raises(op, "w2_bias", ref.fused_moe, x, w13, w2, w, ids, w2_bias=torch.ones(4, 8, device="meta"))
+    raises(op, "w2_bias", ref.fused_moe, x, w13, w2, w, ids, w2_bias=[0.0] * 8)

@@ -10,8 +10,9 @@ import numbers
 
 import torch
 
+from hetero.spec._checks_moe import check_fused_moe_options, check_fused_moe_weights
 from hetero.spec.checks import check_ids, check_same_device, check_tensor, expect
-from hetero.spec.moe import ACTIVATIONS, SCORING
+from hetero.spec.moe import SCORING
 from hetero.spec.types import FLOAT_DTYPES
 
 __all__ = ["WEIGHT_DTYPES", "check_int", "check_route", "check_weights", "check_fused_moe"]
@@ -62,21 +63,14 @@ def check_weights(op: str, weights: object, ids_shape: tuple[int, ...] | None) -
     expect(weights.shape[1] >= 1, op, "weights", "at least one column (top_k >= 1)", f"shape {list(weights.shape)}")
 
 
-def check_fused_moe(op: str, x: object, w13: object, w2: object, weights: object, ids: object, activation: object) -> None:
+def check_fused_moe(op: str, x: object, w13: object, w2: object, weights: object, ids: object, activation: object,
+                    alpha: object = 1.702, limit: object = None, w13_bias: object = None, w2_bias: object = None) -> None:
     """Validate every argument of fused_moe."""
-    expect(activation in ACTIVATIONS, op, "activation", "one of " + ", ".join(repr(a) for a in ACTIVATIONS), repr(activation))
-    check_tensor(op, "x", x, ndim=2, dtypes=FLOAT_DTYPES)
-    assert isinstance(x, torch.Tensor)
-    rows, hidden = x.shape
-    check_tensor(op, "w13", w13, ndim=3, dtypes=(x.dtype,))
-    assert isinstance(w13, torch.Tensor)
-    experts, two_i, _ = w13.shape
-    expect(two_i % 2 == 0 and w13.shape[2] == hidden, op, "w13", f"shape [E, 2I, H] with an even 2I and H = {hidden} (x's columns)", f"shape {list(w13.shape)}")
-    inter = two_i // 2
-    check_tensor(op, "w2", w2, shape=(experts, hidden, inter), dtypes=(x.dtype,))
+    check_fused_moe_options(op, activation, alpha, limit)
+    rows, _, experts = check_fused_moe_weights(op, x, w13, w2, w13_bias, w2_bias)
     check_tensor(op, "ids", ids)
     check_tensor(op, "weights", weights)
-    check_same_device(op, x=x, w13=w13, w2=w2, weights=weights, ids=ids)  # before reading values
+    check_same_device(op, x=x, w13=w13, w2=w2, w13_bias=w13_bias, w2_bias=w2_bias, weights=weights, ids=ids)  # before reading values
     check_ids(op, ids, rows, experts)
     assert isinstance(ids, torch.Tensor)
     check_weights(op, weights, tuple(ids.shape))

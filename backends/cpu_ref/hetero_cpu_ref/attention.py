@@ -1,16 +1,16 @@
 """Reference attention: paged KV cache (GQA/MQA and absorbed MLA), dense varlen, merging.
 
 One loop over sequences; within a sequence everything is one masked softmax
-(``_attend``), shared by paged, varlen and MLA attention. Accumulation is in
+(``_attend.attend``), shared by paged, varlen and MLA attention; sparse MLA (DSA,
+``topk_indices``) only swaps the causal mask for ``dsa.sparse_mask``. Accumulation is in
 float32 (float64 when given float64); outputs take the query's dtype and lse is
 float32. Semantics: ``hetero.spec.attention``.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
+from hetero.spec._checks_dsa import check_topk_indices
 from hetero.spec.checks import (
     check_cu_seqlens,
     check_kv_write,
@@ -32,97 +32,11 @@ from hetero_cpu_ref._attention_checks import (
     check_sinks,
     meta_tensors,
 )
+from hetero_cpu_ref._attend import NEG_INF, attend_all, gather, scatter, used_blocks
 from hetero_cpu_ref._util import acc_dtype
+from hetero_cpu_ref.dsa import sparse_mask
 
 __all__ = ["write_kv", "paged_attention", "varlen_attention", "write_mla_kv", "mla_attention", "merge_attention"]
-
-_NEG_INF = float("-inf")
-
-
-# ----------------------------------------------------------------------------- core
-
-
-def _visible(n: int, length: int, causal: bool, window: tuple[int, int], device: torch.device) -> torch.Tensor:
-    """bool [n, L]: key j visible to query row i, which sits at position L - n + i."""
-    pos = torch.arange(n, device=device)[:, None] + (length - n)
-    j = torch.arange(length, device=device)[None, :]
-    mask = torch.ones(n, length, dtype=torch.bool, device=device)
-    if causal:
-        mask &= j <= pos
-    if window[0] >= 0:
-        mask &= j >= pos - window[0]
-    if window[1] >= 0:
-        mask &= j <= pos + window[1]
-    return mask
-
-
-def _attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    scale: float,
-    causal: bool,
-    window: tuple[int, int],
-    softcap: float,
-    sinks: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence: q [n, Hq, D], k [L, Hkv, D], v [L, Hkv, Dv], all in the accumulation dtype.
-
-    Returns out [n, Hq, Dv] and lse [n, Hq]; a row with no visible key gets 0 and -inf.
-    """
-    n, hq, d = q.shape
-    length, hkv, dv = k.shape[0], k.shape[1], v.shape[2]
-    g = hq // hkv  # query head h reads KV head h // g
-    s = torch.einsum("nkgd,lkd->kgnl", q.reshape(n, hkv, g, d), k).reshape(hq, n, length) * scale
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    s = s.masked_fill(~_visible(n, length, causal, window, q.device), _NEG_INF)
-    lse = torch.logsumexp(s, dim=-1)  # [Hq, n], -inf for a row with no visible key
-    denom = lse if sinks is None else torch.logaddexp(lse, sinks.to(lse.dtype)[:, None])
-    denom = denom.masked_fill(denom == _NEG_INF, 0.0)  # empty row: exp(-inf - 0) = 0, not NaN
-    p = torch.exp(s - denom[..., None])
-    out = torch.einsum("kgnl,lkd->nkgd", p.reshape(hkv, g, n, length), v).reshape(n, hq, dv)
-    return out, lse.transpose(0, 1)
-
-
-def _attend_all(
-    query: torch.Tensor,
-    starts: list[int],
-    kv_of: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
-    out: torch.Tensor,
-    **opts,
-) -> torch.Tensor:
-    """Attend each sequence's rows [starts[b], starts[b+1]) of query to kv_of(b), writing into out.
-
-    Every row belongs to one sequence (starts runs from 0 to T), so out is fully
-    written. Returns lse float32 [T, Hq].
-    """
-    acc = acc_dtype(query)
-    lse = torch.empty(query.shape[:2], dtype=torch.float32, device=query.device)
-    for b in range(len(starts) - 1):
-        a, e = starts[b], starts[b + 1]
-        if a == e:
-            continue
-        k, v = kv_of(b)
-        o, seq_lse = _attend(query[a:e].to(acc), k.to(acc), v.to(acc), **opts)
-        out[a:e] = o
-        lse[a:e] = seq_lse
-    return lse
-
-
-def _gather(cache: torch.Tensor, blocks: list[int], length: int) -> torch.Tensor:
-    """The first `length` positions of a sequence from a paged cache [NB, BS, ...] -> [length, ...]."""
-    ids = torch.tensor(blocks, dtype=torch.long, device=cache.device)
-    return cache.index_select(0, ids).flatten(0, 1)[:length]
-
-
-def _scatter(dst: torch.Tensor, src: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """dst[slot // BS, slot % BS] = src[t] for every token t whose slot is not -1 (in place)."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    bs = dst.shape[1]
-    dst[slots // bs, slots % bs] = src[keep].to(dst.dtype)
 
 
 # ----------------------------------------------------------------------------- ops
@@ -139,15 +53,8 @@ def write_kv(
     t, num_slots = check_kv_write(op, key, value, k_cache, v_cache)
     check_same_device(op, key=key, value=value, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
     check_slot_mapping(op, slot_mapping, t, num_slots)
-    _scatter(k_cache, key, slot_mapping)
-    _scatter(v_cache, value, slot_mapping)
-
-
-def _used_blocks(meta: AttentionMeta, seq_lens: list[int], block_size: int) -> list[list[int]]:
-    """Per sequence, the block ids that hold its seq_lens[b] keys (check_meta has checked them)."""
-    used = -(-max(seq_lens, default=0) // block_size)
-    table = meta.block_table[:, :used].tolist()  # a persistent table is as wide as max_model_len allows
-    return [row[: -(-length // block_size)] for row, length in zip(table, seq_lens)]
+    scatter(k_cache, key, slot_mapping)
+    scatter(v_cache, value, slot_mapping)
 
 
 def paged_attention(
@@ -173,13 +80,13 @@ def paged_attention(
     check_out(op, out, shape, query)
     check_same_device(op, query=query, k_cache=k_cache, v_cache=v_cache, sinks=sinks, **meta_tensors(meta))
     qsl, seq_lens = check_meta(op, meta, t, nb, bs)
-    blocks = _used_blocks(meta, seq_lens, bs)
+    blocks = used_blocks(meta, seq_lens, bs)
 
     def kv_of(b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return _gather(k_cache, blocks[b], seq_lens[b]), _gather(v_cache, blocks[b], seq_lens[b])
+        return gather(k_cache, blocks[b], seq_lens[b]), gather(v_cache, blocks[b], seq_lens[b])
 
     res = out if out is not None else query.new_empty(shape)
-    lse = _attend_all(query, qsl, kv_of, res, scale=scale, causal=causal, window=window, softcap=softcap, sinks=sinks)
+    lse = attend_all(query, qsl, kv_of, res, scale=scale, causal=causal, window=window, softcap=softcap, sinks=sinks)
     return (res, lse) if return_lse else res
 
 
@@ -216,7 +123,7 @@ def varlen_attention(
         return key[ck[b] : ck[b + 1]], value[ck[b] : ck[b + 1]]
 
     res = query.new_empty(tq, hq, value.shape[2])
-    lse = _attend_all(query, cq, kv_of, res, scale=scale, causal=causal, window=window, softcap=softcap, sinks=None)
+    lse = attend_all(query, cq, kv_of, res, scale=scale, causal=causal, window=window, softcap=softcap, sinks=None)
     return (res, lse) if return_lse else res
 
 
@@ -237,8 +144,8 @@ def write_mla_kv(
     check_tensor(op, "kpe_cache", kpe_cache, shape=(nb, bs, k_pe.shape[1]), dtypes=dt)
     check_same_device(op, kv_c=kv_c, k_pe=k_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, slot_mapping=slot_mapping)
     check_slot_mapping(op, slot_mapping, t, nb * bs)
-    _scatter(ckv_cache, kv_c, slot_mapping)
-    _scatter(kpe_cache, k_pe, slot_mapping)
+    scatter(ckv_cache, kv_c, slot_mapping)
+    scatter(kpe_cache, k_pe, slot_mapping)
 
 
 def mla_attention(
@@ -251,22 +158,29 @@ def mla_attention(
     scale: float,
     causal: bool = True,
     return_lse: bool = False,
+    topk_indices: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     op = "mla_attention"
     scale, window, _ = check_options(op, scale, causal, (-1, -1), 0.0, return_lse)
     t, h, lkv, nb, bs = check_mla_inputs(op, q_nope, q_pe, ckv_cache, kpe_cache, FLOAT_DTYPES)
     check_same_device(op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, **meta_tensors(meta))
+    if topk_indices is not None:
+        check_topk_indices(op, topk_indices, t, q_nope.device)
     qsl, seq_lens = check_meta(op, meta, t, nb, bs)
-    blocks = _used_blocks(meta, seq_lens, bs)
+    blocks = used_blocks(meta, seq_lens, bs)
+
+    def mask_of(b: int) -> torch.Tensor:  # sparse (DSA): the listed positions among the visible ones
+        return sparse_mask(topk_indices[qsl[b] : qsl[b + 1]], seq_lens[b], causal)
 
     def kv_of(b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ckv = _gather(ckv_cache, blocks[b], seq_lens[b])[:, None]  # one latent KV head
-        kpe = _gather(kpe_cache, blocks[b], seq_lens[b])[:, None]
+        ckv = gather(ckv_cache, blocks[b], seq_lens[b])[:, None]  # one latent KV head
+        kpe = gather(kpe_cache, blocks[b], seq_lens[b])[:, None]
         return torch.cat([ckv, kpe], dim=-1), ckv
 
     query = torch.cat([q_nope, q_pe], dim=-1)  # logits = q_nope.ckv + q_pe.kpe
     res = q_nope.new_empty(t, h, lkv)
-    lse = _attend_all(query, qsl, kv_of, res, scale=scale, causal=causal, window=window, softcap=0.0, sinks=None)
+    lse = attend_all(query, qsl, kv_of, res, None if topk_indices is None else mask_of, scale=scale, causal=causal,
+                     window=window, softcap=0.0, sinks=None)
     return (res, lse) if return_lse else res
 
 
@@ -285,7 +199,7 @@ def merge_attention(
     acc = acc_dtype(out_a, lse_a, lse_b)
     la, lb = lse_a.to(acc), lse_b.to(acc)
     lse = torch.logaddexp(la, lb)
-    ref = lse.masked_fill(lse == _NEG_INF, 0.0)  # both sides empty: weights exp(-inf) = 0
+    ref = lse.masked_fill(lse == NEG_INF, 0.0)  # both sides empty: weights exp(-inf) = 0
     out = torch.zeros(out_a.shape, dtype=acc, device=out_a.device)
     for side, side_lse in ((out_a, la), (out_b, lb)):
         w = torch.exp(side_lse - ref)[..., None]

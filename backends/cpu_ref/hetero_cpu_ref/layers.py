@@ -1,4 +1,5 @@
-"""Reference glue ops: RMS normalization (plain, zero-centred, gated), rotary embedding, gated SiLU.
+"""Reference glue ops: RMS normalization (plain, zero-centred, gated), layer normalization, rotary
+embedding, gated SiLU.
 
 Plain PyTorch on whatever device the inputs live on. Each op computes in
 float32 (float64 when any input is float64) and rounds once to the input's
@@ -10,13 +11,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hetero.spec._checks_dsa import check_layer_norm
 from hetero.spec.checks import check_at_least_1d, check_rms_norm, check_rotary, expect
 from hetero.spec.layers import check_rms_norm_options
 from hetero.spec.types import FLOAT_DTYPES
 
 from hetero_cpu_ref._util import acc_dtype, up
 
-__all__ = ["rms_norm", "rotary_embedding", "silu_and_mul"]
+__all__ = ["rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"]
 
 
 _GATE_ACTS = {"silu": F.silu, "sigmoid": torch.sigmoid}
@@ -57,6 +59,22 @@ def rms_norm(
         return _normalize(x, weight, eps, acc, offset, gate, gate_act)
     h = (up(x, acc) + up(residual, acc)).to(x.dtype)  # the add makes a new tensor
     return _normalize(h, weight, eps, acc, offset), h
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    check_layer_norm("layer_norm", x, weight, bias, eps)
+    acc = acc_dtype(x, weight, bias)
+    a = up(x, acc)
+    centred = a - a.mean(dim=-1, keepdim=True)
+    y = centred * torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + float(eps)) * up(weight, acc)
+    if bias is not None:
+        y = y + up(bias, acc)
+    return y.to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int, is_neox: bool, acc: torch.dtype) -> torch.Tensor:

@@ -9,14 +9,13 @@ differs once scores plus bias go negative).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from hetero.spec.checks import check_ids, check_perm, check_same_device, check_tensor, expect
 from hetero.spec.types import FLOAT_DTYPES
 
 from hetero_cpu_ref._moe_checks import check_fused_moe, check_int, check_route, check_weights
 from hetero_cpu_ref._util import acc_dtype, up
-from hetero_cpu_ref.gemm import grouped_gemm
-from hetero_cpu_ref.layers import silu_and_mul
 
 __all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe"]
 
@@ -101,6 +100,34 @@ def moe_unpermute(
     return out.to(y_sorted.dtype)
 
 
+def _expert_linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, group_ends: torch.Tensor) -> torch.Tensor:
+    """Rows [ends[g-1], ends[g]) of ``a @ w[g].T + bias[g]``, accumulated in float32 (float64 for
+    float64 inputs), the bias added before the one rounding to a's dtype (grouped_gemm plus a bias)."""
+    acc = acc_dtype(a, w)
+    out = torch.zeros(a.shape[0], w.shape[1], dtype=a.dtype, device=a.device)
+    start = 0
+    for g, end in enumerate(group_ends.tolist()):
+        if end > start:
+            y = up(a[start:end], acc) @ up(w[g], acc).T
+            out[start:end] = (y if bias is None else y + up(bias[g], acc)).to(a.dtype)
+        start = end
+    return out
+
+
+def _activation(gate_up: torch.Tensor, activation: str, alpha: float, limit: float | None) -> torch.Tensor:
+    """act(gate, up) of the [gate | up] halves, in float32 or wider, rounded to gate_up's dtype."""
+    a = up(gate_up, acc_dtype(gate_up))
+    inter = a.shape[-1] // 2
+    gate, upv = a[..., :inter], a[..., inter:]
+    if activation != "silu":
+        gate, upv = gate.clamp(max=limit), upv.clamp(min=-limit, max=limit)
+    if activation == "swigluoai":
+        h = (upv + 1) * gate * torch.sigmoid(alpha * gate)
+    else:  # silu, swiglu_clamp
+        h = F.silu(gate) * upv
+    return h.to(gate_up.dtype)
+
+
 def fused_moe(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -109,12 +136,16 @@ def fused_moe(
     ids: torch.Tensor,
     *,
     activation: str = "silu",
+    alpha: float = 1.702,
+    limit: float | None = None,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     op = "fused_moe"
-    check_fused_moe(op, x, w13, w2, weights, ids, activation)
+    check_fused_moe(op, x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias)
 
     x_sorted, group_ends, perm = moe_permute(x, ids, w13.shape[0])
-    gate_up = grouped_gemm(x_sorted, w13, group_ends)  # [M*k, 2I] in x's dtype
-    hidden = silu_and_mul(gate_up)  # [M*k, I]
-    y_sorted = grouped_gemm(hidden, w2, group_ends)  # [M*k, H]
+    gate_up = _expert_linear(x_sorted, w13, w13_bias, group_ends)  # [M*k, 2I] in x's dtype
+    hidden = _activation(gate_up, activation, float(alpha), None if limit is None else float(limit))  # [M*k, I]
+    y_sorted = _expert_linear(hidden, w2, w2_bias, group_ends)  # [M*k, H]
     return moe_unpermute(y_sorted, perm, weights)

@@ -9,6 +9,7 @@ import hetero
 from hetero.spec import SPEC_VERSION
 
 from hetero_cpu_ref import attention as _attention
+from hetero_cpu_ref import dsa as _dsa
 from hetero_cpu_ref import ep as _ep
 from hetero_cpu_ref import gemm as _gemm
 from hetero_cpu_ref import layers as _layers
@@ -42,6 +43,8 @@ class CpuRefBackend(hetero.Backend):
     write_mla_kv = staticmethod(_attention.write_mla_kv)
     mla_attention = staticmethod(_attention.mla_attention)
     merge_attention = staticmethod(_attention.merge_attention)
+    write_index_k = staticmethod(_dsa.write_index_k)
+    indexer_topk = staticmethod(_dsa.indexer_topk)
 
     gemm = staticmethod(_gemm.gemm)
     scaled_gemm = staticmethod(_gemm.scaled_gemm)
@@ -55,6 +58,7 @@ class CpuRefBackend(hetero.Backend):
     ep_combine = staticmethod(_ep.ep_combine)
 
     rms_norm = staticmethod(_layers.rms_norm)
+    layer_norm = staticmethod(_layers.layer_norm)
     rotary_embedding = staticmethod(_layers.rotary_embedding)
     silu_and_mul = staticmethod(_layers.silu_and_mul)
 

@@ -40,9 +40,9 @@ def _paged_tensors(gen: torch.Generator, h: Heads, nb: int, bs: int, t: int, dty
 
 
 def _paged(h: Heads, bs: int, seqs: Seqs, *, causal: bool = True, window: tuple[int, int] = (-1, -1),
-           softcap: float = 0.0, sinks: bool = False, lse: bool = False, q_mag: float = 1.0,
+           softcap: float = 0.0, sinks: bool | tuple[float, float] = False, lse: bool = False, q_mag: float = 1.0,
            views: bool = False, alloc_out: bool = False):
-    """paged_attention over random caches (``views``: see ``_paged_tensors``)."""
+    """paged_attention over random caches (``views``: see ``_paged_tensors``; ``sinks``: True or their (lo, hi) range)."""
 
     def build(gen: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
         nb, table = blocks(gen, [L for _, L in seqs], bs)
@@ -59,8 +59,8 @@ def _paged(h: Heads, bs: int, seqs: Seqs, *, causal: bool = True, window: tuple[
             "softcap": softcap,
             "return_lse": lse,
         }
-        if sinks:  # around the lse of ~100 keys, so the sink takes a real share of the softmax
-            args["sinks"] = uniform(gen, (h.hq,), -1.0, 6.0)
+        if sinks:  # default: around the lse of ~100 keys, so the sink takes a real share of the softmax
+            args["sinks"] = uniform(gen, (h.hq,), *(sinks if isinstance(sinks, tuple) else (-1.0, 6.0)))
         if alloc_out:
             args["out"] = None
         return args
@@ -178,7 +178,8 @@ def _static_paged(dt: str, h: Heads, bs: int, opts: dict[str, Any]) -> dict[str,
 
 def _paged_cases(dt: str) -> list[Case]:
     q = dt in QUICK_DTYPES
-    q8 = heads("qwen3-8b")
+    q8, oss = heads("qwen3-8b"), heads("gpt-oss-20b")  # gpt-oss-120b has 20b's attention geometry
+    sliding = {"window": (127, -1), "sinks": True, "lse": True}
     rows = [
         # (shape, heads, block size, batch, options, quick)
         ("qwen3-8b.decode.b4.ctx300", q8, 16, DECODE4, {"lse": True}, q),
@@ -191,8 +192,13 @@ def _paged_cases(dt: str) -> list[Case]:
         ("llama-2-7b.mha.decode.b2", heads("llama-2-7b"), 16, [(1, 75), (1, 20)], {}, False),
         ("falcon-7b.mqa.mixed", heads("falcon-7b"), 16, [(12, 12), (1, 55)], {"lse": True}, False),
         ("qwen3-8b.window50.mixed", q8, 16, [(30, 30), (1, 180), (25, 140)], {"window": (50, -1), "lse": True}, q),
-        ("gpt-oss-20b.sinks.window128.mixed", heads("gpt-oss-20b"), 16, [(1, 200), (20, 160), (5, 5)],
-         {"window": (127, -1), "sinks": True, "lse": True}, False),
+        ("gpt-oss-20b.sinks.window128.mixed", oss, 16, [(1, 200), (20, 160), (5, 5)], sliding, False),
+        # gpt-oss: HF sliding_window 128 (W keys, its own included) is window (127, -1); full layers alternate
+        ("gpt-oss-20b.sliding128.sinks.window-edge.decode", oss, 16, [(1, 127), (1, 128), (1, 129), (1, 300)], sliding, dt == "bfloat16"),
+        ("gpt-oss-20b.sliding128.sinks.chunked", oss, 16, [(48, 176), (150, 150), (1, 140)], sliding, dt == "float32"),
+        ("gpt-oss-120b.full.sinks.mixed", oss, 16, [(1, 300), (30, 170), (9, 9)], {"sinks": True, "lse": True}, False),
+        ("gpt-oss-20b.sliding128.sinks-dominate.few-keys", oss, 16, [(5, 5), (1, 1), (3, 3), (1, 2)],
+         {**sliding, "sinks": (8.0, 12.0)}, False),  # rows of 1-5 keys against e^8..e^12: the sink takes almost all
         ("gemma-2-9b.softcap50.large-logits.mixed", heads("gemma-2-9b"), 16, [(17, 17), (1, 90)],
          {"softcap": 50.0, "q_mag": 40.0, "lse": True}, False),
         ("qwen3-8b.softcap50.sinks.large-logits.mixed", q8, 16, [(9, 9), (1, 110), (6, 60)],

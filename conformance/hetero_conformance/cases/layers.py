@@ -1,5 +1,5 @@
 """Cases of the glue ops: rms_norm (with and without the residual; zero-centred and gated, spec 1.2),
-rotary_embedding, silu_and_mul."""
+layer_norm (spec 1.3), rotary_embedding, silu_and_mul."""
 from __future__ import annotations
 
 import math
@@ -75,6 +75,36 @@ def _rms_option_cases(dt: str) -> list[Case]:
     return [Case("rms_norm", shape, dt, build, static, q) for shape, build, static, q in rows]
 
 
+def _layer_norm(lead: tuple[int, ...], hidden: int, *, f32_params: bool = True, bias: bool = True, offset: float = 0.0):
+    """layer_norm on x [*lead, hidden]: weight and bias float32 (DeepSeek's indexer k_norm) or of x's
+    dtype (a Hugging Face checkpoint); ``offset``: a mean far from 0 (a one-pass variance cancels)."""
+
+    def build(gen: torch.Generator, dtype: torch.dtype):
+        pdt = torch.float32 if f32_params else dtype
+        return {"x": (offset + 2 * randn(gen, (*lead, hidden), torch.float32)).to(dtype),
+                "weight": 1 + 0.2 * randn(gen, (hidden,), pdt), "bias": 0.5 * randn(gen, (hidden,), pdt) if bias else None,
+                "eps": 1e-6}
+
+    return build
+
+
+def _layer_norm_cases(dt: str) -> list[Case]:
+    """The DSA indexer's k_norm (D = 128, eps 1e-6) and a wider norm."""
+    quick = dt in ("float32", "bfloat16")
+    rows = [
+        ("deepseek-v3.2.k-norm.t9", _layer_norm((9,), 128), 128, True, True, quick),
+        ("deepseek-v3.2.k-norm.t9.params-x-dtype", _layer_norm((9,), 128, f32_params=False), 128, False, True, False),
+        ("k-norm.t6.mean-offset", _layer_norm((6,), 128, offset=50.0), 128, True, True, dt == "float32"),
+        ("h4096.t5.no-bias", _layer_norm((5,), 4096, bias=False), 4096, True, False, dt == "bfloat16"),
+        ("h7168.t3.x-dtype-params", _layer_norm((3,), 7168, f32_params=False), 7168, False, True, False),
+        ("per-head.t4.h8.d128", _layer_norm((4, 8), 128), 128, True, True, False),
+        ("k-norm.t0", _layer_norm((0,), 128), 128, True, True, False),
+    ]
+    return [Case("layer_norm", shape, dt, build, {"dtype": dt, "hidden": h, "weight_dtype": "float32" if f32 else dt,
+                                                  "bias": b}, q)
+            for shape, build, h, f32, b, q in rows]
+
+
 def _cos_sin(positions: int, rot: int, base: float = 1e6) -> torch.Tensor:
     inv = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
     angles = torch.arange(positions, dtype=torch.float64)[:, None] * inv[None, :]
@@ -123,5 +153,5 @@ def cases() -> list[Case]:
             Case("silu_and_mul", "qwen3-30b-a3b.experts.t64", dt, _silu(64, MODELS["qwen3-30b-a3b"].moe_intermediate), {"dtype": dt}),
             Case("silu_and_mul", "t0", dt, _silu(0, 256), {"dtype": dt}),
         ]
-        out += _rms_option_cases(dt)
+        out += _rms_option_cases(dt) + _layer_norm_cases(dt)
     return out

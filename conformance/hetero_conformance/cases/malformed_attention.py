@@ -90,6 +90,9 @@ def _paged_calls() -> list[Malformed]:
         Malformed(p, "kv_heads_not_dividing", _paged, lambda a, d: a.update(k_cache=d.randn(NB, BS, 3, D), v_cache=d.randn(NB, BS, 3, D)), "k_cache"),
         Malformed(p, "meta_not_attention_meta", _paged, swap("meta", lambda m, d: m.__dict__.copy()), "meta"),
         Malformed(p, "sinks_wrong_size", _paged, swap("sinks", lambda s, d: d.randn(HQ + 1, dtype=torch.float32)), "sinks"),
+        # gpt-oss: its checkpoint's bf16 sinks passed unconverted, and HF's sliding_window int passed as the window
+        Malformed(p, "sinks_bfloat16", _paged, swap("sinks", lambda s, d: d.randn(HQ, dtype=torch.bfloat16)), "sinks"),
+        Malformed(p, "window_hf_int", _paged, swap("window", lambda w, d: 128), "window"),
     ]
 
 

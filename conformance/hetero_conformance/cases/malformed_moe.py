@@ -25,7 +25,13 @@ def _unpermute(d: Draw) -> dict:
 
 def _fused(d: Draw) -> dict:
     return {"x": d.randn(TOKENS, HIDDEN), "w13": d.randn(E, 2 * INTER, HIDDEN), "w2": d.randn(E, HIDDEN, INTER),
-            "weights": d.uniform(0.1, 1.0, TOKENS, TOP_K), "ids": d.ints(E, TOKENS, TOP_K)}
+            "weights": d.uniform(0.1, 1.0, TOKENS, TOP_K), "ids": d.ints(E, TOKENS, TOP_K),
+            "w13_bias": d.randn(E, 2 * INTER), "w2_bias": d.randn(E, HIDDEN)}
+
+
+def _options(**options: object):
+    """Corrupt: set several options of the call at once (an activation with a bad limit or alpha)."""
+    return lambda args, d: args.update(options)
 
 
 def _dispatch(d: Draw) -> dict:
@@ -63,6 +69,15 @@ def _expert_calls() -> list[Malformed]:
         Malformed(f, "expert_id_negative", _fused, put("ids", (5, 0), -3), "ids", index=True),
         Malformed(f, "w2_wrong_shape", _fused, swap("w2", lambda w, d: d.randn(E, HIDDEN, INTER // 2)), "w2"),
         Malformed(f, "activation_unknown", _fused, swap("activation", lambda a, d: "gelu"), "activation"),
+        Malformed(f, "silu_with_limit", _fused, swap("limit", lambda v, d: 7.0), "limit"),
+        Malformed(f, "swigluoai_without_limit", _fused, _options(activation="swigluoai", limit=None), "limit"),
+        Malformed(f, "swiglu_clamp_limit_zero", _fused, _options(activation="swiglu_clamp", limit=0.0), "limit"),
+        Malformed(f, "swigluoai_limit_nan", _fused, _options(activation="swigluoai", limit=float("nan")), "limit"),
+        Malformed(f, "swigluoai_alpha_inf", _fused, _options(activation="swigluoai", limit=7.0, alpha=float("inf")), "alpha"),
+        Malformed(f, "w13_bias_wrong_shape", _fused, swap("w13_bias", lambda b, d: d.randn(E, INTER)), "w13_bias"),
+        Malformed(f, "w13_bias_float32", _fused, swap("w13_bias", lambda b, d: d.randn(E, 2 * INTER, dtype=torch.float32)), "w13_bias"),
+        Malformed(f, "w2_bias_missing_expert", _fused, swap("w2_bias", lambda b, d: d.randn(E - 1, HIDDEN)), "w2_bias"),
+        Malformed(f, "w2_bias_per_token", _fused, swap("w2_bias", lambda b, d: d.randn(TOKENS, TOP_K, HIDDEN)), "w2_bias"),
         Malformed(ed, "expert_id_past_E", _dispatch, put("ids", (3, 0), E), "ids", index=True),
         Malformed(ed, "expert_id_negative", _dispatch, put("ids", (0, 1), -1), "ids", index=True),
         Malformed(ed, "comm_not_a_communicator", _dispatch, swap("comm", lambda c, d: "gloo"), "comm"),

@@ -72,11 +72,11 @@ def _mla(model: str, bs: int, seqs: Seqs, *, lse: bool = False, q_mag: float = 1
     return build
 
 
-def _static(dt: str, model: str, bs: int) -> dict[str, Any]:
+def _static(dt: str, model: str, bs: int, lse: bool = False) -> dict[str, Any]:
     m = MODELS[model]
     return {"dtype": dt, "head_dim": m.kv_lora_rank + m.qk_rope_head_dim, "head_dim_v": m.kv_lora_rank,
             "kv_lora_rank": m.kv_lora_rank, "qk_rope_head_dim": m.qk_rope_head_dim, "num_heads": m.heads,
-            "block_size": bs}
+            "block_size": bs, **({"return_lse": True} if lse else {})}
 
 
 def _write_cases(dt: str) -> list[Case]:
@@ -108,7 +108,8 @@ def _mla_cases(dt: str) -> list[Case]:
         ("deepseek-v3.t1.ctx1", "deepseek-v3", 64, [(1, 1)], {"lse": True}, False),
         ("deepseek-v3.t0", "deepseek-v3", 64, [], {"lse": True}, False),
     ]:
-        out.append(Case("mla_attention", shape, dt, _mla(model, bs, seqs, **opts), _static(dt, model, bs), quick))
+        static = _static(dt, model, bs, opts.get("lse", False))
+        out.append(Case("mla_attention", shape, dt, _mla(model, bs, seqs, **opts), static, quick))
     return out
 
 

@@ -10,9 +10,8 @@ route's ids are compared as sets, so every case's logits are drawn with every
 decision the router makes (which groups stay, which experts make the top-k)
 separated by a margin far above float32 rounding, checked in float64 on the
 logits as rounded to the case dtype; a token whose draw misses the margin is
-drawn again. The expert weights of fused_moe are scaled like trained ones (std
-1/sqrt(fan-in)); the intermediate size is shrunk so that 128-256 experts fit a
-CPU oracle, the hidden size and the expert counts stay real.
+drawn again. fused_moe's cases (silu, gpt-oss's swigluoai with expert biases,
+DeepSeek-V4's swiglu_clamp) are in ``_fused_moe``.
 """
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ import torch
 
 from hetero_conformance.case import Case
 from hetero_conformance.cases._draw import randn
+from hetero_conformance.cases._fused_moe import expert_ids, expert_pool, fused_cases, routing_weights
 from hetero_conformance.shapes import MODELS
 
 __all__ = ["cases"]
@@ -168,58 +168,25 @@ def _route_cases() -> list[Case]:
     return out
 
 
-# ---------------------------------------------------------------- permute / unpermute / fused_moe
-
-def _ids(gen: torch.Generator, m: int, k: int, pool: torch.Tensor) -> torch.Tensor:
-    """int32 [m, k]: k distinct experts per token from ``pool``."""
-    pick = torch.rand(m, len(pool), generator=gen).argsort(dim=1)[:, :k]
-    return pool[pick].to(torch.int32)
-
-
-def _pool(e: int, unused: tuple[int, ...]) -> torch.Tensor:
-    """The experts tokens may pick: all but ``unused`` (negative: from the end), which stay empty."""
-    drop = {u % e for u in unused}
-    return torch.tensor([x for x in range(e) if x not in drop], dtype=torch.int64)
-
-
-def _weights(gen: torch.Generator, m: int, k: int, scoring: str = "softmax", factor: float = 1.0) -> torch.Tensor:
-    """float32 [m, k] routing weights as a router returns them: renormalized softmax or sigmoid scores."""
-    logits = torch.randn(m, k, generator=gen) * 1.5
-    w = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
-    return (w / w.sum(dim=-1, keepdim=True) * factor).float()
-
+# ---------------------------------------------------------------- permute / unpermute
 
 def _permute(m: int, e: int, k: int, h: int, unused: tuple[int, ...], hot: int = 0):
     """hot > 0: every token picks among ``hot`` experts only (long runs of one expert: stability matters)."""
 
     def build(gen: torch.Generator, dtype: torch.dtype):
-        pool = _pool(e, unused)
+        pool = expert_pool(e, unused)
         if hot:
             pool = pool[torch.randperm(len(pool), generator=gen)[:hot]].sort().values
-        return {"x": randn(gen, (m, h), dtype), "ids": _ids(gen, m, k, pool), "num_experts": e}
+        return {"x": randn(gen, (m, h), dtype), "ids": expert_ids(gen, m, k, pool), "num_experts": e}
 
     return build
 
 
 def _unpermute(m: int, e: int, k: int, h: int, scoring: str = "softmax", factor: float = 1.0):
     def build(gen: torch.Generator, dtype: torch.dtype):
-        ids = _ids(gen, m, k, _pool(e, (0, -1)))
+        ids = expert_ids(gen, m, k, expert_pool(e, (0, -1)))
         perm = torch.sort(ids.reshape(-1).long(), stable=True).indices
-        return {"y_sorted": randn(gen, (m * k, h), dtype), "perm": perm, "weights": _weights(gen, m, k, scoring, factor)}
-
-    return build
-
-
-def _fused(m: int, e: int, k: int, h: int, inter: int, unused: tuple[int, ...], scoring: str = "softmax", factor: float = 1.0):
-    def build(gen: torch.Generator, dtype: torch.dtype):
-        return {
-            "x": randn(gen, (m, h), dtype),
-            "w13": randn(gen, (e, 2 * inter, h), dtype, 1 / math.sqrt(h)),
-            "w2": randn(gen, (e, h, inter), dtype, 1 / math.sqrt(inter)),
-            "weights": _weights(gen, m, k, scoring, factor),
-            "ids": _ids(gen, m, k, _pool(e, unused)),
-            "activation": "silu",
-        }
+        return {"y_sorted": randn(gen, (m * k, h), dtype), "perm": perm, "weights": routing_weights(gen, m, k, scoring, factor)}
 
     return build
 
@@ -255,24 +222,8 @@ def _data_cases() -> list[Case]:
              _unpermute(1, v2l.experts, v2l.top_k, v2l.hidden), note="one token")
         case("moe_unpermute", "qwen3-30b-a3b.t0", qm.experts, qm.top_k, qm.hidden,
              _unpermute(0, qm.experts, qm.top_k, qm.hidden), note="no tokens")
-        # fused_moe
-        fq = dict(activation="silu")
-        case("fused_moe", "qwen3-30b-a3b.i16.t5", qm.experts, qm.top_k, qm.hidden,
-             _fused(5, qm.experts, qm.top_k, qm.hidden, 16, (0, 64, -1)), quick, intermediate=16, **fq,
-             note=f"128 experts, H = 2048, moe_intermediate shrunk from {qm.moe_intermediate} to 16; empty experts")
-        case("fused_moe", "qwen3-30b-a3b.i32.t12", qm.experts, qm.top_k, qm.hidden,
-             _fused(12, qm.experts, qm.top_k, qm.hidden, 32, (0, -1)), intermediate=32, **fq,
-             note=f"96 pairs over 126 experts, moe_intermediate shrunk from {qm.moe_intermediate} to 32")
-        case("fused_moe", "deepseek-v2-lite.i32.t1", v2l.experts, v2l.top_k, v2l.hidden,
-             _fused(1, v2l.experts, v2l.top_k, v2l.hidden, 32, ()), intermediate=32, **fq, note="one token: 58 of 64 experts empty")
-        case("fused_moe", "qwen3-30b-a3b.i16.t0", qm.experts, qm.top_k, qm.hidden,
-             _fused(0, qm.experts, qm.top_k, qm.hidden, 16, ()), intermediate=16, **fq, note="no tokens")
-        if dt == "bfloat16":  # DeepSeek-V3's own dtype; its 256 x 7168 expert weights are the costliest inputs here
-            case("fused_moe", "deepseek-v3.i16.t5", ds.experts, ds.top_k, ds.hidden,
-                 _fused(5, ds.experts, ds.top_k, ds.hidden, 16, (0, -1), "sigmoid", 2.5), intermediate=16, **fq,
-                 note=f"256 experts, H = 7168, moe_intermediate shrunk from {ds.moe_intermediate} to 16; weights times 2.5")
     return out
 
 
 def cases() -> list[Case]:
-    return _route_cases() + _data_cases()
+    return _route_cases() + _data_cases() + [c for dt in FLOATS for c in fused_cases(dt)]

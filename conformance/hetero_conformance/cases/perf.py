@@ -10,7 +10,8 @@ faults would dominate the timing and come and go with the heap's history (a
 what a GPU runs in production: decode batch 64 at 4k context, 4k-token prefill,
 Qwen3-8B and DeepSeek-V3 projections, 128- and 256-expert MoE, DeepSeek-V3's
 fp8 GEMM with 128-block scales, Qwen3-Next's linear-attention ops at decode batch
-64 and a 4k prefill. Never run ``full`` on a CPU in tests: drawing
+64 and a 4k prefill, DeepSeek-V3.2's indexer and sparse MLA at decode batch 64
+over 4k keys. Never run ``full`` on a CPU in tests: drawing
 its inputs alone takes gigabytes.
 
 The ep_* ops have no case here: they need several ranks (see
@@ -24,7 +25,9 @@ from typing import Any, Callable
 from hetero.spec import OPS
 
 from hetero_conformance.case import Case
+from hetero_conformance.cases import _fused_moe
 from hetero_conformance.cases import attention as _att
+from hetero_conformance.cases import dsa as _dsa
 from hetero_conformance.cases import gemm as _gemm
 from hetero_conformance.cases import layers as _layers
 from hetero_conformance.cases import mla as _mla
@@ -78,6 +81,26 @@ def _mla_ops(add: _Add, full: bool, dt: str) -> None:
         _mla._write_mla_kv("deepseek-v3", bs, tokens, 0), _mla._static(dt, "deepseek-v3", bs))
 
 
+def _dsa_ops(add: _Add, full: bool, dt: str) -> None:
+    """DeepSeek-V3.2's DSA layer: the index-key write of a prefill, the indexer and sparse MLA at decode
+    (top-k 2048 of 4k keys; quick: of 2.1k, MLA with one tp8 rank's 16 heads), the indexer's k_norm."""
+    bs, v32 = 64, _dsa.V32
+    b, ctx = (64, 4096) if full else (2, 2100)
+    tokens = [(4096, 4096)] if full else [(512, 512)]
+    add("write_index_k", f"deepseek-v3.2-prefill-{tokens[0][0]}", _dsa._write(v32, bs, tokens, 0),
+        {"dtype": dt, "head_dim": v32.d, "block_size": bs, "index_scale": False})
+    add("indexer_topk", f"deepseek-v3.2-decode-b{b}-ctx{ctx}", _dsa._indexer(v32, bs, [(1, ctx)] * b),
+        {"dtype": dt, "num_heads": v32.hi, "head_dim": v32.d, "block_size": bs, "topk": v32.topk, "index_scale": False})
+    m = v32 if full else _dsa.V32_TP8
+    add("mla_attention", f"deepseek-v3.2-{'' if full else 'tp8-'}sparse-decode-b{b}-ctx{ctx}-k2048",
+        _dsa._sparse(m, bs, [(1, ctx)] * b, v32.topk),
+        {"dtype": dt, "head_dim": m.lkv + m.rope, "head_dim_v": m.lkv, "kv_lora_rank": m.lkv, "qk_rope_head_dim": m.rope,
+         "num_heads": m.heads, "block_size": bs, "topk_indices": True, "topk": v32.topk})
+    t = 4096 if full else 256
+    add("layer_norm", f"deepseek-v3.2-k-norm-t{t}", _layers._layer_norm((t,), v32.d),
+        {"dtype": dt, "hidden": v32.d, "weight_dtype": "float32", "bias": True})
+
+
 def _gemms(add: _Add, full: bool, dt: str) -> None:
     q8, ds = MODELS["qwen3-8b"], MODELS["deepseek-v3"]
     qkv = (q8.heads + 2 * q8.kv_heads) * q8.head_dim
@@ -124,7 +147,7 @@ def _moe_ops(add: _Add, full: bool, dt: str) -> None:
         ("deepseek-v3-e256-i128-t64", ds, ds.experts, 64, 128),  # 256 x 7168 x 2048 experts would be 22 GB
     ] if full else [("qwen3-30b-a3b-e16-i256-t32", qm, 16, 32, 256)]
     for shape, model, e, tokens, inter in rows:
-        add("fused_moe", shape, _moe._fused(tokens, e, model.top_k, model.hidden, inter, ()),
+        add("fused_moe", shape, _fused_moe._fused(tokens, e, model.top_k, model.hidden, inter, ()),
             {"dtype": dt, "num_experts": e, "top_k": model.top_k, "hidden": model.hidden, "intermediate": inter,
              "activation": "silu"})
 
@@ -162,6 +185,6 @@ def perf_cases(tier: str) -> list[Case]:
     def add(op: str, shape: str, build: Any, static: dict[str, Any], dtype: str | None = None) -> None:
         out.append(Case(op, f"perf/{shape}", dtype or dt, build, static, quick=not full))
 
-    for family in (_attention, _mla_ops, _gemms, _moe_ops, _layer_ops, _recurrent_ops):
+    for family in (_attention, _mla_ops, _dsa_ops, _gemms, _moe_ops, _layer_ops, _recurrent_ops):
         family(add, full, dt)
     return out

@@ -1,0 +1,143 @@
+"""fused_moe's cases, and the expert ids and routing weights the MoE data cases share.
+
+Qwen3 / DeepSeek (silu), gpt-oss-20b and -120b (swigluoai, alpha 1.702, limit 7, expert
+biases on both projections; transformers' GptOssExperts after the gate/up columns are
+de-interleaved) and DeepSeek-V4 (swiglu_clamp, limit 10; the defaults of transformers'
+DeepseekV4Config: 256 experts, top-6, H = 4096). Expert weights are scaled like trained
+ones (std 1/sqrt(fan-in)); the intermediate size is shrunk so that 128-256 experts fit a
+CPU oracle, the hidden size and the expert counts stay real (one gpt-oss case keeps the real
+I = 2880 and four experts instead). The clamped cases scale w13 by ``gain`` so that gate/up
+values spread past +-limit: a builder whose draw leaves too few of them beyond the limit
+raises, so every such case tests its clamp.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hetero_conformance.case import Case
+from hetero_conformance.cases._draw import randn
+from hetero_conformance.shapes import MODELS
+
+__all__ = ["fused_cases", "expert_ids", "expert_pool", "routing_weights", "CLAMPED"]
+
+FLOATS = ("float32", "float16", "bfloat16")
+#: The least share of gate values above the limit, and of up values beyond +-limit, a clamped case draws.
+CLAMPED = 0.02
+#: gpt-oss-120b (not in shapes.MODELS: its attention is gpt-oss-20b's): 128 experts, top-4, H = I = 2880.
+GPT_OSS_120B_EXPERTS = 128
+#: DeepSeek-V4 (transformers' DeepseekV4Config defaults): 256 experts, top-6, H 4096, moe_intermediate 2048.
+V4_EXPERTS, V4_TOP_K, V4_HIDDEN, V4_INTER = 256, 6, 4096, 2048
+#: activation -> (options, w13 gain): the gain puts gate/up std near 5 (limit 7) and 7 (limit 10).
+ACTS = {
+    "silu": ({"activation": "silu"}, 1.0),
+    "swigluoai": ({"activation": "swigluoai", "alpha": 1.702, "limit": 7.0}, 5.0),
+    "swiglu_clamp": ({"activation": "swiglu_clamp", "limit": 10.0}, 7.0),
+}
+
+
+def expert_ids(gen: torch.Generator, m: int, k: int, pool: torch.Tensor) -> torch.Tensor:
+    """int32 [m, k]: k distinct experts per token from ``pool``."""
+    pick = torch.rand(m, len(pool), generator=gen).argsort(dim=1)[:, :k]
+    return pool[pick].to(torch.int32)
+
+
+def expert_pool(e: int, unused: tuple[int, ...]) -> torch.Tensor:
+    """The experts tokens may pick: all but ``unused`` (negative: from the end), which stay empty."""
+    drop = {u % e for u in unused}
+    return torch.tensor([x for x in range(e) if x not in drop], dtype=torch.int64)
+
+
+def routing_weights(gen: torch.Generator, m: int, k: int, scoring: str = "softmax", factor: float = 1.0) -> torch.Tensor:
+    """float32 [m, k] routing weights as a router returns them: renormalized softmax or sigmoid scores."""
+    logits = torch.randn(m, k, generator=gen) * 1.5
+    w = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
+    return (w / w.sum(dim=-1, keepdim=True) * factor).float()
+
+
+def _check_clamped(args: dict) -> None:
+    """Raise unless enough of the pairs' gate / up values (float64, bias included) pass the limit."""
+    limit, w13, b13, x, ids = args.get("limit"), args["w13"], args.get("w13_bias"), args["x"], args["ids"]
+    if limit is None or x.shape[0] == 0:
+        return
+    inter, above, beyond, n = w13.shape[1] // 2, 0, 0, 0
+    for e in ids.unique().tolist():
+        rows = (ids == e).any(dim=1)
+        gu = x[rows].double() @ w13[e].double().T + (0 if b13 is None else b13[e].double())
+        above += int((gu[:, :inter] > limit).sum())
+        beyond += int((gu[:, inter:].abs() > limit).sum())
+        n += gu.shape[0] * inter
+    if min(above, beyond) < CLAMPED * n:
+        raise RuntimeError(f"fused_moe case: only {above} gate and {beyond} up values of {n} pass the limit {limit}")
+
+
+def _fused(m: int, e: int, k: int, h: int, inter: int, unused: tuple[int, ...], act: str = "silu", bias: bool = False,
+           scoring: str = "softmax", factor: float = 1.0):
+    options, gain = ACTS[act]
+
+    def build(gen: torch.Generator, dtype: torch.dtype):
+        args = {
+            "x": randn(gen, (m, h), dtype),
+            "w13": randn(gen, (e, 2 * inter, h), dtype, gain / math.sqrt(h)),
+            "w2": randn(gen, (e, h, inter), dtype, 1 / math.sqrt(inter)),
+            "weights": routing_weights(gen, m, k, scoring, factor),
+            "ids": expert_ids(gen, m, k, expert_pool(e, unused)),
+            **options,
+        }
+        if bias:
+            args["w13_bias"], args["w2_bias"] = randn(gen, (e, 2 * inter), dtype), randn(gen, (e, h), dtype)
+        _check_clamped(args)
+        return args
+
+    return build
+
+
+def _gpt_oss(dt: str, case) -> None:
+    oss = MODELS["gpt-oss-20b"]
+    e20, k, h, real_i = oss.experts, oss.top_k, oss.hidden, oss.moe_intermediate
+    both = dict(act="swigluoai", bias=True)
+    case("gpt-oss-20b.swigluoai.bias.i32.t5", 5, e20, k, h, 32, (0, -1), dt in ("float32", "bfloat16"), **both,
+         note=f"32 experts top-4, H = 2880, I shrunk from {real_i} to 32, alpha 1.702, limit 7, both biases; empty experts")
+    case("gpt-oss-20b.swigluoai.i32.t7", 7, e20, k, h, 32, (), act="swigluoai", note="swigluoai without biases")
+    case("gpt-oss-20b.swigluoai.bias.i32.t1", 1, e20, k, h, 32, (), **both, note="one token (decode)")
+    case("gpt-oss-20b.swigluoai.bias.i32.t0", 0, e20, k, h, 32, (), **both, note="no tokens")
+    if dt == "bfloat16":  # the released models' compute dtype; these weights are the costliest inputs here
+        case("gpt-oss-120b.swigluoai.bias.i16.t6", 6, GPT_OSS_120B_EXPERTS, k, h, 16, (0, 77, -1), **both,
+             note=f"128 experts top-4, H = 2880, I shrunk from {real_i} to 16, both biases")
+        case("gpt-oss-20b.swigluoai.bias.i2880.e4.t3", 3, 4, k, h, real_i, (), **both,
+             note="the real H = I = 2880 (long K in both GEMMs), experts cut to 4: every token uses all four")
+
+
+def _deepseek_v4(dt: str, case) -> None:
+    clamp = dict(act="swiglu_clamp")
+    case("deepseek-v4.e32.swiglu-clamp.i32.t6", 6, 32, V4_TOP_K, V4_HIDDEN, 32, (0, -1), dt in ("float32", "bfloat16"), **clamp,
+         note=f"silu(min(gate, 10)) * clamp(up, +-10), H = 4096, top-6; experts cut from 256 to 32, I from {V4_INTER} to 32")
+    if dt == "bfloat16":
+        case("deepseek-v4.swiglu-clamp.i16.t5", 5, V4_EXPERTS, V4_TOP_K, V4_HIDDEN, 16, (0, -1), **clamp,
+             note=f"256 experts top-6, H = 4096, I shrunk from {V4_INTER} to 16")
+
+
+def fused_cases(dt: str) -> list[Case]:
+    """The fused_moe cases of one dtype."""
+    qm, ds, v2l = MODELS["qwen3-30b-a3b"], MODELS["deepseek-v3"], MODELS["deepseek-v2-lite"]
+    out: list[Case] = []
+
+    def case(shape, m, e, k, h, inter, unused, quick=False, note="", act="silu", bias=False, **route):
+        static = {"dtype": dt, "num_experts": e, "top_k": k, "hidden": h, "intermediate": inter, **ACTS[act][0]}
+        if bias:
+            static.update(w13_bias=True, w2_bias=True)
+        out.append(Case("fused_moe", shape, dt, _fused(m, e, k, h, inter, unused, act, bias, **route), static, quick, note))
+
+    case("qwen3-30b-a3b.i16.t5", 5, qm.experts, qm.top_k, qm.hidden, 16, (0, 64, -1), dt in ("float32", "bfloat16"),
+         note=f"128 experts, H = 2048, moe_intermediate shrunk from {qm.moe_intermediate} to 16; empty experts")
+    case("qwen3-30b-a3b.i32.t12", 12, qm.experts, qm.top_k, qm.hidden, 32, (0, -1),
+         note=f"96 pairs over 126 experts, moe_intermediate shrunk from {qm.moe_intermediate} to 32")
+    case("deepseek-v2-lite.i32.t1", 1, v2l.experts, v2l.top_k, v2l.hidden, 32, (), note="one token: 58 of 64 experts empty")
+    case("qwen3-30b-a3b.i16.t0", 0, qm.experts, qm.top_k, qm.hidden, 16, (), note="no tokens")
+    if dt == "bfloat16":  # DeepSeek-V3's own dtype; its 256 x 7168 expert weights are the costliest inputs here
+        case("deepseek-v3.i16.t5", 5, ds.experts, ds.top_k, ds.hidden, 16, (0, -1), scoring="sigmoid", factor=2.5,
+             note=f"256 experts, H = 7168, moe_intermediate shrunk from {ds.moe_intermediate} to 16; weights times 2.5")
+    _gpt_oss(dt, case)
+    _deepseek_v4(dt, case)
+    return out

@@ -1,0 +1,77 @@
+"""Planted bugs of fused_moe's spec 1.3 options (gpt-oss's swigluoai with expert biases, DeepSeek-V4's
+swiglu_clamp), in a compact, independent fused_moe: expert by expert over the tokens that picked it,
+rounding to x's dtype where the spec does. Its bug-free form must pass every quick case
+(``make_control``), which shows each planted bug is the only difference. ``broken_backends.BUGS``
+includes ``BUGS`` from here.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import hetero
+from hetero_cpu_ref.plugin import CpuRefBackend
+
+__all__ = ["BUGS", "mini_fused_moe", "make_control"]
+
+
+def _act(gu: torch.Tensor, activation: str, alpha: float, limit: float | None, bug: str | None) -> torch.Tensor:
+    inter = gu.shape[1] // 2
+    if bug == "gate_up_interleaved":  # reads the checkpoint's interleaved columns from the split halves
+        gate, up = gu[:, 0::2], gu[:, 1::2]
+    else:
+        gate, up = gu[:, :inter], gu[:, inter:]
+    if activation != "silu" and bug != "swigluoai_no_clamp":
+        gate = gate.clamp(max=limit)
+        if bug != "swiglu_clamp_up_unclamped":
+            up = up.clamp(-limit, limit)
+    if activation == "swigluoai":
+        return (up + 1) * gate * torch.sigmoid(alpha * gate)
+    return F.silu(gate) * up
+
+
+def mini_fused_moe(bug: str | None):
+    """fused_moe; ``bug`` names its one mistake (None: correct)."""
+
+    def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit=None, w13_bias=None, w2_bias=None):
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        r = lambda t: t.to(x.dtype).to(acc)  # noqa: E731  the spec's roundings to x's dtype
+        out = torch.zeros(x.shape, dtype=acc, device=x.device)
+        for e in ids.unique().tolist():
+            tok, slot = (ids == e).nonzero(as_tuple=True)
+            gu = x[tok].to(acc) @ w13[e].to(acc).T
+            if w13_bias is not None:
+                gu = gu + w13_bias[e].to(acc)
+            y = r(_act(r(gu), activation, alpha, limit, bug if activation == _BUG_ACT.get(bug, activation) else None))
+            y = y @ w2[e].to(acc).T
+            bias = None if w2_bias is None else w2_bias[e].to(acc)
+            if bias is not None and bug != "w2_bias_unweighted":
+                y = y + bias
+            y = r(y) * weights[tok, slot].to(acc)[:, None]
+            if bias is not None and bug == "w2_bias_unweighted":  # added to each pair's output after the weighting
+                y = y + r(bias)
+            out.index_add_(0, tok, y)
+        return out.to(x.dtype)
+
+    return staticmethod(fused_moe)
+
+
+#: bug -> the activation whose calls it breaks (the others run bug-free); absent: every activation
+_BUG_ACT = {"swigluoai_no_clamp": "swigluoai", "swiglu_clamp_up_unclamped": "swiglu_clamp"}
+
+#: bug name -> (the op it breaks, its implementation)
+BUGS = {b: ("fused_moe", mini_fused_moe(b))
+        for b in ("swigluoai_no_clamp", "swiglu_clamp_up_unclamped", "w2_bias_unweighted", "gate_up_interleaved")}
+
+
+def make_control(op: str):
+    """A plugin providing backend ``control_<op>``: the reference with the bug-free mini ``op``."""
+    assert op == "fused_moe", op
+    cls = type(f"Control_{op}", (CpuRefBackend,), {"name": f"control_{op}", "priority": 0, op: mini_fused_moe(None)})
+
+    class Plugin:
+        @hetero.hookimpl
+        def hetero_backends(self):
+            return [cls]
+
+    return Plugin(), cls.name, op
