@@ -5,6 +5,8 @@
   two streamed passes (sum of squares, then normalize), optionally fused with the residual add;
   the weight offset is a scalar argument, the gate (HAS_GATE) and its activation (SIGMOID_GATE,
   else SiLU) compile-time switches.
+* ``layer_norm_kernel``: one program per tile of rows, three streamed passes (mean, biased variance
+  about the mean, output), weight and optional bias (HAS_BIAS) read in their own dtype.
 * ``rope_kernel``: one program per token; it loads the token's cos/sin row once and loops
   over tiles of query heads, then key heads (``_rope_heads``); dims past ``rot`` are copied
   through. A position outside [0, max_pos) reads nothing and rotates by angle 0.
@@ -22,7 +24,7 @@ from hetero.kernels._triton import triton_modules
 
 triton, tl = triton_modules()
 
-__all__ = ["rms_norm_kernel", "rope_kernel", "silu_and_mul_kernel"]
+__all__ = ["rms_norm_kernel", "layer_norm_kernel", "rope_kernel", "silu_and_mul_kernel"]
 
 
 @triton.jit
@@ -126,6 +128,40 @@ def rms_norm_kernel(
             y = _norm_out(x.to(ACC), inv, w, g_ptr + r[:, None] * sg_r + c[None, :] * sg_c, m, dst, HAS_GATE,
                           SIGMOID_GATE, RNE_BF16)
             tl.store(y_ptr + r[:, None] * sy_r + c[None, :], y, mask=m)
+
+
+@triton.jit
+def layer_norm_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, rows, hidden, eps, sx_r, sx_c, sw, sb, sy_r,
+    HAS_BIAS: tl.constexpr, ACC: tl.constexpr, RNE_BF16: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Rows [BLOCK_R] of ``(x - mean) * rsqrt(var + eps) * w + b``: three streamed passes (mean, the
+    biased variance about it, the output), one tile each when the row fits BLOCK_H."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rm = r < rows
+    cc = tl.arange(0, BLOCK_H)
+    x_ptr += r[:, None] * sx_r
+    total = tl.full([BLOCK_R], 0.0, ACC)
+    for c0 in range(0, hidden, BLOCK_H):
+        c = c0 + cc
+        total += _row_sum(tl.load(x_ptr + c[None, :] * sx_c, mask=rm[:, None] & (c < hidden)[None, :], other=0.0).to(ACC))
+    mean = total / hidden
+    ss = tl.full([BLOCK_R], 0.0, ACC)
+    for c0 in range(0, hidden, BLOCK_H):
+        c = c0 + cc
+        m = rm[:, None] & (c < hidden)[None, :]
+        xc = tl.where(m, tl.load(x_ptr + c[None, :] * sx_c, mask=m, other=0.0).to(ACC) - mean[:, None], 0.0)
+        ss += _row_sum(xc * xc)
+    inv = 1.0 / tl.sqrt(ss / hidden + eps)
+    for c0 in range(0, hidden, BLOCK_H):
+        c = c0 + cc
+        cm = c < hidden
+        m = rm[:, None] & cm[None, :]
+        xn = (tl.load(x_ptr + c[None, :] * sx_c, mask=m, other=0.0).to(ACC) - mean[:, None]) * inv[:, None]
+        y = xn * tl.load(w_ptr + c * sw, mask=cm, other=0.0).to(ACC)[None, :]
+        if HAS_BIAS:
+            y += tl.load(b_ptr + c * sb, mask=cm, other=0.0).to(ACC)[None, :]
+        tl.store(y_ptr + r[:, None] * sy_r + c[None, :], cast_out(y, y_ptr.dtype.element_ty, RNE_BF16), mask=m)
 
 
 @triton.jit

@@ -23,6 +23,9 @@ Each program streams only the key tiles its rows can see (causal / window bounds
 a decode row of a long context costs ``ceil(L / BLOCK_N)`` steps and a sliding-window row
 ``ceil(window / BLOCK_N) + 1``.
 
+mla_attention with ``topk_indices`` (DSA's sparse attention) is a kernel of its own, one program per
+query row and block of heads gathering the listed positions: ``hetero.kernels.dsa``.
+
 Tuning entries ("paged_attention", "varlen_attention", "mla_attention"): ``BLOCK_M``
 (flattened rows per program; shrunk to the batch's longest query times G when that is
 smaller, never below 16), ``BLOCK_N`` (keys per step), ``num_warps``, ``num_stages``.
@@ -38,14 +41,17 @@ from typing import Any
 
 import torch
 
+from hetero.kernels._meta import check_meta_shapes, meta_tensors
 from hetero.kernels._triton import triton_modules
 from hetero.kernels.tuning import Tuning
+from hetero.spec._checks_dsa import check_topk_indices
 from hetero.spec.checks import INDEX_DTYPES, check_mla_inputs, check_same_device, check_tensor, expect
 from hetero.spec.types import AttentionMeta
 
 triton, tl = triton_modules()
 
-from hetero.kernels._attention_kernels import attention_fwd_kernel  # noqa: E402  (after Triton is set up)
+from hetero.kernels import dsa  # noqa: E402  (after Triton is set up)
+from hetero.kernels._attention_kernels import attention_fwd_kernel  # noqa: E402
 
 __all__ = ["paged_attention", "varlen_attention", "mla_attention"]
 
@@ -81,28 +87,10 @@ def _check_gqa(op: str, arg: str, hq: int, hkv: int) -> None:
     expect(hq % hkv == 0, op, arg, f"a KV head count dividing the query head count {hq}", f"{hkv} KV heads")
 
 
-def _check_meta(op: str, meta: object, num_tokens: int) -> AttentionMeta:
-    """Ranks, dtypes and sizes of the metadata (no values: that would need a host sync)."""
-    expect(isinstance(meta, AttentionMeta), op, "meta", "an AttentionMeta", type(meta).__name__)
-    assert isinstance(meta, AttentionMeta)
-    check_tensor(op, "meta.seq_lens", meta.seq_lens, ndim=1, dtypes=INDEX_DTYPES)
-    batch = meta.seq_lens.shape[0]
-    check_tensor(op, "meta.query_start_loc", meta.query_start_loc, shape=(batch + 1,), dtypes=INDEX_DTYPES)
-    check_tensor(op, "meta.block_table", meta.block_table, ndim=2, dtypes=INDEX_DTYPES)
-    expect(meta.block_table.shape[0] == batch, op, "meta.block_table", f"{batch} rows (one per sequence)", meta.block_table.shape[0])
-    expect(_int(meta.max_query_len) and meta.max_query_len >= 0, op, "meta.max_query_len", "an int >= 0", repr(meta.max_query_len))
-    expect(batch > 0 or num_tokens == 0, op, "meta.seq_lens", f"at least one sequence for {num_tokens} tokens", "none")
-    return meta
-
-
 def _check_out(op: str, out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor) -> None:
     if out is not None:
         check_tensor(op, "out", out, shape=shape, dtypes=(like.dtype,))
         expect(out.device == like.device, op, "out", f"device {like.device} (that of the query)", out.device)
-
-
-def _meta_tensors(meta: AttentionMeta) -> dict[str, torch.Tensor]:
-    return {"meta.query_start_loc": meta.query_start_loc, "meta.seq_lens": meta.seq_lens, "meta.block_table": meta.block_table}
 
 
 # ----------------------------------------------------------------------------- launch
@@ -210,8 +198,8 @@ def paged_attention(
         check_tensor(op, "sinks", sinks, shape=(hq,), dtypes=_STAT_DTYPES)
     shape = (t, hq, v_cache.shape[3])
     _check_out(op, out, shape, query)
-    meta = _check_meta(op, meta, t)
-    check_same_device(op, query=query, k_cache=k_cache, v_cache=v_cache, sinks=sinks, **_meta_tensors(meta))
+    meta = check_meta_shapes(op, meta, t)
+    check_same_device(op, query=query, k_cache=k_cache, v_cache=v_cache, sinks=sinks, **meta_tensors(meta))
 
     res = out if out is not None else query.new_empty(shape)
     lse = torch.empty((t, hq), dtype=torch.float32, device=query.device) if return_lse else None
@@ -259,17 +247,23 @@ def varlen_attention(
 
 def mla_attention(
     q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor, meta: AttentionMeta, *,
-    scale: float, causal: bool = True, return_lse: bool = False, tuning: Tuning,
+    scale: float, causal: bool = True, return_lse: bool = False, topk_indices: torch.Tensor | None = None, tuning: Tuning,
 ) -> Any:
     op = "mla_attention"
     scale, _, _ = _check_options(op, scale, causal, (-1, -1), 0.0, return_lse)
     t, h, lkv, nb, bs = check_mla_inputs(op, q_nope, q_pe, ckv_cache, kpe_cache, KERNEL_DTYPES)
-    meta = _check_meta(op, meta, t)
-    check_same_device(op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, **_meta_tensors(meta))
+    meta = check_meta_shapes(op, meta, t)
+    check_same_device(op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, **meta_tensors(meta))
+    if topk_indices is not None:
+        check_topk_indices(op, topk_indices, t, q_nope.device)
 
     res = q_nope.new_empty(t, h, lkv)
     lse = torch.empty((t, h), dtype=torch.float32, device=q_nope.device) if return_lse else None
     if t == 0 or h == 0:
+        return _results(res, lse, return_lse)
+    if topk_indices is not None:  # DSA: each row attends to the positions its index row lists
+        dsa.sparse_mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, topk_indices, scale=scale, causal=causal,
+                                 out=res, lse=lse, tuning=tuning)
         return _results(res, lse, return_lse)
     # one latent KV head shared by all H query heads: the GQA group is H; values are ckv itself
     _launch(kernel=op, tuning=tuning, query=q_nope, q2=q_pe, key=ckv_cache[:, :, None], k2=kpe_cache[:, :, None], value=None,

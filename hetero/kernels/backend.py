@@ -87,12 +87,19 @@ class TritonBackend(Backend):
     def write_mla_kv(self, kv_c, k_pe, ckv_cache, kpe_cache, slot_mapping) -> None:
         return _family("cache").write_mla_kv(kv_c, k_pe, ckv_cache, kpe_cache, slot_mapping, tuning=self.tune)
 
-    def mla_attention(self, q_nope, q_pe, ckv_cache, kpe_cache, meta: AttentionMeta, *, scale, causal=True, return_lse=False) -> Any:
+    def mla_attention(self, q_nope, q_pe, ckv_cache, kpe_cache, meta: AttentionMeta, *, scale, causal=True, return_lse=False,
+                      topk_indices=None) -> Any:
         return _family("attention").mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, scale=scale, causal=causal,
-                                                  return_lse=return_lse, tuning=self.tune)
+                                                  return_lse=return_lse, topk_indices=topk_indices, tuning=self.tune)
 
     def merge_attention(self, out_a, lse_a, out_b, lse_b) -> Any:
         return _family("cache").merge_attention(out_a, lse_a, out_b, lse_b, tuning=self.tune)
+
+    def write_index_k(self, k, index_cache, slot_mapping, *, index_scale=None) -> None:
+        return _family("cache").write_index_k(k, index_cache, slot_mapping, index_scale=index_scale, tuning=self.tune)
+
+    def indexer_topk(self, q, weights, index_cache, meta: AttentionMeta, *, topk, index_scale=None) -> torch.Tensor:
+        return _family("dsa").indexer_topk(q, weights, index_cache, meta, topk=topk, index_scale=index_scale, tuning=self.tune)
 
     # -- gemm ----------------------------------------------------------------------------
     def gemm(self, a, b, *, bias=None, out_dtype=None) -> torch.Tensor:
@@ -115,8 +122,10 @@ class TritonBackend(Backend):
     def moe_unpermute(self, y_sorted, perm, weights) -> torch.Tensor:
         return _family("moe").moe_unpermute(y_sorted, perm, weights, tuning=self.tune)
 
-    def fused_moe(self, x, w13, w2, weights, ids, *, activation="silu") -> torch.Tensor:
-        return _family("moe").fused_moe(x, w13, w2, weights, ids, activation=activation, tuning=self.tune)
+    def fused_moe(self, x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit=None, w13_bias=None,
+                  w2_bias=None) -> torch.Tensor:
+        return _family("moe").fused_moe(x, w13, w2, weights, ids, activation=activation, alpha=alpha, limit=limit,
+                                        w13_bias=w13_bias, w2_bias=w2_bias, tuning=self.tune)
 
     def ep_dispatch(self, x, ids, weights, *, num_experts, comm) -> Any:
         from hetero import _ep  # collectives and index bookkeeping: device-agnostic torch, shared with the reference
@@ -132,6 +141,9 @@ class TritonBackend(Backend):
     def rms_norm(self, x, weight, eps, *, residual=None, weight_offset=0.0, gate=None, gate_act="silu") -> Any:
         return _family("layers").rms_norm(x, weight, eps, residual=residual, weight_offset=weight_offset, gate=gate,
                                           gate_act=gate_act, tuning=self.tune)
+
+    def layer_norm(self, x, weight, bias, eps) -> torch.Tensor:
+        return _family("layers").layer_norm(x, weight, bias, eps, tuning=self.tune)
 
     def rotary_embedding(self, positions, q, k, cos_sin_cache, *, is_neox=True) -> Any:
         return _family("layers").rotary_embedding(positions, q, k, cos_sin_cache, is_neox=is_neox, tuning=self.tune)

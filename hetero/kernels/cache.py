@@ -1,5 +1,5 @@
-"""Triton kernels of the KV-cache ops: write_kv, write_mla_kv (scatter into the paged cache, in
-place) and merge_attention (combine two partial attentions by their lse).
+"""Triton kernels of the KV-cache ops: write_kv, write_mla_kv, write_index_k (scatter into the paged
+cache, in place) and merge_attention (combine two partial attentions by their lse).
 
 Semantics: ``hetero.spec.attention``. Every tensor is addressed through its strides, so keys
 and values may be slices of a packed qkv tensor, the caches the K/V halves of one
@@ -14,7 +14,9 @@ Launch shapes (what a GPU runs):
   with room to spare, one program takes several tokens (the tile's rows are (token, head)
   pairs): never for GQA heads with the GPU defaults, two tokens for MLA's single 512-wide
   head, many under the interpreter's big tiles. MLA is the same kernel with one "head" (the
-  latent and the rope key as the two tensors).
+  latent and the rope key as the two tensors); write_index_k's plain format is the same kernel with one
+  head and an empty value. Its fp8 format is ``_indexer_kernels.index_k_fp8_kernel`` (one program per
+  tile of tokens, each 128-channel group quantized in float32 with integer round-to-nearest-even).
 * merge_attention: one program per tile of (token, head) rows; the row weights are computed
   once per row in float32 relative to the larger lse (no overflow for large lse), then the
   head dimension is streamed in chunks.
@@ -27,15 +29,18 @@ from __future__ import annotations
 
 import torch
 
+from hetero.kernels import _indexer_kernels as ik
 from hetero.kernels._triton import triton_modules
 from hetero.kernels.layers import cast_out, rne_bf16
 from hetero.kernels.tuning import Tuning
+from hetero.spec._checks_dsa import check_index_k_write
+from hetero.spec.attention import INDEX_SCALE_GROUP
 from hetero.spec.checks import check_kv_write, check_same_device, check_tensor
 from hetero.spec.types import FLOAT_DTYPES
 
 triton, tl = triton_modules()
 
-__all__ = ["write_kv", "write_mla_kv", "merge_attention"]
+__all__ = ["write_kv", "write_mla_kv", "write_index_k", "merge_attention"]
 
 _STAT_DTYPES = (torch.float32, torch.float64)
 
@@ -194,6 +199,27 @@ def write_mla_kv(kv_c, k_pe, ckv_cache, kpe_cache, slot_mapping, *, tuning: Tuni
     _check_slots(op, slot_mapping, t)
     # one latent "head": the [T, 1, *] / [NB, BS, 1, *] views share the storage (writes land in place)
     _scatter(op, kv_c.unsqueeze(1), k_pe.unsqueeze(1), ckv_cache.unsqueeze(2), kpe_cache.unsqueeze(2), slot_mapping, tuning)
+
+
+def write_index_k(k, index_cache, slot_mapping, *, index_scale=None, tuning: Tuning) -> None:
+    """Plain format: write_kv's scatter with one head and no value. fp8 format: one program per tile
+    of tokens quantizes each 128-channel group (``_indexer_kernels.index_k_fp8_kernel``)."""
+    op = "write_index_k"
+    t, _ = check_index_k_write(op, k, index_cache, slot_mapping, index_scale)  # the slots' values: validate's
+    if index_scale is None:
+        k3, c4 = k.unsqueeze(1), index_cache.unsqueeze(2)
+        _scatter(op, k3, k3[:, :, :0], c4, c4[..., :0], slot_mapping, tuning)
+        return
+    if t == 0:
+        return
+    nb, bs, d = index_cache.shape
+    cache = index_cache.view(torch.uint8)
+    block, launch = _block(tuning)
+    bt = max(1, min(_pow2(t), block // INDEX_SCALE_GROUP))
+    ik.index_k_fp8_kernel[(triton.cdiv(t, bt),)](
+        k, slot_mapping, cache, index_scale, t, nb * bs, bs, d // INDEX_SCALE_GROUP,
+        *k.stride(), slot_mapping.stride(0), *cache.stride(), *index_scale.stride(), BLOCK_T=bt, **launch,
+    )
 
 
 def merge_attention(out_a, lse_a, out_b, lse_b, *, tuning: Tuning) -> tuple[torch.Tensor, torch.Tensor]:

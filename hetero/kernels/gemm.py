@@ -82,6 +82,9 @@ def float_flags(dtype: torch.dtype, tuning: Tuning) -> dict:
     }
 
 
+_MAX_BLOCK = 1 << 20
+
+
 def tiles(tuning: Tuning, kernel: str, m: int, n: int, k: int, least_k: int = 16) -> tuple[dict, dict]:
     """(tile constexprs fitted to the problem, launch options) of a tuning entry."""
     meta, launch = Tuning.launch_options(tuning(kernel))
@@ -92,6 +95,8 @@ def tiles(tuning: Tuning, kernel: str, m: int, n: int, k: int, least_k: int = 16
     }
     if "GROUP_M" in meta:
         out["GROUP_M"] = int(meta["GROUP_M"])
+    while out["BLOCK_K"] * out["BLOCK_N"] > _MAX_BLOCK and out["BLOCK_K"] > least_k:
+        out["BLOCK_K"] //= 2  # Triton refuses a block of more than 2**20 elements (the b tile is BLOCK_K x BLOCK_N)
     return out, launch
 
 

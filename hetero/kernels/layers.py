@@ -1,5 +1,5 @@
 """Triton kernels of the glue ops: rms_norm (optionally fused with the residual add, with a
-weight offset, or gated), rotary_embedding (NeoX and interleaved pairs, partial rotary) and
+weight offset, or gated), layer_norm (weight and optional bias), rotary_embedding (NeoX and interleaved pairs, partial rotary) and
 silu_and_mul.
 
 Semantics: ``hetero.spec.layers``. Each kernel computes in float32 (float64 when an input is
@@ -12,13 +12,14 @@ Launch shapes (what a GPU runs):
   for small rows such as the per-head q/k norm); the sum of squares is a float32 reduction
   along the row. Rows up to ``MAX_ROW_BLOCK`` elements stay in registers (one pass);
   longer rows are streamed twice (sum of squares, then normalize).
+* layer_norm: rms_norm's row tiles; mean, variance and output in three streamed passes.
 * rotary_embedding: one program per token; it loads the token's cos/sin row once and
   loops over tiles of query heads, then key heads; dims past ``rot`` are copied through.
   A position outside [0, max_pos) is masked: it reads nothing and rotates by angle 0.
 * silu_and_mul: a 2-D grid of (row tile, column tile) over [rows, I].
 
 Tiles come from the tuning table: "rows" (num_warps, optional ``BLOCK`` elements per
-program) for rms_norm, "elementwise" (``BLOCK``) for the other two.
+program) for rms_norm and layer_norm, "elementwise" (``BLOCK``) for the other two.
 
 The kernels are in ``hetero.kernels._layer_kernels``; bf16 outputs are rounded through
 ``cast_out`` (``hetero.kernels._rounding``, re-exported here), which rounds to nearest
@@ -32,13 +33,14 @@ from hetero.kernels import _layer_kernels as kern
 from hetero.kernels._rounding import cast_out, rne_bf16
 from hetero.kernels._triton import triton_modules
 from hetero.kernels.tuning import Tuning
+from hetero.spec._checks_dsa import check_layer_norm
 from hetero.spec.checks import check_at_least_1d, check_rms_norm, check_rotary, expect
 from hetero.spec.layers import check_rms_norm_options
 from hetero.spec.types import FLOAT_DTYPES
 
 triton, tl = triton_modules()
 
-__all__ = ["rms_norm", "rotary_embedding", "silu_and_mul", "cast_out", "rne_bf16"]
+__all__ = ["rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul", "cast_out", "rne_bf16"]
 
 #: rms_norm keeps a whole row in registers up to this many elements (hidden 16384 fits).
 MAX_ROW_BLOCK = 16384
@@ -104,6 +106,25 @@ def rms_norm(x, weight, eps, *, residual=None, weight_offset=0.0, gate=None, gat
             BLOCK_R=br, BLOCK_H=bh, **launch,
         )
     return y if residual is None else (y, h)
+
+
+def layer_norm(x, weight, bias, eps, *, tuning: Tuning):
+    """``(x - mean) * rsqrt(var + eps) * weight + bias`` per row (biased variance), rounded once to x's dtype."""
+    op = "layer_norm"
+    hidden = check_layer_norm(op, x, weight, bias, eps)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rows = x.numel() // hidden if hidden else 0
+    if rows == 0:
+        return y
+    x2 = _rows2d(x)
+    br, bh, launch = _row_tiles(rows, hidden, tuning)
+    b = bias if bias is not None else weight
+    kern.layer_norm_kernel[(triton.cdiv(rows, br),)](
+        x2, weight, b, y.view(-1, hidden), rows, hidden, float(eps),
+        x2.stride(0), x2.stride(1), weight.stride(0), b.stride(0), hidden,
+        HAS_BIAS=bias is not None, ACC=_acc(x, weight, bias), RNE_BF16=rne_bf16(x.dtype, tuning), BLOCK_R=br, BLOCK_H=bh, **launch,
+    )
+    return y
 
 
 def rotary_embedding(positions, q, k, cos_sin_cache, *, is_neox=True, tuning: Tuning):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from hetero.spec.moe import ACTIVATIONS
+
 __all__ = ["dtype_name", "dtype_reason", "shape_reason", "kernel_reason", "MAX_HEAD_DIM", "MAX_KEY_DIM", "FLOATS",
            "QUANTS", "DOT_OPS"]
 
@@ -16,7 +18,7 @@ FLOATS = ("float16", "bfloat16", "float32", "float64")
 QUANTS = ("float8_e4m3fn", "float8_e4m3fnuz", "int8")
 #: Ops whose kernels multiply with tl.dot (tensor or matrix cores): no float64 path there.
 DOT_OPS = frozenset({"paged_attention", "varlen_attention", "mla_attention", "gemm", "grouped_gemm", "fused_moe",
-                     "gated_delta_rule"})
+                     "gated_delta_rule", "indexer_topk"})
 #: The gated_delta_rule kernels keep whole key rows in registers (every released model has K = 128).
 MAX_KEY_DIM = 256
 
@@ -50,8 +52,8 @@ def shape_reason(op: str, static: Mapping[str, Any]) -> str | None:
     block_size = static.get("block_size")
     if block_size is not None and int(block_size) < 1:
         return f"block_size {int(block_size)}: a KV block holds at least one token"
-    if op == "fused_moe" and static.get("activation", "silu") != "silu":
-        return f"the fused_moe kernel applies silu, not {static['activation']!r}"
+    if op == "fused_moe" and static.get("activation", "silu") not in ACTIVATIONS:
+        return f"the fused_moe kernel applies {', '.join(ACTIVATIONS)}, not {static['activation']!r}"
     if op == "route" and static.get("scoring", "softmax") not in ("softmax", "sigmoid"):
         return f"route scores with softmax or sigmoid, not {static['scoring']!r}"
     if op == "gated_delta_rule":

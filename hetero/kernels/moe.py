@@ -1,7 +1,8 @@
 """Triton MoE ops: route (torch), moe_permute, moe_unpermute and fused_moe.
 
 Semantics: ``hetero.spec.moe``. Kernels: ``hetero.kernels._moe_kernels`` (the stable counting
-sort and the weighted combine) and ``hetero.kernels._gemm_kernels`` (the grouped GEMM).
+sort, the activation and the weighted combine) and ``hetero.kernels._gemm_kernels`` (the grouped
+GEMM). Checks: ``hetero.kernels._moe_checks``.
 
 fused_moe is six launches (plus one memset), none of which synchronizes with the host:
 
@@ -13,8 +14,12 @@ fused_moe is six launches (plus one memset), none of which synchronizes with the
 3. grouped GEMM 2 (w2) -> y_sorted in x's dtype;
 4. the combine: y[m] = sum_s weights[m, s] * y_sorted[inv[m * k + s]] in float32.
 
-The roundings are those of the reference composition (permute, grouped_gemm, silu_and_mul,
-grouped_gemm, unpermute). Only cheap checks run (ranks, dtypes, shapes, devices): expert ids
+With a w13_bias or a clamped activation (swigluoai, swiglu_clamp), step 2 stores the unrounded
+gate_up (float32) and one more launch (``_act_kernel``) adds each row's expert bias, rounds and
+applies the activation; with a w2_bias, step 3 stores unrounded float32 rows and the combine adds
+each pair's expert bias and rounds before weighting. The roundings are those of the reference
+composition (permute, grouped_gemm, activation, grouped_gemm, unpermute; each bias added in
+float32 before its rounding). Only cheap checks run (ranks, dtypes, shapes, devices): expert ids
 and perm are not range-checked, since that would read them on the host.
 """
 from __future__ import annotations
@@ -25,6 +30,8 @@ import numbers
 import torch
 
 from hetero.kernels import _moe_kernels as kern
+from hetero.kernels._moe_checks import check_fused, check_ids, check_int, check_weights
+from hetero.kernels._rounding import rne_bf16
 from hetero.kernels._triton import triton_modules
 from hetero.kernels.gemm import interpreted, launch_grouped
 from hetero.kernels.tuning import Tuning
@@ -36,8 +43,6 @@ triton, tl = triton_modules()
 
 __all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe"]
 
-_INDEX = (torch.int32, torch.int64)
-_WEIGHT_DTYPES = (torch.float32, torch.float64)
 #: launch parameters of the data-movement kernels when the tuning table has no entry for them
 _DEFAULTS = {
     "moe_permute": {"BLOCK_P": 128, "BLOCK_E": 64, "BLOCK_B": 16, "BLOCK_R": 16, "BLOCK_H": 256, "num_warps": 4},
@@ -61,29 +66,6 @@ def _params(tuning: Tuning, kernel: str) -> tuple[dict, dict]:
     return Tuning.launch_options(params)
 
 
-# ----------------------------------------------------------------------------- checks
-
-def _check_int(op: str, arg: str, value: object, lo: int, hi: int | None = None) -> int:
-    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    rng = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
-    expect(ok and int(value) >= lo and (hi is None or int(value) <= hi), op, arg, rng, repr(value))
-    return int(value)
-
-
-def _check_ids(op: str, ids: object, rows: int) -> int:
-    check_tensor(op, "ids", ids, ndim=2, dtypes=_INDEX)
-    expect(ids.shape[0] == rows, op, "ids", f"{rows} rows (one per token)", ids.shape[0])
-    expect(ids.shape[1] >= 1, op, "ids", "at least one column (top_k >= 1)", f"shape {list(ids.shape)}")
-    return ids.shape[1]
-
-
-def _check_weights(op: str, weights: object, shape: tuple[int, ...] | None) -> None:
-    check_tensor(op, "weights", weights, ndim=2, dtypes=_WEIGHT_DTYPES)
-    if shape is not None:
-        expect(tuple(weights.shape) == shape, op, "weights", f"shape {list(shape)} (that of 'ids')", f"shape {list(weights.shape)}")
-    expect(weights.shape[1] >= 1, op, "weights", "at least one column (top_k >= 1)", f"shape {list(weights.shape)}")
-
-
 # ----------------------------------------------------------------------------- route (torch)
 
 def route(router_logits, *, top_k, scoring="softmax", renormalize=True, n_group=1, topk_group=1,
@@ -96,10 +78,10 @@ def route(router_logits, *, top_k, scoring="softmax", renormalize=True, n_group=
     factor_ok = isinstance(routed_scaling_factor, numbers.Real) and not isinstance(routed_scaling_factor, bool) \
         and math.isfinite(routed_scaling_factor)
     expect(factor_ok, op, "routed_scaling_factor", "a finite number", repr(routed_scaling_factor))
-    groups = _check_int(op, "n_group", n_group, 1)
+    groups = check_int(op, "n_group", n_group, 1)
     expect(experts % groups == 0, op, "n_group", f"a divisor of the expert count E = {experts}", groups)
-    k = _check_int(op, "top_k", top_k, 1, experts)
-    kept = _check_int(op, "topk_group", topk_group, 1, groups)
+    k = check_int(op, "top_k", top_k, 1, experts)
+    kept = check_int(op, "topk_group", topk_group, 1, groups)
     per_group = experts // groups
     expect(kept * per_group >= k, op, "topk_group", f"topk_group * E/n_group >= top_k = {k}", kept)
     if correction_bias is not None:
@@ -155,20 +137,47 @@ def _sort_pairs(flat_ids: torch.Tensor, experts: int, tuning: Tuning, *, want_in
     return perm, ends, inv
 
 
-def _combine(y_sorted: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor, tuning: Tuning) -> torch.Tensor:
+def _combine(y_sorted: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor, tuning: Tuning, *,
+             out_dtype: torch.dtype | None = None, bias: torch.Tensor | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The weighted sum per token; with ``bias`` (w2_bias [E, H]) each unrounded row first gets its
+    pair's expert bias (``ids``: the flat expert ids) and is rounded to out_dtype."""
     rows, k = weights.shape
     hidden = y_sorted.shape[1]
-    out = torch.empty(rows, hidden, dtype=y_sorted.dtype, device=y_sorted.device)
+    out = torch.empty(rows, hidden, dtype=out_dtype or y_sorted.dtype, device=y_sorted.device)
     if rows == 0 or hidden == 0:
         return out
     meta, launch = _params(tuning, "moe_unpermute")
     bt, bh = max(1, min(int(meta["BLOCK_T"]), _pow2(rows))), min(int(meta["BLOCK_H"]), _pow2(hidden))
     wide = torch.float64 in (y_sorted.dtype, weights.dtype)
+    b = bias if bias is not None else out
     kern._combine_kernel[(triton.cdiv(rows, bt), triton.cdiv(hidden, bh))](
-        y_sorted, inv, weights, out, rows, hidden, k,
+        y_sorted, inv, weights, out, b, ids if ids is not None else inv, rows, hidden, k, b.shape[0],
         y_sorted.stride(0), y_sorted.stride(1), weights.stride(0), weights.stride(1), out.stride(0), out.stride(1),
-        ACC=tl.float64 if wide else tl.float32, SOFT_RTNE=interpreted(tuning), BLOCK_T=bt, BLOCK_H=bh, **launch)
+        b.stride(0), b.stride(1), HAS_BIAS=bias is not None, ACC=tl.float64 if wide else tl.float32,
+        SOFT_RTNE=interpreted(tuning), RNE_BF16=rne_bf16(out.dtype, tuning), BLOCK_T=bt, BLOCK_H=bh, **launch)
     return out
+
+
+def _activation(x, w13, ends, perm, flat_ids, k, options: tuple, tuning: Tuning) -> torch.Tensor:
+    """h [P, I] in x's dtype of the general path: gate_up unrounded (float32, float64 for float64),
+    then ``_act_kernel`` (its expert's w13_bias, rounding, activation, rounding)."""
+    activation, alpha, limit, bias = options
+    pairs, (experts, two_i) = perm.shape[0], w13.shape[:2]
+    inter = two_i // 2
+    gate_up = torch.empty(pairs, two_i, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
+    launch_grouped(x, w13, ends, gate_up, tuning=tuning, kernel="fused_moe", perm=perm, topk=k)
+    h = x.new_empty(pairs, inter)
+    if inter == 0:
+        return h
+    meta, launch = _params(tuning, "moe_unpermute")
+    br, bi = max(1, min(int(meta["BLOCK_T"]), _pow2(pairs))), min(int(meta["BLOCK_H"]), _pow2(inter))
+    b = bias if bias is not None else gate_up
+    kern._act_kernel[(triton.cdiv(pairs, br), triton.cdiv(inter, bi))](
+        gate_up, b, flat_ids, perm, h, pairs, inter, experts, float(alpha), float(limit or 0.0),
+        gate_up.stride(0), h.stride(0), b.stride(0), b.stride(1),
+        ACT=ACTIVATIONS.index(activation), HAS_BIAS=bias is not None, ACC=tl.float64 if x.dtype == torch.float64 else tl.float32,
+        RNE_BF16=rne_bf16(x.dtype, tuning), BLOCK_R=br, BLOCK_I=bi, **launch)
+    return h
 
 
 # ----------------------------------------------------------------------------- ops
@@ -176,9 +185,9 @@ def _combine(y_sorted: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor, t
 def moe_permute(x, ids, num_experts, *, tuning: Tuning):
     op = "moe_permute"
     check_tensor(op, "x", x, ndim=2)
-    experts = _check_int(op, "num_experts", num_experts, 1)
+    experts = check_int(op, "num_experts", num_experts, 1)
     rows, hidden = x.shape
-    k = _check_ids(op, ids, rows)
+    k = check_ids(op, ids, rows)
     check_same_device(op, x=x, ids=ids)
     pairs = rows * k
     if pairs == 0:
@@ -198,7 +207,7 @@ def moe_permute(x, ids, num_experts, *, tuning: Tuning):
 def moe_unpermute(y_sorted, perm, weights, *, tuning: Tuning):
     op = "moe_unpermute"
     check_tensor(op, "y_sorted", y_sorted, ndim=2, dtypes=FLOAT_DTYPES)
-    _check_weights(op, weights, None)
+    check_weights(op, weights, None)
     rows, k = weights.shape
     check_tensor(op, "y_sorted", y_sorted, shape=(rows * k, None))
     check_tensor(op, "perm", perm, shape=(rows * k,), dtypes=(torch.int64,))
@@ -212,27 +221,21 @@ def moe_unpermute(y_sorted, perm, weights, *, tuning: Tuning):
     return _combine(y_sorted, inv, weights, tuning)
 
 
-def fused_moe(x, w13, w2, weights, ids, *, activation="silu", tuning: Tuning):
-    op = "fused_moe"
-    expect(activation in ACTIVATIONS, op, "activation", "one of " + ", ".join(repr(a) for a in ACTIVATIONS), repr(activation))
-    check_tensor(op, "x", x, ndim=2, dtypes=FLOAT_DTYPES)
+def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit=None, w13_bias=None, w2_bias=None,
+              tuning: Tuning):
+    k = check_fused("fused_moe", x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias)
     rows, hidden = x.shape
-    check_tensor(op, "w13", w13, ndim=3, dtypes=(x.dtype,))
-    experts, two_i, _ = w13.shape
-    expect(two_i % 2 == 0 and w13.shape[2] == hidden, op, "w13",
-           f"shape [E, 2I, H] with an even 2I and H = {hidden} (x's columns)", f"shape {list(w13.shape)}")
-    inter = two_i // 2
-    check_tensor(op, "w2", w2, shape=(experts, hidden, inter), dtypes=(x.dtype,))
-    k = _check_ids(op, ids, rows)
-    _check_weights(op, weights, tuple(ids.shape))
-    check_same_device(op, x=x, w13=w13, w2=w2, weights=weights, ids=ids)
-
     pairs = rows * k
     if pairs == 0:
         return x.new_empty(rows, hidden)
-    perm, ends, inv = _sort_pairs(ids.reshape(-1).contiguous(), experts, tuning, want_inv=True)
-    act = x.new_empty(pairs, inter)  # silu(gate) * up of every sorted pair
-    launch_grouped(x, w13, ends, act, tuning=tuning, kernel="fused_moe", perm=perm, topk=k, swiglu=True)
-    y_sorted = x.new_empty(pairs, hidden)
-    launch_grouped(act, w2, ends, y_sorted, tuning=tuning, kernel="fused_moe")
-    return _combine(y_sorted, inv, weights, tuning)
+    flat_ids = ids.reshape(-1).contiguous()
+    perm, ends, inv = _sort_pairs(flat_ids, w13.shape[0], tuning, want_inv=True)
+    if activation == "silu" and w13_bias is None:  # silu(gate) * up in the first GEMM's epilogue
+        h = x.new_empty(pairs, w13.shape[1] // 2)
+        launch_grouped(x, w13, ends, h, tuning=tuning, kernel="fused_moe", perm=perm, topk=k, swiglu=True)
+    else:
+        h = _activation(x, w13, ends, perm, flat_ids, k, (activation, alpha, limit, w13_bias), tuning)
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    y_sorted = x.new_empty(pairs, hidden) if w2_bias is None else torch.empty(pairs, hidden, dtype=wide, device=x.device)
+    launch_grouped(h, w2, ends, y_sorted, tuning=tuning, kernel="fused_moe")
+    return _combine(y_sorted, inv, weights, tuning, out_dtype=x.dtype, bias=w2_bias, ids=flat_ids)

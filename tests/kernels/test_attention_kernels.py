@@ -71,6 +71,21 @@ def test_paged_gqa_mixed_batch(attn, tiles):
     assert out.dtype == q.dtype and lse.dtype == torch.float32
 
 
+@pytest.mark.parametrize("window", [(127, -1), (-1, -1)], ids=["sliding128", "full"])
+def test_paged_gpt_oss_layers(attn, window):
+    """gpt-oss's alternating layers (GQA 64:8, D 64, sinks; HF sliding_window 128 = window (127, -1)),
+    contexts past the window: decode at 128 and 129 keys (the boundary), a chunked prefill across it,
+    and rows of one to three keys that the sinks dominate. Heads cut to 16:2 for the interpreter."""
+    seqs = [(1, 128), (1, 129), (20, 150), (3, 3)]
+    q, kc, vc, meta = paged_inputs(seqs, hq=16, hkv=2, d=64, dv=64, bs=16, seed=7)
+    sinks = torch.linspace(-1.0, 9.0, 16)
+    opts = dict(scale=64 ** -0.5, window=window, sinks=sinks, return_lse=True)
+    out, lse = attn.paged_attention(q, kc, vc, meta, tuning=tuning("wide"), **opts)
+    want, want_lse = ref.paged_attention(q, kc, vc, meta, **opts)
+    close(out, want)
+    close(lse, want_lse)
+
+
 def test_paged_window_softcap_sinks_out(attn):
     """Sliding window, softcap and sinks together, written into a given out= buffer."""
     seqs = [(12, 30), (1, 33), (4, 4)]

@@ -160,7 +160,8 @@ def test_supports_shape_limits():
             "head_dim 640 > 576 unsupported by the Triton paged_attention kernel"
         assert backend.supports("mla_attention", dtype="bfloat16", head_dim=576, head_dim_v=512, block_size=1) is None
         assert backend.supports("write_kv", head_dim=128, block_size=0).startswith("block_size 0")
-        assert backend.supports("fused_moe", dtype="bfloat16", activation="gelu") == "the fused_moe kernel applies silu, not 'gelu'"
+        assert backend.supports("fused_moe", dtype="bfloat16", activation="gelu") == \
+            "the fused_moe kernel applies silu, swigluoai, swiglu_clamp, not 'gelu'"
 
 
 def test_rocm_supports_fp8_per_arch():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-FAMILIES = ("paged", "mla", "varlen", "cache", "rotary", "grouped_gemm", "moe", "ep")
+FAMILIES = ("paged", "mla", "varlen", "cache", "rotary", "grouped_gemm", "moe", "ep", "dsa")
 BIG = 10**6
 
 
@@ -290,6 +290,14 @@ def _moe_cases(r):
             return [], [y]
 
         r.add("fused_" + name, fused)
+
+        def fused_biased(ids=ids):  # the spec 1.3 path: the biases are gathered by expert id too
+            y = moe.fused_moe(torch.randn(3, 8), torch.randn(4, 12, 8), torch.randn(4, 8, 6), torch.rand(3, 2), ids,
+                              activation="swigluoai", limit=7.0, w13_bias=torch.randn(4, 12), w2_bias=torch.randn(4, 8),
+                              tuning=tune)
+            return [], [y]
+
+        r.add("fused_biased_" + name, fused_biased)
     for name, perm in {"perm_huge": [0, 1, 2, 3, 4, BIG], "perm_negative": [0, -1, 2, 3, 4, 5], "perm_repeated": [0, 0, 1, 1, 2, 2],
                        "perm_very_negative": [-BIG, 1, 2, 3, 4, 5]}.items():
         p = torch.tensor(perm, dtype=torch.int64)
@@ -333,11 +341,62 @@ def _ep_cases(r):
         r.add(name, call)
 
 
+def _dsa_cases(r):
+    """indexer_topk and sparse mla_attention on every malformed metadata of the paged family (indices
+    read through the table, NaN-guarded caches), sparse rows listing out-of-range positions, and
+    write_index_k's bad slots in both formats."""
+    import torch
+
+    from hetero.kernels import attention as A
+    from hetero.kernels import cache, dsa
+
+    g = torch.Generator().manual_seed(2)
+    rnd = lambda shape: torch.randn(*shape, generator=g)  # noqa: E731
+    wild = torch.tensor([[0, BIG, -BIG, 5, 3], [-1, 11, 12, 2**31 - 1, -2**31]] * 4, dtype=torch.int32)
+    for name, change in {**_PAGED_BAD, "good": {}}.items():
+        m = _meta(**{**_GOOD, **change})
+
+        def indexer(m=m):
+            for fp8 in (False, True):
+                kc, _ = _guarded((6, 4, 128), rnd, float("nan"))
+                scale = _guarded((6, 4, 1), lambda s: torch.rand(*s), float("nan"))[0] if fp8 else None
+                kc = kc.to(torch.float8_e4m3fn) if fp8 else kc  # (a copy: the guards stay on the float tensor)
+                out = dsa.indexer_topk(rnd((8, 4, 128)), rnd((8, 4)), kc, m, topk=6, index_scale=scale, tuning=_tuning())
+                if int(out.min()) < -1 or int(out.max()) >= 12:  # positions within the table's columns
+                    print("POISON", "indexer", "returned a position outside the block table", flush=True)
+            return [], []
+
+        def sparse(m=m):
+            ckv, _ = _guarded((6, 4, 32), rnd, float("nan"))
+            kpe, _ = _guarded((6, 4, 16), rnd, float("nan"))
+            out, guards = _guarded((8, 4, 32), 0.0)
+            res = A.mla_attention(rnd((8, 4, 32)), rnd((8, 4, 16)), ckv, kpe, m, scale=0.2, topk_indices=wild, tuning=_tuning())
+            out.copy_(res)
+            return guards, [out]
+
+        r.add("indexer_" + name, indexer)
+        r.add("sparse_mla_" + name, sparse)
+    for name, slot in {"slot_huge": 10**9, "slot_nb_bs": 24, "slot_minus_two": -2, "slot_very_negative": -10**9}.items():
+        slots = torch.tensor([0, slot, 5], dtype=torch.int64)
+
+        def write(slots=slots):
+            plain, gp = _guarded((6, 4, 128), 0.0)
+            cache.write_index_k(torch.randn(3, 128), plain, slots, tuning=_tuning())
+            fp8 = torch.zeros(6 * 4 * 128 + 2 * PAD, dtype=torch.uint8)
+            scale, gs = _guarded((6, 4, 1), 0.0)
+            cache.write_index_k(torch.randn(3, 128), fp8[PAD:-PAD].view(torch.float8_e4m3fn).view(6, 4, 128), slots,
+                                index_scale=scale, tuning=_tuning())
+            bytes_ok = bool((fp8[:PAD] == 0).all() and (fp8[-PAD:] == 0).all())
+            return [*gp, *gs] + ([] if bytes_ok else [torch.full((1,), 1.0)]), []
+
+        r.add("write_index_k_" + name, write)
+
+
 def _child(family):
     r = Runner()
     {"paged": lambda: _paged_cases(r, mla=False), "mla": lambda: _paged_cases(r, mla=True), "varlen": lambda: _varlen_cases(r),
      "cache": lambda: _cache_cases(r), "rotary": lambda: _rotary_cases(r), "grouped_gemm": lambda: _grouped_gemm_cases(r),
-     "moe": lambda: _moe_cases(r), "ep": lambda: _ep_cases(r)}[family]()
+     "moe": lambda: _moe_cases(r), "ep": lambda: _ep_cases(r), "dsa": lambda: _dsa_cases(r)}[family]()
     r.run()
 
 

@@ -1,4 +1,4 @@
-"""The Triton glue-op kernels (rms_norm, rotary_embedding, silu_and_mul) against the reference,
+"""The Triton glue-op kernels (rms_norm, layer_norm, rotary_embedding, silu_and_mul) against the reference,
 through Triton's interpreter on CPU tensors."""
 from __future__ import annotations
 
@@ -136,6 +136,40 @@ def test_rms_norm_options_two_pass_and_errors(monkeypatch, triton_backend):
         layers.rms_norm(x, w, 1e-6, residual=x, gate=z, tuning=triton_backend.tune)
     with pytest.raises(OpError, match="gate_act"):
         layers.rms_norm(x, w, 1e-6, gate=z, gate_act="tanh", tuning=triton_backend.tune)
+
+
+# ----------------------------------------------------------------------------- layer_norm
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("params", ["x-dtype", "float32", "no-bias"])
+def test_layer_norm_matches_reference_and_float64(tune, dtype, params):
+    g = _gen(7)
+    x = (3 + 2 * torch.randn(2, 3, 128, generator=g)).to(dtype)  # a large mean: the variance is about it
+    w = torch.randn(128, generator=g).to(torch.float32 if params == "float32" else dtype)
+    b = None if params == "no-bias" else torch.randn(128, generator=g).to(w.dtype)
+    y = _layers().layer_norm(x, w, b, 1e-6, tuning=tune)
+    assert y.dtype == dtype and y.shape == x.shape
+    torch.testing.assert_close(y, ref.layer_norm(x, w, b, 1e-6), **_tol(dtype))
+    x64 = x.double()
+    exact = torch.nn.functional.layer_norm(x64, (128,), w.double(), None if b is None else b.double(), 1e-6)
+    torch.testing.assert_close(y.double(), exact, **_tol(dtype))
+
+
+def test_layer_norm_long_strided_rows_and_errors(monkeypatch, triton_backend):
+    """Rows longer than one register tile stream three passes; a column-strided x is read in place."""
+    layers = _layers()
+    monkeypatch.setattr(layers, "MAX_ROW_BLOCK", 64)
+    g = _gen(8)
+    x = torch.randn(5, 2 * 150, generator=g)[:, ::2]
+    w, b = torch.randn(150, generator=g), torch.randn(150, generator=g)
+    y = layers.layer_norm(x, w, b, 1e-5, tuning=triton_backend.tune)
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, (150,), w, b, 1e-5), rtol=1e-5, atol=1e-5)
+    assert triton_backend.layer_norm(torch.empty(0, 8), torch.ones(8), None, 1e-6).shape == (0, 8)
+    with pytest.raises(OpError, match="eps"):
+        triton_backend.layer_norm(torch.randn(2, 8), torch.ones(8), None, 0.0)
+    with pytest.raises(OpError, match="bias"):
+        triton_backend.layer_norm(torch.randn(2, 8).half(), torch.ones(8).half(), torch.ones(8).double(), 1e-6)
 
 
 # ----------------------------------------------------------------------------- rotary_embedding

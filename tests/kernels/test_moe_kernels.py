@@ -88,6 +88,62 @@ def test_fused_moe_no_tokens(triton_backend):
     assert out.shape == (0, 8)
 
 
+def _clamped_experts(g: torch.Generator, dtype: torch.dtype, m=19, k=3, e=7, h=40, inter=24):
+    """Inputs whose gate/up values often pass +-7 (gain 5 on unit-scale products), with biases."""
+    x = torch.randn(m, h, generator=g).to(dtype)
+    w13 = (torch.randn(e, 2 * inter, h, generator=g) * 5 / math.sqrt(h)).to(dtype)
+    w2 = (torch.randn(e, h, inter, generator=g) / math.sqrt(inter)).to(dtype)
+    b13, b2 = torch.randn(e, 2 * inter, generator=g).to(dtype), torch.randn(e, h, generator=g).to(dtype)
+    return x, w13, w2, b13, b2, hot_ids(g, m, k, [0, 2, 3, 5, 6]), torch.rand(m, k, generator=g)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("act,limit", [("swigluoai", 7.0), ("swiglu_clamp", 10.0), ("silu", None)])
+@pytest.mark.parametrize("biases", ["none", "w13", "w2", "both"])
+def test_fused_moe_activations_and_biases(dtype, act, limit, biases):
+    """Each activation, with and without each expert bias, within twice the reference's own error
+    of the float64 result (bf16: the same roundings, so equal here)."""
+    from hetero.kernels import moe
+
+    g = torch.Generator().manual_seed(5)
+    x, w13, w2, b13, b2, ids, w = _clamped_experts(g, dtype)
+    kw = dict(activation=act, limit=limit, w13_bias=b13 if biases in ("w13", "both") else None,
+              w2_bias=b2 if biases in ("w2", "both") else None)
+    got = moe.fused_moe(x, w13, w2, w, ids, tuning=small_tiles(), **kw)
+    want = cpu_ref.fused_moe(x, w13, w2, w, ids, **kw)
+    wide = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    exact = cpu_ref.fused_moe(x.double(), w13.double(), w2.double(), w.double(), ids, **wide)
+    assert got.dtype == dtype and got.shape == x.shape
+    err, ref_err = (got.double() - exact).abs().max(), (want.double() - exact).abs().max()
+    assert err <= 2 * ref_err + 1e-5 * exact.abs().max(), (float(err), float(ref_err))
+
+
+def test_fused_moe_biased_gpu_tiles_and_strided_bias():
+    """The portable GPU tiles, swigluoai with non-contiguous biases (views of wider tensors)."""
+    from hetero.kernels import moe
+
+    g = torch.Generator().manual_seed(6)
+    x, w13, w2, b13, b2, ids, w = _clamped_experts(g, torch.bfloat16, m=9, k=2, h=72, inter=40)
+    b13 = torch.cat([b13, b13], dim=1)[:, ::2]
+    b2 = torch.randn(b2.shape[1], b2.shape[0], generator=g).to(torch.bfloat16).T
+    gpu = Tuning(TuningTable(vendor="portable"), "generic", interpreted=False)
+    kw = dict(activation="swigluoai", alpha=1.702, limit=7.0, w13_bias=b13, w2_bias=b2)
+    got = moe.fused_moe(x, w13, w2, w, ids, tuning=gpu, **kw)
+    torch.testing.assert_close(got, cpu_ref.fused_moe(x, w13, w2, w, ids, **kw), atol=2e-2, rtol=2e-2)
+
+
+def test_fused_moe_option_checks(triton_backend):
+    from hetero import OpError
+
+    x, w13, w2, w, ids = torch.ones(3, 8), torch.ones(4, 6, 8), torch.ones(4, 8, 3), torch.ones(3, 2), torch.zeros(3, 2, dtype=torch.int32)
+    for arg, kw in [("limit", dict(limit=7.0)), ("limit", dict(activation="swigluoai")), ("limit", dict(activation="swiglu_clamp", limit=0.0)),
+                    ("alpha", dict(activation="swigluoai", limit=7.0, alpha=float("nan"))), ("activation", dict(activation="gelu")),
+                    ("w13_bias", dict(w13_bias=torch.ones(4, 3))), ("w2_bias", dict(w2_bias=torch.ones(4, 8).double()))]:
+        with pytest.raises(OpError) as info:
+            triton_backend.fused_moe(x, w13, w2, w, ids, **kw)
+        assert (info.value.op, info.value.arg) == ("fused_moe", arg)
+
+
 @pytest.mark.parametrize("kw", [
     dict(top_k=4, scoring="softmax", renormalize=True),
     dict(top_k=3, scoring="softmax", renormalize=False, n_group=4, topk_group=2, routed_scaling_factor=16.0),
