@@ -18,7 +18,9 @@ import torch
 import hetero
 from hetero.kernels import TritonBackend
 
-from hetero_ascend import convert, ep, support
+from hetero.spec._checks_dsa import check_indexer_inputs, check_layer_norm, check_topk_indices
+
+from hetero_ascend import convert, ep, sparse, support
 
 __all__ = ["AscendBackend", "hetero_backends"]
 
@@ -41,11 +43,12 @@ class AscendBackend(TritonBackend):
     @classmethod
     def op_notes(cls) -> dict[str, str]:
         triton = "portable Triton kernel (needs triton-ascend); never run on an NPU"
-        notes = {op: f"mapped to torch_npu.{support.MAPPED[op]}; {support.NEVER_RUN}" if op in support.MAPPED else triton
+        notes = {op: f"mapped to {support.target(op)}; {support.NEVER_RUN}" if op in support.MAPPED else triton
                  for op in cls.native_ops()}
         for op in ("ep_dispatch", "ep_combine"):
-            notes[op] = (f"mapped to torch_npu.{support.MAPPED[op]} where its documented limits allow, else the "
+            notes[op] = (f"mapped to {support.target(op)} where its documented limits allow, else the "
                          f"portable hetero._ep path; {support.NEVER_RUN}")
+        notes.update(sparse_notes())
         return notes
 
     @classmethod
@@ -70,7 +73,7 @@ class AscendBackend(TritonBackend):
     def _unverified(cls) -> dict[str, Any]:
         """The marker `hetero explain ascend` shows: which ops are torch_npu mappings never run on an NPU."""
         return {"triton_ascend": support.triton_ascend_version() or "not installed",
-                **{op: f"torch_npu.{fn}; {support.NEVER_RUN}" for op, fn in support.MAPPED.items()}}
+                **{op: f"{support.target(op)}; {support.NEVER_RUN}" for op in support.MAPPED}}
 
     def supports(self, op: str, **static: Any) -> str | None:
         return support.reason(op, static, support.triton_ascend_version() is not None)
@@ -108,9 +111,18 @@ class AscendBackend(TritonBackend):
         return self._fia(query, key.contiguous(), value.contiguous(), q_lens, kv_lens, scale=scale, causal=causal,
                          window=window, return_lse=return_lse, num_kv_heads=key.shape[1])
 
-    def mla_attention(self, q_nope, q_pe, ckv_cache, kpe_cache, meta, *, scale, causal=True, return_lse=False):
-        """FIA's MLA form (query_rope/key_rope, D = 512); never run on an NPU (conversions tested on CPU).
-        FIA takes 1..16 query rows per sequence here (doc): longer chunks go to the Triton kernel."""
+    def mla_attention(self, q_nope, q_pe, ckv_cache, kpe_cache, meta, *, scale, causal=True, return_lse=False,
+                      topk_indices=None):
+        """FIA's MLA form (query_rope/key_rope, D = 512); with ``topk_indices``, npu_sparse_flash_attention;
+        never run on an NPU (conversions tested on CPU). FIA takes 1..16 query rows per sequence here (doc):
+        longer chunks, and calls outside SFA's documented limits, go to the Triton kernel."""
+        if topk_indices is not None:
+            check_topk_indices("mla_attention", topk_indices, q_nope.shape[0], q_nope.device)
+            if support.sfa_reason(sparse.sfa_static(q_nope, q_pe, ckv_cache, return_lse)) is not None:
+                return super().mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, scale=scale, causal=causal,
+                                             return_lse=return_lse, topk_indices=topk_indices)
+            return sparse.sparse_flash_mla(_npu(), q_nope, q_pe, ckv_cache, kpe_cache, meta, topk_indices, scale=scale,
+                                           causal=causal)
         if meta.max_query_len > 16 or return_lse:
             return super().mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, scale=scale, causal=causal,
                                          return_lse=return_lse)
@@ -120,6 +132,14 @@ class AscendBackend(TritonBackend):
                          window=(-1, -1), return_lse=False, block_table=convert.safe_block_table(meta.block_table, ckv_cache.shape[0]),
                          block_size=ckv_cache.shape[1],
                          num_kv_heads=1, query_rope=convert.tnd_query(q_pe), key_rope=convert.paged_kv_bsh(kpe_cache))
+
+    def indexer_topk(self, q, weights, index_cache, meta, *, topk, index_scale=None):
+        """torch_npu.npu_lightning_indexer (TND query, PA_BSND key, sparse_mode 3); never run on an NPU
+        (conversions tested on CPU). Calls outside its documented limits go to the Triton kernel."""
+        check_indexer_inputs("indexer_topk", q, weights, index_cache, meta, topk, index_scale)
+        if support.indexer_reason(sparse.indexer_static(q, index_cache, topk, index_scale)) is not None:
+            return super().indexer_topk(q, weights, index_cache, meta, topk=topk, index_scale=index_scale)
+        return sparse.lightning_indexer(_npu(), q, weights, index_cache, meta, topk)
 
     # -- gemm / moe -----------------------------------------------------------------------
     def grouped_gemm(self, a, b, group_ends, *, out_dtype=None):
@@ -228,6 +248,28 @@ class AscendBackend(TritonBackend):
             return torch.cat([head, x[..., rot:]], dim=-1) if rot < x.shape[-1] else head
 
         return apply(q), apply(k)
+
+
+    def layer_norm(self, x, weight, bias, eps):
+        """torch.nn.functional.layer_norm in float32 (an aten op torch_npu implements; it deprecates
+        npu_layer_norm_eval in its favour), rounded once to x's dtype; never run on an NPU (checked on CPU)."""
+        hidden = check_layer_norm("layer_norm", x, weight, bias, eps)
+        y = torch.nn.functional.layer_norm(x.float(), (hidden,), weight.float(), None if bias is None else bias.float(), eps)
+        return y.to(x.dtype)
+
+def sparse_notes() -> dict[str, str]:
+    """What the DSA mappings assume and nothing here could check (shown by ``op_notes`` / explain)."""
+    return {
+        "indexer_topk": (f"mapped to torch_npu.npu_lightning_indexer (TND + PA_BSND, sparse_mode 3, float32 weights) "
+                         f"where its documented limits allow (64 heads, D 128, topk <= 2048, plain cache), else the "
+                         f"Triton kernel; assumed: scores accumulated in float32 (the doc's test reference does), indices "
+                         f"are positions within the sequence, and ties at the k-th score keep the smaller position "
+                         f"(the doc states no tie rule: the spec's set may differ there); {support.NEVER_RUN}"),
+        "mla_attention": (f"mapped to torch_npu.npu_fused_infer_attention_score (dense, <= 16 query rows) and "
+                          f"torch_npu.npu_sparse_flash_attention (topk_indices; MLA-absorb, token-wise) where their "
+                          f"documented limits allow, else the Triton kernel; assumed: SFA reads position j of a "
+                          f"sequence through its block table and skips -1 entries; {support.NEVER_RUN}"),
+    }
 
 
 @hetero.hookimpl

@@ -11,13 +11,16 @@ from typing import Any, Mapping
 
 from hetero.kernels.limits import dtype_name, kernel_reason
 
-__all__ = ["MAPPED", "NEVER_RUN", "DECLINED", "reason", "triton_ascend_version"]
+__all__ = ["MAPPED", "NEVER_RUN", "DECLINED", "reason", "target", "indexer_reason", "sfa_reason", "triton_ascend_version"]
 
-#: op -> the torch_npu operator it is mapped to.
+#: op -> the torch_npu operator it is mapped to (a name starting "torch." is a torch op torch_npu dispatches).
 MAPPED = {
     "paged_attention": "npu_fused_infer_attention_score",
     "varlen_attention": "npu_fused_infer_attention_score",
-    "mla_attention": "npu_fused_infer_attention_score (query_rope/key_rope)",
+    "mla_attention": ("npu_fused_infer_attention_score (query_rope/key_rope); with topk_indices "
+                      "npu_sparse_flash_attention (MLA-absorb)"),
+    "indexer_topk": "npu_lightning_indexer",
+    "layer_norm": "torch.nn.functional.layer_norm in float32 (torch_npu deprecates npu_layer_norm_eval for it)",
     "grouped_gemm": "npu_grouped_matmul",
     "route": "npu_moe_gating_top_k",
     "moe_permute": "npu_moe_init_routing_v2",
@@ -43,6 +46,15 @@ MLA_BLOCKS = (16, 128)  # doc: MLA (D = 512) with page attention, block_size 16 
 MLA_HEADS = (32, 64, 128)  # doc: MLA query n 32/64/128
 MAX_GATING_TOPK = 32  # ptaoplist_002365 (Pytorch 7.0.0): k in [1, 32] on A2/A3
 MAX_GATING_EXPERTS = 2048  # aclnnMoeGatingTopK (CANN 8.5): expert count <= 2048 (7.0.0 said only 256)
+
+# DSA: LI = npu_lightning_indexer (CANN ops-transformer lightning_indexer README, MindSpore lightning_indexer doc),
+# SFA = npu_sparse_flash_attention (op-plugin torch_npu-npu_sparse_flash_attention.md).
+LI_HEADS = 64  # README: Q_N <= 64 on A2/A3; MindSpore's doc: "only 64 when layout_query is TND" -- the stricter one
+LI_HEAD_DIM = 128  # both docs: D only 128
+LI_MAX_TOPK = 2048  # sparse_count 1..2048 (the README adds 3072..8192 in steps of 1024: newer only, not used)
+SFA_HEADS = (1, 2, 4, 8, 16, 32, 64, 128)  # doc: N1 1/2/4/8/16/32/64/128, KV_N 1
+SFA_LATENT, SFA_ROPE = 512, 64  # doc: query/key D 512, query_rope/key_rope D 64
+PA_BLOCK_MULTIPLE, PA_MAX_BLOCK = 16, 1024  # both: block_size a multiple of 16, at most 1024
 
 # npu_moe_distribute_dispatch / _combine (doc = Ascend/op-plugin docs/context/torch_npu-npu_moe_distribute_dispatch.md,
 # hiascend Pytorch 7.0.0 ptaoplist_002364). "A2" = Atlas A2 (Ascend910B*), "A3" = Atlas A3 (Ascend910_93*);
@@ -93,7 +105,20 @@ def _attention_reason(op: str, s: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _dims_reason(form: str, s: Mapping[str, Any], wants: tuple[tuple[tuple[str, ...], int], ...]) -> str | None:
+    for keys, want in wants:
+        for key in keys:
+            if s.get(key) is not None and int(s[key]) != want:
+                return f"{form} takes {key} {want} (doc), not {int(s[key])}"
+    return None
+
+
 def _mla_reason(s: Mapping[str, Any]) -> str | None:
+    if s.get("topk_indices") is not None and s.get("topk_indices") is not False:
+        return sfa_reason(s)
+    dtype = dtype_name(s.get("dtype"))
+    if dtype is not None and dtype not in HALF:
+        return f"FIA takes float16 or bfloat16 queries, not {dtype}"
     if s.get("return_lse"):
         return "FIA's MLA form (D = 512) does not output softmax_lse (doc)"
     hq, bs = s.get("num_heads"), s.get("block_size")
@@ -101,20 +126,75 @@ def _mla_reason(s: Mapping[str, Any]) -> str | None:
         return f"FIA's MLA form takes 32, 64 or 128 query heads (doc), not {int(hq)}"
     if bs is not None and int(bs) not in MLA_BLOCKS:
         return f"FIA's MLA form takes block_size 16 or 128 (doc), not {int(bs)}"
-    for key, want in (("head_dim", 512), ("latent_dim", 512), ("rope_dim", 64)):
-        if s.get(key) is not None and int(s[key]) != want:
-            return f"FIA's MLA form takes {key} {want} (doc), not {int(s[key])}"
+    return _mla_dims_reason("FIA's MLA form", s)
+
+
+def _mla_dims_reason(form: str, s: Mapping[str, Any]) -> str | None:
+    """Latent 512 and rope 64; ``head_dim`` is either the latent (512) or the whole q.k width (576)."""
+    hd = s.get("head_dim")
+    if hd is not None and int(hd) not in (512, 576):
+        return f"{form} takes head_dim 512 (+ rope 64) (doc), not {int(hd)}"
+    return _dims_reason(form, s, ((("latent_dim", "kv_lora_rank", "head_dim_v"), 512),
+                                  (("rope_dim", "qk_rope_head_dim"), 64)))
+
+
+def _paged_block_reason(op: str, bs: Any) -> str | None:
+    if bs is not None and (int(bs) % PA_BLOCK_MULTIPLE or not 0 < int(bs) <= PA_MAX_BLOCK):
+        return f"{op} takes block_size a multiple of {PA_BLOCK_MULTIPLE} up to {PA_MAX_BLOCK} (doc), not {int(bs)}"
     return None
+
+
+def sfa_reason(s: Mapping[str, Any]) -> str | None:
+    """None if npu_sparse_flash_attention serves a sparse mla_attention call with ``s``, else why not."""
+    dtype = dtype_name(s.get("dtype"))
+    if dtype is not None and dtype not in HALF:
+        return f"npu_sparse_flash_attention takes float16 or bfloat16, not {dtype}"
+    if s.get("return_lse"):
+        return ("npu_sparse_flash_attention returns softmax_max/softmax_sum only in training without PA_BSND "
+                "(doc): no lse for a paged cache")
+    hq = s.get("num_heads")
+    if hq is not None and int(hq) not in SFA_HEADS:
+        return f"npu_sparse_flash_attention takes 1, 2, 4, ..., 128 query heads (doc), not {int(hq)}"
+    return _paged_block_reason("npu_sparse_flash_attention", s.get("block_size")) or _mla_dims_reason(
+        "npu_sparse_flash_attention", s)
+
+
+def indexer_reason(s: Mapping[str, Any]) -> str | None:
+    """None if npu_lightning_indexer serves an indexer_topk call with ``s``, else why not."""
+    if s.get("index_scale") is not None and s.get("index_scale") is not False:
+        return ("hetero's fp8 index cache (float8_e4m3fn, a float32 scale per 128 channels) has no torch_npu "
+                "form: npu_quant_lightning_indexer takes int8 keys with float16 per-token scales on A2/A3 (doc)")
+    dtype = dtype_name(s.get("dtype"))
+    if dtype is not None and dtype not in HALF:
+        return f"npu_lightning_indexer takes float16 or bfloat16 queries and keys, not {dtype}"
+    hi, k = s.get("num_heads"), s.get("topk")
+    if hi is not None and int(hi) != LI_HEADS:
+        return (f"npu_lightning_indexer with layout_query TND takes {LI_HEADS} query heads (MindSpore's doc; "
+                f"the CANN README says <= 64 on A2/A3: unverified), not {int(hi)}")
+    if k is not None and not 1 <= int(k) <= LI_MAX_TOPK:
+        return f"npu_lightning_indexer takes sparse_count 1..{LI_MAX_TOPK} (doc), not topk {int(k)}"
+    return (_dims_reason("npu_lightning_indexer", s, ((("head_dim",), LI_HEAD_DIM),))
+            or _paged_block_reason("npu_lightning_indexer", s.get("block_size")))
+
+
+def target(op: str) -> str:
+    """The full name of what ``op`` is mapped to (``torch_npu.`` prefixed unless it is a torch op)."""
+    fn = MAPPED[op]
+    return fn if fn.startswith("torch.") else f"torch_npu.{fn}"
 
 
 def _mapped_reason(op: str, s: Mapping[str, Any]) -> str | None:
     dtype = dtype_name(s.get("dtype"))
-    if op in ("paged_attention", "varlen_attention", "mla_attention"):
+    if op == "mla_attention":
+        return _mla_reason(s)
+    if op in ("paged_attention", "varlen_attention"):
         if dtype is not None and dtype not in HALF:
             return f"FIA takes float16 or bfloat16 queries, not {dtype}"
-        return _mla_reason(s) if op == "mla_attention" else _attention_reason(op, s)
+        return _attention_reason(op, s)
+    if op == "indexer_topk":
+        return indexer_reason(s)
     if dtype is not None and dtype not in HALF_FP32 and op != "moe_permute" and op != "moe_unpermute":
-        return f"torch_npu.{MAPPED[op]} takes float16, bfloat16 or float32, not {dtype}"
+        return f"{target(op).split(' in ')[0]} takes float16, bfloat16 or float32, not {dtype}"
     if op == "route":
         k, e = s.get("top_k"), s.get("num_experts")
         if k is not None and not 1 <= int(k) <= MAX_GATING_TOPK:
