@@ -7,7 +7,11 @@
 #      the index-taking ops with validation on beside off (scripts/gpu_check.py), as a Markdown table.
 #
 # The timed cases include Qwen3-Next-80B's linear-attention layers (causal_conv1d, gated_delta_rule:
-# decode at batch 64, prefill 8 x 4096 tokens), each against its memory / compute roofline.
+# decode at batch 64, prefill 8 x 4096 tokens), DeepSeek-V3.2's sparse attention (indexer_topk and
+# mla_attention(topk_indices=...): decode at batch 64 over 32K, a 4096-row prefill chunk over 8K; top 2048;
+# write_index_k, layer_norm) and gpt-oss-20b (fused_moe swigluoai with biases, E 32 top-4; paged_attention
+# with sinks and a 128 window), each against its memory / compute roofline. Cases: scripts/gpu_check_cases.py,
+# gpu_check_attention.py, gpu_check_sizes.py.
 #
 # usage: scripts/gpu_check.sh [--smoke] [--list] [OUT.md]      (default OUT: docs/perf/gpu_check.md)
 #   --smoke  tiny shapes and a few conformance ops through Triton's interpreter on the CPU
@@ -26,7 +30,7 @@ for arg in "$@"; do
   case "$arg" in
     --smoke) smoke=1 ;;
     --list) list=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option $arg" >&2; exit 2 ;;
     *) out=$arg ;;
   esac

@@ -1,0 +1,78 @@
+"""scripts/gpu_check.py's cases without a GPU: every op of the spec has one, the smoke cases build on the
+CPU and bind to the spec's signature, and the reference runs them; ``--list`` prints them. (The whole
+script runs end to end, interpreted, in tests/kernels/test_backends.py::test_gpu_check_smoke.)"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetero.registry import default_registry
+from hetero.spec import OP_NAMES, OPS
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
+TIMED = set(OP_NAMES) - {"ep_dispatch", "ep_combine"}  # collectives: not timed on one GPU
+
+
+@pytest.fixture
+def cases(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import gpu_check_cases
+
+    return gpu_check_cases
+
+
+def test_every_op_has_a_case_and_files_stay_small(cases):
+    for sizes in (cases.SMOKE, cases.FULL):
+        assert {b.op for b in cases.benches(sizes)} == TIMED
+    names = [f"{b.op} {b.case}" for b in cases.benches(cases.FULL)]
+    assert len(names) == len(set(names)), "case names repeat"
+    for want in ("indexer_topk decode B64 KV32768 Hi64 D128 top2048", "mla_attention dsa decode B64 KV32768",
+                 "fused_moe gpt-oss-20b swigluoai+bias T256 E32 top4 H2880 I2880", "layer_norm T8192 H128",
+                 "paged_attention gpt-oss Hq64 Hkv8 D64 window128 sinks decode"):
+        assert any(n.startswith(want) for n in names), want
+    for path in SCRIPTS.glob("gpu_check*.py"):
+        assert len(path.read_text().splitlines()) <= 300, path.name
+
+
+def test_smoke_cases_bind_and_run_on_the_reference(cases):
+    ref = default_registry().entry("cpu_ref").cls("cpu")
+    torch.manual_seed(0)
+    for bench in cases.benches(cases.SMOKE):
+        inputs, flops, nbytes = bench.make(torch.device("cpu"))
+        OPS[bench.op].signature.bind(**inputs)
+        assert flops >= 0 and nbytes > 0, bench.case
+        getattr(ref, bench.op)(**inputs)  # raises OpError on a malformed case
+
+
+def test_sparse_indices_are_what_indexer_topk_returns(cases):
+    import gpu_check_attention as attn
+
+    idx = attn.sparse_indices([3, 1], [5, 9], 4, "cpu")
+    assert idx.dtype == torch.int32 and idx.shape == (4, 4)
+    for row, pos in zip(idx.tolist(), [2, 3, 4, 8]):
+        kept = [j for j in row if j >= 0]
+        assert len(kept) == len(set(kept)) == min(4, pos + 1) and all(j <= pos for j in kept)
+        assert row[len(kept):] == [-1] * (4 - len(kept))
+
+
+def test_rel_err_compares_row_sets_as_sets(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import gpu_check
+
+    got, want = torch.tensor([[3, 1, -1], [0, 2, 5]]), torch.tensor([[1, -1, 3], [5, 0, 2]])
+    assert gpu_check.rel_err(got, want, "indexer_topk") == 0.0
+    assert gpu_check.rel_err(got.float(), want.float(), "gemm") > 0
+
+
+def test_list_prints_every_case():
+    for extra in ([], ["--smoke"]):
+        res = subprocess.run([sys.executable, str(SCRIPTS / "gpu_check.py"), "--list", *extra], capture_output=True,
+                             text=True, cwd=ROOT, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        listed = {line.split()[0] for line in res.stdout.splitlines() if line.strip()}
+        assert listed == TIMED
