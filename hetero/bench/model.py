@@ -17,120 +17,31 @@ Conventions (the same for every backend, so achieved GB/s and TFLOP/s compare):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
 
+from hetero.bench._attention_work import ATTENTION_MODELS
+from hetero.bench._work import Work, attention_pairs, cache_write, elem_size, nbytes
 from hetero.spec import OPS
 
 __all__ = ["Work", "work", "attention_pairs"]
-
-
-@dataclass(frozen=True)
-class Work:
-    """What one call of an op must do: ``flops`` and ``bytes`` moved to or from memory."""
-
-    flops: float
-    bytes: float
-
-
-def _nb(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel() * t.element_size()
-
-
-def _es(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def attention_pairs(q_lens: list[int], kv_lens: list[int], causal: bool = True,
-                    window: tuple[int, int] = (-1, -1)) -> tuple[int, int]:
-    """(visible (query, key) pairs, KV positions some query sees) summed over the sequences.
-
-    Query row i of a sequence with n rows and L keys sits at position L - n + i.
-    """
-    pairs = union = 0
-    for n, length in zip(q_lens, kv_lens):
-        if n == 0 or length == 0:
-            continue
-        pos = torch.arange(n, dtype=torch.int64) + (length - n)
-        hi = pos.clamp(max=length - 1) if causal else torch.full_like(pos, length - 1)
-        if window[1] >= 0:
-            hi = torch.minimum(hi, pos + window[1])
-        lo = (pos - window[0]).clamp(min=0) if window[0] >= 0 else torch.zeros_like(pos)
-        count = (hi - lo + 1).clamp(min=0)
-        seen = count > 0
-        pairs += int(count.sum())
-        if bool(seen.any()):
-            union += int(hi[seen].max() - lo[seen].min() + 1)
-    return pairs, union
-
-
-def _lens(offsets: torch.Tensor) -> list[int]:
-    cu = offsets.tolist()
-    return [b - a for a, b in zip(cu, cu[1:])]
-
-
-def _meta_bytes(meta: Any) -> int:
-    return _nb(meta.query_start_loc) + _nb(meta.seq_lens) + _nb(meta.block_table)
-
-
-def _paged_attention(a: Mapping[str, Any]) -> Work:
-    q, k, v, meta = a["query"], a["k_cache"], a["v_cache"], a["meta"]
-    t, hq, d = q.shape
-    hkv, dv = k.shape[2], v.shape[3]
-    pairs, union = attention_pairs(_lens(meta.query_start_loc), meta.seq_lens.tolist(), a["causal"], a["window"])
-    kv = union * hkv * (d * k.element_size() + dv * v.element_size())
-    out = t * hq * dv * q.element_size() + (t * hq * 4 if a["return_lse"] else 0)
-    return Work(2.0 * pairs * hq * (d + dv), _nb(q) + kv + out + _meta_bytes(meta) + _nb(a["sinks"]))
-
-
-def _varlen_attention(a: Mapping[str, Any]) -> Work:
-    q, k, v = a["query"], a["key"], a["value"]
-    t, hq, d = q.shape
-    hkv, dv = k.shape[1], v.shape[2]
-    pairs, union = attention_pairs(_lens(a["cu_seqlens_q"]), _lens(a["cu_seqlens_k"]), a["causal"], a["window"])
-    kv = union * hkv * (d * k.element_size() + dv * v.element_size())
-    out = t * hq * dv * q.element_size() + (t * hq * 4 if a["return_lse"] else 0)
-    return Work(2.0 * pairs * hq * (d + dv), _nb(q) + kv + out + _nb(a["cu_seqlens_q"]) + _nb(a["cu_seqlens_k"]))
-
-
-def _mla_attention(a: Mapping[str, Any]) -> Work:
-    q_nope, q_pe, ckv, kpe, meta = a["q_nope"], a["q_pe"], a["ckv_cache"], a["kpe_cache"], a["meta"]
-    t, h, lkv = q_nope.shape
-    r = q_pe.shape[2]
-    pairs, union = attention_pairs(_lens(meta.query_start_loc), meta.seq_lens.tolist(), a["causal"])
-    kv = union * (lkv * ckv.element_size() + r * kpe.element_size())  # the latent is both key and value
-    out = t * h * lkv * q_nope.element_size() + (t * h * 4 if a["return_lse"] else 0)
-    return Work(2.0 * pairs * h * (2 * lkv + r), _nb(q_nope) + _nb(q_pe) + kv + out + _meta_bytes(meta))
-
-
-def _cache_write(rows: torch.Tensor, *pieces: torch.Tensor) -> Work:
-    valid = int((rows >= 0).sum())
-    per_row = sum(p[0].numel() * p.element_size() for p in pieces if p.shape[0])
-    return Work(0.0, 2 * valid * per_row + _nb(rows))  # read each valid row, write it into the cache
-
-
-def _merge_attention(a: Mapping[str, Any]) -> Work:
-    out_a = a["out_a"]
-    written = _nb(out_a) + _nb(a["lse_a"])
-    return Work(3.0 * out_a.numel(), _nb(out_a) + _nb(a["out_b"]) + _nb(a["lse_a"]) + _nb(a["lse_b"]) + written)
 
 
 def _gemm(a: Mapping[str, Any]) -> Work:
     x, w, bias = a["a"], a["b"], a["bias"]
     m, k = x.shape
     n = w.shape[0]
-    out_es = _es(a["out_dtype"] or x.dtype)
-    return Work(2.0 * m * n * k + (m * n if bias is not None else 0), _nb(x) + _nb(w) + _nb(bias) + m * n * out_es)
+    out_es = elem_size(a["out_dtype"] or x.dtype)
+    return Work(2.0 * m * n * k + (m * n if bias is not None else 0), nbytes(x) + nbytes(w) + nbytes(bias) + m * n * out_es)
 
 
 def _scaled_gemm(a: Mapping[str, Any]) -> Work:
     x, w = a["a"], a["b"]
     m, k = x.shape
     n = w.shape[0]
-    scales = _nb(a["a_scale"]) + _nb(a["b_scale"]) + _nb(a["bias"])
-    return Work(2.0 * m * n * k, _nb(x) + _nb(w) + scales + m * n * _es(a["out_dtype"]))
+    scales = nbytes(a["a_scale"]) + nbytes(a["b_scale"]) + nbytes(a["bias"])
+    return Work(2.0 * m * n * k, nbytes(x) + nbytes(w) + scales + m * n * elem_size(a["out_dtype"]))
 
 
 def _grouped_gemm(a: Mapping[str, Any]) -> Work:
@@ -139,27 +50,27 @@ def _grouped_gemm(a: Mapping[str, Any]) -> Work:
     n = w.shape[1]
     counts = torch.diff(ends.to(torch.int64), prepend=ends.new_zeros(1, dtype=torch.int64))
     rows, used = int(ends[-1]) if ends.numel() else 0, int((counts > 0).sum())
-    read = rows * k * x.element_size() + used * n * k * w.element_size() + _nb(ends)
-    return Work(2.0 * rows * n * k, read + m * n * _es(a["out_dtype"] or x.dtype))
+    read = rows * k * x.element_size() + used * n * k * w.element_size() + nbytes(ends)
+    return Work(2.0 * rows * n * k, read + m * n * elem_size(a["out_dtype"] or x.dtype))
 
 
 def _route(a: Mapping[str, Any]) -> Work:
     logits = a["router_logits"]
     m = logits.shape[0]
-    return Work(3.0 * logits.numel(), _nb(logits) + _nb(a["correction_bias"]) + m * a["top_k"] * (4 + 4))
+    return Work(3.0 * logits.numel(), nbytes(logits) + nbytes(a["correction_bias"]) + m * a["top_k"] * (4 + 4))
 
 
 def _moe_permute(a: Mapping[str, Any]) -> Work:
     x, ids = a["x"], a["ids"]
     pairs = ids.numel()
     written = pairs * x.shape[1] * x.element_size() + a["num_experts"] * 4 + pairs * 8
-    return Work(0.0, _nb(x) + _nb(ids) + written)
+    return Work(0.0, nbytes(x) + nbytes(ids) + written)
 
 
 def _moe_unpermute(a: Mapping[str, Any]) -> Work:
     y, weights = a["y_sorted"], a["weights"]
     m, h = weights.shape[0], y.shape[1]
-    return Work(2.0 * y.numel(), _nb(y) + _nb(a["perm"]) + _nb(weights) + m * h * y.element_size())
+    return Work(2.0 * y.numel(), nbytes(y) + nbytes(a["perm"]) + nbytes(weights) + m * h * y.element_size())
 
 
 def _fused_moe(a: Mapping[str, Any]) -> Work:
@@ -170,23 +81,29 @@ def _fused_moe(a: Mapping[str, Any]) -> Work:
     experts = int(torch.unique(ids).numel()) if pairs else 0
     flops = 2.0 * pairs * h * 2 * inter + 2.0 * pairs * inter * h + 4.0 * pairs * inter + 2.0 * pairs * h
     weights = experts * (w13[0].numel() * w13.element_size() + w2[0].numel() * w2.element_size())
-    return Work(flops, _nb(x) + weights + _nb(a["weights"]) + _nb(ids) + _nb(x))
+    biases = experts * sum(b[0].numel() * b.element_size() for b in (a["w13_bias"], a["w2_bias"]) if b is not None)
+    return Work(flops, nbytes(x) + weights + biases + nbytes(a["weights"]) + nbytes(ids) + nbytes(x))
 
 
 def _ep_dispatch(a: Mapping[str, Any]) -> Work:
-    return Work(0.0, _nb(a["x"]) + _nb(a["ids"]) + _nb(a["weights"]))
+    return Work(0.0, nbytes(a["x"]) + nbytes(a["ids"]) + nbytes(a["weights"]))
 
 
 def _ep_combine(a: Mapping[str, Any]) -> Work:
     y, d = a["y_local"], a["dispatch"]
-    return Work(2.0 * y.numel(), _nb(y) + _nb(d.weights) + d.num_tokens * y.shape[1] * y.element_size())
+    return Work(2.0 * y.numel(), nbytes(y) + nbytes(d.weights) + d.num_tokens * y.shape[1] * y.element_size())
 
 
 def _rms_norm(a: Mapping[str, Any]) -> Work:
     x, residual = a["x"], a["residual"]
     flops = 4.0 * x.numel() + (x.numel() if residual is not None else 0)
-    written = _nb(x) * (2 if residual is not None else 1)
-    return Work(flops, _nb(x) + _nb(a["weight"]) + _nb(residual) + written)
+    written = nbytes(x) * (2 if residual is not None else 1)
+    return Work(flops, nbytes(x) + nbytes(a["weight"]) + nbytes(residual) + written)
+
+
+def _layer_norm(a: Mapping[str, Any]) -> Work:
+    x = a["x"]
+    return Work(7.0 * x.numel(), 2 * nbytes(x) + nbytes(a["weight"]) + nbytes(a["bias"]))
 
 
 def _rotary_embedding(a: Mapping[str, Any]) -> Work:
@@ -194,12 +111,12 @@ def _rotary_embedding(a: Mapping[str, Any]) -> Work:
     rot = cache.shape[1]
     rotated = pos.numel() * (q.shape[1] + k.shape[1]) * rot
     table = min(pos.numel(), cache.shape[0]) * rot * cache.element_size()
-    return Work(3.0 * rotated, 2 * (_nb(q) + _nb(k)) + _nb(pos) + table)
+    return Work(3.0 * rotated, 2 * (nbytes(q) + nbytes(k)) + nbytes(pos) + table)
 
 
 def _silu_and_mul(a: Mapping[str, Any]) -> Work:
     x = a["x"]
-    return Work(4.0 * x.numel() / 2, _nb(x) + _nb(x) // 2)
+    return Work(4.0 * x.numel() / 2, nbytes(x) + nbytes(x) // 2)
 
 
 def _live_sequences(a: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -211,7 +128,7 @@ def _live_sequences(a: Mapping[str, Any]) -> tuple[int, int, int]:
 
 
 def _index_bytes(a: Mapping[str, Any]) -> int:
-    return _nb(a["query_start_loc"]) + _nb(a["state_slots"]) + _nb(a["has_initial_state"])
+    return nbytes(a["query_start_loc"]) + nbytes(a["state_slots"]) + nbytes(a["has_initial_state"])
 
 
 def _causal_conv1d(a: Mapping[str, Any]) -> Work:
@@ -222,7 +139,7 @@ def _causal_conv1d(a: Mapping[str, Any]) -> Work:
     c, w = weight.shape
     flops = rows * c * (2.0 * w + (1 if a["bias"] is not None else 0) + (3 if a["activation"] == "silu" else 0))
     per_state = state[0].numel() * state.element_size() if state.shape[0] else 0
-    moved = rows * c * x.element_size() + _nb(weight) + _nb(a["bias"]) + (reads + seqs) * per_state + _nb(x)
+    moved = rows * c * x.element_size() + nbytes(weight) + nbytes(a["bias"]) + (reads + seqs) * per_state + nbytes(x)
     return Work(flops, moved + _index_bytes(a))
 
 
@@ -238,16 +155,11 @@ def _gated_delta_rule(a: Mapping[str, Any]) -> Work:
     per_state = state[0].numel() * state.element_size() if state.shape[0] else 0
     inputs = rows * (2 * h * k * q.element_size() + hv * dv * v.element_size() + hv * gate * g.element_size()
                      + hv * a["beta"].element_size())
-    return Work(flops, inputs + (reads + seqs) * per_state + _nb(v) + _index_bytes(a))
+    return Work(flops, inputs + (reads + seqs) * per_state + nbytes(v) + _index_bytes(a))
 
 
 _MODELS: dict[str, Callable[[Mapping[str, Any]], Work]] = {
-    "write_kv": lambda a: _cache_write(a["slot_mapping"], a["key"], a["value"]),
-    "paged_attention": _paged_attention,
-    "varlen_attention": _varlen_attention,
-    "write_mla_kv": lambda a: _cache_write(a["slot_mapping"], a["kv_c"], a["k_pe"]),
-    "mla_attention": _mla_attention,
-    "merge_attention": _merge_attention,
+    **ATTENTION_MODELS,
     "gemm": _gemm,
     "scaled_gemm": _scaled_gemm,
     "grouped_gemm": _grouped_gemm,
@@ -258,6 +170,7 @@ _MODELS: dict[str, Callable[[Mapping[str, Any]], Work]] = {
     "ep_dispatch": _ep_dispatch,
     "ep_combine": _ep_combine,
     "rms_norm": _rms_norm,
+    "layer_norm": _layer_norm,
     "rotary_embedding": _rotary_embedding,
     "silu_and_mul": _silu_and_mul,
     "causal_conv1d": _causal_conv1d,
