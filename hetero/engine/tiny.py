@@ -33,6 +33,14 @@ _HYBRID = dict(_ATTN, num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, 
                linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
 _HYBRID_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
 
+#: DeepSeek Sparse Attention: 16 index heads (fewer leave exact ReLU ties that make transformers' own cached and
+#: uncached decoding disagree) and index_topk 6, well below the test prompts, so the indexer really prunes; no
+#: pad_token_id, whose all-zero embedding row would score every key 0 (a tie transformers breaks arbitrarily)
+_DSA = dict(_MLA, pad_token_id=None, q_lora_rank=32, index_n_heads=16, index_head_dim=16, index_topk=6, routed_scaling_factor=2.5,
+            norm_topk_prob=True)
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8}
+
 #: short name -> (config class name, defaults); ``architecture(name)`` is the causal LM class a checkpoint names
 ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", dict(_ATTN)),
@@ -54,6 +62,16 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
                                              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                                               "original_max_position_embeddings": 128, "beta_fast": 32.0,
                                                               "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})),
+    "deepseek_v32": ("DeepseekV32Config", dict(_DSA, n_group=4, topk_group=2, rope_parameters=_YARN)),
+    # layer 1 reuses layer 0's indices (indexer_types), layer 2 runs its own
+    "glm_moe_dsa": ("GlmMoeDsaConfig", dict(_DSA, n_group=1, topk_group=1, rms_norm_eps=1e-5,
+                                            indexer_types=["full", "shared", "full"])),
+    # [sliding, full, sliding, full], window 4; a small swiglu_limit so the clamps bite; yarn rope
+    "gpt_oss": ("GptOssConfig", dict(_ATTN, num_hidden_layers=4, head_dim=16, intermediate_size=32,
+                                     num_local_experts=8, num_experts_per_tok=2, sliding_window=4, swiglu_limit=1.5,
+                                     rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                                      "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                                      "original_max_position_embeddings": 128})),
 }
 
 
@@ -91,7 +109,7 @@ def _randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
             p.copy_(p + 0.3 * torch.randn(p.shape, generator=gen))
         elif name.endswith("A_log"):
             p.copy_(torch.empty(p.shape).uniform_(0.02, 0.5, generator=gen).log())
-        elif p.ndim == 1:
+        elif p.ndim == 1 or name.endswith("_bias"):  # gpt-oss's stacked expert biases are [E, n]
             p.copy_(0.2 * torch.randn(p.shape, generator=gen))
     for name, b in model.named_buffers():
         if name.endswith("e_score_correction_bias"):

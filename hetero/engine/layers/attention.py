@@ -13,16 +13,18 @@ __all__ = ["Attention"]
 class Attention(CachedLayer):
     """One op for prefill, chunked prefill and decode over this layer's paged KV cache.
 
-    q [T, Hq, D], k/v [T, Hkv, D] of this rank's heads; returns [T, Hq, D].
+    q [T, Hq, D], k/v [T, Hkv, D] of this rank's heads; returns [T, Hq, D]. With ``sinks`` the caller passes
+    float32 [Hq] sink logits (gpt-oss, this rank's heads) to every call; the op is resolved with that option.
     """
 
     def __init__(self, ctx: ModelContext, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 *, window: tuple[int, int] = (-1, -1)):
+                 *, window: tuple[int, int] = (-1, -1), sinks: bool = False):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.window = float(scale), window
         ctx.bind_op(self, "_write_kv", "write_kv")
-        ctx.bind_op(self, "_attention", "paged_attention", head_dim=head_dim)
+        options = {"sinks": True} if sinks else {}
+        ctx.bind_op(self, "_attention", "paged_attention", head_dim=head_dim, **options)
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
@@ -30,8 +32,12 @@ class Attention(CachedLayer):
         per_token = (self.num_kv_heads, self.head_dim)
         return PagedEntry("k_cache", per_token), PagedEntry("v_cache", per_token)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Step) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Step,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
         if self.k_cache is None:
             raise RuntimeError("Attention: the KV cache is not allocated (ModelRunner binds it before the first step)")
         self._write_kv(k, v, self.k_cache, self.v_cache, step.slot_mapping)
-        return self._attention(q, self.k_cache, self.v_cache, step.meta, scale=self.scale, window=self.window)
+        if sinks is None:
+            return self._attention(q, self.k_cache, self.v_cache, step.meta, scale=self.scale, window=self.window)
+        return self._attention(q, self.k_cache, self.v_cache, step.meta, scale=self.scale, window=self.window,
+                               sinks=sinks)

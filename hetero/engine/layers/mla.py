@@ -14,6 +14,9 @@ and one rope key ``k_pe`` [qk_rope_head_dim] (after rotary), shared by every hea
   with ``kv_b_proj`` into per-head ``k_nope`` / ``v``, append the shared ``k_pe`` and
   run ``varlen_attention`` (D = qk_nope + qk_rope, Dv = v_head_dim), causal.
 
+``project`` (queries, latent write) and ``absorbed`` (the absorbed attention) are the parts sparse MLA
+(``layers/dsa.py``) reuses with every row absorbed.
+
 Matches transformers' DeepseekV2Attention / DeepseekV3Attention: rope on q_pe and k_pe
 only, interleaved pairs (V2 always; V3 when ``rope_interleave``), q_a/kv_a layernorms
 with transformers' default eps 1e-6, softmax scale ``qk_head_dim ** -0.5`` times
@@ -72,6 +75,10 @@ class MLAttention(CachedLayer):
     name ("model.layers.0.self_attn"); ``quant_config`` picks the projections' methods.
     """
 
+    #: static options of mla_attention (sparse MLA: ``topk_indices``); whether prefill rows take the expanded path
+    mla_options: dict[str, Any] = {}
+    expanded_prefill = True
+
     def __init__(self, ctx: ModelContext, hf_config: Any, rotary: RotaryEmbedding, *, prefix: str = "",
                  quant_config: QuantConfig | None = None):
         super().__init__()
@@ -105,8 +112,9 @@ class MLAttention(CachedLayer):
         self.rotary = rotary
 
         ctx.bind_op(self, "_write", "write_mla_kv")
-        ctx.bind_op(self, "_mla", "mla_attention", head_dim=self.kv_lora_rank + self.rope)
-        ctx.bind_op(self, "_varlen", "varlen_attention", head_dim=self.qk_dim, head_dim_v=self.v_dim)
+        ctx.bind_op(self, "_mla", "mla_attention", head_dim=self.kv_lora_rank + self.rope, **self.mla_options)
+        if self.expanded_prefill:
+            ctx.bind_op(self, "_varlen", "varlen_attention", head_dim=self.qk_dim, head_dim_v=self.v_dim)
         ctx.bind_op(self, "_grouped_gemm", "grouped_gemm")
         self.ckv_cache: torch.Tensor | None = None
         self.kpe_cache: torch.Tensor | None = None
@@ -135,14 +143,18 @@ class MLAttention(CachedLayer):
         return self._grouped_gemm(rows, w, ends).view(h, t, w.shape[1]).transpose(0, 1)
 
     # -- forward -----------------------------------------------------------------------
-    def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:
+    def project(self, hidden: torch.Tensor, step: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(q_nope [T, h, nope], rotated q_pe [T, h, rope], q_resid): the queries, and ``q_a_layernorm``'s output
+        (None without q_lora_rank; the DSA indexer reads it). Writes this step's latent and rope key to the cache."""
         if self.ckv_cache is None:
             raise RuntimeError("MLAttention: the latent KV cache is not allocated (ModelRunner binds it before the first step)")
         t = hidden.shape[0]
+        q_resid = None
         if self.q_lora_rank is None:
             q = self.q_proj(hidden)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
+            q_resid = self.q_a_layernorm(self.q_a_proj(hidden))
+            q = self.q_b_proj(q_resid)
         q = q.view(t, self.num_heads, self.qk_dim)
         q_nope, q_pe = q[..., : self.nope], q[..., self.nope:].contiguous()
 
@@ -150,19 +162,27 @@ class MLAttention(CachedLayer):
         kv_c = self.kv_a_layernorm(latent[:, : self.kv_lora_rank].contiguous())
         k_pe = latent[:, self.kv_lora_rank:].contiguous().view(t, 1, self.rope)
         q_pe, k_pe = self.rotary(step.positions, q_pe, k_pe)
-        k_pe = k_pe.view(t, self.rope)
-        self._write(kv_c, k_pe, self.ckv_cache, self.kpe_cache, step.slot_mapping)
+        self._write(kv_c, k_pe.view(t, self.rope), self.ckv_cache, self.kpe_cache, step.slot_mapping)
+        return q_nope, q_pe, q_resid
 
+    def absorbed(self, q_nope: torch.Tensor, q_pe: torch.Tensor, meta, **options) -> torch.Tensor:
+        """``mla_attention`` over the latent cache for the rows of ``meta``: [n, h, v_head_dim] (``options``:
+        ``topk_indices`` for sparse attention)."""
+        if self.w_uk_t is None:
+            raise RuntimeError("MLAttention: no absorbed weights; the post-load pass computes them "
+                               "(hetero.engine.loader.load_weights runs it, or process_weights_after_loading)")
+        q_lat = self._per_head(q_nope, self.w_uk_t)  # [n, h, Lkv]
+        o_lat = self._mla(q_lat.contiguous(), q_pe.contiguous(), self.ckv_cache, self.kpe_cache, meta,
+                          scale=self.scale, **options)
+        return self._per_head(o_lat, self.w_uv)
+
+    def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:
+        t = hidden.shape[0]
+        q_nope, q_pe, _ = self.project(hidden, step)
         out = hidden.new_empty(t, self.num_heads, self.v_dim)
         nd = step.num_decodes
         if nd:
-            if self.w_uk_t is None:
-                raise RuntimeError("MLAttention: no absorbed weights; the post-load pass computes them "
-                                   "(hetero.engine.loader.load_weights runs it, or process_weights_after_loading)")
-            q_lat = self._per_head(q_nope[:nd], self.w_uk_t)  # [nd, h, Lkv]
-            o_lat = self._mla(q_lat.contiguous(), q_pe[:nd].contiguous(), self.ckv_cache, self.kpe_cache,
-                              step.decode_meta, scale=self.scale)
-            out[:nd] = self._per_head(o_lat, self.w_uv)
+            out[:nd] = self.absorbed(q_nope[:nd], q_pe[:nd], step.decode_meta)
         if step.prefill is not None:
             out[step.prefill.first_token:] = self._prefill(q_nope, q_pe, step)
         return self.o_proj(out.view(t, self.num_heads * self.v_dim))

@@ -18,6 +18,9 @@ ARCHITECTURES: dict[str, str | type[CausalLM]] = {
     "Qwen3_5MoeForCausalLM": "qwen3_5:Qwen3_5MoeForCausalLM",
     "DeepseekV2ForCausalLM": "deepseek:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "deepseek:DeepseekV3ForCausalLM",
+    "DeepseekV32ForCausalLM": "deepseek_v32:DeepseekV32ForCausalLM",
+    "GlmMoeDsaForCausalLM": "deepseek_v32:GlmMoeDsaForCausalLM",
+    "GptOssForCausalLM": "gpt_oss:GptOssForCausalLM",
 }
 
 

@@ -161,14 +161,18 @@ class _DeepseekForCausalLM(CausalLM):
         rotary = RotaryEmbedding(ctx, c, c.qk_rope_head_dim, c.max_position_embeddings, is_neox=not interleaved)
         self.model = nn.Module()
         self.model.embed_tokens = VocabParallelEmbedding(ctx, c.vocab_size, c.hidden_size, prefix="model.embed_tokens")
-        self.model.layers = nn.ModuleList(DeepseekDecoderLayer(ctx, c, i, rotary.twin(ctx), self.v3,
-                                                               prefix=f"model.layers.{i}", quant_config=quant)
-                                          for i in range(c.num_hidden_layers))
+        self.model.layers = nn.ModuleList(self.make_layer(ctx, c, i, rotary, quant) for i in range(c.num_hidden_layers))
         self.model.norm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps, prefix="model.norm")
         self.lm_head = ParallelLMHead(ctx, c.vocab_size, c.hidden_size, prefix="lm_head")
         if getattr(c, "tie_word_embeddings", False):
             self.lm_head.tie(self.model.embed_tokens)
         self.mapping = self.weight_mapping(c)
+
+    def make_layer(self, ctx: ModelContext, hf_config: Any, layer: int, rotary: RotaryEmbedding,
+                   quant_config: QuantConfig) -> nn.Module:
+        """Decoder layer ``layer``; ``rotary`` is the model's table (a layer takes twins of it)."""
+        return DeepseekDecoderLayer(ctx, hf_config, layer, rotary.twin(ctx), self.v3, prefix=f"model.layers.{layer}",
+                                    quant_config=quant_config)
 
     @staticmethod
     def weight_mapping(hf_config: Any) -> WeightMapping:

@@ -1,0 +1,121 @@
+"""gpt-oss (``GptOssForCausalLM``): GQA attention with sinks, alternating sliding/full layers, MoE in every layer.
+
+Mirrors transformers 5.24's modeling_gpt_oss.py:
+
+- attention: q/k/v/o biases (``attention_bias``), NeoX rope (yarn by default: its attention factor scales
+  cos/sin), ``head_dim ** -0.5``, per-head ``sinks`` (an extra softmax logit, float32, split over the ranks
+  with the heads), ``layer_types`` "sliding_attention" (``sliding_window`` keys, the token's own included:
+  ``window = (W - 1, -1)``) or "full_attention";
+- MLP: router ``logits = x @ W.T + b`` (the model dtype), top-``num_experts_per_tok`` then softmax over them
+  (``route(scoring="softmax", renormalize=True)``), experts with ``swigluoai`` (``swiglu_alpha``,
+  ``swiglu_limit``) and biases (``layers/moe_oai.py``), no shared expert;
+- RMSNorms with ``rms_norm_eps``, untied LM head.
+
+Expert weights: bf16/float32 (``gate_up_proj`` ...) or MXFP4 (``*_blocks`` / ``*_scales`` with
+``quantization_config.quant_method == "mxfp4"``), dequantized at load. Any other quantization is refused
+(``UnsupportedQuantization``). Tensor parallel only (no expert parallelism).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from hetero.engine.context import ModelContext
+from hetero.engine.layers.attention import Attention
+from hetero.engine.layers.linear import ReplicatedLinear
+from hetero.engine.layers.moe_oai import OaiExperts
+from hetero.engine.layers.rotary import RotaryEmbedding
+from hetero.engine.layers.weights import copy_checked, join_prefix
+from hetero.engine.models.base import WeightMapping
+from hetero.engine.models.qwen2 import (QWEN_IGNORE, QWEN_PACKED, Qwen2Attention, Qwen2DecoderLayer, Qwen2ForCausalLM,
+                                       Qwen2Model, sliding_window_of)
+from hetero.engine.quant.config import QuantConfig, quant_config_of
+from hetero.engine.step import Step
+
+__all__ = ["GptOssAttention", "GptOssMLP", "GptOssDecoderLayer", "GptOssModel", "GptOssForCausalLM", "is_mxfp4"]
+
+
+def is_mxfp4(hf_config: Any) -> bool:
+    """Whether the checkpoint's experts are MXFP4 (``quantization_config.quant_method == "mxfp4"``)."""
+    qc = getattr(hf_config, "quantization_config", None)
+    if not qc:
+        return False
+    if not isinstance(qc, Mapping):
+        qc = qc.to_dict() if hasattr(qc, "to_dict") else vars(qc)
+    return qc.get("quant_method") == "mxfp4"
+
+
+class GptOssAttention(Qwen2Attention):
+    """Qwen2's attention with biases on q/k/v and o, and this rank's sink logits (``sinks`` float32 [Hq/R])."""
+
+    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str = "",
+                 quant_config: QuantConfig | None = None):
+        super().__init__(ctx, config, layer_idx, rotary, prefix=prefix, quant_config=quant_config)
+        self.attn = Attention(ctx, self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5,
+                              window=sliding_window_of(config, layer_idx), sinks=True)
+        self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32, device=ctx.device),
+                                  requires_grad=False)
+        self.sinks.weight_loader, self.sinks.shards = self._load_sinks, (None,)
+        self._rank = (ctx.parallel.rank, ctx.parallel.size)
+
+    @staticmethod
+    def biases(config: Any) -> tuple[bool, bool]:
+        bias = bool(getattr(config, "attention_bias", True))
+        return bias, bias
+
+    def _load_sinks(self, param: nn.Parameter, tensor: torch.Tensor, shard: Any = None) -> None:
+        n, rank, ranks = self.num_heads, *self._rank
+        if tuple(tensor.shape) != (n * ranks,):
+            raise ValueError(f"sinks: expected one value per attention head ({n * ranks},), the checkpoint has "
+                             f"{tuple(tensor.shape)}")
+        copy_checked(param, tensor.narrow(0, rank * n, n), "sinks")
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, step: Step) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q.view(tokens, self.num_heads, self.head_dim),
+                               k.view(tokens, self.num_kv_heads, self.head_dim))
+        out = self.attn(q, k, v.view(tokens, self.num_kv_heads, self.head_dim), step, sinks=self.sinks)
+        return self.o_proj(out.reshape(tokens, self.q_size))
+
+
+class GptOssMLP(nn.Module):
+    """``experts(x, router(x))``: a biased router, then the swigluoai experts."""
+
+    def __init__(self, ctx: ModelContext, config: Any, *, prefix: str = "", quant_config: QuantConfig | None = None):
+        super().__init__()
+        c, self.prefix = config, prefix
+        self.router = ReplicatedLinear(ctx, c.hidden_size, c.num_local_experts, bias=True,
+                                       prefix=join_prefix(prefix, "router"), quant_config=quant_config)
+        self.experts = OaiExperts(ctx, c.num_local_experts, c.hidden_size, c.intermediate_size, c.num_experts_per_tok,
+                                  alpha=c.swiglu_alpha, limit=c.swiglu_limit, mxfp4=is_mxfp4(c),
+                                  prefix=join_prefix(prefix, "experts"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.experts(x, self.router(x))
+
+
+class GptOssDecoderLayer(Qwen2DecoderLayer):
+    attention_cls = GptOssAttention
+
+    def make_mlp(self, ctx: ModelContext, config: Any, layer_idx: int, *, prefix: str = "",
+                 quant_config: QuantConfig | None = None) -> nn.Module:
+        return GptOssMLP(ctx, config, prefix=prefix, quant_config=quant_config)
+
+
+class GptOssModel(Qwen2Model):
+    layer_cls = GptOssDecoderLayer
+
+
+class GptOssForCausalLM(Qwen2ForCausalLM):
+    """gpt-oss-20b / 120b (bf16, or MXFP4 experts dequantized at load) and their tiny versions."""
+
+    model_cls = GptOssModel  # type: ignore[assignment]
+    mapping = WeightMapping(packed=QWEN_PACKED, ignore=QWEN_IGNORE)
+
+    def __init__(self, hf_config: Any, ctx: ModelContext, *, quant_config: QuantConfig | None = None):
+        if quant_config is None:  # MXFP4 touches the experts only, which handle it themselves
+            quant_config = QuantConfig() if is_mxfp4(hf_config) else quant_config_of(hf_config)
+        super().__init__(hf_config, ctx, quant_config=quant_config)
