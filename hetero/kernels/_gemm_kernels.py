@@ -171,18 +171,20 @@ def _scaled_gemm_kernel(
 
 @triton.jit
 def _grouped_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, ends_ptr, perm_ptr,
-    M, N, K, G, TOPK, UP_OFF, A_ROWS,
-    s_am, s_ak, s_bg, s_bn, s_bk, s_cm, s_cn, s_e,
-    GATHER: tl.constexpr, SWIGLU: tl.constexpr,
+    a_ptr, b_ptr, c_ptr, ends_ptr, perm_ptr, bias_ptr,
+    M, N, K, G, TOPK, UP_OFF, A_ROWS, ALPHA, LIMIT,
+    s_am, s_ak, s_bg, s_bn, s_bk, s_cm, s_cn, s_e, s_bias_g, s_bias_n,
+    GATHER: tl.constexpr, SWIGLU: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACC: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, SOFT_RTNE: tl.constexpr, G_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Rows [ends[g-1], ends[g]) of c[M, N] = a_rows @ b[g].T; rows past ends[G-1] = 0.
 
-    GATHER: a_rows[r] = a[perm[r] // TOPK]. SWIGLU: c[r, n] = silu(gate) * up with gate from
-    b[g, n] and up from the element UP_OFF further (b[g, n + I]), each rounded to c's dtype
-    first, as a GEMM storing gate_up followed by silu_and_mul would.
+    GATHER: a_rows[r] = a[perm[r] // TOPK]. HAS_BIAS: group g's bias row is added in ACC before
+    any rounding (bias[g, n], and bias[g, n + N] for the up half). SWIGLU: c[r, n] = act(gate, up)
+    with gate from b[g, n] and up from the element UP_OFF further (b[g, n + I]), each rounded to
+    c's dtype first, as a GEMM storing gate_up followed by the activation would; ACT is the index
+    in hetero.spec.moe.ACTIVATIONS (0 silu, 1 swigluoai with ALPHA and LIMIT, 2 swiglu_clamp with LIMIT).
     """
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -238,6 +240,11 @@ def _grouped_gemm_kernel(
                     acc_up = tl.dot(a, b, acc_up)
             a_ptrs += BLOCK_K * s_ak
             b_ptrs += BLOCK_K * s_bk
+        if HAS_BIAS:  # g < G here, and the columns are masked
+            b_at = bias_ptr + g.to(tl.int64) * s_bias_g + rn.to(tl.int64) * s_bias_n
+            acc += tl.load(b_at, mask=n_ok, other=0.0).to(ACC)[None, :]
+            if SWIGLU:
+                acc_up += tl.load(b_at + N * s_bias_n, mask=n_ok, other=0.0).to(ACC)[None, :]
         if SWIGLU:
             if SOFT_RTNE and c_ptr.dtype.element_ty == tl.bfloat16:
                 bits = acc.to(tl.float32).to(tl.uint32, bitcast=True)
@@ -246,7 +253,13 @@ def _grouped_gemm_kernel(
                 acc_up = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
             gate = acc.to(c_ptr.dtype.element_ty).to(ACC)
             up = acc_up.to(c_ptr.dtype.element_ty).to(ACC)
-            acc = gate / (1.0 + tl.exp(-gate)) * up
+            if ACT != 0:
+                gate = tl.minimum(gate, LIMIT)
+                up = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+            if ACT == 1:
+                acc = (up + 1.0) * gate / (1.0 + tl.exp(-ALPHA * gate))
+            else:
+                acc = gate / (1.0 + tl.exp(-gate)) * up
         if SOFT_RTNE and c_ptr.dtype.element_ty == tl.bfloat16:
             bits = acc.to(tl.float32).to(tl.uint32, bitcast=True)
             acc = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)

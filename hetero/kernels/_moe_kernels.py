@@ -18,18 +18,15 @@ four launches and no host sync:
 
 moe_unpermute: ``_invert_kernel`` (inv[perm[r]] = r), then ``_combine_kernel`` with one
 program per (token tile, column tile) summing its k slots in float32 in slot order:
-deterministic, no atomics. fused_moe's biased or clamped path adds ``_act_kernel`` (expert bias,
-rounding and activation on the unrounded gate_up rows) and the combine's HAS_BIAS (w2's bias
-added to each unrounded expert output, rounded, then weighted).
+deterministic, no atomics.
 
 Indices are masked, never trusted: a pair whose expert id lies outside [0, E) gets no sorted row
 (it is dropped: its inverse is -1 and it contributes zero to the combine); a perm value outside
 [0, P) writes nothing; a sorted row no pair filled gathers zeros; an inverse outside the sorted
-rows adds zero; a bias row is read only for an expert id in [0, E).
+rows adds zero.
 """
 from __future__ import annotations
 
-from hetero.kernels._rounding import cast_out
 from hetero.kernels._triton import triton_modules
 
 triton, tl = triton_modules()
@@ -124,46 +121,10 @@ def _invert_kernel(perm_ptr, inv_ptr, P, s_p, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _act_kernel(gu_ptr, bias_ptr, ids_ptr, perm_ptr, h_ptr, P, I, E, alpha, limit, s_gm, s_hm, s_be, s_bc,
-                ACT: tl.constexpr, HAS_BIAS: tl.constexpr, ACC: tl.constexpr, RNE_BF16: tl.constexpr,
-                BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr):
-    """h[r] = r(act(r(gate + b_gate), r(up + b_up))) of the unrounded gate_up rows (r: to h's dtype);
-    the bias of row r is that of its pair's expert ids[perm[r]]. ACT: 0 silu, 1 swigluoai, 2 swiglu_clamp."""
-    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    c = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    r_ok, c_ok = r < P, c < I
-    ok = r_ok[:, None] & c_ok[None, :]
-    at = gu_ptr + r[:, None].to(tl.int64) * s_gm + c[None, :]
-    gate = tl.load(at, mask=ok, other=0.0).to(ACC)
-    up = tl.load(at + I, mask=ok, other=0.0).to(ACC)
-    if HAS_BIAS:  # a row with no valid pair, or a pair with an expert outside [0, E), adds nothing
-        pair = tl.load(perm_ptr + r, mask=r_ok, other=-1)
-        pair_ok = r_ok & (pair >= 0) & (pair < P)
-        e = tl.load(ids_ptr + pair, mask=pair_ok, other=-1)
-        b_ok = (pair_ok & (e >= 0) & (e < E))[:, None] & c_ok[None, :]
-        b_at = bias_ptr + e[:, None].to(tl.int64) * s_be + c[None, :] * s_bc
-        gate += tl.load(b_at, mask=b_ok, other=0.0).to(ACC)
-        up += tl.load(b_at + I * s_bc, mask=b_ok, other=0.0).to(ACC)
-    dst = h_ptr.dtype.element_ty
-    gate = cast_out(gate, dst, RNE_BF16).to(ACC)
-    up = cast_out(up, dst, RNE_BF16).to(ACC)
-    if ACT != 0:
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-    if ACT == 1:
-        h = (up + 1.0) * gate / (1.0 + tl.exp(-alpha * gate))
-    else:
-        h = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(h_ptr + r[:, None].to(tl.int64) * s_hm + c[None, :], cast_out(h, dst, RNE_BF16), mask=ok)
-
-
-@triton.jit
-def _combine_kernel(y_ptr, inv_ptr, w_ptr, out_ptr, bias_ptr, ids_ptr, M, H, TOPK, E,
-                    s_ym, s_yh, s_wm, s_wk, s_om, s_oh, s_be, s_bh,
-                    HAS_BIAS: tl.constexpr, ACC: tl.constexpr, SOFT_RTNE: tl.constexpr, RNE_BF16: tl.constexpr,
-                    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
-    """out[m] = sum over s of w[m, s] * y[inv[m * TOPK + s]], accumulated in ACC. HAS_BIAS: each
-    y is first r(y + bias[ids[m, s]]), rounded to out's dtype (y then holds unrounded sums)."""
+def _combine_kernel(y_ptr, inv_ptr, w_ptr, out_ptr, M, H, TOPK,
+                    s_ym, s_yh, s_wm, s_wk, s_om, s_oh,
+                    ACC: tl.constexpr, SOFT_RTNE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[m] = sum over s of w[m, s] * y[inv[m * TOPK + s]], accumulated in ACC."""
     m = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     m_ok = m < M
@@ -174,13 +135,7 @@ def _combine_kernel(y_ptr, inv_ptr, w_ptr, out_ptr, bias_ptr, ids_ptr, M, H, TOP
         w = tl.load(w_ptr + m.to(tl.int64) * s_wm + s * s_wk, mask=m_ok, other=0.0).to(ACC)
         row_ok = (row >= 0) & (row < M * TOPK)  # a pair without a sorted row contributes zero
         y = tl.load(y_ptr + row[:, None].to(tl.int64) * s_ym + h[None, :] * s_yh, mask=ok & row_ok[:, None], other=0.0)
-        y = y.to(ACC)
-        if HAS_BIAS:
-            e = tl.load(ids_ptr + m.to(tl.int64) * TOPK + s, mask=m_ok, other=-1)
-            b_ok = ok & (row_ok & (e >= 0) & (e < E))[:, None]
-            y += tl.load(bias_ptr + e[:, None].to(tl.int64) * s_be + h[None, :] * s_bh, mask=b_ok, other=0.0).to(ACC)
-            y = cast_out(y, out_ptr.dtype.element_ty, RNE_BF16).to(ACC)
-        acc += w[:, None] * y
+        acc += w[:, None] * y.to(ACC)
     if SOFT_RTNE and out_ptr.dtype.element_ty == tl.bfloat16:  # the interpreter truncates to bf16: round first
         bits = acc.to(tl.float32).to(tl.uint32, bitcast=True)
         acc = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)

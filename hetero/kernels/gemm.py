@@ -107,19 +107,23 @@ def grouped_work_tiles(m: int, groups: int, block_m: int) -> int:
 
 
 def launch_grouped(a, b, group_ends, c, *, tuning: Tuning, kernel: str = "grouped_gemm", perm=None, topk: int = 1,
-                   swiglu: bool = False) -> torch.Tensor:
-    """c[rows] = grouped product (see _grouped_gemm_kernel); c's row count is the row count M."""
+                   swiglu: bool = False, act: tuple[int, float, float] = (0, 0.0, 0.0), bias=None) -> torch.Tensor:
+    """c[rows] = grouped product (see _grouped_gemm_kernel); c's row count is the row count M.
+    ``act`` = (ACT, ALPHA, LIMIT) of the SWIGLU epilogue; ``bias`` [G, N] ([G, 2N] with swiglu) or None."""
     m, n = c.shape
     groups, k = b.shape[0], b.shape[2]
     if m == 0 or n == 0:
         return c
     meta, launch = tiles(tuning, kernel, m, n, k)
     grid = (grouped_work_tiles(m, groups, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))
+    code, alpha, limit = act
+    bias_at = bias if bias is not None else group_ends
     kern._grouped_gemm_kernel[grid](
-        a, b, c, group_ends, perm if perm is not None else group_ends,
-        m, n, k, groups, topk, n * b.stride(1), a.shape[0],
+        a, b, c, group_ends, perm if perm is not None else group_ends, bias_at,
+        m, n, k, groups, topk, n * b.stride(1), a.shape[0], float(alpha), float(limit),
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1), group_ends.stride(0),
-        GATHER=perm is not None, SWIGLU=swiglu, G_POW2=_pow2(groups),
+        bias_at.stride(0), bias_at.stride(-1),
+        GATHER=perm is not None, SWIGLU=swiglu, ACT=int(code), HAS_BIAS=bias is not None, G_POW2=_pow2(groups),
         **float_flags(a.dtype, tuning), BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], **launch,
     )
     return c

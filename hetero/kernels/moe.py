@@ -1,7 +1,7 @@
 """Triton MoE ops: route (torch), moe_permute, moe_unpermute and fused_moe.
 
 Semantics: ``hetero.spec.moe``. Kernels: ``hetero.kernels._moe_kernels`` (the stable counting
-sort, the activation and the weighted combine) and ``hetero.kernels._gemm_kernels`` (the grouped
+sort and the weighted combine) and ``hetero.kernels._gemm_kernels`` (the grouped
 GEMM). Checks: ``hetero.kernels._moe_checks``.
 
 fused_moe is six launches (plus one memset), none of which synchronizes with the host:
@@ -9,15 +9,13 @@ fused_moe is six launches (plus one memset), none of which synchronizes with the
 1. the stable counting sort of the (token, slot) pairs by expert (count, offsets, place)
    -> group_ends, perm and its inverse inv;
 2. grouped GEMM 1 over the sorted pairs, reading x's rows through perm (x_sorted is never
-   materialized), gate and up tiles of one column block computed together, each rounded to
-   x's dtype, silu(gate) * up stored in x's dtype (silu_and_mul fused in the epilogue);
-3. grouped GEMM 2 (w2) -> y_sorted in x's dtype;
+   materialized), gate and up tiles of one column block computed together; the epilogue adds
+   the expert's w13_bias, rounds gate and up to x's dtype, applies the activation (silu,
+   swigluoai, swiglu_clamp) and stores h in x's dtype;
+3. grouped GEMM 2 (w2), its epilogue adding the expert's w2_bias -> y_sorted in x's dtype;
 4. the combine: y[m] = sum_s weights[m, s] * y_sorted[inv[m * k + s]] in float32.
 
-With a w13_bias or a clamped activation (swigluoai, swiglu_clamp), step 2 stores the unrounded
-gate_up (float32) and one more launch (``_act_kernel``) adds each row's expert bias, rounds and
-applies the activation; with a w2_bias, step 3 stores unrounded float32 rows and the combine adds
-each pair's expert bias and rounds before weighting. The roundings are those of the reference
+The roundings are those of the reference
 composition (permute, grouped_gemm, activation, grouped_gemm, unpermute; each bias added in
 float32 before its rounding). Only cheap checks run (ranks, dtypes, shapes, devices): expert ids
 and perm are not range-checked, since that would read them on the host.
@@ -31,7 +29,6 @@ import torch
 
 from hetero.kernels import _moe_kernels as kern
 from hetero.kernels._moe_checks import check_fused, check_ids, check_int, check_weights
-from hetero.kernels._rounding import rne_bf16
 from hetero.kernels._triton import triton_modules
 from hetero.kernels.gemm import interpreted, launch_grouped
 from hetero.kernels.tuning import Tuning
@@ -137,47 +134,20 @@ def _sort_pairs(flat_ids: torch.Tensor, experts: int, tuning: Tuning, *, want_in
     return perm, ends, inv
 
 
-def _combine(y_sorted: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor, tuning: Tuning, *,
-             out_dtype: torch.dtype | None = None, bias: torch.Tensor | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
-    """The weighted sum per token; with ``bias`` (w2_bias [E, H]) each unrounded row first gets its
-    pair's expert bias (``ids``: the flat expert ids) and is rounded to out_dtype."""
+def _combine(y_sorted: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor, tuning: Tuning) -> torch.Tensor:
     rows, k = weights.shape
     hidden = y_sorted.shape[1]
-    out = torch.empty(rows, hidden, dtype=out_dtype or y_sorted.dtype, device=y_sorted.device)
+    out = torch.empty(rows, hidden, dtype=y_sorted.dtype, device=y_sorted.device)
     if rows == 0 or hidden == 0:
         return out
     meta, launch = _params(tuning, "moe_unpermute")
     bt, bh = max(1, min(int(meta["BLOCK_T"]), _pow2(rows))), min(int(meta["BLOCK_H"]), _pow2(hidden))
     wide = torch.float64 in (y_sorted.dtype, weights.dtype)
-    b = bias if bias is not None else out
     kern._combine_kernel[(triton.cdiv(rows, bt), triton.cdiv(hidden, bh))](
-        y_sorted, inv, weights, out, b, ids if ids is not None else inv, rows, hidden, k, b.shape[0],
+        y_sorted, inv, weights, out, rows, hidden, k,
         y_sorted.stride(0), y_sorted.stride(1), weights.stride(0), weights.stride(1), out.stride(0), out.stride(1),
-        b.stride(0), b.stride(1), HAS_BIAS=bias is not None, ACC=tl.float64 if wide else tl.float32,
-        SOFT_RTNE=interpreted(tuning), RNE_BF16=rne_bf16(out.dtype, tuning), BLOCK_T=bt, BLOCK_H=bh, **launch)
+        ACC=tl.float64 if wide else tl.float32, SOFT_RTNE=interpreted(tuning), BLOCK_T=bt, BLOCK_H=bh, **launch)
     return out
-
-
-def _activation(x, w13, ends, perm, flat_ids, k, options: tuple, tuning: Tuning) -> torch.Tensor:
-    """h [P, I] in x's dtype of the general path: gate_up unrounded (float32, float64 for float64),
-    then ``_act_kernel`` (its expert's w13_bias, rounding, activation, rounding)."""
-    activation, alpha, limit, bias = options
-    pairs, (experts, two_i) = perm.shape[0], w13.shape[:2]
-    inter = two_i // 2
-    gate_up = torch.empty(pairs, two_i, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
-    launch_grouped(x, w13, ends, gate_up, tuning=tuning, kernel="fused_moe", perm=perm, topk=k)
-    h = x.new_empty(pairs, inter)
-    if inter == 0:
-        return h
-    meta, launch = _params(tuning, "moe_unpermute")
-    br, bi = max(1, min(int(meta["BLOCK_T"]), _pow2(pairs))), min(int(meta["BLOCK_H"]), _pow2(inter))
-    b = bias if bias is not None else gate_up
-    kern._act_kernel[(triton.cdiv(pairs, br), triton.cdiv(inter, bi))](
-        gate_up, b, flat_ids, perm, h, pairs, inter, experts, float(alpha), float(limit or 0.0),
-        gate_up.stride(0), h.stride(0), b.stride(0), b.stride(1),
-        ACT=ACTIVATIONS.index(activation), HAS_BIAS=bias is not None, ACC=tl.float64 if x.dtype == torch.float64 else tl.float32,
-        RNE_BF16=rne_bf16(x.dtype, tuning), BLOCK_R=br, BLOCK_I=bi, **launch)
-    return h
 
 
 # ----------------------------------------------------------------------------- ops
@@ -230,12 +200,10 @@ def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit
         return x.new_empty(rows, hidden)
     flat_ids = ids.reshape(-1).contiguous()
     perm, ends, inv = _sort_pairs(flat_ids, w13.shape[0], tuning, want_inv=True)
-    if activation == "silu" and w13_bias is None:  # silu(gate) * up in the first GEMM's epilogue
-        h = x.new_empty(pairs, w13.shape[1] // 2)
-        launch_grouped(x, w13, ends, h, tuning=tuning, kernel="fused_moe", perm=perm, topk=k, swiglu=True)
-    else:
-        h = _activation(x, w13, ends, perm, flat_ids, k, (activation, alpha, limit, w13_bias), tuning)
-    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
-    y_sorted = x.new_empty(pairs, hidden) if w2_bias is None else torch.empty(pairs, hidden, dtype=wide, device=x.device)
-    launch_grouped(h, w2, ends, y_sorted, tuning=tuning, kernel="fused_moe")
-    return _combine(y_sorted, inv, weights, tuning, out_dtype=x.dtype, bias=w2_bias, ids=flat_ids)
+    h = x.new_empty(pairs, w13.shape[1] // 2)  # bias, rounding, activation and rounding in the first GEMM's epilogue
+    act = (ACTIVATIONS.index(activation), alpha, 0.0 if limit is None else limit)
+    launch_grouped(x, w13, ends, h, tuning=tuning, kernel="fused_moe", perm=perm, topk=k, swiglu=True, act=act,
+                   bias=w13_bias)
+    y_sorted = x.new_empty(pairs, hidden)
+    launch_grouped(h, w2, ends, y_sorted, tuning=tuning, kernel="fused_moe", bias=w2_bias)
+    return _combine(y_sorted, inv, weights, tuning)
