@@ -37,7 +37,7 @@ def _mla_attention(a: Mapping[str, Any]) -> Work:
     if a["topk_indices"] is None:
         pairs, union = attention_pairs(lens(meta.query_start_loc), meta.seq_lens.tolist(), a["causal"])
     else:  # sparse: each row reads its own listed keys
-        pairs = union = _sparse_pairs(meta, a["topk_indices"])
+        pairs = union = _sparse_pairs(meta, a["topk_indices"], a["causal"])
     kv = union * (lkv * ckv.element_size() + r * kpe.element_size())  # the latent is both key and value
     out = t * h * lkv * q_nope.element_size() + (t * h * 4 if a["return_lse"] else 0)
     return Work(2.0 * pairs * h * (2 * lkv + r),
@@ -50,12 +50,13 @@ def _merge_attention(a: Mapping[str, Any]) -> Work:
     return Work(3.0 * out_a.numel(), nbytes(out_a) + nbytes(a["out_b"]) + nbytes(a["lse_a"]) + nbytes(a["lse_b"]) + written)
 
 
-def _sparse_pairs(meta: Any, indices: torch.Tensor) -> int:
-    """The (row, key) pairs of sparse MLA: the entries of each row in [0, pos] (the rest are skipped)."""
+def _sparse_pairs(meta: Any, indices: torch.Tensor, causal: bool) -> int:
+    """The (row, key) pairs of sparse MLA: the entries of each row it can see, [0, pos] when causal,
+    else [0, seq_len) (the rest are skipped)."""
     pairs, qsl = 0, meta.query_start_loc.tolist()
     for b, length in enumerate(meta.seq_lens.tolist()):
         n = qsl[b + 1] - qsl[b]
-        pos = torch.arange(n)[:, None] + (length - n)
+        pos = torch.arange(n)[:, None] + (length - n) if causal else torch.full((n, 1), length - 1)
         rows = indices[qsl[b] : qsl[b + 1]].to("cpu", torch.int64)
         pairs += int(((rows >= 0) & (rows <= pos)).sum())
     return pairs

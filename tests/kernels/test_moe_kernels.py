@@ -98,16 +98,17 @@ def _clamped_experts(g: torch.Generator, dtype: torch.dtype, m=19, k=3, e=7, h=4
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("act,limit", [("swigluoai", 7.0), ("swiglu_clamp", 10.0), ("silu", None)])
+@pytest.mark.parametrize("act,limit,alpha", [("swigluoai", 7.0, 1.702), ("swigluoai", 3.0, 1.0), ("swiglu_clamp", 10.0, 1.702),
+                                             ("silu", None, 1.702)])
 @pytest.mark.parametrize("biases", ["none", "w13", "w2", "both"])
-def test_fused_moe_activations_and_biases(dtype, act, limit, biases):
+def test_fused_moe_activations_and_biases(dtype, act, limit, alpha, biases):
     """Each activation, with and without each expert bias, within twice the reference's own error
     of the float64 result (bf16: the same roundings, so equal here)."""
     from hetero.kernels import moe
 
     g = torch.Generator().manual_seed(5)
     x, w13, w2, b13, b2, ids, w = _clamped_experts(g, dtype)
-    kw = dict(activation=act, limit=limit, w13_bias=b13 if biases in ("w13", "both") else None,
+    kw = dict(activation=act, alpha=alpha, limit=limit, w13_bias=b13 if biases in ("w13", "both") else None,
               w2_bias=b2 if biases in ("w2", "both") else None)
     got = moe.fused_moe(x, w13, w2, w, ids, tuning=small_tiles(), **kw)
     want = cpu_ref.fused_moe(x, w13, w2, w, ids, **kw)

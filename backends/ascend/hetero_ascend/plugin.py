@@ -17,9 +17,10 @@ import torch
 
 import hetero
 from hetero.kernels import TritonBackend
-
+from hetero.kernels._meta import check_meta_shapes
+from hetero.kernels.attention import KERNEL_DTYPES
 from hetero.spec._checks_dsa import check_indexer_inputs, check_layer_norm, check_topk_indices
-
+from hetero.spec.checks import check_mla_inputs
 from hetero_ascend import convert, ep, sparse, support
 
 __all__ = ["AscendBackend", "hetero_backends"]
@@ -116,8 +117,10 @@ class AscendBackend(TritonBackend):
         """FIA's MLA form (query_rope/key_rope, D = 512); with ``topk_indices``, npu_sparse_flash_attention;
         never run on an NPU (conversions tested on CPU). FIA takes 1..16 query rows per sequence here (doc):
         longer chunks, and calls outside SFA's documented limits, go to the Triton kernel."""
-        if topk_indices is not None:
-            check_topk_indices("mla_attention", topk_indices, q_nope.shape[0], q_nope.device)
+        if topk_indices is not None:  # the always-on checks first: the SFA conversion indexes by them
+            t = check_mla_inputs("mla_attention", q_nope, q_pe, ckv_cache, kpe_cache, KERNEL_DTYPES)[0]
+            check_meta_shapes("mla_attention", meta, t)
+            check_topk_indices("mla_attention", topk_indices, t, q_nope.device)
             if support.sfa_reason(sparse.sfa_static(q_nope, q_pe, ckv_cache, return_lse)) is not None:
                 return super().mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, scale=scale, causal=causal,
                                              return_lse=return_lse, topk_indices=topk_indices)
@@ -136,7 +139,8 @@ class AscendBackend(TritonBackend):
     def indexer_topk(self, q, weights, index_cache, meta, *, topk, index_scale=None):
         """torch_npu.npu_lightning_indexer (TND query, PA_BSND key, sparse_mode 3); never run on an NPU
         (conversions tested on CPU). Calls outside its documented limits go to the Triton kernel."""
-        check_indexer_inputs("indexer_topk", q, weights, index_cache, meta, topk, index_scale)
+        t = check_indexer_inputs("indexer_topk", q, weights, index_cache, meta, topk, index_scale)[0]
+        check_meta_shapes("indexer_topk", meta, t)
         if support.indexer_reason(sparse.indexer_static(q, index_cache, topk, index_scale)) is not None:
             return super().indexer_topk(q, weights, index_cache, meta, topk=topk, index_scale=index_scale)
         return sparse.lightning_indexer(_npu(), q, weights, index_cache, meta, topk)
@@ -249,13 +253,13 @@ class AscendBackend(TritonBackend):
 
         return apply(q), apply(k)
 
-
     def layer_norm(self, x, weight, bias, eps):
         """torch.nn.functional.layer_norm in float32 (an aten op torch_npu implements; it deprecates
         npu_layer_norm_eval in its favour), rounded once to x's dtype; never run on an NPU (checked on CPU)."""
         hidden = check_layer_norm("layer_norm", x, weight, bias, eps)
         y = torch.nn.functional.layer_norm(x.float(), (hidden,), weight.float(), None if bias is None else bias.float(), eps)
         return y.to(x.dtype)
+
 
 def sparse_notes() -> dict[str, str]:
     """What the DSA mappings assume and nothing here could check (shown by ``op_notes`` / explain)."""

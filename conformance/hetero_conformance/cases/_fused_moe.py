@@ -34,6 +34,7 @@ ACTS = {
     "silu": ({"activation": "silu"}, 1.0),
     "swigluoai": ({"activation": "swigluoai", "alpha": 1.702, "limit": 7.0}, 5.0),
     "swiglu_clamp": ({"activation": "swiglu_clamp", "limit": 10.0}, 7.0),
+    "swigluoai-alpha1": ({"activation": "swigluoai", "alpha": 1.0, "limit": 7.0}, 5.0),  # no model: alpha must be read
 }
 
 
@@ -102,6 +103,8 @@ def _gpt_oss(dt: str, case) -> None:
     case("gpt-oss-20b.swigluoai.i32.t7", 7, e20, k, h, 32, (), act="swigluoai", note="swigluoai without biases")
     case("gpt-oss-20b.swigluoai.bias.i32.t1", 1, e20, k, h, 32, (), **both, note="one token (decode)")
     case("gpt-oss-20b.swigluoai.bias.i32.t0", 0, e20, k, h, 32, (), **both, note="no tokens")
+    case("gpt-oss-20b.swigluoai-alpha1.bias.i32.t5", 5, e20, k, h, 32, (), act="swigluoai-alpha1", bias=True,
+         note="alpha 1.0 instead of gpt-oss's 1.702: an implementation that fixes alpha fails here")
     if dt == "bfloat16":  # the released models' compute dtype; these weights are the costliest inputs here
         case("gpt-oss-120b.swigluoai.bias.i16.t6", 6, GPT_OSS_120B_EXPERTS, k, h, 16, (0, 77, -1), **both,
              note=f"128 experts top-4, H = 2880, I shrunk from {real_i} to 16, both biases")

@@ -112,6 +112,9 @@ class OaiExperts(nn.Module):
         dtype = self.ctx.dtype
         self.w13 = dequantize_mxfp4(self.gate_up_proj_blocks.data, self.gate_up_proj_scales.data, dtype)
         self.w2 = dequantize_mxfp4(self.down_proj_blocks.data, self.down_proj_scales.data, dtype)
+        for name in ("gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"):
+            param = getattr(self, name)  # the packed copy is not needed after this: free it
+            param.data = param.data.new_empty((0,) * param.ndim)
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         if self.w13 is None:

@@ -25,6 +25,15 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
         raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} do not fit scales {tuple(scales.shape)} "
                          f"(blocks are [..., G, {MXFP4_BLOCK // 2}] for scales [..., G])")
     lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=blocks.device)
-    values = torch.stack([lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]], dim=-1).flatten(-2)
-    values = torch.ldexp(values, scales.to(torch.int32).unsqueeze(-1) - 127)
-    return values.flatten(-2).to(dtype)
+    out = torch.empty(*scales.shape[:-1], scales.shape[-1] * MXFP4_BLOCK, dtype=dtype, device=blocks.device)
+    if scales.ndim == 1:
+        return _dequantize_into(out, blocks, scales, lut)
+    for i in range(scales.shape[0]):  # one expert at a time: the float32 temporaries stay one expert's size
+        _dequantize_into(out[i], blocks[i], scales[i], lut)
+    return out
+
+
+def _dequantize_into(out: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+    values = torch.stack([lut[(blocks & 0x0F).int()], lut[(blocks >> 4).int()]], dim=-1).flatten(-2)
+    out.copy_(torch.ldexp(values, scales.to(torch.int32).unsqueeze(-1) - 127).flatten(-2))
+    return out
