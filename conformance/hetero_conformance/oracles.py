@@ -55,6 +55,15 @@ def _dequant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float64) * s
 
 
+def _dequant_grouped(inputs: dict[str, Any]) -> dict[str, Any]:
+    """scaled_grouped_gemm's operands dequantized in float64, as grouped_gemm's arguments."""
+    a, b, sa, sb = inputs["a"], inputs["b"], inputs["a_scale"], inputs["b_scale"]
+    zp = inputs.get("a_zero_point")
+    a64 = a.to(torch.float64) if zp is None else a.to(torch.float64) - zp.to(torch.float64)
+    b64 = torch.stack([_dequant(b[g], sb[g].reshape(1, 1) if sb.ndim == 1 else sb[g]) for g in range(b.shape[0])])
+    return {"a": _dequant(a64, sa), "b": b64, "group_ends": inputs["group_ends"]}
+
+
 def run_oracle(reference: Backend, op: str, inputs: dict[str, Any], call) -> tuple[Any, dict[str, Any]]:
     """The float64 result of ``op`` on ``inputs`` and the arguments it was called with (an
     in-place op's outputs are among them); ``call(fn, inputs)`` invokes an implementation."""
@@ -63,5 +72,7 @@ def run_oracle(reference: Backend, op: str, inputs: dict[str, Any], call) -> tup
         b = _dequant(inputs["b"], inputs["b_scale"])
         bias = inputs.get("bias")
         return reference.gemm(a, b, bias=None if bias is None else bias.to(torch.float64)), inputs
+    if op == "scaled_grouped_gemm":
+        return reference.grouped_gemm(**_dequant_grouped(inputs)), inputs
     wide = to_float64(inputs)
     return call(getattr(reference, op), wide), wide

@@ -147,15 +147,17 @@ class Runner:
 
     def _verdict(self, case: Case, got: dict[str, torch.Tensor], exp: Expected, problems: list[str]) -> CaseResult:
         report: dict[str, dict[str, Any]] = {}
+        quantized = bool(case.static.get("act_quant"))
         for name, want in exp.oracle.items():
             g = got.get(name)
             if g is None or tuple(g.shape) != tuple(want.shape):
                 continue
             layout = exp.layout.get(name)
-            tol = tolerance(case.dtype, dtype_name(layout[1]) if layout else None)
+            tol = tolerance(case.dtype, dtype_name(layout[1]) if layout else None, quantized_activations=quantized)
             judge(name, g, want, exp.reference.get(name), kind_of(case.op, name, want), tol, report, problems)
         status = "fail" if problems else "pass"
-        return CaseResult.of(case, status, "; ".join(problems), outputs=report, tolerance=tolerance(case.dtype).as_dict())
+        return CaseResult.of(case, status, "; ".join(problems), outputs=report,
+                             tolerance=tolerance(case.dtype, quantized_activations=quantized).as_dict())
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -54,6 +54,29 @@ def _grouped_gemm(a: Mapping[str, Any]) -> Work:
     return Work(2.0 * rows * n * k, read + m * n * elem_size(a["out_dtype"] or x.dtype))
 
 
+def _quantize_activation(a: Mapping[str, Any]) -> Work:
+    """Per element: |x|, a max, a division, a clamp and a rounding; per group a division. Reads x,
+    writes q and the scales (and zero points)."""
+    x = a["x"]
+    m, k = x.shape
+    groups = 1 if a["group_size"] is None else -(-k // int(a["group_size"]))
+    written = m * k * elem_size(a["dtype"]) + m * groups * 4 * (2 if a["asymmetric"] else 1)
+    return Work(4.0 * m * k + m * groups, nbytes(x) + written)
+
+
+def _scaled_grouped_gemm(a: Mapping[str, Any]) -> Work:
+    """grouped_gemm's work on the quantized operands, plus the scales of the rows and experts used."""
+    x, w, ends, b_scale = a["a"], a["b"], a["group_ends"], a["b_scale"]
+    m, k = x.shape
+    n = w.shape[1]
+    counts = torch.diff(ends.to(torch.int64), prepend=ends.new_zeros(1, dtype=torch.int64))
+    rows, used = int(ends[-1]) if ends.numel() else 0, int((counts > 0).sum())
+    per_expert = b_scale[0].numel() * b_scale.element_size() if b_scale.shape[0] else 0
+    scales = nbytes(a["a_scale"]) + used * per_expert + nbytes(a["a_zero_point"])
+    read = rows * k * x.element_size() + used * n * k * w.element_size() + nbytes(ends) + scales
+    return Work(2.0 * rows * n * k, read + m * n * elem_size(a["out_dtype"]))
+
+
 def _route(a: Mapping[str, Any]) -> Work:
     logits = a["router_logits"]
     m = logits.shape[0]
@@ -81,7 +104,8 @@ def _fused_moe(a: Mapping[str, Any]) -> Work:
     experts = int(torch.unique(ids).numel()) if pairs else 0
     flops = 2.0 * pairs * h * 2 * inter + 2.0 * pairs * inter * h + 4.0 * pairs * inter + 2.0 * pairs * h
     weights = experts * (w13[0].numel() * w13.element_size() + w2[0].numel() * w2.element_size())
-    biases = experts * sum(b[0].numel() * b.element_size() for b in (a["w13_bias"], a["w2_bias"]) if b is not None)
+    extras = (a["w13_bias"], a["w2_bias"], a["w13_scale"], a["w2_scale"])  # per-expert biases and weight scales
+    biases = experts * sum(b[0].numel() * b.element_size() for b in extras if b is not None)
     return Work(flops, nbytes(x) + weights + biases + nbytes(a["weights"]) + nbytes(ids) + nbytes(x))
 
 
@@ -163,6 +187,8 @@ _MODELS: dict[str, Callable[[Mapping[str, Any]], Work]] = {
     "gemm": _gemm,
     "scaled_gemm": _scaled_gemm,
     "grouped_gemm": _grouped_gemm,
+    "quantize_activation": _quantize_activation,
+    "scaled_grouped_gemm": _scaled_grouped_gemm,
     "route": _route,
     "moe_permute": _moe_permute,
     "moe_unpermute": _moe_unpermute,

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 #: Semver of the interface. Major: an op's meaning or signature changed. Minor: ops were added.
-SPEC_VERSION = "1.3.0"
+SPEC_VERSION = "1.4.0"
 
 _FAMILY_MODULES: tuple[ModuleType, ...] = (attention, gemm, moe, layers, recurrent)
 

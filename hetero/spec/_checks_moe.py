@@ -12,6 +12,8 @@ from hetero.spec.types import FLOAT_DTYPES
 
 __all__ = ["check_fused_moe_options", "check_fused_moe_weights"]
 
+QUANT_WEIGHT_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.int8)
+
 
 def _real(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
@@ -29,17 +31,18 @@ def check_fused_moe_options(op: str, activation: object, alpha: object, limit: o
 
 def check_fused_moe_weights(op: str, x: object, w13: object, w2: object, w13_bias: object,
                             w2_bias: object) -> tuple[int, int, int]:
-    """x [M, H]; w13 [E, 2I, H], w2 [E, H, I] and the optional biases [E, 2I], [E, H] of x's dtype;
-    returns (M, H, E)."""
+    """x [M, H]; w13 [E, 2I, H] and w2 [E, H, I] of x's dtype, or both of one quantized dtype
+    (spec 1.4: their scales are ``_checks_quant.check_fused_moe_quant``'s); the optional biases
+    [E, 2I], [E, H] of x's dtype; returns (M, H, E)."""
     check_tensor(op, "x", x, ndim=2, dtypes=FLOAT_DTYPES)
     assert isinstance(x, torch.Tensor)
     rows, hidden = x.shape
-    check_tensor(op, "w13", w13, ndim=3, dtypes=(x.dtype,))
+    check_tensor(op, "w13", w13, ndim=3, dtypes=(x.dtype, *QUANT_WEIGHT_DTYPES))
     assert isinstance(w13, torch.Tensor)
     experts, two_i, _ = w13.shape
     expect(two_i % 2 == 0 and w13.shape[2] == hidden, op, "w13",
            f"shape [E, 2I, H] with an even 2I and H = {hidden} (x's columns)", f"shape {list(w13.shape)}")
-    check_tensor(op, "w2", w2, shape=(experts, hidden, two_i // 2), dtypes=(x.dtype,))
+    check_tensor(op, "w2", w2, shape=(experts, hidden, two_i // 2), dtypes=(w13.dtype,))
     if w13_bias is not None:
         check_tensor(op, "w13_bias", w13_bias, shape=(experts, two_i), dtypes=(x.dtype,))
     if w2_bias is not None:

@@ -11,9 +11,11 @@ from hetero.spec._op import Output, spec_op
 from hetero.spec.comm import Communicator
 from hetero.spec.types import EPDispatch
 
-__all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe", "ep_dispatch", "ep_combine", "SCORING", "ACTIVATIONS"]
+__all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe", "ep_dispatch", "ep_combine", "SCORING", "ACTIVATIONS", "ACT_QUANT"]
 
 SCORING = ("softmax", "sigmoid")
+#: fused_moe's activation quantization schemes (``act_quant``; None: none).
+ACT_QUANT = ("group128", "token")
 #: fused_moe's expert activations on the [gate | up] halves (see ``fused_moe``).
 ACTIVATIONS = ("silu", "swigluoai", "swiglu_clamp")
 
@@ -92,6 +94,10 @@ def fused_moe(
     limit: float | None = None,
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    act_quant: str | None = None,
+    act_scale_fmt: str = "float",
 ) -> torch.Tensor:
     """The routed expert MLP of a MoE layer, summed over each token's experts.
 
@@ -118,6 +124,24 @@ def fused_moe(
 
     The clamped activations need a finite ``limit`` > 0; ``alpha`` must be finite and
     only enters swigluoai. Returns [M, H] in x's dtype.
+
+    Quantized experts (spec 1.4): w13 and w2 float8_e4m3fn, float8_e4m3fnuz or int8 with float32
+    ``w13_scale`` and ``w2_scale`` in a form of ``scaled_grouped_gemm``'s b_scale
+    ([E, ceil(2I/128), ceil(H/128)] and [E, ceil(H/128), ceil(I/128)] blocks, [E, 2I, 1] and
+    [E, H, 1] per channel, or [E]); quantized weights require both, float weights take neither.
+    ``act_quant`` says how each GEMM's input is quantized first, with ``quantize_activation`` into
+    the weights' dtype (scale format ``act_scale_fmt``): "group128" (group_size 128) or "token"
+    (group_size None). The composition is then::
+
+        gu = r(scaled_grouped_gemm(quantize(x), w13, ...) + w13_bias)
+        h  = r(act(gate, up))
+        y  = r(scaled_grouped_gemm(quantize(h), w2, ...) + w2_bias)
+
+    where each product is scaled_grouped_gemm's float32 (or wider) result before its rounding, so
+    the bias joins it and r() rounds once.
+    ``act_quant`` None with quantized weights (weight-only, W8A16) multiplies x by the dequantized
+    weights (``w * scale``) in float32 or wider instead. ``act_quant`` without quantized weights
+    is an OpError.
     """
 
 

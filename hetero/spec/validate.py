@@ -47,6 +47,7 @@ __all__ = [
     "mla_attention",
     "varlen_attention",
     "grouped_gemm",
+    "scaled_grouped_gemm",
     "moe_permute",
     "moe_unpermute",
     "fused_moe",
@@ -139,6 +140,13 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, **_
     check_group_ends("grouped_gemm", group_ends, _tokens("grouped_gemm", "b", b, 3), rows)
 
 
+def scaled_grouped_gemm(a: torch.Tensor, b: torch.Tensor, a_scale: object, b_scale: object, group_ends: torch.Tensor,
+                        **_: object) -> None:
+    """group_ends [G] non-decreasing within [0, M], as grouped_gemm's."""
+    op = "scaled_grouped_gemm"
+    check_group_ends(op, group_ends, _tokens(op, "b", b, 3), _tokens(op, "a", a, 2))
+
+
 def moe_permute(x: torch.Tensor, ids: torch.Tensor, num_experts: int) -> None:
     """ids [M, k] in [0, num_experts)."""
     check_ids("moe_permute", ids, _tokens("moe_permute", "x", x, 2), num_experts)
@@ -195,5 +203,5 @@ def indexer_topk(q: torch.Tensor, weights: object, index_cache: torch.Tensor, me
 
 #: op name -> its index-content validator, for the ops that take index tensors.
 VALIDATORS = {f.__name__: f for f in (write_kv, write_mla_kv, paged_attention, mla_attention, varlen_attention,
-                                      grouped_gemm, moe_permute, moe_unpermute, fused_moe, ep_dispatch, rotary_embedding,
+                                      grouped_gemm, scaled_grouped_gemm, moe_permute, moe_unpermute, fused_moe, ep_dispatch, rotary_embedding,
                                       causal_conv1d, gated_delta_rule, write_index_k, indexer_topk)}

@@ -1,6 +1,7 @@
 """Planted bugs of fused_moe's spec 1.3 options (gpt-oss's swigluoai with expert biases, DeepSeek-V4's
 swiglu_clamp), in a compact, independent fused_moe: expert by expert over the tokens that picked it,
-rounding to x's dtype where the spec does. Its bug-free form must pass every quick case
+rounding to x's dtype where the spec does; quantized experts (spec 1.4) on dequantized weights and
+fake-quantized activations. Its bug-free form must pass every quick case
 (``make_control``), which shows each planted bug is the only difference. ``broken_backends.BUGS``
 includes ``BUGS`` from here.
 """
@@ -11,6 +12,8 @@ import torch.nn.functional as F
 
 import hetero
 from hetero_cpu_ref.plugin import CpuRefBackend
+
+from broken_quant import mini_quantize_activation
 
 __all__ = ["BUGS", "mini_fused_moe", "make_control"]
 
@@ -30,20 +33,46 @@ def _act(gu: torch.Tensor, activation: str, alpha: float, limit: float | None, b
     return F.silu(gate) * up
 
 
-def mini_fused_moe(bug: str | None):
-    """fused_moe; ``bug`` names its one mistake (None: correct)."""
+def _dequant(w: torch.Tensor, scale: torch.Tensor | None, acc: torch.dtype) -> torch.Tensor:
+    """One expert's weight [N, K] times its scale (none, one element, [N, 1] or 128x128 blocks)."""
+    if scale is None:
+        return w.to(acc)
+    n, k = w.shape
+    s = scale.to(acc).reshape(1, 1) if scale.ndim == 0 else scale.to(acc)
+    if s.shape not in ((1, 1), (n, 1)):
+        s = s.repeat_interleave(128, dim=0)[:n].repeat_interleave(128, dim=1)[:, :k]
+    return w.to(acc) * s
 
-    def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit=None, w13_bias=None, w2_bias=None):
+
+def _fake_quant(a: torch.Tensor, qdtype: torch.dtype, act_quant: str | None, fmt: str, acc: torch.dtype) -> torch.Tensor:
+    """a as the spec's quantize_activation sees it: quantized (mini_quantize_activation), then dequantized."""
+    if act_quant is None:
+        return a.to(acc)
+    group = 128 if act_quant == "group128" else None
+    q, s = mini_quantize_activation(None).__func__(a, dtype=qdtype, group_size=group, scale_fmt=fmt)
+    width = a.shape[1] if group is None else group
+    return q.to(acc) * s.to(acc).repeat_interleave(width, dim=1)[:, :a.shape[1]]
+
+
+def mini_fused_moe(bug: str | None):
+    """fused_moe; ``bug`` names its one mistake (None: correct). Quantized experts (spec 1.4) run on the
+    dequantized weights and fake-quantized activations."""
+
+    def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit=None, w13_bias=None, w2_bias=None,
+                  w13_scale=None, w2_scale=None, act_quant=None, act_scale_fmt="float"):
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         r = lambda t: t.to(x.dtype).to(acc)  # noqa: E731  the spec's roundings to x's dtype
+        fq = lambda t: _fake_quant(t, w13.dtype, act_quant, act_scale_fmt, acc)  # noqa: E731
+        shift = 1 if bug == "quant_scale_wrong_expert" else 0  # reads the scales of the expert before
+        scale = lambda s, e: None if s is None else s[(e - shift) % s.shape[0]]  # noqa: E731
         out = torch.zeros(x.shape, dtype=acc, device=x.device)
         for e in ids.unique().tolist():
             tok, slot = (ids == e).nonzero(as_tuple=True)
-            gu = x[tok].to(acc) @ w13[e].to(acc).T
+            gu = fq(x[tok]) @ _dequant(w13[e], scale(w13_scale, e), acc).T
             if w13_bias is not None:
                 gu = gu + w13_bias[e].to(acc)
             y = r(_act(r(gu), activation, alpha, limit, bug if activation == _BUG_ACT.get(bug, activation) else None))
-            y = y @ w2[e].to(acc).T
+            y = fq(y.to(x.dtype)) @ _dequant(w2[e], scale(w2_scale, e), acc).T
             bias = None if w2_bias is None else w2_bias[e].to(acc)
             if bias is not None and bug != "w2_bias_unweighted":
                 y = y + bias
@@ -61,7 +90,8 @@ _BUG_ACT = {"swigluoai_no_clamp": "swigluoai", "swiglu_clamp_up_unclamped": "swi
 
 #: bug name -> (the op it breaks, its implementation)
 BUGS = {b: ("fused_moe", mini_fused_moe(b))
-        for b in ("swigluoai_no_clamp", "swiglu_clamp_up_unclamped", "w2_bias_unweighted", "gate_up_interleaved")}
+        for b in ("swigluoai_no_clamp", "swiglu_clamp_up_unclamped", "w2_bias_unweighted", "gate_up_interleaved",
+                  "quant_scale_wrong_expert")}
 
 
 def make_control(op: str):

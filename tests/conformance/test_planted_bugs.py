@@ -11,6 +11,7 @@ from hetero_conformance.runner import FAILING, Runner
 from broken_backends import BUGS, make_plugin
 from broken_dsa import make_control as make_dsa_control
 from broken_moe import make_control as make_moe_control
+from broken_quant import make_control as make_quant_control
 from broken_recurrent import make_control
 
 QUICK = catalog(quick=True)
@@ -72,6 +73,12 @@ def test_dsa_control_backends_pass(suite, op):
 def test_moe_control_backend_passes(suite):
     """The bug-free mini fused_moe passes: its planted bugs are the only difference."""
     assert suite(make_moe_control("fused_moe")) == {}
+
+
+@pytest.mark.parametrize("op", ["quantize_activation", "scaled_grouped_gemm"])
+def test_quant_control_backends_pass(suite, op):
+    """The bug-free mini quantized ops pass (quantize_activation bit for bit): their planted bugs are the only difference."""
+    assert suite(make_quant_control(op)) == {}
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))

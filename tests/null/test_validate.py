@@ -129,3 +129,14 @@ def test_dsa_validators_name_bad_slots_and_block_ids():
     validate.indexer_topk(q, w, cache, good, topk=4)
     with pytest.raises(OpError, match=r"indexer_topk: argument 'meta.block_table': expected block ids in \[0, 4\)"):
         validate.indexer_topk(q, w, cache, _meta([0, 3, 5], [7, 2], [[0, 9], [2, 3]]), topk=4)
+
+
+def test_scaled_grouped_gemm_validator_names_bad_group_ends():
+    """scaled_grouped_gemm reads group_ends as grouped_gemm does (spec 1.4)."""
+    a, b = torch.zeros(6, 8, dtype=torch.int8), torch.zeros(2, 4, 8, dtype=torch.int8)
+    sa, sb = torch.ones(6, 1), torch.ones(2)
+    validate.scaled_grouped_gemm(a, b, sa, sb, torch.tensor([4, 6], dtype=torch.int32))  # well formed
+    with pytest.raises(OpError, match=r"scaled_grouped_gemm: argument 'group_ends': expected values <= the row count 6, got 9"):
+        validate.scaled_grouped_gemm(a, b, sa, sb, torch.tensor([4, 9], dtype=torch.int32))
+    with pytest.raises(OpError, match=r"scaled_grouped_gemm: argument 'group_ends': expected non-decreasing"):
+        validate.scaled_grouped_gemm(a, b, sa, sb, torch.tensor([4, 3], dtype=torch.int32))

@@ -11,6 +11,7 @@ import numbers
 import torch
 
 from hetero.spec._checks_moe import check_fused_moe_options, check_fused_moe_weights
+from hetero.spec._checks_quant import check_fused_moe_quant
 from hetero.spec.checks import check_ids, check_same_device, check_tensor, expect
 from hetero.spec.moe import SCORING
 from hetero.spec.types import FLOAT_DTYPES
@@ -64,13 +65,20 @@ def check_weights(op: str, weights: object, ids_shape: tuple[int, ...] | None) -
 
 
 def check_fused_moe(op: str, x: object, w13: object, w2: object, weights: object, ids: object, activation: object,
-                    alpha: object = 1.702, limit: object = None, w13_bias: object = None, w2_bias: object = None) -> None:
-    """Validate every argument of fused_moe."""
+                    alpha: object = 1.702, limit: object = None, w13_bias: object = None, w2_bias: object = None,
+                    quant: tuple[object, object, object, object] = (None, None, None, "float")) -> tuple[str, str] | None:
+    """Validate every argument of fused_moe; ``quant`` is (w13_scale, w2_scale, act_quant, act_scale_fmt).
+    Returns the weight scales' forms, or None for float weights."""
     check_fused_moe_options(op, activation, alpha, limit)
     rows, _, experts = check_fused_moe_weights(op, x, w13, w2, w13_bias, w2_bias)
+    assert isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor)
+    forms = check_fused_moe_quant(op, w13, w2, *quant, scale_dtypes=WEIGHT_DTYPES)
+    w13_scale, w2_scale = quant[0], quant[1]
     check_tensor(op, "ids", ids)
     check_tensor(op, "weights", weights)
-    check_same_device(op, x=x, w13=w13, w2=w2, w13_bias=w13_bias, w2_bias=w2_bias, weights=weights, ids=ids)  # before reading values
+    check_same_device(op, x=x, w13=w13, w2=w2, w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale,
+                      w2_scale=w2_scale, weights=weights, ids=ids)  # before reading values
     check_ids(op, ids, rows, experts)
     assert isinstance(ids, torch.Tensor)
     check_weights(op, weights, tuple(ids.shape))
+    return forms

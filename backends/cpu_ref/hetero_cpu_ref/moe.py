@@ -15,6 +15,7 @@ from hetero.spec.checks import check_ids, check_perm, check_same_device, check_t
 from hetero.spec.types import FLOAT_DTYPES
 
 from hetero_cpu_ref._moe_checks import check_fused_moe, check_int, check_route, check_weights
+from hetero_cpu_ref._moe_quant import quant_expert_linear
 from hetero_cpu_ref._util import acc_dtype, up
 
 __all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe"]
@@ -140,12 +141,23 @@ def fused_moe(
     limit: float | None = None,
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    act_quant: str | None = None,
+    act_scale_fmt: str = "float",
 ) -> torch.Tensor:
     op = "fused_moe"
-    check_fused_moe(op, x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias)
+    forms = check_fused_moe(op, x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias,
+                            (w13_scale, w2_scale, act_quant, act_scale_fmt))
 
     x_sorted, group_ends, perm = moe_permute(x, ids, w13.shape[0])
-    gate_up = _expert_linear(x_sorted, w13, w13_bias, group_ends)  # [M*k, 2I] in x's dtype
+    if forms is None:
+        gate_up = _expert_linear(x_sorted, w13, w13_bias, group_ends)  # [M*k, 2I] in x's dtype
+    else:
+        gate_up = quant_expert_linear(x_sorted, w13, w13_scale, forms[0], w13_bias, group_ends, act_quant, act_scale_fmt)
     hidden = _activation(gate_up, activation, float(alpha), None if limit is None else float(limit))  # [M*k, I]
-    y_sorted = _expert_linear(hidden, w2, w2_bias, group_ends)  # [M*k, H]
+    if forms is None:
+        y_sorted = _expert_linear(hidden, w2, w2_bias, group_ends)  # [M*k, H]
+    else:
+        y_sorted = quant_expert_linear(hidden, w2, w2_scale, forms[1], w2_bias, group_ends, act_quant, act_scale_fmt)
     return moe_unpermute(y_sorted, perm, weights)

@@ -14,6 +14,7 @@ from hetero_cpu_ref import ep as _ep
 from hetero_cpu_ref import gemm as _gemm
 from hetero_cpu_ref import layers as _layers
 from hetero_cpu_ref import moe as _moe
+from hetero_cpu_ref import quant as _quant
 from hetero_cpu_ref import recurrent as _recurrent
 
 __all__ = ["CpuRefBackend", "hetero_backends"]
@@ -49,6 +50,8 @@ class CpuRefBackend(hetero.Backend):
     gemm = staticmethod(_gemm.gemm)
     scaled_gemm = staticmethod(_gemm.scaled_gemm)
     grouped_gemm = staticmethod(_gemm.grouped_gemm)
+    quantize_activation = staticmethod(_quant.quantize_activation)
+    scaled_grouped_gemm = staticmethod(_quant.scaled_grouped_gemm)
 
     route = staticmethod(_moe.route)
     moe_permute = staticmethod(_moe.moe_permute)

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from hetero_conformance.case import Case
-from hetero_conformance.cases import attention, dsa, gemm, layers, mla, moe, recurrent
+from hetero_conformance.cases import attention, dsa, gemm, layers, mla, moe, quant, recurrent
 
 __all__ = ["catalog"]
 
-_FAMILIES = (attention, mla, dsa, gemm, moe, layers, recurrent)
+_FAMILIES = (attention, mla, dsa, gemm, quant, moe, layers, recurrent)
 
 
 def catalog(*, quick: bool = False) -> list[Case]:

@@ -18,9 +18,10 @@ import torch
 
 from hetero_conformance.case import Case
 from hetero_conformance.cases._draw import randn
+from hetero_conformance.cases._quant_draw import quantize_weights
 from hetero_conformance.shapes import MODELS
 
-__all__ = ["fused_cases", "expert_ids", "expert_pool", "routing_weights", "CLAMPED"]
+__all__ = ["fused_cases", "quant_cases", "expert_ids", "expert_pool", "routing_weights", "CLAMPED"]
 
 FLOATS = ("float32", "float16", "bfloat16")
 #: The least share of gate values above the limit, and of up values beyond +-limit, a clamped case draws.
@@ -92,6 +93,57 @@ def _fused(m: int, e: int, k: int, h: int, inter: int, unused: tuple[int, ...], 
         return args
 
     return build
+
+
+def _fused_quant(m: int, e: int, k: int, h: int, inter: int, unused: tuple[int, ...], qdtype: torch.dtype, form: str,
+                 act_quant: str | None, fmt: str = "float", bias: bool = False):
+    """Quantized experts (spec 1.4): weights drawn as trained ones, quantized per scale ``form``."""
+
+    def build(gen: torch.Generator, dtype: torch.dtype):
+        w13, s13 = quantize_weights(gen, e, 2 * inter, h, qdtype, form)
+        w2, s2 = quantize_weights(gen, e, h, inter, qdtype, form)
+        args = {"x": randn(gen, (m, h), dtype), "w13": w13, "w2": w2, "weights": routing_weights(gen, m, k),
+                "ids": expert_ids(gen, m, k, expert_pool(e, unused)), "w13_scale": s13, "w2_scale": s2,
+                "act_quant": act_quant, "act_scale_fmt": fmt}
+        if bias:
+            args["w13_bias"], args["w2_bias"] = randn(gen, (e, 2 * inter), dtype, 0.5), randn(gen, (e, h), dtype, 0.1)
+        return args
+
+    return build
+
+
+def quant_cases(dt: str) -> list[Case]:
+    """fused_moe's quantized cases of one (activation) dtype: fp8 DeepSeek-V3 / Qwen3-FP8 with 1x128 activation
+    groups and 128x128 weight blocks, W8A8 int8 per token and channel, and weight-only W8A16."""
+    qm, ds = MODELS["qwen3-30b-a3b"], MODELS["deepseek-v3"]
+    out: list[Case] = []
+
+    def case(shape, m, e, inter, qdtype, form, act_quant, quick=False, note="", model=qm, unused=(0, -1), **opt):
+        static = {"dtype": dt, "num_experts": e, "top_k": model.top_k, "hidden": model.hidden, "intermediate": inter,
+                  "activation": "silu", "weight_dtype": str(qdtype).replace("torch.", ""), "w13_scale": form,
+                  "w2_scale": form, "act_quant": act_quant, "act_scale_fmt": opt.get("fmt", "float"),
+                  **({"w13_bias": True, "w2_bias": True} if opt.get("bias") else {})}
+        build = _fused_quant(m, e, model.top_k, model.hidden, inter, unused, qdtype, form, act_quant, **opt)
+        out.append(Case("fused_moe", shape, dt, build, static, quick, note))
+
+    fp8, fnuz, i8 = torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.int8
+    case("deepseek-v3.fp8.group128.e12.i128.t3", 3, 12, 128, fp8, "block", "group128", dt == "bfloat16", model=ds,
+         note=f"DeepSeek-V3 fp8: 1x128 activation groups, 128x128 weight blocks, H = 7168, top-8; 12 of 256 experts, I {ds.moe_intermediate} -> 128")
+    case("deepseek-v3.1.fp8.group128-ue8m0.e12.i256.t4", 4, 12, 256, fp8, "block", "group128", model=ds, fmt="ue8m0",
+         note="DeepSeek-V3.1: ue8m0 (power of two) activation scales")
+    case("qwen3-30b-a3b-fp8.tp4.group128.e16.i192.t6", 6, 16, qm.moe_intermediate // 4, fp8, "block", "group128",
+         note="Qwen3-30B-A3B-FP8 at TP 4: I = 192, partial 128-blocks in both GEMMs")
+    case("qwen3-30b-a3b.fnuz.group128.e16.i192.t5", 5, 16, 192, fnuz, "block", "group128", note="AMD MI300 e4m3fnuz (qmax 224)")
+    case("qwen3-30b-a3b.w8a8-int8.token.e32.i128.t6", 6, 32, 128, i8, "row", "token", dt == "bfloat16",
+         note="W8A8 int8: per-token activations, per-channel weights")
+    case("qwen3-30b-a3b.w8a16-fp8.channel.e32.i128.t5", 5, 32, 128, fp8, "row", None, dt == "bfloat16",
+         note="weight-only fp8 (W8A16): x times the dequantized weights")
+    case("qwen3-30b-a3b.w8a16-int8.expert.e16.i192.t4", 4, 16, 192, i8, "group", None,
+         note="weight-only int8 with one scale per expert")
+    case("qwen3-30b-a3b.fp8.group128.bias.e16.i192.t4", 4, 16, 192, fp8, "block", "group128", bias=True,
+         note="quantized GEMMs with both expert biases")
+    case("qwen3-30b-a3b.fp8.group128.e16.i192.t0", 0, 16, 192, fp8, "block", "group128", note="no tokens")
+    return out
 
 
 def _gpt_oss(dt: str, case) -> None:

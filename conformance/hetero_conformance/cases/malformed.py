@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from hetero.spec import OPS
 
-from hetero_conformance.cases import malformed_attention, malformed_dense, malformed_dsa, malformed_moe, malformed_recurrent
+from hetero_conformance.cases import (malformed_attention, malformed_dense, malformed_dsa, malformed_moe, malformed_quant,
+                                     malformed_recurrent)
 from hetero_conformance.cases._malformed import Base, Corrupt, Draw, Malformed, altered, meta_field, put, swap
 
 __all__ = ["Malformed", "Draw", "Base", "Corrupt", "catalog", "put", "swap", "meta_field", "altered", "DEFAULT"]
@@ -23,7 +24,7 @@ DEFAULT = "hetero_conformance.cases.malformed:catalog"
 
 def catalog() -> list[Malformed]:
     """Every malformed call, ops in spec order; ids are unique."""
-    calls = [c for family in (malformed_attention, malformed_dense, malformed_dsa, malformed_moe,
+    calls = [c for family in (malformed_attention, malformed_dense, malformed_dsa, malformed_moe, malformed_quant,
                                       malformed_recurrent) for c in family.calls()]
     order = {op: i for i, op in enumerate(OPS)}
     seen: set[str] = set()

@@ -21,7 +21,7 @@ import torch
 
 from hetero_conformance.case import Case
 from hetero_conformance.cases._draw import randn
-from hetero_conformance.cases._fused_moe import expert_ids, expert_pool, fused_cases, routing_weights
+from hetero_conformance.cases._fused_moe import expert_ids, expert_pool, fused_cases, quant_cases, routing_weights
 from hetero_conformance.shapes import MODELS
 
 __all__ = ["cases"]
@@ -226,4 +226,5 @@ def _data_cases() -> list[Case]:
 
 
 def cases() -> list[Case]:
-    return _route_cases() + _data_cases() + [c for dt in FLOATS for c in fused_cases(dt)]
+    quantized = [c for dt in ("bfloat16", "float16") for c in quant_cases(dt)]  # float32: see quant_cases
+    return _route_cases() + _data_cases() + [c for dt in FLOATS for c in fused_cases(dt)] + quantized

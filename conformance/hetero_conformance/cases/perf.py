@@ -32,6 +32,7 @@ from hetero_conformance.cases import gemm as _gemm
 from hetero_conformance.cases import layers as _layers
 from hetero_conformance.cases import mla as _mla
 from hetero_conformance.cases import moe as _moe
+from hetero_conformance.cases import quant as _quant
 from hetero_conformance.cases import recurrent as _rec
 from hetero_conformance.cases._paged import heads, mla_scale
 from hetero_conformance.cases._recurrent_draw import LINEAR
@@ -123,6 +124,22 @@ def _gemms(add: _Add, full: bool, dt: str) -> None:
         {"dtype": dt, "num_experts": g, "n": qm.hidden, "k": qm.moe_intermediate})
 
 
+def _quant_ops(add: _Add, full: bool, dt: str) -> None:
+    """DeepSeek-V3's fp8 MoE experts: the 1x128 activation quantization and the block-scaled grouped
+    GEMM (quick: 16 local experts, N 512; full: 4096 tokens over 32 experts of EP 8, the real gate_up)."""
+    ds = MODELS["deepseek-v3"]
+    t = 4096 if full else 64
+    add("quantize_activation", f"deepseek-v3-hidden-g128-fp8-t{t}",
+        _quant._quantize(t, ds.hidden, _quant.FP8, 128),
+        {"dtype": dt, "quant_dtype": "float8_e4m3fn", "k": ds.hidden, "group_size": 128, "scale_fmt": "float",
+         "asymmetric": False})
+    g, rows, n = (ds.experts // 8, 4096 * ds.top_k // 8, 2 * ds.moe_intermediate) if full else (16, 64, 512)
+    add("scaled_grouped_gemm", f"deepseek-v3-gate-up-block-fp8-g{g}-n{n}-t{rows}",
+        _quant._grouped(rows, g, n, ds.hidden, "block", "block"),
+        {"dtype": "float8_e4m3fn", "num_experts": g, "n": n, "k": ds.hidden, "a_scale": "block", "b_scale": "block",
+         "a_zero_point": False, "out_dtype": "bfloat16"}, dtype="float8_e4m3fn")
+
+
 def _route_static(dt: str, e: int, k: int, **extra: Any) -> dict[str, Any]:
     return {"dtype": dt, "num_experts": e, "top_k": k, "scoring": "softmax", "n_group": 1, "topk_group": 1,
             "renormalize": True, "correction_bias": False, **extra}
@@ -185,6 +202,6 @@ def perf_cases(tier: str) -> list[Case]:
     def add(op: str, shape: str, build: Any, static: dict[str, Any], dtype: str | None = None) -> None:
         out.append(Case(op, f"perf/{shape}", dtype or dt, build, static, quick=not full))
 
-    for family in (_attention, _mla_ops, _dsa_ops, _gemms, _moe_ops, _layer_ops, _recurrent_ops):
+    for family in (_attention, _mla_ops, _dsa_ops, _gemms, _quant_ops, _moe_ops, _layer_ops, _recurrent_ops):
         family(add, full, dt)
     return out
