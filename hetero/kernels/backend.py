@@ -111,6 +111,15 @@ class TritonBackend(Backend):
     def grouped_gemm(self, a, b, group_ends, *, out_dtype=None) -> torch.Tensor:
         return _family("gemm").grouped_gemm(a, b, group_ends, out_dtype=out_dtype, tuning=self.tune)
 
+    def quantize_activation(self, x, *, dtype, group_size=128, scale_fmt="float", asymmetric=False) -> Any:
+        return _family("quant").quantize_activation(x, dtype=dtype, group_size=group_size, scale_fmt=scale_fmt,
+                                                    asymmetric=asymmetric, tuning=self.tune)
+
+    def scaled_grouped_gemm(self, a, b, a_scale, b_scale, group_ends, *, a_zero_point=None,
+                            out_dtype=torch.bfloat16) -> torch.Tensor:
+        return _family("quant").scaled_grouped_gemm(a, b, a_scale, b_scale, group_ends, a_zero_point=a_zero_point,
+                                                    out_dtype=out_dtype, tuning=self.tune)
+
     # -- moe -----------------------------------------------------------------------------
     def route(self, router_logits, *, top_k, scoring="softmax", renormalize=True, n_group=1, topk_group=1, correction_bias=None, routed_scaling_factor=1.0) -> Any:
         return _family("moe").route(router_logits, top_k=top_k, scoring=scoring, renormalize=renormalize, n_group=n_group, topk_group=topk_group,
@@ -123,9 +132,10 @@ class TritonBackend(Backend):
         return _family("moe").moe_unpermute(y_sorted, perm, weights, tuning=self.tune)
 
     def fused_moe(self, x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit=None, w13_bias=None,
-                  w2_bias=None) -> torch.Tensor:
+                  w2_bias=None, w13_scale=None, w2_scale=None, act_quant=None, act_scale_fmt="float") -> torch.Tensor:
         return _family("moe").fused_moe(x, w13, w2, weights, ids, activation=activation, alpha=alpha, limit=limit,
-                                        w13_bias=w13_bias, w2_bias=w2_bias, tuning=self.tune)
+                                        w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale, w2_scale=w2_scale,
+                                        act_quant=act_quant, act_scale_fmt=act_scale_fmt, tuning=self.tune)
 
     def ep_dispatch(self, x, ids, weights, *, num_experts, comm) -> Any:
         from hetero import _ep  # collectives and index bookkeeping: device-agnostic torch, shared with the reference

@@ -9,8 +9,8 @@ from typing import Any, Mapping
 
 from hetero.spec.moe import ACTIVATIONS
 
-__all__ = ["dtype_name", "dtype_reason", "shape_reason", "kernel_reason", "MAX_HEAD_DIM", "MAX_KEY_DIM", "FLOATS",
-           "QUANTS", "DOT_OPS"]
+__all__ = ["dtype_name", "dtype_reason", "shape_reason", "kernel_reason", "quant_dtype", "MAX_HEAD_DIM", "MAX_KEY_DIM",
+           "FLOATS", "QUANTS", "DOT_OPS", "QUANT_OPS"]
 
 #: The attention kernels pad head dims to a power of two; 576 (MLA: 512 latent + 64 rope) is the largest case.
 MAX_HEAD_DIM = 576
@@ -19,6 +19,8 @@ QUANTS = ("float8_e4m3fn", "float8_e4m3fnuz", "int8")
 #: Ops whose kernels multiply with tl.dot (tensor or matrix cores): no float64 path there.
 DOT_OPS = frozenset({"paged_attention", "varlen_attention", "mla_attention", "gemm", "grouped_gemm", "fused_moe",
                      "gated_delta_rule", "indexer_topk"})
+#: Ops whose operands are quantized (``dtype`` names the quantized dtype).
+QUANT_OPS = frozenset({"scaled_gemm", "scaled_grouped_gemm"})
 #: The gated_delta_rule kernels keep whole key rows in registers (every released model has K = 128).
 MAX_KEY_DIM = 256
 
@@ -30,14 +32,25 @@ def dtype_name(dtype: Any) -> str | None:
 
 def dtype_reason(op: str, dtype: str) -> str | None:
     """None if the kernels of ``op`` take ``dtype`` at all, else why not."""
-    if op == "scaled_gemm":
-        return None if dtype in QUANTS else f"scaled_gemm takes {', '.join(QUANTS)} operands, not {dtype}"
+    if op in QUANT_OPS:
+        return None if dtype in QUANTS else f"{op} takes {', '.join(QUANTS)} operands, not {dtype}"
     if dtype in QUANTS:
         return f"{op} takes floating tensors; {dtype} operands go through scaled_gemm"
     if dtype not in FLOATS:
         return f"{op} takes {', '.join(FLOATS)} tensors, not {dtype}"
     if dtype == "float64" and op in DOT_OPS:
         return f"the Triton {op} kernel has no float64 matrix-core path (float64 is the reference's dtype)"
+    return None
+
+
+def quant_dtype(op: str, static: Mapping[str, Any]) -> str | None:
+    """The quantized dtype an op's static configuration names: ``dtype`` of the scaled GEMMs,
+    ``quant_dtype`` of quantize_activation, the weights' of a quantized fused_moe; else None."""
+    if op in QUANT_OPS:
+        return dtype_name(static.get("dtype"))
+    for key in ("quant_dtype", "weight_dtype", "w_dtype"):
+        if static.get(key) is not None:
+            return dtype_name(static[key])
     return None
 
 
@@ -54,6 +67,9 @@ def shape_reason(op: str, static: Mapping[str, Any]) -> str | None:
         return f"block_size {int(block_size)}: a KV block holds at least one token"
     if op == "fused_moe" and static.get("activation", "silu") not in ACTIVATIONS:
         return f"the fused_moe kernel applies {', '.join(ACTIVATIONS)}, not {static['activation']!r}"
+    quant = quant_dtype(op, static) if op in ("quantize_activation", "fused_moe") else None
+    if quant is not None and quant not in QUANTS and (op == "quantize_activation" or quant not in FLOATS):
+        return f"the {op} kernels quantize to {', '.join(QUANTS)}, not {quant}"
     if op == "route" and static.get("scoring", "softmax") not in ("softmax", "sigmoid"):
         return f"route scores with softmax or sigmoid, not {static['scoring']!r}"
     if op == "gated_delta_rule":

@@ -15,6 +15,10 @@ fused_moe is six launches (plus one memset), none of which synchronizes with the
 3. grouped GEMM 2 (w2), its epilogue adding the expert's w2_bias -> y_sorted in x's dtype;
 4. the combine: y[m] = sum_s weights[m, s] * y_sorted[inv[m * k + s]] in float32.
 
+Quantized experts (fp8 / int8 weights) replace steps 2-3 by ``hetero.kernels._moe_quant``: the
+scaled grouped GEMM kernel with the same gather and epilogues, inputs quantized per token (group)
+by the quantizer kernel, or float inputs with weight tiles dequantized in the kernel (W8A16).
+
 The roundings are those of the reference
 composition (permute, grouped_gemm, activation, grouped_gemm, unpermute; each bias added in
 float32 before its rounding). Only cheap checks run (ranks, dtypes, shapes, devices): expert ids
@@ -29,9 +33,11 @@ import torch
 
 from hetero.kernels import _moe_kernels as kern
 from hetero.kernels._moe_checks import check_fused, check_ids, check_int, check_weights
+from hetero.kernels._moe_quant import quant_experts
 from hetero.kernels._triton import triton_modules
 from hetero.kernels.gemm import interpreted, launch_grouped
 from hetero.kernels.tuning import Tuning
+from hetero.spec._checks_quant import check_fused_moe_quant
 from hetero.spec.checks import check_same_device, check_tensor, expect
 from hetero.spec.moe import ACTIVATIONS, SCORING
 from hetero.spec.types import FLOAT_DTYPES
@@ -192,16 +198,22 @@ def moe_unpermute(y_sorted, perm, weights, *, tuning: Tuning):
 
 
 def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit=None, w13_bias=None, w2_bias=None,
-              tuning: Tuning):
+              w13_scale=None, w2_scale=None, act_quant=None, act_scale_fmt="float", tuning: Tuning):
     k = check_fused("fused_moe", x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias)
+    forms = check_fused_moe_quant("fused_moe", w13, w2, w13_scale, w2_scale, act_quant, act_scale_fmt)
+    check_same_device("fused_moe", x=x, w13_scale=w13_scale, w2_scale=w2_scale)
     rows, hidden = x.shape
     pairs = rows * k
     if pairs == 0:
         return x.new_empty(rows, hidden)
     flat_ids = ids.reshape(-1).contiguous()
     perm, ends, inv = _sort_pairs(flat_ids, w13.shape[0], tuning, want_inv=True)
-    h = x.new_empty(pairs, w13.shape[1] // 2)  # bias, rounding, activation and rounding in the first GEMM's epilogue
     act = (ACTIVATIONS.index(activation), alpha, 0.0 if limit is None else limit)
+    if forms is not None:
+        y_sorted = quant_experts(x, w13, w2, w13_scale, w2_scale, forms, ends, perm, k, act, w13_bias, w2_bias,
+                                 act_quant, act_scale_fmt, tuning)
+        return _combine(y_sorted, inv, weights, tuning)
+    h = x.new_empty(pairs, w13.shape[1] // 2)  # bias, rounding, activation and rounding in the first GEMM's epilogue
     launch_grouped(x, w13, ends, h, tuning=tuning, kernel="fused_moe", perm=perm, topk=k, swiglu=True, act=act,
                    bias=w13_bias)
     y_sorted = x.new_empty(pairs, hidden)

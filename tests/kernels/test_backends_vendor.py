@@ -118,3 +118,36 @@ def test_vendor_varlen_attention_converts_the_lse(wrap):
     _close(varlen(*args, **kw), want_out, 0)
     mla_args, _ = _varlen_inputs(d=192, dv=128)
     assert varlen(*mla_args, **kw) == "triton" and spy.calls == 1  # D != Dv: MLA prefill stays on the Triton kernel
+
+
+def _fake_scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
+    """torch._scaled_grouped_mm's contract (it has no CPU kernel): b column-major [G, K, N], row-wise scales
+    [M] and [G, N], int32 ends, bfloat16 out, rows past the last end unwritten (NaN here)."""
+    assert mat_b.stride(-2) == 1 and scale_a.shape == mat_a.shape[:1] and scale_b.shape == (mat_b.shape[0], mat_b.shape[2])
+    assert offs.dtype == torch.int32 and out_dtype == torch.bfloat16
+    out = torch.full((mat_a.shape[0], mat_b.shape[2]), float("nan"))
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        out[start:end] = (mat_a[start:end].float() * scale_a[start:end, None]) @ (mat_b[g].float() * scale_b[g])
+        start = end
+    return out.to(out_dtype)
+
+
+def test_vendor_scaled_grouped_gemm_rowwise(monkeypatch):
+    from hetero_cpu_ref.quant import scaled_grouped_gemm as ref
+
+    monkeypatch.setattr(torch, "_scaled_grouped_mm", _fake_scaled_grouped_mm, raising=False)
+    spy = Spy()
+    grouped = cuda_vendor.torch_scaled_grouped_gemm(spy)
+    a, b = _fp8((10, 64)), torch.stack([_fp8((32, 64)) for _ in range(3)])
+    sa, sb = torch.rand(10, 1) + 0.5, torch.rand(3, 32, 1) + 0.5
+    ends = torch.tensor([2, 2, 7], dtype=torch.int32)
+    for a_s, b_s in ((sa, sb), (torch.tensor([0.7]), torch.tensor([0.5, 1.0, 2.0]))):
+        _close(grouped(a, b, a_s, b_s, ends), ref(a, b, a_s, b_s, ends), 2e-2)
+    assert spy.calls == 0
+    assert grouped(a, b, sa, torch.rand(3, 1, 1), ends) == "triton"  # 128x128 block scales
+    assert grouped(a, b, sa, sb, ends, out_dtype=torch.float32) == "triton"
+    assert grouped(a, b, sa, sb, ends.long()) == "triton"
+    a8, b8 = torch.randint(-5, 5, (10, 64), dtype=torch.int8), torch.randint(-5, 5, (3, 32, 64), dtype=torch.int8)
+    assert grouped(a8, b8, sa, sb, ends, a_zero_point=torch.zeros(10, 1, dtype=torch.int32)) == "triton"
+    assert spy.calls == 4

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-FAMILIES = ("paged", "mla", "varlen", "cache", "rotary", "grouped_gemm", "moe", "ep", "dsa")
+FAMILIES = ("paged", "mla", "varlen", "cache", "rotary", "grouped_gemm", "moe", "ep", "dsa", "quant")
 BIG = 10**6
 
 
@@ -392,11 +392,54 @@ def _dsa_cases(r):
         r.add("write_index_k_" + name, write)
 
 
+def _fp8_guarded(shape):
+    """fp8 e4m3fn values of ``shape`` between guard zones of NaN bytes (0x7F): a read past them is a NaN output."""
+    import torch
+
+    n = shape[0] * shape[1]
+    buf = torch.full((n + 2 * PAD,), 0x7F, dtype=torch.uint8)
+    t = buf[PAD:PAD + n].view(torch.float8_e4m3fn).view(*shape)
+    t.copy_(torch.randn(*shape).to(torch.float8_e4m3fn))
+    return t
+
+
+def _quant_cases(r):
+    import torch
+
+    from hetero.kernels import moe, quant
+
+    tune = _tuning()
+    bad = {"decreasing": [6, 2, 9], "past_m": [3, 5, BIG], "negative": [-BIG, 4, 9], "huge_middle": [2, BIG, 9],
+           "negative_end": [2, 5, -3]}
+    for name, ends in bad.items():
+        ge = torch.tensor(ends, dtype=torch.int32)
+
+        def call(ge=ge):
+            a = _fp8_guarded((9, 160))
+            b = torch.randn(3, 136, 160).to(torch.float8_e4m3fn)
+            c = quant.scaled_grouped_gemm(a, b, torch.rand(9, 2) + 0.5, torch.rand(3, 2, 2) + 0.5, ge, tuning=tune)
+            return [], [c]
+
+        r.add("scaled_grouped_" + name, call)
+    w13, s13 = torch.randn(4, 12, 8).to(torch.int8), torch.rand(4, 12, 1)
+    w2, s2 = torch.randn(4, 8, 6).to(torch.int8), torch.rand(4, 8, 1)
+    for name, bad_id in {"expert_e": 4, "expert_negative": -1, "expert_huge": BIG}.items():
+        ids = torch.tensor([[0, 1], [bad_id, 2], [3, bad_id]], dtype=torch.int32)
+        for act_quant in ("token", None):
+            def fused(ids=ids, act_quant=act_quant):
+                y = moe.fused_moe(torch.randn(3, 8), w13, w2, torch.rand(3, 2), ids, w13_scale=s13, w2_scale=s2,
+                                  act_quant=act_quant, tuning=tune)
+                return [], [y]
+
+            r.add(f"fused_{act_quant}_{name}", fused)
+
+
 def _child(family):
     r = Runner()
     {"paged": lambda: _paged_cases(r, mla=False), "mla": lambda: _paged_cases(r, mla=True), "varlen": lambda: _varlen_cases(r),
      "cache": lambda: _cache_cases(r), "rotary": lambda: _rotary_cases(r), "grouped_gemm": lambda: _grouped_gemm_cases(r),
-     "moe": lambda: _moe_cases(r), "ep": lambda: _ep_cases(r), "dsa": lambda: _dsa_cases(r)}[family]()
+     "moe": lambda: _moe_cases(r), "ep": lambda: _ep_cases(r), "dsa": lambda: _dsa_cases(r),
+     "quant": lambda: _quant_cases(r)}[family]()
     r.run()
 
 

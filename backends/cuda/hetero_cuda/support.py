@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from hetero.kernels.limits import MAX_HEAD_DIM, dtype_name, dtype_reason, shape_reason
+from hetero.kernels.limits import MAX_HEAD_DIM, QUANT_OPS, dtype_name, dtype_reason, quant_dtype, shape_reason
 
 __all__ = ["reason", "dtype_name", "sm_name", "MAX_HEAD_DIM"]
 
@@ -29,7 +29,7 @@ def _fp8_reason(dtype: str, cap: tuple[int, int] | None) -> str | None:
 
 
 def _arch_reason(op: str, dtype: str, cap: tuple[int, int] | None) -> str | None:
-    if op == "scaled_gemm":
+    if op in QUANT_OPS:
         return _fp8_reason(dtype, cap)
     if dtype == "bfloat16" and cap is not None and cap < MIN_BF16:
         return f"bfloat16 needs sm80+, this device is {sm_name(cap)}"
@@ -41,6 +41,11 @@ def reason(op: str, static: Mapping[str, Any], capability: tuple[int, int] | Non
     dtype = dtype_name(static.get("dtype"))
     if dtype is not None:
         why = dtype_reason(op, dtype) or _arch_reason(op, dtype, capability)
+        if why:
+            return why
+    weights = quant_dtype(op, static) if op == "fused_moe" else None
+    if weights is not None and weights.startswith("float8"):
+        why = _fp8_reason(weights, capability)
         if why:
             return why
     return shape_reason(op, static)

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from hetero.kernels.torch_paths import linear_gemm, named
 
-__all__ = ["ENV", "off_reason", "bind", "installed", "cublas_gemm", "torch_grouped_gemm", "torch_scaled_gemm", "flash_attn_varlen"]
+__all__ = ["ENV", "off_reason", "bind", "installed", "cublas_gemm", "torch_grouped_gemm", "torch_scaled_gemm",
+           "torch_scaled_grouped_gemm", "flash_attn_varlen"]
 
 ENV = "HETERO_CUDA_VENDOR"
 OPTIONAL = ("flash_attn", "flashinfer")
@@ -65,6 +66,8 @@ def bind(backend: Any) -> dict[str, Callable]:
         paths["grouped_gemm"] = torch_grouped_gemm(backend.grouped_gemm)
     if cap >= (8, 9) and hasattr(torch, "_scaled_mm"):
         paths["scaled_gemm"] = torch_scaled_gemm(backend.scaled_gemm, rowwise=cap >= (9, 0))
+    if cap >= (9, 0) and hasattr(torch, "_scaled_grouped_mm"):
+        paths["scaled_grouped_gemm"] = torch_scaled_grouped_gemm(backend.scaled_grouped_gemm)
     fa = _flash_attn_varlen_func()
     if fa is not None and cap >= (8, 0):
         paths["varlen_attention"] = flash_attn_varlen(backend.varlen_attention, fa)
@@ -140,6 +143,47 @@ def torch_scaled_gemm(triton_scaled_gemm: Callable, *, rowwise: bool) -> Callabl
         return out.add_(bias).to(out_dtype)
 
     return named(scaled_gemm, "torch_scaled_gemm")
+
+
+def _scaled_grouped_args(a, b, a_scale, b_scale, group_ends, a_zero_point, out_dtype):
+    """(scale_a [M], scale_b [G, N]) for torch._scaled_grouped_mm, or None when the call needs the Triton kernel:
+    it takes e4m3fn with row-wise scales only (per token / per channel; per tensor and per group expanded),
+    bfloat16 out, 16-byte aligned strides and int32 ends; no zero point, no block scales."""
+    if not (a.dtype is torch.float8_e4m3fn and b.dtype is torch.float8_e4m3fn and a_zero_point is None
+            and out_dtype is torch.bfloat16 and group_ends.dtype is torch.int32 and a.shape[0] > 0
+            and a.shape[1] % 16 == 0 and b.shape[1] % 16 == 0 and a.is_contiguous() and b.is_contiguous()
+            and a_scale.dtype is torch.float32 and b_scale.dtype is torch.float32):
+        return None
+    (m, k), (groups, n) = a.shape, b.shape[:2]
+    if tuple(a_scale.shape) == (m, 1):
+        sa = a_scale.reshape(m)
+    elif a_scale.numel() == 1 and a_scale.ndim <= 2:
+        sa = a_scale.reshape(1).expand(m)
+    else:
+        return None
+    if tuple(b_scale.shape) == (groups, n, 1):
+        sb = b_scale.reshape(groups, n)
+    elif tuple(b_scale.shape) == (groups,):
+        sb = b_scale.reshape(groups, 1).expand(groups, n)
+    else:
+        return None
+    return sa.contiguous(), sb.contiguous()
+
+
+def torch_scaled_grouped_gemm(triton_scaled_grouped_gemm: Callable) -> Callable:
+    """torch._scaled_grouped_mm (CUTLASS fp8 grouped GEMM, sm90+) for e4m3fn with row-wise scales and
+    bfloat16 out; block scales, int8, zero points and e4m3fnuz go to the Triton kernel."""
+
+    def scaled_grouped_gemm(a, b, a_scale, b_scale, group_ends, *, a_zero_point=None, out_dtype=torch.bfloat16):
+        args = _scaled_grouped_args(a, b, a_scale, b_scale, group_ends, a_zero_point, out_dtype)
+        if args is None:
+            return triton_scaled_grouped_gemm(a, b, a_scale, b_scale, group_ends, a_zero_point=a_zero_point,
+                                              out_dtype=out_dtype)
+        out = torch._scaled_grouped_mm(a, b.transpose(-2, -1), args[0], args[1], offs=group_ends, out_dtype=torch.bfloat16)
+        rows = torch.arange(a.shape[0], device=a.device).unsqueeze(1)
+        return out.masked_fill_(rows >= group_ends[-1:], 0)  # rows past the last group are left unwritten
+
+    return named(scaled_grouped_gemm, "torch_scaled_grouped_gemm")
 
 
 # ----------------------------------------------------------------------------- attention

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from hetero.kernels.limits import MAX_HEAD_DIM, dtype_name, dtype_reason, shape_reason
+from hetero.kernels.limits import MAX_HEAD_DIM, QUANT_OPS, dtype_name, dtype_reason, quant_dtype, shape_reason
 
 __all__ = ["reason", "dtype_name", "FP8_BY_ARCH", "MAX_HEAD_DIM"]
 
@@ -44,7 +44,7 @@ def _fp8_reason(dtype: str, arch: str | None) -> str | None:
 
 
 def _arch_reason(op: str, dtype: str, arch: str | None) -> str | None:
-    if op == "scaled_gemm":
+    if op in QUANT_OPS:
         return _fp8_reason(dtype, arch)
     if dtype == "bfloat16" and arch in _NO_BF16:
         return f"bfloat16 needs matrix cores (gfx908+), this device is {arch}"
@@ -56,6 +56,11 @@ def reason(op: str, static: Mapping[str, Any], arch: str | None) -> str | None:
     dtype = dtype_name(static.get("dtype"))
     if dtype is not None:
         why = dtype_reason(op, dtype) or _arch_reason(op, dtype, arch)
+        if why:
+            return why
+    weights = quant_dtype(op, static) if op == "fused_moe" else None
+    if weights is not None and weights.startswith("float8"):
+        why = _fp8_reason(weights, arch)
         if why:
             return why
     return shape_reason(op, static)
