@@ -160,3 +160,20 @@ def test_the_cycle_finder(tmp_path, source, expected):
     (tmp_path / "a.py").write_text(source + "thing = 1\n")
     (tmp_path / "b.py").write_text("")
     assert cycles(import_graph({"pkg": tmp_path})) == expected
+
+
+def test_importing_plugins_engine_and_conformance_loads_no_triton_kernel_module():
+    """The @triton.jit modules load lazily, after the process chose the interpreter or a device: a
+    kernel module imported earlier (by a plugin, the engine or the case catalog, at collection time)
+    keeps compiled-mode helpers, and every interpreted kernel calling them fails ("Cannot call
+    @triton.jit'd outside of the scope of a kernel")."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import hetero_ascend.plugin, hetero_cuda.plugin, hetero_rocm.plugin, hetero_cpu_ref.plugin\n"
+            "import hetero.engine, hetero.engine.quant, hetero_conformance.cases, hetero.bench.model\n"
+            "print(sorted(m for m in sys.modules if m.startswith('hetero.kernels.') and m.endswith('_kernels')"
+            " or m.startswith('hetero.kernels.') and m.rsplit('.', 1)[1] in ('attention', 'gemm', 'moe', 'dsa')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

@@ -18,12 +18,16 @@ import torch
 import hetero
 from hetero.kernels import TritonBackend
 from hetero.kernels._meta import check_meta_shapes
-from hetero.kernels.attention import KERNEL_DTYPES
 from hetero.spec._checks_dsa import check_indexer_inputs, check_layer_norm, check_topk_indices
-from hetero.spec.checks import check_mla_inputs
-from hetero_ascend import convert, ep, sparse, support
+from hetero.spec._checks_quant import check_scaled_grouped
+from hetero.spec.checks import check_mla_inputs, check_tensor
+from hetero.spec.types import FLOAT_DTYPES
+from hetero_ascend import convert, ep, quant, sparse, support
 
 __all__ = ["AscendBackend", "hetero_backends"]
+
+#: The activation dtypes of the Triton kernels (float64 is the reference's).
+_KERNEL_DTYPES = tuple(d for d in FLOAT_DTYPES if d is not torch.float64)
 
 
 def _npu() -> Any:
@@ -50,6 +54,9 @@ class AscendBackend(TritonBackend):
             notes[op] = (f"mapped to {support.target(op)} where its documented limits allow, else the "
                          f"portable hetero._ep path; {support.NEVER_RUN}")
         notes.update(sparse_notes())
+        for op, extra in quant.NOTES.items():
+            if op in notes:
+                notes[op] = f"{notes[op]}; {extra}"
         return notes
 
     @classmethod
@@ -118,7 +125,7 @@ class AscendBackend(TritonBackend):
         never run on an NPU (conversions tested on CPU). FIA takes 1..16 query rows per sequence here (doc):
         longer chunks, and calls outside SFA's documented limits, go to the Triton kernel."""
         if topk_indices is not None:  # the always-on checks first: the SFA conversion indexes by them
-            t = check_mla_inputs("mla_attention", q_nope, q_pe, ckv_cache, kpe_cache, KERNEL_DTYPES)[0]
+            t = check_mla_inputs("mla_attention", q_nope, q_pe, ckv_cache, kpe_cache, _KERNEL_DTYPES)[0]
             check_meta_shapes("mla_attention", meta, t)
             check_topk_indices("mla_attention", topk_indices, t, q_nope.device)
             if support.sfa_reason(sparse.sfa_static(q_nope, q_pe, ckv_cache, return_lse)) is not None:
@@ -147,14 +154,29 @@ class AscendBackend(TritonBackend):
 
     # -- gemm / moe -----------------------------------------------------------------------
     def grouped_gemm(self, a, b, group_ends, *, out_dtype=None):
-        """torch_npu.npu_grouped_matmul (split_item 2, group_type 0, cumsum group_list); never run on an NPU
-        (conversions tested on CPU)."""
-        w = convert.grouped_weights(b)
-        y = _npu().npu_grouped_matmul([a], [w[g] for g in range(w.shape[0])], group_list=convert.group_list(group_ends, 0, rows=a.shape[0]),
-                                      split_item=2, group_type=0, group_list_type=0)[0]
-        rows = torch.arange(a.shape[0], device=a.device).unsqueeze(1)
-        y = y.masked_fill(rows >= group_ends[-1:].to(torch.int64), 0)  # hetero: rows past the last group are zero
+        """torch_npu.npu_grouped_matmul with one 3-D weight (split_item 3, group_type 0, cumsum group_list
+        ending at a's rows, <= 1024 groups); never run on an NPU (conversions tested on CPU)."""
+        from hetero.kernels.gemm import check_operands  # not at import: the kernel modules load under the interpreter
+
+        check_operands("grouped_gemm", a, b, FLOAT_DTYPES, b_ndim=3)
+        check_tensor("grouped_gemm", "group_ends", group_ends, shape=(b.shape[0],), dtypes=(torch.int32, torch.int64))
+        if a.shape[0] == 0 or b.shape[0] == 0:  # no call: all rows are past the last group
+            return a.new_zeros(a.shape[0], b.shape[1], dtype=out_dtype or a.dtype)
+        gl, last = quant.gmm_group_list(group_ends, a.shape[0])
+        y = _npu().npu_grouped_matmul([a.contiguous()], [convert.grouped_weights(b)], group_list=gl, split_item=3,
+                                      group_type=0, group_list_type=0)[0]
+        y = quant.zero_past(y, last)
         return y if out_dtype in (None, y.dtype) else y.to(out_dtype)
+
+    def scaled_grouped_gemm(self, a, b, a_scale, b_scale, group_ends, *, a_zero_point=None, out_dtype=torch.bfloat16):
+        """torch_npu.npu_grouped_matmul's int8 per-token form (per_token_scale x per-channel scale, one 3-D
+        weight, cumsum group_list); never run on an NPU (conversions tested on CPU). Calls outside its
+        documented limits (fp8, block scales, a zero point, float32 output) go to the Triton kernel."""
+        forms = check_scaled_grouped("scaled_grouped_gemm", a, b, a_scale, b_scale, group_ends, a_zero_point, out_dtype)
+        if quant.gmm_reason(quant.gmm_static(a, b, forms, a_zero_point, out_dtype)) is not None:
+            return super().scaled_grouped_gemm(a, b, a_scale, b_scale, group_ends, a_zero_point=a_zero_point,
+                                               out_dtype=out_dtype)
+        return quant.grouped_matmul_w8a8(_npu(), a, b, a_scale, b_scale, group_ends, forms, out_dtype)
 
     def route(self, router_logits, *, top_k, scoring="softmax", renormalize=True, n_group=1, topk_group=1,
               correction_bias=None, routed_scaling_factor=1.0):

@@ -11,6 +11,8 @@ from typing import Any, Mapping
 
 from hetero.kernels.limits import dtype_name, kernel_reason
 
+from hetero_ascend import quant
+
 __all__ = ["MAPPED", "NEVER_RUN", "DECLINED", "reason", "target", "indexer_reason", "sfa_reason", "triton_ascend_version"]
 
 #: op -> the torch_npu operator it is mapped to (a name starting "torch." is a torch op torch_npu dispatches).
@@ -29,6 +31,7 @@ MAPPED = {
     "rotary_embedding": "npu_rotary_mul",
     "ep_dispatch": "npu_moe_distribute_dispatch",
     "ep_combine": "npu_moe_distribute_combine",
+    "scaled_grouped_gemm": quant.GMM,
 }
 NEVER_RUN = "never run on an NPU (conversions tested on CPU)"
 
@@ -195,6 +198,8 @@ def _mapped_reason(op: str, s: Mapping[str, Any]) -> str | None:
         return indexer_reason(s)
     if dtype is not None and dtype not in HALF_FP32 and op != "moe_permute" and op != "moe_unpermute":
         return f"{target(op).split(' in ')[0]} takes float16, bfloat16 or float32, not {dtype}"
+    if op == "grouped_gemm" and s.get("num_experts") is not None and int(s["num_experts"]) > quant.GMM_MAX_GROUPS:
+        return f"npu_grouped_matmul takes at most {quant.GMM_MAX_GROUPS} groups (doc), not {int(s['num_experts'])}"
     if op == "route":
         k, e = s.get("top_k"), s.get("num_experts")
         if k is not None and not 1 <= int(k) <= MAX_GATING_TOPK:
@@ -224,6 +229,8 @@ def reason(op: str, static: Mapping[str, Any], triton_ok: bool) -> str | None:
         # always accepted: the method itself checks the npu_moe_distribute_* limits at run time
         # (hetero_ascend.ep.dispatch_limit_reason) and otherwise runs the portable hetero._ep path
         return None
+    if op in quant.QUANT_OPS or (op == "fused_moe" and quant.quantized_moe(static)):
+        return quant.reason(op, static, triton_ok)
     if op == "rms_norm" and _rms_norm_options(static):
         if not triton_ok:
             return ("npu_rms_norm / npu_add_rms_norm have no weight_offset or gate (the portable Triton kernel "
