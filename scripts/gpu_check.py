@@ -10,8 +10,10 @@ differs, and through the torch reference (cpu_ref's functions on the same device
 tensors). Ops that take index tensors are also timed with validation on
 (``hetero.load(backend, validate=True)``: a device-to-host read of the indices per
 call) beside validation off, the default on a GPU. Times are medians of ``triton.testing.do_bench`` on a GPU. The roofline
-of a case is max(bytes / 4.3 TB/s, flops / 790 TFLOP/s) (1580 TFLOP/s for fp8),
-the H200's measured copy bandwidth and dense bf16 rate. ``--smoke`` runs tiny
+of a case is max(bytes / 4.3 TB/s, flops / 790 TFLOP/s) (1580 TFLOP/s for fp8 and int8),
+the H200's measured copy bandwidth and dense bf16 rate. The row-wise fp8
+scaled_grouped_gemm case is also timed beside torch._scaled_grouped_mm, in a separate section
+(scripts/gpu_check_quant.py). ``--smoke`` runs tiny
 shapes through Triton's interpreter on the CPU (HETERO_TRITON_INTERPRET=1),
 timed with time.perf_counter since do_bench needs a GPU driver: it checks that
 the script works, not how fast anything is. Exit 1 when an op raised.
@@ -34,7 +36,7 @@ from hetero.spec.validate import VALIDATORS
 
 HBM_BYTES_PER_S = 4.3e12
 BF16_FLOPS = 790e12
-PEAK = {"float8_e4m3fn": 2 * BF16_FLOPS, "float8_e4m3fnuz": 2 * BF16_FLOPS}
+PEAK = {"float8_e4m3fn": 2 * BF16_FLOPS, "float8_e4m3fnuz": 2 * BF16_FLOPS, "int8": 2 * BF16_FLOPS}
 DEFAULT_OUT = "docs/perf/gpu_check.md"
 
 
@@ -174,7 +176,7 @@ def markdown(rows: list[Row], head: dict[str, str], interpreted: bool) -> str:
     if interpreted:
         lines += ["- **interpreted**: the Triton kernels ran in Triton's interpreter on the CPU (HETERO_TRITON_INTERPRET=1) "
                   "with tiny shapes; the times and the roofline columns say nothing about GPU speed"]
-    lines += ["- roofline: max(bytes / 4.3 TB/s, flops / 790 TFLOP/s bf16 or 1580 TFLOP/s fp8), the H200's measured ceilings;"
+    lines += ["- roofline: max(bytes / 4.3 TB/s, flops / 790 TFLOP/s bf16 or 1580 TFLOP/s fp8 / int8), the H200's ceilings;"
               " *of roofline* = roofline time / hetero time", "",
               "- validate on / off: the op's time with `hetero.load(backend, validate=True)` over its time with validation off", "",
               "| op | case | dtype | implementation | hetero ms | Triton kernel ms | torch ref ms | roofline ms | bound | of roofline | vs ref | validate on / off | rel err vs ref |",
@@ -265,7 +267,12 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(rows, header(args, ops, timing), getattr(ops.backend, "interpreted", False)), encoding="utf-8")
+    text = markdown(rows, header(args, ops, timing), getattr(ops.backend, "interpreted", False))
+    if not wanted or "scaled_grouped_gemm" in wanted:
+        import gpu_check_quant
+
+        text += gpu_check_quant.vendor_section(cases.SMOKE if args.smoke else cases.FULL, ops, timer, ops.device)
+    out.write_text(text, encoding="utf-8")
     print(f"wrote {out}")
     return 1 if any(r.error for r in rows) else 0
 

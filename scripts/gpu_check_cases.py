@@ -3,7 +3,7 @@
 ``benches(sizes)`` lists every op of the spec at least once. The attention family lives in
 gpu_check_attention, the sizes, the Bench record and the input helpers in gpu_check_sizes;
 here are gemm, MoE (gpt-oss's swigluoai experts with biases included), the layer ops and
-linear attention.
+linear attention; the quantized ops (spec 1.4) are in gpu_check_quant.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import math
 import torch
 
 from gpu_check_attention import attention_benches
+from gpu_check_quant import quant_benches
 from gpu_check_sizes import BF16, FULL, SMOKE, Bench, Sizes, expert_ids, nbytes, randn
 
 __all__ = ["Bench", "Sizes", "FULL", "SMOKE", "benches"]
@@ -187,4 +188,4 @@ def benches(s: Sizes) -> list[Bench]:
         out += [_fused(model, e, k, h, i, t) for t in s.moe_tokens]
     e, k, h, i = s.oss_moe
     out += [_fused("gpt-oss-20b swigluoai+bias", e, k, h, i, t, oss=True) for t in s.moe_tokens]
-    return out + _layers(s) + _linear_attention(s)
+    return out + quant_benches(s) + _layers(s) + _linear_attention(s)

@@ -40,18 +40,21 @@ class Sizes:
     norm: tuple[int, int]  # layer_norm (rows, hidden): the indexer's k_norm
     oss_heads: tuple[int, int, int, int]  # gpt-oss attention (Hq, Hkv, D, sliding window W)
     oss_moe: tuple[int, int, int, int]  # gpt-oss experts (E, top_k, H, I), swigluoai with biases
+    quant_tokens: int  # the quantized cases' tokens T (DeepSeek-V3: T x top_k routed rows), gpu_check_quant
 
 
 FULL = Sizes((64, 4096), (32, 8, 128), 16, (8, 2048), (128, 512, 64), 4096, 8192, (4096, 12288),
              {"qwen3-30b-a3b": (128, 8, 2048, 768), "deepseek-v3": (256, 8, 7168, 2048)}, 32768, (1, 256),
              (16, 128, 32, 128, 8192, 4), (64, 8, 4096),  # Qwen3-Next-80B-A3B's linear-attention layers
              (64, 32768, 4096, 8192), (64, 128, 2048), (8192, 128),  # DeepSeek-V3.2
-             (64, 8, 64, 128), (32, 4, 2880, 2880))  # gpt-oss-20b
+             (64, 8, 64, 128), (32, 4, 2880, 2880),  # gpt-oss-20b
+             4096)
 SMOKE = Sizes((2, 40), (4, 2, 32), 16, (2, 24), (4, 64, 16), 64, 16, (64, 96),
               {"qwen3-30b-a3b": (8, 2, 64, 32), "deepseek-v3": (16, 2, 128, 64)}, 24, (1, 4),
               (2, 16, 4, 16, 64, 4), (3, 2, 40),
               (2, 40, 8, 12), (4, 32, 8), (16, 32),
-              (4, 2, 32, 8), (8, 2, 64, 32))
+              (4, 2, 32, 8), (8, 2, 64, 32),
+              12)
 
 
 @dataclass(frozen=True)

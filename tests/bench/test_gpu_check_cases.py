@@ -33,7 +33,12 @@ def test_every_op_has_a_case_and_files_stay_small(cases):
     assert len(names) == len(set(names)), "case names repeat"
     for want in ("indexer_topk decode B64 KV32768 Hi64 D128 top2048", "mla_attention dsa decode B64 KV32768",
                  "fused_moe gpt-oss-20b swigluoai+bias T256 E32 top4 H2880 I2880", "layer_norm T8192 H128",
-                 "paged_attention gpt-oss Hq64 Hkv8 D64 window128 sinks decode"):
+                 "paged_attention gpt-oss Hq64 Hkv8 D64 window128 sinks decode",
+                 "quantize_activation deepseek-v3 T4096 K7168 group128 fp8 ue8m0",
+                 "quantize_activation deepseek-v3 T4096 K7168 per-token int8",
+                 "scaled_grouped_gemm deepseek-v3 T4096 gate_up 128-blocks E256 rows32768 N4096 K7168",
+                 "scaled_grouped_gemm deepseek-v3 T4096 gate_up row-wise E256 rows32768",
+                 "fused_moe deepseek-v3 fp8 128-blocks T256 E256 top8 H7168 I2048"):
         assert any(n.startswith(want) for n in names), want
     for path in SCRIPTS.glob("gpu_check*.py"):
         assert len(path.read_text().splitlines()) <= 300, path.name
@@ -76,3 +81,23 @@ def test_list_prints_every_case():
         assert res.returncode == 0, res.stderr[-2000:]
         listed = {line.split()[0] for line in res.stdout.splitlines() if line.strip()}
         assert listed == TIMED
+
+
+def test_torch_scaled_grouped_mm_arguments_mean_the_same_product(cases):
+    """The side-by-side call's arguments, read as torch._scaled_grouped_mm's 2d x 3d row-wise form (rows of group g,
+    up to offs[g], times mat_b[g] [K, N], scaled by scale_a per row and scale_b[g] per column), give the reference's
+    product; off a GPU the section says it was skipped."""
+    import gpu_check_quant as quant
+
+    bench = next(b for b in quant.quant_benches(cases.SMOKE) if quant.VENDOR_CASE in b.case)
+    inputs, _, _ = bench.make(torch.device("cpu"))
+    t = quant.torch_grouped_args(inputs)
+    assert t["mat_b"].shape[1:] == inputs["b"].shape[:0:-1] and t["offs"].dtype == torch.int32
+    out, start = torch.zeros(t["mat_a"].shape[0], t["mat_b"].shape[2], dtype=torch.float64), 0
+    for g, end in enumerate(t["offs"].tolist()):
+        a = t["mat_a"][start:end].double() * t["scale_a"][start:end, None].double()
+        out[start:end] = a @ (t["mat_b"][g].double() * t["scale_b"][g][None, :].double())
+        start = end
+    want = default_registry().entry("cpu_ref").cls("cpu").scaled_grouped_gemm(**inputs)
+    torch.testing.assert_close(out.to(want.dtype), want, atol=1e-2, rtol=1e-2)
+    assert "skipped" in quant.vendor_section(cases.SMOKE, None, None, torch.device("cpu"))
