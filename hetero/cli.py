@@ -1,4 +1,4 @@
-"""The ``hetero`` command: backends | explain | conformance | generate | check-model | bench | bench-engine | new-backend.
+"""The ``hetero`` command: backends | explain | conformance | generate | check-model | bench | bench-engine | quantize | new-backend.
 
 An error the user can fix (``hetero.errors.USER_ERRORS``: a bad argument, a missing
 file, an unknown or unavailable backend) prints one line, ``hetero <command>: error:

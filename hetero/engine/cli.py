@@ -26,6 +26,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help="backend name (default: HETERO_BACKEND, else the best available)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (generate default: the checkpoint's)")
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens (default 16)")
+    p.add_argument("--quantization", default=None, metavar="METHOD",
+                   help="the quant_method the checkpoint must declare (fp8, compressed-tensors, none); "
+                        "a quantized checkpoint's detected format is printed to stderr either way")
 
 
 def add_parsers(sub: Any) -> None:
@@ -61,6 +64,61 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_check_model)
     _add_bench_parser(sub)
+    _add_quantize_parser(sub)
+
+
+def _add_quantize_parser(sub: Any) -> None:
+    from hetero.engine.quantize import SCHEMES
+
+    p = sub.add_parser("quantize", help="write an 8-bit (fp8 / int8) copy of a float checkpoint",
+                       description="Quantize every Linear weight of a bf16/fp32 Hugging Face checkpoint except "
+                                   "embeddings, norms, routers and lm_head. fp8-block: DeepSeek/Qwen3-FP8 layout "
+                                   "(quant_method fp8, 128x128 weight_scale_inv); fp8-channel / int8-channel: "
+                                   "compressed-tensors W8A8 with per-channel weight_scale and dynamic per-token "
+                                   "activations. --dequantize writes the float checkpoint an 8-bit one means.")
+    p.add_argument("src", metavar="SRC", help="source checkpoint directory")
+    p.add_argument("dst", metavar="DST", help="output directory")
+    p.add_argument("--scheme", choices=SCHEMES, help="quantization scheme (required unless --dequantize)")
+    p.add_argument("--scale-dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="dtype of the stored scales (default float32)")
+    p.add_argument("--scale-fmt", default="float", choices=("float", "ue8m0"),
+                   help="fp8-block: activation scales as powers of two (DeepSeek-V3.1+ scale_fmt)")
+    p.add_argument("--dequantize", action="store_true", help="write SRC's dequantized float32 copy instead")
+    p.set_defaults(func=_cmd_quantize, needs_registry=False)
+
+
+def _cmd_quantize(args: argparse.Namespace, registry: Any, console: Console) -> int:
+    import torch
+
+    from hetero.engine.quantize import dequantize_checkpoint, quantize_checkpoint
+
+    if args.dequantize:
+        done = dequantize_checkpoint(args.src, args.dst)
+        console.print(f"{args.dst}: {len(done['converted'])} weights dequantized to float32", highlight=False)
+        return EXIT_OK
+    if args.scheme is None:
+        raise UsageError("argument --scheme: expected one of fp8-block, fp8-channel, int8-channel, got none")
+    done = quantize_checkpoint(args.src, args.dst, args.scheme, scale_dtype=getattr(torch, args.scale_dtype),
+                               scale_fmt=args.scale_fmt)
+    console.print(f"{args.dst}: {len(done['converted'])} weights quantized ({args.scheme}), "
+                  f"{len(done['kept'])} kept in float: {', '.join(done['kept'][:6])}"
+                  f"{' ...' if len(done['kept']) > 6 else ''}", highlight=False)
+    return EXIT_OK
+
+
+def _show_quantization(args: argparse.Namespace) -> None:
+    """Print a quantized checkpoint's format to stderr; a --quantization the checkpoint does not declare is an error."""
+    from hetero.engine.config import load_hf_config
+    from hetero.engine.quant.config import describe_quantization
+
+    config = load_hf_config(args.model)
+    qc = getattr(config, "quantization_config", None) or {}
+    method = (qc if isinstance(qc, dict) else qc.to_dict()).get("quant_method", "none")
+    wanted = getattr(args, "quantization", None)
+    if wanted is not None and wanted != method:
+        raise UsageError(f"argument --quantization: expected the checkpoint's {method!r}, got {wanted!r}")
+    if method != "none":
+        Console(stderr=True).print(f"quantization: {describe_quantization(config)}", highlight=False)
 
 
 def _add_bench_parser(sub: Any) -> None:
@@ -94,6 +152,7 @@ def _cmd_bench_engine(args: argparse.Namespace, registry: Any, console: Console)
 
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"argument --threads: expected an integer >= 1, got {args.threads}")
+    _show_quantization(args)
     with torch_threads(args.threads):
         return bench_engine(args, registry, console)
 
@@ -115,6 +174,7 @@ def _cmd_generate(args: argparse.Namespace, registry: Any, console: Console) -> 
     prompts: list[Any] = list(args.prompt) + list(args.prompt_ids)
     if not prompts:
         raise UsageError("arguments --prompt/--prompt-ids: expected at least one prompt, got none")
+    _show_quantization(args)
     llm = LLM(args.model, backend=args.backend, dtype=args.dtype or "auto", block_size=args.block_size,
               max_num_seqs=args.max_num_seqs, tensor_parallel_size=args.tensor_parallel_size,
               expert_parallel=args.expert_parallel)
@@ -167,6 +227,7 @@ def _cmd_check_model(args: argparse.Namespace, registry: Any, console: Console) 
 
     prompts = list(args.prompt_ids) or None
     _check_model_args(args, prompts)
+    _show_quantization(args)
     check = ModelCheck(args.model, args.backend, dtype=args.dtype or "float32", reference_dir=args.reference,
                        block_size=args.block_size)
     report = check.run(prompts, max_tokens=args.max_tokens, top_k=args.top_k)

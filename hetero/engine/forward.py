@@ -24,15 +24,20 @@ __all__ = ["build_model", "prefill", "PrefillResult"]
 
 
 def build_model(model_dir: str | Path, ops: Ops, dtype: torch.dtype, parallel: Parallel | None = None,
-                hf_config=None) -> CausalLM:
-    """The checkpoint's model class, built on ``ops``' device in ``dtype`` and loaded from its safetensors."""
+                hf_config=None, quant_config=None) -> CausalLM:
+    """The checkpoint's model class, built on ``ops``' device in ``dtype`` and loaded from its safetensors.
+
+    ``quant_config`` (a ``hetero.engine.quant.QuantConfig``) replaces the one the checkpoint's config asks
+    for, e.g. ``weights_only(quant_config_of(config))`` to run an 8-bit checkpoint without activation
+    quantization."""
     from transformers import AutoConfig
 
     from hetero.engine.loader import load_weights
 
     hf_config = hf_config or AutoConfig.from_pretrained(str(model_dir))
     ctx = ModelContext(ops=ops, parallel=parallel or Parallel(), dtype=dtype, device=torch.device(ops.device))
-    model = model_class(getattr(hf_config, "architectures", None))(hf_config, ctx)
+    cls = model_class(getattr(hf_config, "architectures", None))
+    model = cls(hf_config, ctx) if quant_config is None else cls(hf_config, ctx, quant_config=quant_config)
     load_weights(model, model_dir)
     return model.eval()
 

@@ -11,11 +11,12 @@ from hetero.engine.quant.base import LinearMethod, MoEMethod
 from hetero.engine.quant.unquantized import UnquantizedLinearMethod, UnquantizedMoEMethod
 from hetero.errors import UsageError
 
-__all__ = ["QuantConfig", "FORMATS", "UnsupportedQuantization", "quant_config_of"]
+__all__ = ["QuantConfig", "FORMATS", "UnsupportedQuantization", "quant_config_of", "describe_quantization"]
 
 #: ``quantization_config["quant_method"]`` -> "module:function" under hetero.engine.quant; the function
 #: takes that dict and returns the format's QuantConfig. A format is one new module and one line here.
-FORMATS: dict[str, str] = {}
+FORMATS: dict[str, str] = {"fp8": "fp8:fp8_config",
+                           "compressed-tensors": "compressed_tensors:compressed_tensors_config"}
 
 
 class UnsupportedQuantization(UsageError):
@@ -67,3 +68,11 @@ def quant_config_of(hf_config: Any) -> QuantConfig:
                                       f"hetero.engine (supported: {supported})")
     module, fn = FORMATS[method].split(":")
     return getattr(importlib.import_module(f"hetero.engine.quant.{module}"), fn)(dict(qc))
+
+
+def describe_quantization(hf_config: Any) -> str:
+    """One line saying how a checkpoint is quantized ("unquantized" without ``quantization_config``); an
+    unsupported format raises UnsupportedQuantization, as loading it would."""
+    config = quant_config_of(hf_config)
+    describe = getattr(config, "describe", None)
+    return describe() if callable(describe) else config.name
