@@ -125,3 +125,17 @@ def test_greedy_tokens_within_the_oracles_top_k(case):
         for i, token in enumerate(out.token_ids):
             top = logits[len(p) - 1 + i].topk(TOP_K).indices.tolist()
             assert token in top, (p, i, token, top)
+
+
+@pytest.mark.parametrize("case", ["deepseek_v3-fp8-block", "qwen3_moe-fp8-block", "qwen3-int8-channel"], indirect=True)
+def test_triton_kernels_under_the_interpreter(case, triton_interpreter):
+    """The cuda backend's quantizer, scaled GEMMs and quantized fused_moe inside the engine (Triton
+    interpreter), against the same fake-quantized oracle; no layer's configuration falls back."""
+    cuda = hetero.load("cuda")
+    model = build_model(case.q, cuda, torch.float32)
+    got = prefill(model, PROMPTS[:2]).logits
+    errors = [rel(a, b) for a, b in zip(got, case.oracle(PROMPTS[:2]))]
+    assert max(errors) < W8A8_TOL, errors
+    ops = ("quantize_activation", "scaled_gemm") + (("fused_moe",) if case.arch != "qwen3" else ())
+    info = cuda.explain()
+    assert all(info[op].origin == "backend" and not info[op].reasons for op in ops), {op: info[op] for op in ops}

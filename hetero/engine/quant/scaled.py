@@ -93,7 +93,7 @@ class _ScaledLoading(QuantMethod):
 
     def _bind_quant(self, layer: nn.Module) -> None:
         if self.scheme.act_quant is not None:
-            layer.ctx.bind_op(layer, "_quant", "quantize_activation", dtype=self.scheme.dtype)
+            layer.ctx.bind_op(layer, "_quant", "quantize_activation", quant_dtype=self.scheme.dtype)
 
     def _quantized(self, layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, scale = layer._quant(x, dtype=self.scheme.dtype, group_size=_GROUP_SIZE[self.scheme.act_quant],
@@ -115,7 +115,7 @@ class ScaledLinearMethod(_ScaledLoading, LinearMethod):
             ctx.bind_op(layer, "_gemm", "gemm")
         else:
             self._bind_quant(layer)
-            ctx.bind_op(layer, "_scaled_gemm", "scaled_gemm")
+            ctx.bind_op(layer, "_scaled_gemm", "scaled_gemm", dtype=s.dtype)  # static dtype: the 8-bit operands
 
     def _split_sizes(self, layer, dim):
         return list(layer.out_splits) if dim == 0 else [layer.in_features]
@@ -161,10 +161,11 @@ class ScaledMoEMethod(_ScaledLoading, MoEMethod):
                 raise UnsupportedQuantization(f"{layer.prefix}: expert parallel runs quantized experts with "
                                               "activation quantization only (no W8A16 grouped GEMM)")
             self._bind_quant(layer)
-            ctx.bind_op(layer, "_scaled_grouped_gemm", "scaled_grouped_gemm")
+            ctx.bind_op(layer, "_scaled_grouped_gemm", "scaled_grouped_gemm", dtype=s.dtype)
             ctx.bind_op(layer, "_silu_and_mul", "silu_and_mul")
         else:
-            ctx.bind_op(layer, "_fused_moe", "fused_moe", activation="silu")
+            ctx.bind_op(layer, "_fused_moe", "fused_moe", activation="silu", weight_dtype=s.dtype, w13_scale=s.weight_form,
+                        **({"act_quant": s.act_quant} if s.act_quant is not None else {}))
 
     def _split_sizes(self, layer, dim):
         return [layer.inter]
