@@ -9,7 +9,7 @@ import torch
 from hetero.spec.checks import INDEX_DTYPES, check_tensor, expect
 from hetero.spec.types import AttentionMeta
 
-__all__ = ["check_meta_shapes", "meta_tensors", "row_positions"]
+__all__ = ["check_meta_shapes", "row_positions"]
 
 
 def _int(x: object) -> bool:
@@ -28,10 +28,6 @@ def check_meta_shapes(op: str, meta: object, num_tokens: int) -> AttentionMeta:
     expect(_int(meta.max_query_len) and meta.max_query_len >= 0, op, "meta.max_query_len", "an int >= 0", repr(meta.max_query_len))
     expect(batch > 0 or num_tokens == 0, op, "meta.seq_lens", f"at least one sequence for {num_tokens} tokens", "none")
     return meta
-
-
-def meta_tensors(meta: AttentionMeta) -> dict[str, torch.Tensor]:
-    return {"meta.query_start_loc": meta.query_start_loc, "meta.seq_lens": meta.seq_lens, "meta.block_table": meta.block_table}
 
 
 def row_positions(meta: AttentionMeta, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,7 @@ import numbers
 import torch
 
 from hetero.spec.attention import INDEX_SCALE_GROUP
-from hetero.spec.checks import INDEX_DTYPES, check_at_least_1d, check_same_device, check_tensor, expect
+from hetero.spec.checks import INDEX_DTYPES, check_at_least_1d, check_same_device, check_tensor, expect, meta_tensors
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
 
 __all__ = [
@@ -32,13 +32,6 @@ __all__ = [
 INDEX_FP8 = torch.float8_e4m3fn
 #: index_scale and the indexer's weights are float32 by the spec; float64 is the oracle's run.
 SCALE_DTYPES = (torch.float32, torch.float64)
-
-
-def _meta_tensors(meta: object) -> dict[str, torch.Tensor]:
-    if not isinstance(meta, AttentionMeta):
-        return {}
-    names = ("query_start_loc", "seq_lens", "block_table")
-    return {f"meta.{n}": getattr(meta, n) for n in names if isinstance(getattr(meta, n), torch.Tensor)}
 
 
 def _check_index_cache(op: str, index_cache: object, index_scale: object, d: int, plain: torch.dtype) -> tuple[int, int]:
@@ -86,7 +79,7 @@ def check_indexer_inputs(op: str, q: object, weights: object, index_cache: objec
     expect(isinstance(meta, AttentionMeta), op, "meta", "an AttentionMeta", type(meta).__name__)
     ok = isinstance(topk, numbers.Integral) and not isinstance(topk, bool) and topk >= 1
     expect(ok, op, "topk", "an int >= 1", repr(topk))
-    check_same_device(op, q=q, weights=weights, index_cache=index_cache, index_scale=index_scale, **_meta_tensors(meta))
+    check_same_device(op, q=q, weights=weights, index_cache=index_cache, index_scale=index_scale, **meta_tensors(meta))
     return t, hi, d, nb, bs, int(topk)  # type: ignore[arg-type]
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "expect",
     "check_tensor",
     "check_same_device",
+    "meta_tensors",
     "check_meta",
     "check_slot_mapping",
     "check_cu_seqlens",
@@ -82,6 +83,15 @@ def check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
     first_name, first = items[0]
     for name, t in items[1:]:
         expect(t.device == first.device, op, name, f"device {first.device} (that of '{first_name}')", t.device)
+
+
+def meta_tensors(meta: object) -> dict[str, torch.Tensor]:
+    """The metadata's tensors, named for ``check_same_device`` ({} for a non-AttentionMeta: the
+    op's own metadata check names that error)."""
+    if not isinstance(meta, AttentionMeta):
+        return {}
+    names = ("query_start_loc", "seq_lens", "block_table")
+    return {f"meta.{n}": getattr(meta, n) for n in names if isinstance(getattr(meta, n), torch.Tensor)}
 
 
 def _first(mask: torch.Tensor) -> int | None:

@@ -11,7 +11,7 @@ import numbers
 import torch
 
 from hetero.spec.checks import check_tensor, expect
-from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
+from hetero.spec.types import FLOAT_DTYPES
 
 __all__ = [
     "STAT_DTYPES",
@@ -23,7 +23,6 @@ __all__ = [
     "check_gqa",
     "check_sinks",
     "check_out",
-    "meta_tensors",
 ]
 
 #: lse and sinks are float32 by the spec; float64 is accepted for the float64 oracle run.
@@ -99,11 +98,3 @@ def check_max_len(op: str, arg: str, value: object, cu: list[int]) -> None:
     longest = max((cu[b + 1] - cu[b] for b in range(len(cu) - 1)), default=0)
     check_int(op, arg, value, 0)
     expect(value >= longest, op, arg, f"at least the longest sequence ({longest})", value)
-
-
-def meta_tensors(meta: object) -> dict[str, torch.Tensor]:
-    """The metadata's tensors, named for device checks (check_meta validates the rest)."""
-    if not isinstance(meta, AttentionMeta):
-        return {}
-    names = ("query_start_loc", "seq_lens", "block_table")
-    return {f"meta.{n}": getattr(meta, n) for n in names if isinstance(getattr(meta, n), torch.Tensor)}

@@ -19,6 +19,7 @@ from hetero.spec.checks import (
     check_same_device,
     check_slot_mapping,
     check_tensor,
+    meta_tensors,
 )
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
 
@@ -30,7 +31,6 @@ from hetero_cpu_ref._attention_checks import (
     check_out,
     check_paged_cache,
     check_sinks,
-    meta_tensors,
 )
 from hetero_cpu_ref._attend import NEG_INF, attend_all, gather, scatter, used_blocks
 from hetero_cpu_ref._util import acc_dtype

@@ -122,12 +122,19 @@ def grouped_gemm(
     check_tensor(op, "group_ends", group_ends)
     check_same_device(op, a=a, group_ends=group_ends)  # before reading its values
     ends = check_group_ends(op, group_ends, b.shape[0], a.shape[0])
+    return grouped_linear(a, b, ends, None, out_dtype)
 
+
+def grouped_linear(a: torch.Tensor, b: torch.Tensor, ends: list[int], bias: torch.Tensor | None,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    """Rows [ends[g-1], ends[g]) of ``a @ b[g].T (+ bias[g])`` in float32 (float64 for float64 inputs),
+    rounded once to out_dtype; rows past the last group are zero. No checks: the callers' own."""
     acc = acc_dtype(a, b)
     out = torch.zeros(a.shape[0], b.shape[1], dtype=out_dtype, device=a.device)
     start = 0
     for g, end in enumerate(ends):
         if end > start:
-            out[start:end] = (up(a[start:end], acc) @ up(b[g], acc).T).to(out_dtype)
+            y = up(a[start:end], acc) @ up(b[g], acc).T
+            out[start:end] = (y if bias is None else y + up(bias[g], acc)).to(out_dtype)
         start = end
     return out

@@ -17,6 +17,7 @@ from hetero.spec.types import FLOAT_DTYPES
 from hetero_cpu_ref._moe_checks import check_fused_moe, check_int, check_route, check_weights
 from hetero_cpu_ref._moe_quant import quant_expert_linear
 from hetero_cpu_ref._util import acc_dtype, up
+from hetero_cpu_ref.gemm import grouped_linear
 
 __all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe"]
 
@@ -101,20 +102,6 @@ def moe_unpermute(
     return out.to(y_sorted.dtype)
 
 
-def _expert_linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, group_ends: torch.Tensor) -> torch.Tensor:
-    """Rows [ends[g-1], ends[g]) of ``a @ w[g].T + bias[g]``, accumulated in float32 (float64 for
-    float64 inputs), the bias added before the one rounding to a's dtype (grouped_gemm plus a bias)."""
-    acc = acc_dtype(a, w)
-    out = torch.zeros(a.shape[0], w.shape[1], dtype=a.dtype, device=a.device)
-    start = 0
-    for g, end in enumerate(group_ends.tolist()):
-        if end > start:
-            y = up(a[start:end], acc) @ up(w[g], acc).T
-            out[start:end] = (y if bias is None else y + up(bias[g], acc)).to(a.dtype)
-        start = end
-    return out
-
-
 def _activation(gate_up: torch.Tensor, activation: str, alpha: float, limit: float | None) -> torch.Tensor:
     """act(gate, up) of the [gate | up] halves, in float32 or wider, rounded to gate_up's dtype."""
     a = up(gate_up, acc_dtype(gate_up))
@@ -152,12 +139,12 @@ def fused_moe(
 
     x_sorted, group_ends, perm = moe_permute(x, ids, w13.shape[0])
     if forms is None:
-        gate_up = _expert_linear(x_sorted, w13, w13_bias, group_ends)  # [M*k, 2I] in x's dtype
+        gate_up = grouped_linear(x_sorted, w13, group_ends.tolist(), w13_bias, x.dtype)  # [M*k, 2I] in x's dtype
     else:
         gate_up = quant_expert_linear(x_sorted, w13, w13_scale, forms[0], w13_bias, group_ends, act_quant, act_scale_fmt)
     hidden = _activation(gate_up, activation, float(alpha), None if limit is None else float(limit))  # [M*k, I]
     if forms is None:
-        y_sorted = _expert_linear(hidden, w2, w2_bias, group_ends)  # [M*k, H]
+        y_sorted = grouped_linear(hidden, w2, group_ends.tolist(), w2_bias, x.dtype)  # [M*k, H]
     else:
         y_sorted = quant_expert_linear(hidden, w2, w2_scale, forms[1], w2_bias, group_ends, act_quant, act_scale_fmt)
     return moe_unpermute(y_sorted, perm, weights)
