@@ -127,7 +127,8 @@ def test_greedy_tokens_within_the_oracles_top_k(case):
             assert token in top, (p, i, token, top)
 
 
-@pytest.mark.parametrize("case", ["deepseek_v3-fp8-block", "qwen3_moe-fp8-block", "qwen3-int8-channel"], indirect=True)
+@pytest.mark.parametrize("case", ["deepseek_v3-fp8-block", "deepseek_v32-fp8-block", "qwen3_moe-fp8-block",
+                                  "qwen3-int8-channel"], indirect=True)
 def test_triton_kernels_under_the_interpreter(case, triton_interpreter):
     """The cuda backend's quantizer, scaled GEMMs and quantized fused_moe inside the engine (Triton
     interpreter), against the same fake-quantized oracle; no layer's configuration falls back."""
@@ -137,5 +138,27 @@ def test_triton_kernels_under_the_interpreter(case, triton_interpreter):
     errors = [rel(a, b) for a, b in zip(got, case.oracle(PROMPTS[:2]))]
     assert max(errors) < W8A8_TOL, errors
     ops = ("quantize_activation", "scaled_gemm") + (("fused_moe",) if case.arch != "qwen3" else ())
+    ops += ("indexer_topk", "write_index_k") if case.arch == "deepseek_v32" else ()
     info = cuda.explain()
+    assert all(info[op].origin == "backend" and not info[op].reasons for op in ops), {op: info[op] for op in ops}
+
+
+@pytest.mark.parametrize("case", ["qwen3_moe-fp8-block"], indirect=True)
+def test_e4m3fn_weights_run_as_fnuz_where_the_backend_computes_fnuz(case, triton_interpreter):
+    """rocm on an MI300 (gfx942) declines e4m3fn and runs e4m3fnuz: the engine gives its GEMMs the same
+    weights as e4m3fnuz (0x80 cleared, scales doubled) and quantizes activations to e4m3fnuz, so nothing
+    falls back and the logits match the e4m3fn oracle."""
+    rocm = hetero.load("rocm")
+    rocm.backend.gfx = "gfx942"  # supports() as on an MI300; the interpreter computes either fp8
+    assert rocm.native("scaled_gemm", dtype=torch.float8_e4m3fn)[1] is not None
+    model = build_model(case.q, rocm, torch.float32)
+    dense, experts = model.model.layers[0].self_attn.qkv_proj, model.model.layers[-1].mlp.experts
+    assert dense.run_weight.dtype == experts.run_w13.dtype == torch.float8_e4m3fnuz
+    assert torch.equal(dense.run_weight_scale_inv, 2 * dense.weight_scale_inv)
+    assert torch.equal(dense.run_weight.view(torch.int8), dense.weight.view(torch.int8))  # a view, not a copy
+    got = prefill(model, PROMPTS[:2]).logits
+    errors = [rel(a, b) for a, b in zip(got, case.oracle(PROMPTS[:2]))]
+    assert max(errors) < W8A8_TOL, errors
+    info = rocm.explain()
+    ops = ("quantize_activation", "scaled_gemm", "fused_moe")
     assert all(info[op].origin == "backend" and not info[op].reasons for op in ops), {op: info[op] for op in ops}

@@ -193,6 +193,7 @@ def test_expert_parallel_composition_matches_fused_moe(scheme):
             layer.load_expert(layer.w2 if proj == "down" else layer.w13, q, (e, proj))
             scale = method.scales(layer)[proj == "down"]
             layer.load_expert(scale, s, (e, proj))
+    method.process_weights_after_loading(layer)
     ctx.bind_op(layer, "_quant", "quantize_activation", dtype=layer.w13.dtype)
     ctx.bind_op(layer, "_scaled_grouped_gemm", "scaled_grouped_gemm")
     ctx.bind_op(layer, "_silu_and_mul", "silu_and_mul")

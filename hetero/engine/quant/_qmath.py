@@ -88,7 +88,7 @@ def quantize_channels(weight: torch.Tensor, dtype: torch.dtype = FP8) -> tuple[t
 def e4m3fn_to_fnuz(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The same values as e4m3fnuz (AMD MI300) weights: the bit patterns kept but 0x80 (-0 in e4m3fn, NaN in
     e4m3fnuz) made 0, and the scales doubled (e4m3fnuz's exponent bias is one more: each pattern means half).
-    Not applied at load yet: no backend declares its fp8 dtype."""
+    The engine applies it where a backend's GEMM declines e4m3fn and runs e4m3fnuz (``quant.scaled``)."""
     if weight.dtype != torch.float8_e4m3fn:
         raise ValueError(f"expected float8_e4m3fn weights, got {weight.dtype}")
     bits = weight.view(torch.int8)

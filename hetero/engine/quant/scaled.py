@@ -11,9 +11,12 @@ loading and run through ``gemm``. A FusedMoE stacks the experts' weights and sca
 
 Block scales follow their weight's packing and tensor-parallel cuts in block units, so every
 packed shard but the last, and every rank's share, must be a multiple of 128 rows (columns);
-anything else is an error naming the layer. e4m3fnuz devices (MI300) would need the e4m3fn
-weights converted at load (bit pattern 0x80 -> 0, scales doubled); no backend declares its fp8
-dtype yet, so the weights stay e4m3fn (``_qmath.e4m3fn_to_fnuz`` is the conversion, ready for that).
+anything else is an error naming the layer.
+
+A backend whose GEMM declines e4m3fn but runs e4m3fnuz (MI300: ``supports`` says which) gets the
+e4m3fn weights as e4m3fnuz (``_qmath.e4m3fn_to_fnuz``): the parameters keep the checkpoint's dtype,
+with 0x80 (-0) made +0 in place, and the layer runs a free fnuz view of them with doubled scales.
+Activations are then quantized to e4m3fnuz (qmax 224), which gives the same bits as e4m3fn at 448.
 """
 from __future__ import annotations
 
@@ -22,13 +25,14 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from hetero.engine.quant._qmath import BLOCK, block_grid, dequantize
+from hetero.engine.quant._qmath import BLOCK, block_grid, dequantize, e4m3fn_to_fnuz
 from hetero.engine.quant.base import LinearMethod, MoEMethod, QuantMethod, register_weight
 from hetero.engine.quant.config import UnsupportedQuantization
 
 __all__ = ["Scheme", "ScaledLinearMethod", "ScaledMoEMethod"]
 
 _GROUP_SIZE = {"group128": BLOCK, "token": None}
+_FN, _FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
 
 
 @dataclass(frozen=True)
@@ -91,12 +95,40 @@ class _ScaledLoading(QuantMethod):
                              f"(every packed part but the last must be a multiple of {BLOCK} rows)")
         return start // BLOCK, -(-size // BLOCK)
 
+    def _choose_run_dtype(self, layer: nn.Module, op: str, key: str, **static) -> torch.dtype:
+        """Set and return ``layer.run_dtype``, the 8-bit dtype ``op`` computes in (its static ``key``): the
+        checkpoint's, or e4m3fnuz where the backend declines e4m3fn for ``op`` and runs e4m3fnuz natively."""
+        layer.run_dtype = self.scheme.dtype
+        if self.scheme.act_quant is not None and self.scheme.dtype == _FN:
+            static.setdefault("dtype", layer.ctx.dtype)
+            ops = layer.ctx.ops
+            declined = ops.native(op, **{**static, key: _FN})[1] is not None
+            fnuz, why = ops.native(op, **{**static, key: _FNUZ})
+            if declined and fnuz is not None and why is None:
+                layer.run_dtype = _FNUZ
+        return layer.run_dtype
+
+    def _run_form(self, layer: nn.Module, names: tuple[str, ...]) -> None:
+        """``layer.run_<name>`` for each weight and scale in ``names``: the parameters themselves, or their
+        e4m3fnuz view and doubled scales (the -0 patterns cleared in place, so reloading stays correct)."""
+        for name in names:
+            weight, scale = getattr(layer, name), getattr(layer, self._scale_name(name))
+            if layer.run_dtype == _FNUZ and weight.dtype == _FN:
+                bits = weight.data.view(torch.int8)
+                bits.masked_fill_(bits == -128, 0)
+                weight, scale = e4m3fn_to_fnuz(weight.detach(), scale.detach())
+            setattr(layer, f"run_{name}", weight)
+            setattr(layer, f"run_{self._scale_name(name)}", scale)
+
+    def _scale_name(self, weight: str) -> str:
+        return self.scheme.scale_name if weight == "weight" else f"{weight}_{self.scheme.scale_name}"
+
     def _bind_quant(self, layer: nn.Module) -> None:
         if self.scheme.act_quant is not None:
-            layer.ctx.bind_op(layer, "_quant", "quantize_activation", quant_dtype=self.scheme.dtype)
+            layer.ctx.bind_op(layer, "_quant", "quantize_activation", quant_dtype=layer.run_dtype)
 
     def _quantized(self, layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q, scale = layer._quant(x, dtype=self.scheme.dtype, group_size=_GROUP_SIZE[self.scheme.act_quant],
+        q, scale = layer._quant(x, dtype=layer.run_dtype, group_size=_GROUP_SIZE[self.scheme.act_quant],
                                 scale_fmt=self.scheme.scale_fmt)[:2]
         return q, scale
 
@@ -114,8 +146,9 @@ class ScaledLinearMethod(_ScaledLoading, LinearMethod):
         if s.act_quant is None:
             ctx.bind_op(layer, "_gemm", "gemm")
         else:
+            run = self._choose_run_dtype(layer, "scaled_gemm", "dtype")  # static dtype: the 8-bit operands
             self._bind_quant(layer)
-            ctx.bind_op(layer, "_scaled_gemm", "scaled_gemm", dtype=s.dtype)  # static dtype: the 8-bit operands
+            ctx.bind_op(layer, "_scaled_gemm", "scaled_gemm", dtype=run)
 
     def _split_sizes(self, layer, dim):
         return list(layer.out_splits) if dim == 0 else [layer.in_features]
@@ -126,12 +159,15 @@ class ScaledLinearMethod(_ScaledLoading, LinearMethod):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         if self.scheme.act_quant is None:
             layer.dense = self.dense_weight(layer)
+        else:
+            self._run_form(layer, ("weight",))
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.scheme.act_quant is None:
             return layer._gemm(x, layer.dense, bias=bias)
         q, scale = self._quantized(layer, x)
-        return layer._scaled_gemm(q, layer.weight, scale, self._scale(layer), bias=bias, out_dtype=x.dtype)
+        w_scale = getattr(layer, f"run_{self.scheme.scale_name}")
+        return layer._scaled_gemm(q, layer.run_weight, scale, w_scale, bias=bias, out_dtype=x.dtype)
 
     def dense_weight(self, layer: nn.Module) -> torch.Tensor:
         return dequantize(layer.weight.detach(), self._scale(layer).detach(), layer.ctx.dtype)
@@ -160,29 +196,35 @@ class ScaledMoEMethod(_ScaledLoading, MoEMethod):
             if s.act_quant is None:
                 raise UnsupportedQuantization(f"{layer.prefix}: expert parallel runs quantized experts with "
                                               "activation quantization only (no W8A16 grouped GEMM)")
+            run = self._choose_run_dtype(layer, "scaled_grouped_gemm", "dtype")
             self._bind_quant(layer)
-            ctx.bind_op(layer, "_scaled_grouped_gemm", "scaled_grouped_gemm", dtype=s.dtype)
+            ctx.bind_op(layer, "_scaled_grouped_gemm", "scaled_grouped_gemm", dtype=run)
             ctx.bind_op(layer, "_silu_and_mul", "silu_and_mul")
         else:
-            ctx.bind_op(layer, "_fused_moe", "fused_moe", activation="silu", weight_dtype=s.dtype, w13_scale=s.weight_form,
-                        **({"act_quant": s.act_quant} if s.act_quant is not None else {}))
+            static = dict(activation="silu", w13_scale=s.weight_form,
+                          **({"act_quant": s.act_quant} if s.act_quant is not None else {}))
+            run = self._choose_run_dtype(layer, "fused_moe", "weight_dtype", **static)
+            ctx.bind_op(layer, "_fused_moe", "fused_moe", weight_dtype=run, **static)
 
     def _split_sizes(self, layer, dim):
         return [layer.inter]
 
-    def scales(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        """(w13 scale, w2 scale) of ``layer``."""
-        name = self.scheme.scale_name
-        return getattr(layer, f"w13_{name}"), getattr(layer, f"w2_{name}")
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        self._run_form(layer, ("w13", "w2"))
+
+    def scales(self, layer: nn.Module, *, run: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w13 scale, w2 scale) parameters of ``layer``; ``run``: as the layer runs them (doubled for e4m3fnuz)."""
+        pre = "run_" if run else ""
+        return getattr(layer, f"{pre}w13_{self.scheme.scale_name}"), getattr(layer, f"{pre}w2_{self.scheme.scale_name}")
 
     def apply(self, layer: nn.Module, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        s13, s2 = self.scales(layer)
-        return layer._fused_moe(x, layer.w13, layer.w2, weights, ids, w13_scale=s13, w2_scale=s2,
+        s13, s2 = self.scales(layer, run=True)
+        return layer._fused_moe(x, layer.run_w13, layer.run_w2, weights, ids, w13_scale=s13, w2_scale=s2,
                                 act_quant=self.scheme.act_quant, act_scale_fmt=self.scheme.scale_fmt)
 
     def apply_grouped(self, layer: nn.Module, x: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
-        s13, s2 = self.scales(layer)
+        s13, s2 = self.scales(layer, run=True)
         q, scale = self._quantized(layer, x)
-        h = layer._silu_and_mul(layer._scaled_grouped_gemm(q, layer.w13, scale, s13, group_ends, out_dtype=x.dtype))
+        h = layer._silu_and_mul(layer._scaled_grouped_gemm(q, layer.run_w13, scale, s13, group_ends, out_dtype=x.dtype))
         q, scale = self._quantized(layer, h)
-        return layer._scaled_grouped_gemm(q, layer.w2, scale, s2, group_ends, out_dtype=x.dtype)
+        return layer._scaled_grouped_gemm(q, layer.run_w2, scale, s2, group_ends, out_dtype=x.dtype)
