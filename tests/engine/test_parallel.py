@@ -57,3 +57,24 @@ def test_tp2_and_ep2_on_the_triton_kernels(checkpoints, tmp_path):
     jobs, want = _jobs(checkpoints, "cuda", plan)
     got = _torchrun(jobs, tmp_path, env={"HETERO_TRITON_INTERPRET": "1", "TRITON_INTERPRET": "1"})
     assert got == want
+
+
+def test_quantized_checkpoints_under_tp2_and_ep2(tmp_path):
+    """8-bit checkpoints split over two ranks (per-channel scales cut with their rows; EP's experts through
+    quantize_activation + scaled_grouped_gemm): every greedy token is in the fake-quantized oracle's top-5
+    given the engine's own prefix, vLLM's acceptance rule (a rank split may flip an 8-bit rounding)."""
+    from _quant_oracle import PROMPTS, checkpoints, hf_logits, hf_model
+
+    plan = [("qwen3_moe", "fp8-channel", False), ("qwen3_moe", "fp8-channel", True), ("qwen3", "int8-channel", False)]
+    jobs, oracles = [], []
+    for i, (arch, scheme, ep) in enumerate(plan):
+        q = checkpoints(arch, scheme, tmp_path / str(i))[1]
+        jobs.append({"model": str(q), "backend": "cpu_ref", "tp": 2, "ep": ep, "prompts": PROMPTS[:2], "max_tokens": 5})
+        oracles.append((hf_model(tmp_path / str(i) / "deq"), scheme))
+    got = _torchrun(jobs, tmp_path)
+    for (arch, scheme, ep), (hf, _), outs in zip(plan, oracles, got):
+        for p, out in zip(PROMPTS[:2], outs):
+            logits = hf_logits(hf, [list(p) + out], scheme)[0]
+            for i, token in enumerate(out):
+                top = logits[len(p) - 1 + i].topk(5).indices.tolist()
+                assert token in top, (arch, scheme, "EP" if ep else "TP", p, i, token, top)
