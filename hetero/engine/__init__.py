@@ -1,6 +1,7 @@
 """The reference engine: Hugging Face checkpoints through hetero ops (see DESIGN.md section 8).
 
-``from hetero.engine import LLM, SamplingParams``; those names load on first use, so
+``from hetero.engine import LLM, SamplingParams`` (and ``RequestOutput``, ``Logprob``,
+``EngineConfig``); those names load on first use, so
 ``import hetero.engine`` stays light (no transformers, no model code). The op-call
 seam (``instrument``, ``OpSite``, ``OpCounter``, ``op_sites``) is imported eagerly: it
 needs only torch and two small modules, and its function ``instrument`` shares its
@@ -14,12 +15,13 @@ from typing import Any
 
 from hetero.engine.instrument import OpCounter, OpSite, instrument, op_sites
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "EngineConfig", "instrument", "OpSite", "OpCounter", "op_sites"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "Logprob", "EngineConfig", "instrument", "OpSite", "OpCounter", "op_sites"]
 
 _EXPORTS = {
     "LLM": "hetero.engine.llm",
     "RequestOutput": "hetero.engine.llm",
     "SamplingParams": "hetero.engine.runtime.sequence",
+    "Logprob": "hetero.engine.runtime.sequence",
     "EngineConfig": "hetero.engine.config",
 }
 

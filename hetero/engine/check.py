@@ -196,13 +196,15 @@ class ModelCheck:
             rows.append(LayerError(name, rel, float((a - b).abs().max()), rel <= tol))
         return rows
 
-    def hetero_greedy(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
+    def hetero_greedy(self, prompts: Sequence[Sequence[int]], max_tokens: int, top_k: int = 5) -> list[Any]:
+        """hetero's greedy ``RequestOutput`` per prompt, with the top-``top_k`` logprobs of every token."""
         from hetero.engine import LLM, SamplingParams
 
         llm = LLM(self.model_dir, backend=self.ops.name, dtype=str(self.dtype).removeprefix("torch."),
                   block_size=self.block_size)
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        return [list(o.token_ids) for o in llm.generate([list(p) for p in prompts], params, progress=False)]
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                logprobs=min(top_k, self.vocab_size))
+        return llm.generate([list(p) for p in prompts], params, progress=False)
 
     @torch.inference_mode()
     def reference_greedy(self, prompt: Sequence[int], max_tokens: int) -> list[int]:
@@ -211,23 +213,25 @@ class ModelCheck:
             out = self.reference.generate(torch.tensor([list(prompt)]), generation_config=config)
         return out[0, len(prompt):].tolist()
 
-    def divergence(self, index: int, prompt: Sequence[int], ours: list[int], theirs: list[int], top_k: int) -> Divergence:
-        pos = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    def divergence(self, index: int, prompt: Sequence[int], ours: Any, theirs: list[int], top_k: int) -> Divergence:
+        """Where ``ours`` (hetero's greedy ``RequestOutput``, with logprobs) and ``theirs`` first differ; hetero's
+        top-k there is the one its engine reported, transformers' is recomputed on the common prefix."""
+        tokens = list(ours.token_ids)
+        pos = next((i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b), None)
         if pos is None:
             return Divergence(index, None)
-        prefix = list(prompt) + ours[:pos]
-        mine = self.hetero_states([prefix]).logits[0][-1].cpu()
-        ref = self.reference_states(prefix)[1][-1]
-        return Divergence(index, pos, ours[pos], theirs[pos],
-                          hetero_in_reference_topk=ours[pos] in ref.topk(top_k).indices.tolist(),
-                          reference_in_hetero_topk=theirs[pos] in mine.topk(top_k).indices.tolist())
+        mine = [t for t, lp in ours.logprobs[pos].items() if lp.rank <= top_k]
+        ref = self.reference_states(list(prompt) + tokens[:pos])[1][-1]
+        return Divergence(index, pos, tokens[pos], theirs[pos],
+                          hetero_in_reference_topk=tokens[pos] in ref.topk(top_k).indices.tolist(),
+                          reference_in_hetero_topk=theirs[pos] in mine)
 
     def run(self, prompts: Sequence[Sequence[int]] | None = None, *, max_tokens: int = 16, top_k: int = 5) -> CheckReport:
         prompts = prompts or default_prompts(self.vocab_size)
         report = CheckReport(self.model_dir, self.reference_dir, self.ops.name, str(self.dtype).removeprefix("torch."),
                              self.tolerance, self.layer_errors(prompts), top_k=top_k, num_tokens=max_tokens)
         if max_tokens > 0:
-            ours = self.hetero_greedy(prompts, max_tokens)
+            ours = self.hetero_greedy(prompts, max_tokens, top_k)
             for i, p in enumerate(prompts):
                 report.greedy.append(self.divergence(i, p, ours[i], self.reference_greedy(p, max_tokens), top_k))
         return report

@@ -16,7 +16,7 @@ __all__ = ["add_parsers"]
 
 # SamplingParams / EngineConfig fields each command passes on from its option of the same name
 _GENERATE_API = ("model", "backend", "dtype", "block_size", "max_num_seqs", "tensor_parallel_size",
-                 "max_tokens", "temperature", "top_k", "top_p", "seed")
+                 "max_tokens", "temperature", "top_k", "top_p", "seed", "logprobs")
 _BENCH_API = ("model", "backend", "dtype", "block_size", "max_num_seqs", "num_requests")
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -48,7 +48,11 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks; launch with torchrun --nproc-per-node N")
     p.add_argument("--expert-parallel", action="store_true", help="split MoE experts over the ranks instead of their columns")
-    p.add_argument("--json", action="store_true", help="one JSON object per request (token_ids, and text with a tokenizer)")
+    p.add_argument("--logprobs", type=int, default=None, metavar="K",
+                   help="report the K most likely tokens' logprobs (and the sampled one's) at each generated token, "
+                        "from the logits before any sampling transform")
+    p.add_argument("--json", action="store_true", help="one JSON object per request (token_ids, logprobs with "
+                                                       "--logprobs, and text with a tokenizer)")
     p.set_defaults(func=_cmd_generate, api_options=_GENERATE_API)
     p = sub.add_parser("check-model", help="compare a checkpoint on a backend with transformers, layer by layer",
                        description="Run the checkpoint through hetero and through transformers on the same prompts: "
@@ -174,12 +178,14 @@ def _cmd_generate(args: argparse.Namespace, registry: Any, console: Console) -> 
     prompts: list[Any] = list(args.prompt) + list(args.prompt_ids)
     if not prompts:
         raise UsageError("arguments --prompt/--prompt-ids: expected at least one prompt, got none")
+    if args.logprobs is not None and args.logprobs < 0:
+        raise UsageError(f"argument --logprobs: expected an integer >= 0, got {args.logprobs}")
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, max_tokens=args.max_tokens,
+                            seed=args.seed, ignore_eos=args.ignore_eos, logprobs=args.logprobs)
     _show_quantization(args)
     llm = LLM(args.model, backend=args.backend, dtype=args.dtype or "auto", block_size=args.block_size,
               max_num_seqs=args.max_num_seqs, tensor_parallel_size=args.tensor_parallel_size,
               expert_parallel=args.expert_parallel)
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, max_tokens=args.max_tokens,
-                            seed=args.seed, ignore_eos=args.ignore_eos)
     outputs = llm.generate(prompts, params)
     if args.tensor_parallel_size > 1:
         import torch.distributed as dist
@@ -189,16 +195,31 @@ def _cmd_generate(args: argparse.Namespace, registry: Any, console: Console) -> 
     if llm.rank != 0:
         return EXIT_OK
     for out in outputs:
-        record = {"request_id": out.request_id, "prompt_token_ids": list(out.prompt_token_ids),
-                  "token_ids": list(out.token_ids), "finish_reason": out.finish_reason}
-        if out.text is not None:
-            record["text"] = out.text
         if args.json:
-            print(json.dumps(record))
+            print(json.dumps(_generated_record(out)))
         else:
-            shown = out.text if out.text is not None else " ".join(map(str, out.token_ids))
-            console.print(f"[bold]{out.request_id}[/] ({out.finish_reason}): {shown}", highlight=False)
+            _print_generated(console, out)
     return EXIT_OK
+
+
+def _generated_record(out: Any) -> dict[str, Any]:
+    """One request's ``--json`` object; ``logprobs``: per generated token, its entries in rank order."""
+    record: dict[str, Any] = {"request_id": out.request_id, "prompt_token_ids": list(out.prompt_token_ids),
+                              "token_ids": list(out.token_ids), "finish_reason": out.finish_reason}
+    if out.text is not None:
+        record["text"] = out.text
+    if out.logprobs is not None:
+        record["logprobs"] = [[{"token_id": t, "logprob": lp.logprob, "rank": lp.rank}
+                               for t, lp in sorted(entry.items(), key=lambda e: e[1].rank)] for entry in out.logprobs]
+    return record
+
+
+def _print_generated(console: Console, out: Any) -> None:
+    shown = out.text if out.text is not None else " ".join(map(str, out.token_ids))
+    console.print(f"[bold]{out.request_id}[/] ({out.finish_reason}): {shown}", highlight=False)
+    for i, (token, entry) in enumerate(zip(out.token_ids, out.logprobs or ())):
+        ranked = ", ".join(f"{t} {lp.logprob:.3f} #{lp.rank}" for t, lp in entry.items())
+        console.print(f"  {i}: {token} <- {ranked}", highlight=False)
 
 
 def _print_check(console: Console, report) -> None:

@@ -16,11 +16,11 @@ from hetero.engine.runtime.block_manager import BlockManager
 from hetero.engine.runtime.cache_io import SequenceCache, check_fits, export_sequence_cache
 from hetero.engine.runtime.model_runner import ModelRunner
 from hetero.engine.runtime.scheduler import ScheduledBatch, Scheduler
-from hetero.engine.runtime.sequence import SamplingParams, Sequence
+from hetero.engine.runtime.sequence import Logprob, SamplingParams, Sequence
 from hetero.engine.runtime.step_plan import StepPlan
 from hetero.errors import UsageError
 
-__all__ = ["LLM", "RequestOutput"]
+__all__ = ["LLM", "Logprob", "RequestOutput"]
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -34,6 +34,8 @@ class LLM:
     rank returns rank 0's outputs and a request added on another rank is checked but
     never served. Under TP, ``step``, ``has_unfinished`` and ``generate`` are collective
     (every rank calls them together); ``abort`` and ``export_cache`` act on rank 0 only.
+    Logprobs (``SamplingParams.logprobs``) are computed on rank 0, where the tokens are
+    sampled, and reach the other ranks with its outputs.
 
     ``stats`` (a dict, counted since construction): ``num_kv_blocks``, ``block_size``,
     ``steps``, ``preemptions``, ``prompt_tokens``, ``cached_prompt_tokens`` (found in the
@@ -73,15 +75,16 @@ class LLM:
 
         Checked here, before any op sees it: the sampling parameters are a
         ``SamplingParams`` (whose values are checked when it is made), the token ids are
-        integers in ``[0, vocab_size)``, the prompt is neither empty nor longer than
-        ``max_model_len``, and the request fits the KV cache. A prompt that leaves less
-        than ``max_tokens`` room stops at ``max_model_len`` tokens (finish reason
-        "length"). A failed check raises :class:`hetero.errors.UsageError` (a ValueError)
+        integers in ``[0, vocab_size)``, ``logprobs`` is at most ``vocab_size``, the prompt is
+        neither empty nor longer than ``max_model_len``, and the request fits the KV cache. A
+        prompt that leaves less than ``max_tokens`` room stops at ``max_model_len`` tokens
+        (finish reason "length"). A failed check raises :class:`hetero.errors.UsageError` (a ValueError)
         naming the request (its index: the arrival number on this engine, which is also the
         default request id), the argument, what was expected and what came.
         """
         index = self._num_requests
         params = check_params(sampling_params, index)
+        _check_logprobs(params, getattr(self.config.hf_config, "vocab_size", None), index)
         seq = Sequence(request_id if request_id is not None else str(index), self._encode(prompt, index), params, index)
         if cache is not None:
             if self.runner.parallel.size > 1:
@@ -212,6 +215,13 @@ class LLM:
             raise UsageError(f"request {index}: argument 'prompt': expected a string or a list of token ids, "
                              f"got {prompt!r:.60}", arg="prompt", expected="a string or token ids", got=prompt)
         return token_ids(list(prompt), getattr(self.config.hf_config, "vocab_size", None), index)
+
+
+def _check_logprobs(params: SamplingParams, vocab: int | None, index: int) -> None:
+    if params.logprobs is not None and vocab is not None and params.logprobs > vocab:
+        raise UsageError(f"request {index}: argument 'sampling_params': SamplingParams.logprobs must be at most the "
+                         f"vocabulary size {vocab}, got {params.logprobs}", arg="logprobs",
+                         expected=f"an integer in [0, {vocab}]", got=params.logprobs)
 
 
 def _communicator(cfg: EngineConfig):

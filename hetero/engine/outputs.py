@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero.engine.runtime.sequence import Sequence
+from hetero.engine.runtime.sequence import Logprob, Sequence
 
 __all__ = ["RequestOutput", "request_output"]
 
@@ -21,6 +21,10 @@ class RequestOutput:
     ``metrics``: ``arrival_time``, ``first_token_time``, ``finish_time`` (``time.perf_counter``
     seconds; the last once finished), ``num_prompt_tokens``, ``num_cached_tokens`` (prompt
     tokens found in the prefix cache or imported) and ``num_preemptions``.
+
+    ``logprobs``: None unless the request's ``SamplingParams.logprobs`` is set; then one dict
+    ``{token_id: Logprob}`` per entry of ``token_ids`` (its top-k and the sampled token, in
+    rank order), and ``new_logprobs`` the entries of ``new_token_ids``.
     """
 
     request_id: str
@@ -30,6 +34,8 @@ class RequestOutput:
     finish_reason: str | None
     metrics: dict[str, float] = field(default_factory=dict)
     new_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] | None = None
+    new_logprobs: list[dict[int, Logprob]] | None = None
 
     @property
     def finished(self) -> bool:
@@ -38,8 +44,7 @@ class RequestOutput:
 
 def request_output(seq: Sequence, now: float, tokenizer: Any) -> RequestOutput:
     """``seq``'s output now; the tokens it reports as new are marked streamed."""
-    new = seq.output_token_ids[seq.num_streamed:]
-    seq.num_streamed = len(seq.output_token_ids)
+    streamed, seq.num_streamed = seq.num_streamed, len(seq.output_token_ids)
     seq.metrics.update(num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
                        num_preemptions=seq.num_preemptions)
     text = None
@@ -47,5 +52,7 @@ def request_output(seq: Sequence, now: float, tokenizer: Any) -> RequestOutput:
         seq.metrics["finish_time"] = now
         if tokenizer is not None:
             text = tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+    logprobs = list(seq.output_logprobs) if seq.sampling_params.logprobs is not None else None
     return RequestOutput(seq.request_id, list(seq.prompt_token_ids), list(seq.output_token_ids), text,
-                         seq.finish_reason, dict(seq.metrics), list(new))
+                         seq.finish_reason, dict(seq.metrics), seq.output_token_ids[streamed:], logprobs,
+                         logprobs[streamed:] if logprobs is not None else None)

@@ -57,7 +57,9 @@ class ModelRunner:
         """Compute ``plan``'s rows and return one token per sampled row, in order.
 
         ``sampled``: the sequences whose rows are sampled (rank 0 needs their sampling
-        parameters and generators; the other ranks receive rank 0's choice).
+        parameters and generators; the other ranks receive rank 0's choice). Rank 0 also
+        appends each sampled token's logprobs to ``output_logprobs`` of the sequences whose
+        parameters ask for them; the other ranks compute none.
         """
         with torch.inference_mode():
             self.cache.apply(plan.cache_ops)  # even without rows: a snapshot must not be lost
@@ -76,7 +78,11 @@ class ModelRunner:
             for seq in seqs:
                 if seq.generator is None and not seq.sampling_params.greedy:
                     seq.generator = self.sampler.generator(seq.sampling_params, seq.index, logits.device)
-            ids = self.sampler(logits, [s.sampling_params for s in seqs], [s.generator for s in seqs])
+            params = [s.sampling_params for s in seqs]
+            ids = self.sampler(logits, params, [s.generator for s in seqs])
+            for seq, entry in zip(seqs, self.sampler.logprobs(logits, params, ids)):
+                if entry is not None:
+                    seq.output_logprobs.append(entry)
             if self.parallel.size == 1:
                 return ids
             chosen = torch.tensor(ids, dtype=torch.int64, device=self.device)

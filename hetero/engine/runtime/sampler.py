@@ -1,11 +1,11 @@
-"""Logits to token ids: greedy, or temperature, top-k and top-p sampling with per-request generators."""
+"""Logits to token ids: greedy, or temperature, top-k and top-p sampling with per-request generators; and their logprobs."""
 from __future__ import annotations
 
 from typing import Sequence
 
 import torch
 
-from hetero.engine.runtime.sequence import SamplingParams
+from hetero.engine.runtime.sequence import Logprob, SamplingParams
 
 __all__ = ["Sampler"]
 
@@ -64,3 +64,33 @@ class Sampler:
         drop = (mass_before >= top_p.unsqueeze(1)) & (top_p < 1).unsqueeze(1)
         sorted_x = sorted_x.masked_fill(drop, float("-inf"))
         return torch.empty_like(x).scatter_(1, order, sorted_x.softmax(dim=-1))
+
+    @staticmethod
+    def logprobs(logits: torch.Tensor, params: Sequence[SamplingParams],
+                 token_ids: Sequence[int]) -> list[dict[int, Logprob] | None]:
+        """Per row of float32 logits [S, V]: None when ``params[i].logprobs`` is None, else the
+        ``params[i].logprobs`` most likely token ids and ``token_ids[i]`` mapped to their
+        :class:`Logprob` (log_softmax of the row itself, before any sampling transform), in rank
+        order. Nothing is computed when no row asks."""
+        rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        out: list[dict[int, Logprob] | None] = [None] * len(params)
+        if not rows:
+            return out
+        x = logits[rows].float().log_softmax(dim=-1)
+        k = max(params[i].logprobs for i in rows)
+        if k > x.shape[1]:
+            raise ValueError(f"Sampler: logprobs={k} exceeds the vocabulary ({x.shape[1]} tokens)")
+        chosen = torch.tensor([token_ids[i] for i in rows], dtype=torch.int64, device=x.device).unsqueeze(1)
+        chosen_lp = x.gather(1, chosen)
+        chosen_rank = (x > chosen_lp).sum(dim=1) + 1
+        top_lp, top_ids = x.topk(k, dim=-1)
+        # anything strictly above a top-k value is itself in the top k, so ranks are counted among them
+        top_rank = (top_lp.unsqueeze(1) > top_lp.unsqueeze(2)).sum(dim=2) + 1
+        chosen, chosen_lp, chosen_rank = chosen[:, 0].tolist(), chosen_lp[:, 0].tolist(), chosen_rank.tolist()
+        top_lp, top_ids, top_rank = top_lp.tolist(), top_ids.tolist(), top_rank.tolist()
+        for j, i in enumerate(rows):
+            n = params[i].logprobs
+            entries = {t: Logprob(lp, r) for t, lp, r in zip(top_ids[j][:n], top_lp[j][:n], top_rank[j][:n])}
+            entries.setdefault(chosen[j], Logprob(chosen_lp[j], chosen_rank[j]))
+            out[i] = dict(sorted(entries.items(), key=lambda e: e[1].rank))
+        return out

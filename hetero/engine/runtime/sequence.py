@@ -10,7 +10,7 @@ import torch
 
 from hetero.errors import UsageError
 
-__all__ = ["SamplingParams", "Sequence", "SequenceStatus"]
+__all__ = ["Logprob", "SamplingParams", "Sequence", "SequenceStatus"]
 
 
 def _bad(name: str, expected: str, got: Any) -> UsageError:
@@ -19,6 +19,15 @@ def _bad(name: str, expected: str, got: Any) -> UsageError:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One token's log-probability at one position: log_softmax of the float32 logits before
+    temperature, top-k and top-p; ``rank``: 1 + the number of tokens with a strictly larger logprob."""
+
+    logprob: float
+    rank: int
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,10 @@ class SamplingParams:
       request's index.
     - ``ignore_eos``: keep going past EOS; ``stop_token_ids``: more tokens that finish the
       request (finish reason "stop"; the stop token is part of the output).
+    - ``logprobs``: None (off), or k >= 0: each generated token's output entry maps the k
+      most likely token ids and the sampled one (k or k + 1 entries) to their
+      :class:`Logprob`, computed from the raw logits (before temperature, top-k, top-p), as
+      vLLM's ``SamplingParams.logprobs``. k may not exceed the vocabulary (checked when added).
 
     Invalid values raise :class:`hetero.errors.UsageError` (a ValueError) naming the field.
     """
@@ -47,6 +60,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -70,6 +84,8 @@ class SamplingParams:
         if not all(_is_int(i) and i >= 0 for i in ids):
             raise _bad("stop_token_ids", "token ids (integers >= 0)", self.stop_token_ids)
         object.__setattr__(self, "stop_token_ids", ids)
+        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+            raise _bad("logprobs", "an integer >= 0 or None", self.logprobs)
 
     @property
     def greedy(self) -> bool:
@@ -94,7 +110,8 @@ class Sequence:
     ``state_slot`` is its slot in the state pool while it runs (models with per-sequence
     state only); ``imported`` an exported cache (``cache_io.SequenceCache``) to start from,
     written into its blocks when it is admitted. ``num_streamed`` counts the output tokens
-    already reported by ``LLM.step``.
+    already reported by ``LLM.step``; ``output_logprobs`` one entry per output token when
+    its parameters ask for logprobs (appended by rank 0's ``ModelRunner``), else stays empty.
     """
 
     request_id: str
@@ -114,6 +131,7 @@ class Sequence:
     num_streamed: int = 0
     generator: torch.Generator | None = field(default=None, repr=False)
     metrics: dict[str, float] = field(default_factory=dict)
+    output_logprobs: list[dict[int, Logprob]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
