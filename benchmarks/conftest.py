@@ -56,6 +56,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                 cop = c - clone_ns
                 ratio = f"{cop / overhead:.0f}x" if overhead > 0 else "n/a (hetero overhead <= 0 within noise)"
                 tr.write_line(f"{name} overhead ({name} - direct_clone): {cop:.1f} ns; ratio to hetero overhead: {ratio} (target >= 20x)")
+    fresh, profiled = d("seam", "fresh"), d("seam", "profiled")
+    if fresh is not None and profiled is not None:
+        tr.write_line(f"seam: a layer's op call after hetero profile ran and stopped / never profiled: "
+                      f"{profiled / fresh:.3f} by medians, {_RESULTS.min_ns[('seam', 'profiled')] / _RESULTS.min_ns[('seam', 'fresh')]:.3f} by minima (target 1)")
     real_d = d("real_op", "direct_layers")
     for name in ("hetero_ops_private", "hetero_load_cpu_ref"):
         real_h = d("real_op", name)

@@ -20,8 +20,10 @@ Variants (group "dispatch"):
                   not return its input), called as the op object and as
                   torch.ops.<ns>.<name>.default
 Group "seam": a layer's op call (``SiluAndMul.forward``, the identity op above) on a
-layer the op-call seam never touched, on one instrumented then restored, and on one
-instrumented with a pass-through hook (what the seam costs while on).
+layer the op-call seam never touched, on one instrumented then restored, on one
+instrumented with a pass-through hook (what the seam costs while on), and on one
+``hetero profile`` profiled (``hetero.engine.profile.Profiler``) and then stopped:
+profiling costs nothing once it is off.
 Group "real_op": the reference silu_and_mul on a [1, 8] float32 tensor, called
 directly from hetero_cpu_ref.layers, through the Ops of a private test backend
 bound to it, and through hetero.load("cpu_ref") (skipped if that plugin does not load).
@@ -160,7 +162,8 @@ def test_dispatch(benchmark, variant, dispatch_results):
 
 
 def seam_layer(state: str):
-    """A SiluAndMul over the identity op: "fresh", "restored" (instrumented, then restored) or "instrumented"."""
+    """A SiluAndMul over the identity op: "fresh", "restored" (instrumented, then restored), "instrumented",
+    or "profiled" (profiled over one call, then stopped)."""
     from hetero.engine.context import ModelContext
     from hetero.engine.instrument import instrument
     from hetero.engine.layers.activation import SiluAndMul
@@ -168,7 +171,13 @@ def seam_layer(state: str):
 
     ops = make_ops()
     layer = SiluAndMul(ModelContext(ops=ops, parallel=Parallel(), dtype=torch.float32, device=torch.device("cpu")))
-    if state != "fresh":
+    if state == "profiled":
+        from hetero.engine.profile import Profiler
+
+        with Profiler(layer) as profiler:
+            layer.forward(X)
+        assert len(profiler.report().calls) == 1 and layer._op is ops.silu_and_mul
+    elif state != "fresh":
         handle = instrument(layer, lambda site, fn, args, kwargs: fn(*args, **kwargs))
         if state == "restored":
             handle.restore()
@@ -177,7 +186,7 @@ def seam_layer(state: str):
 
 
 SEAM = {state: (lambda state=state: unrolled("f(x)", f=seam_layer(state).forward, x=X))
-        for state in ("fresh", "restored", "instrumented")}
+        for state in ("fresh", "restored", "instrumented", "profiled")}
 
 
 @pytest.mark.benchmark(group="seam", **OPTIONS)
