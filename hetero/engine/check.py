@@ -113,11 +113,12 @@ class ModelCheck:
     same checkpoint) runs through transformers on the CPU in the same dtype. An 8-bit
     checkpoint (fp8, compressed-tensors) is compared with its dequantized float copy (written
     to a temporary directory unless ``reference_dir`` is given) whose GEMM inputs are quantized
-    as the engine quantizes them (``_fake_quant``), at ``QUANTIZED_TOLERANCE``.
+    as the engine quantizes them (``_fake_quant``), at ``QUANTIZED_TOLERANCE``. ``tolerance`` replaces
+    the default bound of a layer's relative L2 error.
     """
 
     def __init__(self, model_dir: str | Path, backend: str | None = None, *, dtype: str = "float32",
-                 reference_dir: str | Path | None = None, block_size: int = 16):
+                 reference_dir: str | Path | None = None, block_size: int = 16, tolerance: float | None = None):
         import transformers
 
         import hetero
@@ -136,7 +137,8 @@ class ModelCheck:
                                                                            **extra).eval()
         self.vocab_size = int(self.reference.config.vocab_size)
         dynamic = self.quantized and self.quant_config.scheme.act_quant is not None
-        self.tolerance = QUANTIZED_TOLERANCE if dynamic else TOLERANCE.get(self.dtype, 5e-2)
+        default = QUANTIZED_TOLERANCE if dynamic else TOLERANCE.get(self.dtype, 5e-2)
+        self.tolerance = default if tolerance is None else tolerance
 
     def _reference_dir(self, model_dir, reference_dir) -> str:
         """The checkpoint transformers runs: ``reference_dir``, else a quantized one's dequantized copy, else itself."""

@@ -1,15 +1,15 @@
-"""``hetero generate``, ``hetero check-model`` and ``hetero bench-engine``: the engine on the command line."""
+"""``hetero generate``, ``hetero check-model``, ``hetero bench-engine`` and ``hetero quantize``: the engine on the command line."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
+from hetero.engine._check_cli import add_check_parser
+from hetero.engine._cli_common import EXIT_OK, model_args, show_quantization, token_ids
 from hetero.errors import UsageError
 
 __all__ = ["add_parsers"]
@@ -19,26 +19,14 @@ _GENERATE_API = ("model", "backend", "dtype", "block_size", "max_num_seqs", "ten
                  "max_tokens", "temperature", "top_k", "top_p", "seed", "logprobs")
 _BENCH_API = ("model", "backend", "dtype", "block_size", "max_num_seqs", "num_requests")
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default=None, help="backend name (default: HETERO_BACKEND, else the best available)")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (generate default: the checkpoint's)")
-    p.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens (default 16)")
-    p.add_argument("--quantization", default=None, metavar="METHOD",
-                   help="the quant_method the checkpoint must declare (fp8, compressed-tensors, none); "
-                        "a quantized checkpoint's detected format is printed to stderr either way")
-
-
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser("generate", help="run a Hugging Face checkpoint through the reference engine",
                        description="Generate from a checkpoint directory (config.json + safetensors). Prompts are text "
                                    "(needs the checkpoint's tokenizer) or token ids; one request per --prompt/--prompt-ids.")
     p.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
-    _model_args(p)
+    model_args(p)
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="a text prompt (repeatable)")
-    p.add_argument("--prompt-ids", action="append", default=[], type=_token_ids, metavar="IDS", help='token ids, e.g. "1 2 3" (repeatable)')
+    p.add_argument("--prompt-ids", action="append", default=[], type=token_ids, metavar="IDS", help='token ids, e.g. "1 2 3" (repeatable)')
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
@@ -54,19 +42,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per request (token_ids, logprobs with "
                                                        "--logprobs, and text with a tokenizer)")
     p.set_defaults(func=_cmd_generate, api_options=_GENERATE_API)
-    p = sub.add_parser("check-model", help="compare a checkpoint on a backend with transformers, layer by layer",
-                       description="Run the checkpoint through hetero and through transformers on the same prompts: "
-                                   "per-layer hidden-state error (where an error starts), final logits error, greedy-token "
-                                   "agreement and, at the first difference, whether each token is in the other's top-k. "
-                                   "Exit 1 when a layer exceeds the tolerance or greedy tokens diverge outside the top-k.")
-    p.add_argument("model", metavar="DIR", help="checkpoint directory run through hetero")
-    _model_args(p)
-    p.add_argument("--reference", metavar="DIR", help="checkpoint transformers runs (default: DIR itself), e.g. the original of a converted one")
-    p.add_argument("--prompt-ids", action="append", default=[], type=_token_ids, metavar="IDS", help='token ids, e.g. "1 2 3" (default: 3 random prompts)')
-    p.add_argument("--max-tokens", type=int, default=16, help="greedy tokens compared per prompt (0: layers and logits only)")
-    p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=_cmd_check_model)
+    add_check_parser(sub)
     _add_bench_parser(sub)
     _add_quantize_parser(sub)
 
@@ -110,21 +86,6 @@ def _cmd_quantize(args: argparse.Namespace, registry: Any, console: Console) -> 
     return EXIT_OK
 
 
-def _show_quantization(args: argparse.Namespace) -> None:
-    """Print a quantized checkpoint's format to stderr; a --quantization the checkpoint does not declare is an error."""
-    from hetero.engine.config import load_hf_config
-    from hetero.engine.quant.config import describe_quantization
-
-    config = load_hf_config(args.model)
-    qc = getattr(config, "quantization_config", None) or {}
-    method = (qc if isinstance(qc, dict) else qc.to_dict()).get("quant_method", "none")
-    wanted = getattr(args, "quantization", None)
-    if wanted is not None and wanted != method:
-        raise UsageError(f"argument --quantization: expected the checkpoint's {method!r}, got {wanted!r}")
-    if method != "none":
-        Console(stderr=True).print(f"quantization: {describe_quantization(config)}", highlight=False)
-
-
 def _add_bench_parser(sub: Any) -> None:
     p = sub.add_parser("bench-engine", help="throughput and latency of the engine on a synthetic workload",
                        description="Submit N requests at once (random prompt tokens, greedy, EOS ignored; prompt and "
@@ -134,7 +95,7 @@ def _add_bench_parser(sub: Any) -> None:
                                    "--threshold worse than the baseline (after one re-run), 2 when the baseline's "
                                    "backend, device, model, workload or engine settings differ.")
     p.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
-    _model_args(p)
+    model_args(p)
     p.add_argument("--num-requests", type=int, default=64, metavar="N")
     p.add_argument("--input-len", default="32:256", metavar="MIN:MAX", help="prompt lengths, inclusive (default 32:256)")
     p.add_argument("--output-len", default="32:128", metavar="MIN:MAX", help="output lengths, inclusive (default 32:128)")
@@ -156,20 +117,9 @@ def _cmd_bench_engine(args: argparse.Namespace, registry: Any, console: Console)
 
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"argument --threads: expected an integer >= 1, got {args.threads}")
-    _show_quantization(args)
+    show_quantization(args)
     with torch_threads(args.threads):
         return bench_engine(args, registry, console)
-
-
-def _token_ids(text: str) -> list[int]:
-    """argparse type of --prompt-ids: a bad value is a usage error (exit 2) naming the option."""
-    try:
-        ids = [int(t) for t in text.replace(",", " ").split()]
-    except ValueError:
-        ids = []
-    if not ids:
-        raise argparse.ArgumentTypeError(f"expected token ids (integers separated by spaces), got {text!r}")
-    return ids
 
 
 def _cmd_generate(args: argparse.Namespace, registry: Any, console: Console) -> int:
@@ -182,7 +132,7 @@ def _cmd_generate(args: argparse.Namespace, registry: Any, console: Console) -> 
         raise UsageError(f"argument --logprobs: expected an integer >= 0, got {args.logprobs}")
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, max_tokens=args.max_tokens,
                             seed=args.seed, ignore_eos=args.ignore_eos, logprobs=args.logprobs)
-    _show_quantization(args)
+    show_quantization(args)
     llm = LLM(args.model, backend=args.backend, dtype=args.dtype or "auto", block_size=args.block_size,
               max_num_seqs=args.max_num_seqs, tensor_parallel_size=args.tensor_parallel_size,
               expert_parallel=args.expert_parallel)
@@ -220,64 +170,6 @@ def _print_generated(console: Console, out: Any) -> None:
     for i, (token, entry) in enumerate(zip(out.token_ids, out.logprobs or ())):
         ranked = ", ".join(f"{t} {lp.logprob:.3f} #{lp.rank}" for t, lp in entry.items())
         console.print(f"  {i}: {token} <- {ranked}", highlight=False)
-
-
-def _print_check(console: Console, report) -> None:
-    table = Table(title=f"{report.model} on {report.backend} vs transformers ({report.dtype}, tolerance {report.tolerance:g})")
-    for col in ("point", "rel L2", "max abs", ""):
-        table.add_column(col, justify="right" if col.startswith(("rel", "max")) else "left")
-    for row in report.layers:
-        mark = "[green]ok[/]" if row.ok else ("[red]error starts here[/]" if row.name == report.first_bad else "[red]over[/]")
-        table.add_row(row.name, f"{row.rel_l2:.2e}", f"{row.max_abs:.2e}", mark)
-    console.print(table)
-    for d in report.greedy:
-        if d.position is None:
-            console.print(f"prompt {d.prompt}: {report.num_tokens} greedy tokens identical", highlight=False)
-        else:
-            verdict = "[green]near-tie[/]" if d.acceptable else "[red]diverged[/]"
-            console.print(f"prompt {d.prompt}: first difference at token {d.position}: hetero {d.hetero_token} "
-                          f"(in transformers' top-{report.top_k}: {d.hetero_in_reference_topk}), transformers "
-                          f"{d.reference_token} (in hetero's top-{report.top_k}: {d.reference_in_hetero_topk}) {verdict}",
-                          highlight=False)
-    where = f"the error starts at {report.first_bad}" if report.first_bad else "every layer within tolerance"
-    console.print(f"[{'green' if report.passed else 'red'}]{'PASS' if report.passed else 'FAIL'}[/]: {where}", highlight=False)
-
-
-def _cmd_check_model(args: argparse.Namespace, registry: Any, console: Console) -> int:
-    from hetero.engine.check import ModelCheck
-
-    prompts = list(args.prompt_ids) or None
-    _check_model_args(args, prompts)
-    _show_quantization(args)
-    check = ModelCheck(args.model, args.backend, dtype=args.dtype or "float32", reference_dir=args.reference,
-                       block_size=args.block_size)
-    report = check.run(prompts, max_tokens=args.max_tokens, top_k=args.top_k)
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=1))
-    else:
-        _print_check(console, report)
-    return EXIT_OK if report.passed else EXIT_FAIL
-
-
-def _check_model_args(args: argparse.Namespace, prompts: list[list[int]] | None) -> None:
-    """What check-model hands to transformers and the engine unchecked; UsageError naming the option."""
-    from hetero.engine.config import DTYPES, load_hf_config
-
-    if args.dtype is not None and args.dtype not in DTYPES:
-        raise UsageError(f"argument --dtype: expected one of {', '.join(DTYPES)}, got {args.dtype!r}")
-    for option, value, least in (("--max-tokens", args.max_tokens, 0), ("--top-k", args.top_k, 1),
-                                 ("--block-size", args.block_size, 1)):
-        if value < least:
-            raise UsageError(f"argument {option}: expected an integer >= {least}, got {value}")
-    vocab = int(load_hf_config(args.model).vocab_size)  # the model directory and its architecture, too
-    if args.reference is not None and not (Path(args.reference) / "config.json").is_file():
-        raise UsageError(f"argument --reference: expected a Hugging Face checkpoint directory (with config.json), "
-                         f"got {args.reference!r}")
-    for i, ids in enumerate(prompts or ()):
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise UsageError(f"argument --prompt-ids (prompt {i}): expected token ids in [0, vocab_size={vocab}), "
-                             f"got {', '.join(map(str, bad[:5]))}")
 
 
 if __name__ == "__main__":  # pragma: no cover
