@@ -1,4 +1,4 @@
-"""The ``hetero`` command: backends | explain | conformance | generate | check-model | bench | bench-engine | profile | quantize | new-backend.
+"""The ``hetero`` command: backends | explain | conformance | generate | check-model | bench | ceilings | bench-engine | profile | quantize | new-backend.
 
 An error the user can fix (``hetero.errors.USER_ERRORS``: a bad argument, a missing
 file, an unknown or unavailable backend) prints one line, ``hetero <command>: error:
@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hetero.bench.cli import add_parser as add_bench_parser
 
     add_bench_parser(sub)
+    from hetero.bench.ceilings_cli import add_parser as add_ceilings_parser
+
+    add_ceilings_parser(sub)
     from hetero.engine.profile.cli import add_parser as add_profile_parser
 
     add_profile_parser(sub)
