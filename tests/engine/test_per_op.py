@@ -13,6 +13,7 @@ import hetero_cpu_ref.plugin
 
 from hetero.engine.check import ModelCheck
 from hetero.engine.replay import per_op_check
+from hetero.engine.tiny import ARCHS
 
 #: prompts long enough to reach positions past 64 (the tiny checkpoints hold 512)
 LONG = [list(range(3, 83)), list(range(100, 121))]
@@ -171,3 +172,22 @@ def test_bad_per_op_options_are_usage_errors(qwen3, capsys, option, value):
 
     assert main(["check-model", str(qwen3), "--backend", "cpu_ref", "--per-op", option, value]) == 2
     assert f"argument {option}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_every_architecture_replays_within_bounds(arch, tmp_path):
+    """Each architecture's op calls (MLA, DSA's indexer, linear attention's recurrent state, gpt-oss's sinks and
+    windows, MoE) record and replay; the reference backend agrees with itself in float64's eyes."""
+    from hetero.engine import tiny
+    from hetero.engine.instrument import OpCounter, instrument
+    from hetero.engine import LLM, SamplingParams
+
+    model = tiny.build(arch, tmp_path / arch)
+    report = per_op_check(str(model), "cpu_ref", [list(range(3, 40)), [7, 8]], max_tokens=3, samples=2)
+    assert report.passed, report.verdict()
+    llm = LLM(str(model), backend="cpu_ref", dtype="float32")
+    counter = OpCounter()
+    with instrument(llm.runner.model, counter):
+        llm.generate([list(range(3, 40)), [7, 8]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
+                     progress=False)
+    assert {v.op for v in report.calls} == set(counter.per_op()) - {"ep_dispatch", "ep_combine"}
