@@ -35,6 +35,10 @@ def add_check_parser(sub: Any) -> None:
     p.add_argument("--per-op", action="store_true", help="replay the run's op calls on the reference (which op is wrong)")
     p.add_argument("--per-op-samples", type=int, default=4, metavar="N", help="recorded calls per op call site (default 4)")
     p.add_argument("--per-op-max-mb", type=float, default=1024, metavar="MB", help="cap of the recorded tensors (default 1024)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="ranks (launch with torchrun --nproc-per-node N): greedy generation and --per-op run tensor "
+                        "parallel, each rank recording and replaying its own calls (rank 0 prints them all); the "
+                        "layer comparison runs the whole model on each rank")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_check_model)
 
@@ -62,35 +66,50 @@ def _print_check(console: Console, report) -> None:
 
 def _cmd_check_model(args: argparse.Namespace, registry: Any, console: Console) -> int:
     from hetero.engine.check import ModelCheck, default_prompts
+    from hetero.engine.replay.replayer import finite
 
     prompts = list(args.prompt_ids) or None
     _check_model_args(args, prompts)
     show_quantization(args)
     check = ModelCheck(args.model, args.backend, dtype=args.dtype or "float32", reference_dir=args.reference,
-                       block_size=args.block_size, tolerance=args.tolerance)
+                       block_size=args.block_size, tolerance=args.tolerance,
+                       tensor_parallel_size=args.tensor_parallel_size)
     prompts = prompts or default_prompts(check.vocab_size)
     report = check.run(prompts, max_tokens=args.max_tokens, top_k=args.top_k)
-    per_op = _per_op(args, check, prompts) if args.per_op else None
+    ranks = _per_op(args, check, prompts) if args.per_op else []
+    passed = report.passed and all(r.passed for r in ranks)
+    if ranks and ranks[0].rank != 0:
+        return EXIT_OK if passed else EXIT_FAIL  # rank 0 prints every rank's report
     if args.json:
         out = report.as_dict()
-        if per_op is not None:
-            out["per_op"] = per_op.as_dict(report.first_bad)
-        print(json.dumps(out, indent=1))
+        if ranks:
+            out["per_op"] = ranks[0].as_dict(report.first_bad)
+        if len(ranks) > 1:
+            out["per_op_ranks"] = [r.as_dict(report.first_bad) for r in ranks]
+        print(json.dumps(finite(out), indent=1, allow_nan=False))
     else:
         _print_check(console, report)
-        if per_op is not None:
-            from hetero.engine.replay._print import print_per_op
+        from hetero.engine.replay._print import print_per_op
 
-            print_per_op(console, per_op, report.first_bad)
-    return EXIT_OK if report.passed and (per_op is None or per_op.passed) else EXIT_FAIL
+        for r in ranks:
+            print_per_op(console, r, report.first_bad)
+    return EXIT_OK if passed else EXIT_FAIL
 
 
-def _per_op(args: argparse.Namespace, check, prompts: list[list[int]]):
+def _per_op(args: argparse.Namespace, check, prompts: list[list[int]]) -> list:
+    """This rank's per-op report; under tensor parallelism on rank 0, every rank's (others: their own only)."""
     from hetero.engine.replay import per_op_check
 
-    return per_op_check(args.model, check.ops.name, prompts, dtype=str(check.dtype).removeprefix("torch."),
-                        max_tokens=max(args.max_tokens, 1), block_size=args.block_size, samples=args.per_op_samples,
-                        max_bytes=int(args.per_op_max_mb * 2**20))
+    report = per_op_check(args.model, check.ops.name, prompts, dtype=str(check.dtype).removeprefix("torch."),
+                          max_tokens=max(args.max_tokens, 1), block_size=args.block_size, samples=args.per_op_samples,
+                          max_bytes=int(args.per_op_max_mb * 2**20), tensor_parallel_size=args.tensor_parallel_size)
+    if args.tensor_parallel_size == 1:
+        return [report]
+    import torch.distributed as dist
+
+    reports: list = [None] * dist.get_world_size()
+    dist.all_gather_object(reports, report)
+    return reports if report.rank == 0 else [report]
 
 
 def _check_model_args(args: argparse.Namespace, prompts: list[list[int]] | None) -> None:
@@ -100,7 +119,8 @@ def _check_model_args(args: argparse.Namespace, prompts: list[list[int]] | None)
     if args.dtype is not None and args.dtype not in DTYPES:
         raise UsageError(f"argument --dtype: expected one of {', '.join(DTYPES)}, got {args.dtype!r}")
     for option, value, least in (("--max-tokens", args.max_tokens, 0), ("--top-k", args.top_k, 1),
-                                 ("--block-size", args.block_size, 1), ("--per-op-samples", args.per_op_samples, 1)):
+                                 ("--block-size", args.block_size, 1), ("--per-op-samples", args.per_op_samples, 1),
+                                 ("--tensor-parallel-size", args.tensor_parallel_size, 1)):
         if value < least:
             raise UsageError(f"argument {option}: expected an integer >= {least}, got {value}")
     for option, value in (("--tolerance", args.tolerance), ("--per-op-max-mb", args.per_op_max_mb)):

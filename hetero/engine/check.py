@@ -114,11 +114,13 @@ class ModelCheck:
     checkpoint (fp8, compressed-tensors) is compared with its dequantized float copy (written
     to a temporary directory unless ``reference_dir`` is given) whose GEMM inputs are quantized
     as the engine quantizes them (``_fake_quant``), at ``QUANTIZED_TOLERANCE``. ``tolerance`` replaces
-    the default bound of a layer's relative L2 error.
+    the default bound of a layer's relative L2 error. ``tensor_parallel_size``: greedy generation
+    runs under that many torchrun ranks (the layer comparison runs the whole model on each).
     """
 
     def __init__(self, model_dir: str | Path, backend: str | None = None, *, dtype: str = "float32",
-                 reference_dir: str | Path | None = None, block_size: int = 16, tolerance: float | None = None):
+                 reference_dir: str | Path | None = None, block_size: int = 16, tolerance: float | None = None,
+                 tensor_parallel_size: int = 1):
         import transformers
 
         import hetero
@@ -126,7 +128,7 @@ class ModelCheck:
 
         self.model_dir, self.dtype = str(model_dir), getattr(torch, dtype)
         self.ops = hetero.load(backend)
-        self.block_size = block_size
+        self.block_size, self.tensor_parallel_size = block_size, tensor_parallel_size
         self.model = build_model(self.model_dir, self.ops, self.dtype)
         self.quant_config = getattr(self.model, "quant_config", None)
         self.quantized = getattr(self.quant_config, "scheme", None) is not None
@@ -203,7 +205,7 @@ class ModelCheck:
         from hetero.engine import LLM, SamplingParams
 
         llm = LLM(self.model_dir, backend=self.ops.name, dtype=str(self.dtype).removeprefix("torch."),
-                  block_size=self.block_size)
+                  block_size=self.block_size, tensor_parallel_size=self.tensor_parallel_size)
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
                                 logprobs=min(top_k, self.vocab_size))
         return llm.generate([list(p) for p in prompts], params, progress=False)

@@ -146,10 +146,14 @@ def _cmd_generate(args: argparse.Namespace, registry: Any, console: Console) -> 
         return EXIT_OK
     for out in outputs:
         if args.json:
-            print(json.dumps(_generated_record(out)))
+            print(json.dumps(_generated_record(out), allow_nan=False))
         else:
             _print_generated(console, out)
     return EXIT_OK
+
+
+#: JSON has no -inf: a token the logits rule out (logprob -inf) is written as this, as OpenAI-style servers do
+_JSON_NEG_INF = -9999.0
 
 
 def _generated_record(out: Any) -> dict[str, Any]:
@@ -159,7 +163,7 @@ def _generated_record(out: Any) -> dict[str, Any]:
     if out.text is not None:
         record["text"] = out.text
     if out.logprobs is not None:
-        record["logprobs"] = [[{"token_id": t, "logprob": lp.logprob, "rank": lp.rank}
+        record["logprobs"] = [[{"token_id": t, "logprob": max(lp.logprob, _JSON_NEG_INF), "rank": lp.rank}
                                for t, lp in sorted(entry.items(), key=lambda e: e[1].rank)] for entry in out.logprobs]
     return record
 

@@ -29,7 +29,10 @@ class _Plugin:
             from hetero_demo_bug import DemoBugBackend
         finally:
             sys.path.pop(0)
-        return [DemoBugBackend]
+        class LateBug(DemoBugBackend):  # reached only by decode steps after a 30-token prompt
+            name, from_position = "late_bug", 40
+
+        return [DemoBugBackend, LateBug]
 
 
 @pytest.fixture
@@ -85,6 +88,41 @@ def test_recording_is_bounded_and_says_what_it_skipped(qwen3):
     assert skipped[("paged_attention", "not sampled")] == 2 * (6 - 2)  # 2 layers x 6 steps, 2 kept each
     capped = per_op_check(str(qwen3), "cpu_ref", LONG, max_tokens=2, max_bytes=200_000)
     assert capped.recorded_bytes <= 200_000 and any(s["reason"] == "store cap reached" for s in capped.skipped)
+    assert capped.unrecorded and capped.status() == "inconclusive" and not capped.passed  # not "no op at fault"
+    assert capped.verdict().startswith("inconclusive: no replayed op call is out of bounds, but")
+
+
+def test_a_bug_only_late_in_decode_is_still_sampled(planted, qwen3):
+    """Calls 0 and 1 of each site, then the latest of calls 2, 4, 8, 16: decode step 16 reaches position 45."""
+    report = per_op_check(str(qwen3), "late_bug", [list(range(3, 33))], max_tokens=20)
+    fault = report.first_fault
+    assert (fault.op, fault.layer) == ("paged_attention", 0)
+    attention = [v for v in report.calls if v.path == "model.layers.0.self_attn.attn" and v.op == "paged_attention"]
+    assert len(attention) == 4 and attention[-1].index > attention[-2].index > attention[1].index
+
+
+def test_weights_are_stored_once_and_a_replay_failure_is_not_a_fault(qwen3, monkeypatch):
+    from hetero.engine import LLM, SamplingParams
+    from hetero.engine.instrument import instrument
+    from hetero.engine.replay import OpRecorder, Replayer, TensorStore
+
+    llm = LLM(str(qwen3), backend="cpu_ref", dtype="float32")
+    with TensorStore(1 << 30) as store:
+        recorder = OpRecorder(store, 4, model=llm.runner.model)
+        with instrument(llm.runner.model, recorder):
+            llm.generate(LONG, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), progress=False)
+        gemms = [r for r in recorder.records if r.op == "gemm"]
+        assert len(gemms) == 9 * 4 and all("in.b.0" in r.shared for r in gemms)  # 9 gemm sites, 4 calls each
+        assert len({r.shared["in.b.0"] for r in gemms}) == 9  # each weight stored once
+        assert all("in.b.0" not in store.get(r.file) for r in gemms)
+        assert Replayer(store, torch.float32).replay(gemms[-1]).ok
+
+    def broken(self, record, inputs):
+        raise RuntimeError("the replay's own bug")
+
+    monkeypatch.setattr(Replayer, "_expected", broken)
+    failed = per_op_check(str(qwen3), "cpu_ref", [[5, 6, 7]], max_tokens=1)
+    assert failed.first_fault is None and failed.status() == "inconclusive" and "could not be replayed" in failed.verdict()
 
 
 def test_compaction_keeps_what_a_call_reads_and_writes():

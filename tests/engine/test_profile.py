@@ -56,7 +56,7 @@ def test_every_op_call_of_the_run_is_in_the_table(profiled):
 def test_phases_and_layer_types(profiled):
     arch, _, report, _, _ = profiled
     assert {"prefill", "decode"} <= set(report.phases)
-    assert {s.phase for s in report.steps} == {"prefill", "decode"}
+    assert {s.phase for s in report.steps} == {"prefill", "decode"}  # 3 requests fit one prefill step
     for row in [*report.ops().values(), *report.layers().values()]:
         assert row[ALL].calls == sum(f.calls for p, f in row.items() if p != ALL)
     assert set(report.layers()) == KINDS[arch]
@@ -168,3 +168,13 @@ def test_unusable_values_are_usage_errors(checkpoints, capsys, option, value):
             "--input-len", "4", "--output-len", "2", "--warmup", "0", option, value]
     assert main(argv) == 2
     assert f"argument {option}" in capsys.readouterr().err
+
+
+def test_decodes_batched_with_prompt_chunks_are_a_mixed_phase(checkpoints):
+    """A token budget smaller than the prompts makes the scheduler put decodes and prompt chunks in one step."""
+    llm = LLM(checkpoints("qwen3"), backend="cpu_ref", dtype="float32", max_num_seqs=8, max_num_batched_tokens=16)
+    report = profile_run(llm, Workload(4, (20, 30), (4, 6), seed=1), warmup=0, ceilings=CEILINGS)
+    phases = {s.phase for s in report.steps}
+    assert {"prefill", "mixed", "decode"} <= phases
+    mixed = [c for c in report.calls if c.phase == "mixed"]
+    assert mixed and {c.op for c in mixed} >= {"gemm", "paged_attention"}

@@ -11,9 +11,10 @@ and the sampler. A step's parts, in host seconds:
 - ``sampling``: the sampler (tokens and their logprobs); ``profiler``: the op hook's own work (byte/flop model, bookkeeping);
 - ``other host``: the rest of the step (plan, cache ops, embedding and glue between ops, outputs).
 
-Phase: a step is "prefill" when its batch has a prefill span (some sequence with
-more than one query row, ``Step.prefill``), else "decode" (every sequence one
-row); a step that computes no rows is "empty".
+Phase: a step is "prefill" when its batch holds prompt chunks only (``Step.prefill``),
+"decode" when every sequence has one row, "mixed" when continuous batching put decodes
+and prompt chunks in one forward (their op calls are one call each, so they are not
+split); a step that computes no rows is "empty".
 """
 from __future__ import annotations
 
@@ -63,6 +64,13 @@ class _TimedSampler:
             return self._sampler(*args, **kwargs)
 
 
+def _phase(step: Any) -> str:
+    """"prefill" (prompt chunks only), "decode" (one-row sequences only) or "mixed" (both in one batch)."""
+    if step.prefill is None:
+        return "decode"
+    return "mixed" if step.num_decodes else "prefill"
+
+
 class _Part:
     def __init__(self, clock: HostClock, name: str):
         self.clock, self.name = clock, name
@@ -109,7 +117,7 @@ class HostClock:
                 out = fn(*args, **kwargs)
             step = out[0]
             if self.current is not None:
-                self.current.phase = "prefill" if step.prefill is not None else "decode"
+                self.current.phase = _phase(step)
                 self.current.tokens = step.num_tokens
                 self.timer.phase = self.current.phase
             return out

@@ -24,7 +24,7 @@ __all__ = ["Figures", "ProfileReport", "ALL", "PHASES"]
 
 ALL = "all"
 #: phases in report order ("-": calls made outside an engine step, profiling a bare module)
-PHASES = ("prefill", "decode", "empty", "-")
+PHASES = ("prefill", "mixed", "decode", "empty", "-")
 
 
 @dataclass

@@ -35,7 +35,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("profile", help="per-op time, GB/s, TFLOP/s and roofline of an engine run",
                        description="Run a seeded workload through the engine (greedy, EOS ignored; after an unprofiled "
                                    "warm-up) with every op call timed: per op and per layer type, split by phase "
-                                   "(prefill / decode), calls, total and mean time, % of step time, achieved GB/s and "
+                                   "(prefill / mixed / decode), calls, total and mean time, % of step time, achieved GB/s and "
                                    "TFLOP/s (hetero bench's byte/flop model) and the roofline fraction; then the "
                                    "engine's own host time per step. --trace writes a Chrome/Perfetto trace.")
     p.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")

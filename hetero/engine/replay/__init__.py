@@ -11,11 +11,12 @@ from typing import Sequence
 
 from hetero.engine.replay.recorder import CallRecord, OpRecorder, layer_of
 from hetero.engine.replay.replayer import CallVerdict, Replayer
-from hetero.engine.replay.report import OpRow, PerOpReport
+from hetero.engine.replay.report import STATUSES, OpRow, PerOpReport
 from hetero.engine.replay._store import TensorStore
+from hetero.errors import UsageError
 
 __all__ = ["per_op_check", "OpRecorder", "CallRecord", "Replayer", "CallVerdict", "PerOpReport", "OpRow",
-           "TensorStore", "layer_of", "DEFAULT_SAMPLES", "DEFAULT_MAX_BYTES"]
+           "TensorStore", "layer_of", "STATUSES", "DEFAULT_SAMPLES", "DEFAULT_MAX_BYTES"]
 
 #: recorded calls per op call site (a layer's op slot)
 DEFAULT_SAMPLES = 4
@@ -31,21 +32,30 @@ def per_op_check(model: str, backend: str | None = None, prompts: Sequence[Seque
 
     ``engine``: more ``LLM`` options (``tensor_parallel_size`` under torchrun: every rank returns
     the report of its own calls)."""
-    import torch
-
+    try:
+        import hetero_conformance  # noqa: F401  (the judge)
+    except ImportError as e:
+        raise UsageError("check-model --per-op judges each op call as hetero conformance does: install "
+                         "hetero-conformance (pip install -e conformance)") from e
     from hetero.engine import LLM, SamplingParams
     from hetero.engine.check import default_prompts
     from hetero.engine.instrument import instrument
 
     llm = LLM(model, backend=backend, dtype=dtype, block_size=block_size, **engine)
     prompts = prompts or default_prompts(int(llm.config.hf_config.vocab_size))
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     with TensorStore(max_bytes) as store:
-        recorder = OpRecorder(store, samples)
+        recorder = OpRecorder(store, samples, model=llm.runner.model)
         with instrument(llm.runner.model, recorder):
-            llm.generate([list(p) for p in prompts], SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                                                    ignore_eos=True), progress=False)
-        run_dtype = llm.config.dtype if isinstance(llm.config.dtype, torch.dtype) else getattr(torch, str(llm.config.dtype))
+            llm.generate([list(p) for p in prompts], params, progress=False)
+        run_dtype = _dtype(llm.config.dtype)
         verdicts = Replayer(store, run_dtype).replay_all(recorder.records)
         skipped = [{"op": op, "reason": why, "calls": n} for (op, why), n in sorted(recorder.skipped.items())]
         return PerOpReport(llm.runner.ops.name, str(run_dtype).removeprefix("torch."), verdicts, skipped,
-                           store.nbytes, rank=llm.rank)
+                           recorder.unrecorded(), store.nbytes, rank=llm.rank)
+
+
+def _dtype(value):
+    import torch
+
+    return value if isinstance(value, torch.dtype) else getattr(torch, str(value))

@@ -18,7 +18,7 @@ def _fraction(x: float) -> str:
 def print_per_op(console: Console, report: PerOpReport, stream_first_bad: str | None = None, *,
                  all_rows: bool = False, limit: int = 40) -> None:
     """The table (worst rows first unless ``all_rows``: every row in call order), what was skipped, the verdict."""
-    rows = report.rows
+    every = rows = report.rows
     if not all_rows:
         rows = sorted(rows, key=lambda r: (not r.failed, r.layer if r.failed and r.layer is not None else -1,
                                            -max(r.rel_l2, r.max_abs)))[:limit]
@@ -31,14 +31,16 @@ def print_per_op(console: Console, report: PerOpReport, stream_first_bad: str | 
         table.add_row("-" if r.layer is None else str(r.layer), r.module, r.op, str(r.calls), f"{r.failed}{mism}",
                       _fraction(r.rel_l2), _fraction(r.max_abs), style=style)
     console.print(table)
-    if len(report.rows) > len(rows):
-        console.print(f"({len(report.rows) - len(rows)} more rows, all within bounds; --json lists every call)")
+    if len(every) > len(rows):
+        bad = sum(1 for r in every if r.failed) - sum(1 for r in rows if r.failed)
+        console.print(f"({len(every) - len(rows)} more rows, {bad} of them out of bounds; --json lists every call)")
     recorded = f"{len(report.calls)} calls recorded ({report.recorded_bytes / 2**20:.1f} MiB)"
     skipped = ", ".join(f"{s['calls']} {s['op']} ({s['reason']})" for s in report.skipped if s["reason"] != "not sampled")
     unsampled = sum(s["calls"] for s in report.skipped if s["reason"] == "not sampled")
     console.print(f"{recorded}; not replayed: {unsampled} calls outside the sample" + (f", {skipped}" if skipped else ""),
                   highlight=False)
-    style = "red" if not report.passed else "yellow" if stream_first_bad else "green"
+    status = report.status(stream_first_bad)
+    style = {"fault": "red", "inconclusive": "red", "drift": "yellow", "ok": "green"}[status]
     console.print(f"[{style}]{report.verdict(stream_first_bad)}[/{style}]", highlight=False)
     fault = report.first_fault
     if fault is not None:

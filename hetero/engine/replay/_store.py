@@ -1,8 +1,9 @@
-"""Recorded op-call tensors on disk: one safetensors file per call, under a byte cap.
+"""Recorded op-call tensors on disk: safetensors files under a byte cap.
 
 Each tensor is stored as its raw bytes, with its dtype and shape in the file's metadata, so
 every dtype the engine uses (fp8 flavours and int8 too) round-trips bit for bit whatever
-safetensors itself supports.
+safetensors itself supports. A file is one call's tensors, or one weight that every call
+using it shares.
 """
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-__all__ = ["TensorStore"]
+__all__ = ["TensorStore", "nbytes"]
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -21,10 +26,10 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 class TensorStore:
-    """A temporary directory of ``call-<n>.safetensors`` files holding at most ``max_bytes`` in all.
+    """A temporary directory of named safetensors files holding at most ``max_bytes`` in all.
 
-    ``put`` refuses (returns False) a call whose tensors would pass the cap; nothing is
-    written for it. ``close()`` (or leaving the ``with`` block) deletes the directory.
+    Callers ask ``fits`` before copying anything to the host, then ``put``; ``delete``
+    gives a file's bytes back. ``close()`` (or leaving the ``with`` block) deletes the directory.
     """
 
     def __init__(self, max_bytes: int, root: str | Path | None = None):
@@ -32,28 +37,38 @@ class TensorStore:
         self.root = Path(self._tmp.name)
         self.max_bytes = max_bytes
         self.nbytes = 0
+        self._sizes: dict[str, int] = {}
 
-    def put(self, index: int, tensors: dict[str, torch.Tensor]) -> bool:
-        size = sum(t.numel() * t.element_size() for t in tensors.values())
-        if self.nbytes + size > self.max_bytes:
+    def fits(self, size: int) -> bool:
+        return self.nbytes + size <= self.max_bytes
+
+    def put(self, name: str, tensors: dict[str, torch.Tensor]) -> bool:
+        """Write ``tensors`` as file ``name``; False (nothing written) when they would pass the cap."""
+        size = nbytes(tensors.values())
+        if not self.fits(size):
             return False
         layout = {k: [str(t.dtype).removeprefix("torch."), list(t.shape)] for k, t in tensors.items()}
-        save_file({k: _as_bytes(t) for k, t in tensors.items()}, str(self._path(index)),
+        save_file({k: _as_bytes(t) for k, t in tensors.items()}, str(self._path(name)),
                   metadata={"layout": json.dumps(layout)})
         self.nbytes += size
+        self._sizes[name] = size
         return True
 
-    def get(self, index: int) -> dict[str, torch.Tensor]:
+    def get(self, name: str) -> dict[str, torch.Tensor]:
         from safetensors import safe_open
 
-        path = str(self._path(index))
+        path = str(self._path(name))
         with safe_open(path, framework="pt") as f:
             layout = json.loads(f.metadata()["layout"])
         raw = load_file(path)
         return {k: raw[k].view(getattr(torch, dtype)).reshape(shape) for k, (dtype, shape) in layout.items()}
 
-    def _path(self, index: int) -> Path:
-        return self.root / f"call-{index:06d}.safetensors"
+    def delete(self, name: str) -> None:
+        self._path(name).unlink()
+        self.nbytes -= self._sizes.pop(name)
+
+    def _path(self, name: str) -> Path:
+        return self.root / f"{name}.safetensors"
 
     def close(self) -> None:
         self._tmp.cleanup()
