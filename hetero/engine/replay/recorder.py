@@ -25,7 +25,7 @@ from hetero.engine.replay._compact import compaction
 from hetero.engine.replay._store import TensorStore, nbytes
 from hetero.spec import OPS
 
-__all__ = ["CallRecord", "OpRecorder", "layer_of", "NOT_SAMPLED", "OVER_CAP", "COLLECTIVE"]
+__all__ = ["CallRecord", "OpRecorder", "Located", "layer_of", "NOT_SAMPLED", "OVER_CAP", "COLLECTIVE"]
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _STORED = object()  # stands for a tensor leaf kept in the store
@@ -40,8 +40,22 @@ def layer_of(path: str) -> tuple[int | None, str]:
     return int(m.group(1)), path[m.end():] or "."
 
 
+class Located:
+    """``layer`` and ``module`` of an object with a module ``path``."""
+
+    path: str
+
+    @property
+    def layer(self) -> int | None:
+        return layer_of(self.path)[0]
+
+    @property
+    def module(self) -> str:
+        return layer_of(self.path)[1]
+
+
 @dataclass
-class CallRecord:
+class CallRecord(Located):
     """One recorded op call: ``index`` is its place among every op call of the run (recorded or not)."""
 
     index: int
@@ -56,14 +70,6 @@ class CallRecord:
     @property
     def file(self) -> str:
         return f"call-{self.index:06d}"
-
-    @property
-    def layer(self) -> int | None:
-        return layer_of(self.path)[0]
-
-    @property
-    def module(self) -> str:
-        return layer_of(self.path)[1]
 
     def tensors(self, store: TensorStore) -> dict[str, torch.Tensor]:
         """Its inputs (``in.<argument>.<leaf>``) and outputs (``out.<name>``) from ``store``, on the host."""

@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
-from hetero.engine.replay.recorder import CallRecord, layer_of
+from hetero.engine.replay.recorder import CallRecord, Located
 from hetero.engine.replay._store import TensorStore
 
 __all__ = ["CallVerdict", "Replayer", "finite"]
 
 
 @dataclass
-class CallVerdict:
+class CallVerdict(Located):
     """One replayed call: per output its metrics and bounds (conformance's report fields), what is wrong
     (``problems``), or why it could not be replayed (``error``)."""
 
@@ -37,14 +37,6 @@ class CallVerdict:
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     error: str | None = None
-
-    @property
-    def layer(self) -> int | None:
-        return layer_of(self.path)[0]
-
-    @property
-    def module(self) -> str:
-        return layer_of(self.path)[1]
 
     @property
     def ok(self) -> bool:

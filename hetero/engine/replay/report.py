@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetero.engine.replay.replayer import CallVerdict, finite
-from hetero.engine.replay.recorder import layer_of
+from hetero.engine.replay.recorder import Located
 
 __all__ = ["OpRow", "PerOpReport", "STATUSES"]
 
@@ -16,7 +16,7 @@ STATUSES = ("fault", "inconclusive", "drift", "ok")
 
 
 @dataclass
-class OpRow:
+class OpRow(Located):
     """Every replayed call of one op call site: the worst rel L2 and max abs, each as a fraction of its bound."""
 
     path: str
@@ -27,14 +27,6 @@ class OpRow:
     rel_l2: float = 0.0
     max_abs: float = 0.0
     mismatched: int = 0
-
-    @property
-    def layer(self) -> int | None:
-        return layer_of(self.path)[0]
-
-    @property
-    def module(self) -> str:
-        return layer_of(self.path)[1]
 
     def add(self, v: CallVerdict) -> None:
         self.calls += 1
