@@ -6,7 +6,11 @@ nothing unless the user opts in:
 
 - ``HETERO_VLLM=1`` routes to the backend ``HETERO_BACKEND`` names (unset: the
   best available one, as ``hetero.load()`` picks it);
-- ``HETERO_BACKEND=<name>`` alone opts in too, unless ``HETERO_VLLM=0``.
+- ``HETERO_BACKEND=<name>`` alone opts in too, unless ``HETERO_VLLM=0``, and so
+  does ``HETERO_VLLM_PLATFORM=1`` (the platform plugin, ``hetero_vllm.platform``).
+
+The backend is ``additional_config={"hetero_backend": name}`` of the engine when
+given, else ``HETERO_BACKEND`` (``_backend``).
 
 Routed: ``RMSNorm`` (and its fused residual add), ``SiluAndMul``, the rotary
 classes that use the base forward (``layers``), the attention backend
@@ -30,11 +34,14 @@ _registered: list[bool] = []
 
 
 def enabled() -> bool:
-    """Whether this process opted in (``HETERO_VLLM=1``, or ``HETERO_BACKEND`` set and ``HETERO_VLLM`` not 0)."""
-    flag = os.environ.get("HETERO_VLLM", "").strip()
+    """Whether this process opted in: ``HETERO_VLLM=1``, or ``HETERO_BACKEND`` set or
+    ``HETERO_VLLM_PLATFORM=1`` (the platform plugin) while ``HETERO_VLLM`` is not 0."""
+    from hetero_vllm.platform import platform_requested
+
+    flag = os.environ.get("HETERO_VLLM", "").strip().lower()
     if flag in ("0", "false", "no", "off"):
         return False
-    return flag in ("1", "true", "yes", "on") or bool(os.environ.get("HETERO_BACKEND"))
+    return flag in ("1", "true", "yes", "on") or bool(os.environ.get("HETERO_BACKEND")) or platform_requested()
 
 
 def check_vllm_version(version: str) -> None:
@@ -64,4 +71,4 @@ def register() -> None:
     report.arm_at_exit()
     _registered.append(True)
     _logger.info("hetero-vllm: routing %s to hetero backend %s", ", ".join(routed),
-                 os.environ.get("HETERO_BACKEND") or "(hetero's default)")
+                 os.environ.get("HETERO_BACKEND") or "(additional_config's hetero_backend, else hetero's default)")

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import logging
-from hetero_vllm import report
+
+from hetero_vllm import _backend, report
 
 __all__ = ["AlwaysOn", "register_oot", "dispatch_to"]
 
@@ -22,6 +23,7 @@ class AlwaysOn:
     def enabled(cls) -> bool:
         from vllm.config import get_cached_compilation_config
 
+        _backend.remember_config()  # vLLM builds layers under its current config: note the engine's backend choice
         ops = get_cached_compilation_config().custom_ops
         names = {cls.name, getattr(cls, "vllm_op_name", cls.name)}
         if any(f"-{n}" in ops for n in names):

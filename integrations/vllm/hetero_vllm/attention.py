@@ -24,7 +24,7 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
 )
 
-from hetero_vllm import report, torch_ops  # noqa: F401  (torch_ops defines torch.ops.hetero.*)
+from hetero_vllm import _backend, report, torch_ops  # noqa: F401  (torch_ops defines torch.ops.hetero.*)
 
 __all__ = ["HeteroAttentionBackend", "HeteroAttentionMetadata", "register"]
 
@@ -95,6 +95,7 @@ class HeteroAttentionImpl(AttentionImpl):
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.attn_type = attn_type
         self.sinks = sinks
+        _backend.remember_config()
 
     def do_kv_cache_update(self, layer: torch.nn.Module, key: torch.Tensor, value: torch.Tensor,
                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ With ``HETERO_VLLM_REPORT=path.json`` each process merges its counts into that
 file at exit (under a lock on the file, so workers exiting together merge). The JSON::
 
     {"backend": "cpu_ref",
+     "platform": "hetero_vllm._cpu_platform.HeteroCpuPlatform",  # null unless on hetero's platform plugin
      "routed": {"RMSNorm": {"rms_norm": 120, "rms_norm+residual": 96}, ...},
      "not_routed": {"Llama4VisionRotaryEmbedding": "overrides forward: ...", ...},
      "processes": 2,
@@ -26,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REPORT_ENV", "record", "not_routed", "snapshot", "reset", "write", "read"]
+__all__ = ["REPORT_ENV", "record", "not_routed", "set_backend", "set_platform", "snapshot", "reset", "write", "read"]
 
 #: The environment variable naming the JSON file each process merges its counts into.
 REPORT_ENV = "HETERO_VLLM_REPORT"
@@ -35,6 +36,7 @@ _lock = threading.Lock()
 _counts: Counter[tuple[str, str]] = Counter()
 _not_routed: dict[str, str] = {}
 _backend: list[str] = []
+_platform: list[str] = []
 _atexit_armed = False
 
 
@@ -55,6 +57,11 @@ def set_backend(name: str) -> None:
     _backend[:] = [name]
 
 
+def set_platform(qualname: str) -> None:
+    """Record the vLLM platform class this process runs on, when it is hetero's (the report's ``platform``)."""
+    _platform[:] = [qualname]
+
+
 def snapshot() -> dict[str, Any]:
     """This process's report as a JSON-ready dict (see the module docstring)."""
     with _lock:
@@ -63,7 +70,8 @@ def snapshot() -> dict[str, Any]:
             routed.setdefault(cls, {})[op] = n
         skipped = {c: r for c, r in sorted(_not_routed.items()) if c not in routed}
         writer = {"pid": os.getpid(), "process": multiprocessing.current_process().name, "calls": sum(_counts.values())}
-    return {"backend": _backend[0] if _backend else None, "routed": routed, "not_routed": skipped, "processes": 1,
+    return {"backend": _backend[0] if _backend else None, "platform": _platform[0] if _platform else None,
+            "routed": routed, "not_routed": skipped, "processes": 1,
             "writers": [writer]}
 
 
@@ -82,6 +90,7 @@ def _merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     skipped = {**old.get("not_routed", {}), **new["not_routed"]}
     return {
         "backend": new["backend"] or old.get("backend"),
+        "platform": new.get("platform") or old.get("platform"),
         "routed": routed,
         "not_routed": {c: r for c, r in sorted(skipped.items()) if c not in routed},
         "processes": old.get("processes", 0) + 1,

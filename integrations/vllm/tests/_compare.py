@@ -1,9 +1,10 @@
-"""Comparing two runs of ``_driver.py``: identical greedy tokens, top-k logprobs within a tolerance."""
+"""Comparing two runs of ``_driver.py`` (identical greedy tokens, top-k logprobs within a tolerance) and reading
+the routing report (every routed class served by hetero)."""
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["assert_same_generation"]
+__all__ = ["DENSE_ROUTES", "LLAMA_ROUTES", "MOE_ROUTES", "assert_routed", "assert_same_generation"]
 
 
 def assert_same_generation(got: list[dict[str, Any]], want: list[dict[str, Any]], atol: float = 1e-5) -> float:
@@ -19,3 +20,25 @@ def assert_same_generation(got: list[dict[str, Any]], want: list[dict[str, Any]]
                 assert diff <= atol, f"sequence {i} step {step} token {token}: logprob {gl[token]} vs stock {value}"
                 worst = max(worst, diff)
     return worst
+
+
+#: The vLLM classes hetero must have served in a dense Qwen3, and the hetero ops each one used.
+DENSE_ROUTES = {
+    "RMSNorm": {"rms_norm", "rms_norm+residual"},
+    "SiluAndMul": {"silu_and_mul"},
+    "RotaryEmbedding": {"rotary_embedding"},
+    "Attention": {"write_kv", "paged_attention"},
+}
+LLAMA_ROUTES = {**{k: v for k, v in DENSE_ROUTES.items() if k != "RotaryEmbedding"},
+                "Llama3RotaryEmbedding": {"rotary_embedding"}}  # a rope subclass, routed under its own name
+MOE_ROUTES = {**{k: v for k, v in DENSE_ROUTES.items() if k != "SiluAndMul"},
+              "UnquantizedFusedMoEMethod": {"fused_moe"}}
+
+
+def assert_routed(report: dict, expected: dict[str, set[str]], backend: str = "cpu_ref") -> None:
+    """Every expected class shows each of its hetero ops with calls > 0 (a silent bypass fails here)."""
+    assert report["backend"] == backend
+    for cls, ops in expected.items():
+        calls = report["routed"].get(cls, {})
+        assert ops <= calls.keys(), f"{cls}: hetero ops {sorted(calls)} served it, expected {sorted(ops)}"
+        assert all(calls[op] > 0 for op in ops), f"{cls}: {calls}"

@@ -1,8 +1,10 @@
 """Runs one vLLM engine over the test workload and writes its greedy tokens and top-k logprobs as JSON.
 
-Usage: python _driver.py MODEL_DIR OUT.json [--compiled] [--multiprocess]
+Usage: python _driver.py MODEL_DIR OUT.json [--compiled] [--hetero-backend NAME]
 Whether hetero routes the layers is the environment's business (HETERO_VLLM,
-HETERO_BACKEND, HETERO_VLLM_REPORT), so the same script gives the stock reference.
+HETERO_BACKEND, HETERO_VLLM_PLATFORM, HETERO_VLLM_REPORT), so the same script gives
+the stock reference; ``--hetero-backend`` passes vLLM's
+``additional_config={"hetero_backend": NAME}``. The output names the vLLM platform class.
 The workload: prompts of 9 to 100 tokens over block size 32 (several blocks),
 ``max_num_batched_tokens=64`` (chunked prefill), then a second batch that shares a
 64-token prefix with the first (a prefix-cache hit).
@@ -32,12 +34,16 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("out")
     parser.add_argument("--compiled", action="store_true")
+    parser.add_argument("--hetero-backend", default="", help="additional_config's hetero_backend")
     parser.add_argument("--custom-ops", default="", help="comma-separated compilation_config.custom_ops additions")
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
 
     extra = {}
+    if args.hetero_backend:
+        extra["additional_config"] = {"hetero_backend": args.hetero_backend}
     if args.custom_ops:
         extra["compilation_config"] = {"custom_ops": ["all", *args.custom_ops.split(",")]}
 
@@ -53,7 +59,8 @@ def main() -> None:
             logprobs = [{str(t): lp.logprob for t, lp in step.items()} for step in seq.logprobs]
             results.append({"tokens": list(seq.token_ids), "logprobs": logprobs})
     with open(args.out, "w") as f:
-        json.dump({"pid": os.getpid(), "sequences": results}, f)
+        platform = f"{type(current_platform).__module__}.{type(current_platform).__qualname__}"
+        json.dump({"pid": os.getpid(), "platform": platform, "sequences": results}, f)
 
 
 if __name__ == "__main__":

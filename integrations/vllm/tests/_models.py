@@ -1,9 +1,9 @@
-"""Tiny random checkpoints written by transformers: Qwen3 dense, Qwen3-MoE and Gemma2, float32."""
+"""Tiny random checkpoints written by transformers: Llama, Qwen3 dense, Qwen3-MoE and Gemma2, float32."""
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["write_qwen3", "write_qwen3_moe", "write_gemma2"]
+__all__ = ["write_llama", "write_qwen3", "write_qwen3_moe", "write_gemma2"]
 
 _COMMON = dict(vocab_size=256, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.1,
@@ -13,6 +13,17 @@ _COMMON = dict(vocab_size=256, hidden_size=128, num_hidden_layers=2, num_attenti
 def _save(model, path: Path) -> Path:
     model.save_pretrained(path, safe_serialization=True)
     return path
+
+
+def write_llama(path: Path) -> Path:
+    """A 2-layer Llama (4 query / 2 KV heads of 32, Llama-3 rope scaling) with random weights, at ``path``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
+    return _save(LlamaForCausalLM(LlamaConfig(intermediate_size=256, rope_parameters=rope, **_COMMON)).float(), path)
 
 
 def write_qwen3(path: Path) -> Path:

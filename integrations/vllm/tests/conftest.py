@@ -21,7 +21,8 @@ HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "_driver.py"
 sys.path.insert(0, str(HERE))
 
-_ROUTING_ENV = ("HETERO_VLLM", "HETERO_BACKEND", "HETERO_VLLM_REPORT", "HETERO_TRITON_INTERPRET")
+_ROUTING_ENV = ("HETERO_VLLM", "HETERO_BACKEND", "HETERO_VLLM_PLATFORM", "HETERO_VLLM_REPORT",
+                "HETERO_TRITON_INTERPRET", "VLLM_PLUGINS", "VLLM_TARGET_DEVICE")
 
 
 class Runs:
@@ -32,22 +33,32 @@ class Runs:
         self.cache: dict[tuple, tuple[list[dict[str, Any]], dict[str, Any] | None]] = {}
 
     def __call__(self, model: Path, *, backend: str | None = None, compiled: bool = False,
-                 multiprocess: bool = False, env: dict[str, str] | None = None):
-        """(sequences, routing report or None for a stock run)."""
-        key = (str(model), backend, compiled, multiprocess, tuple(sorted((env or {}).items())))
+                 multiprocess: bool = False, platform: bool = False, env: dict[str, str] | None = None):
+        """(sequences, routing report or None for a stock run).
+
+        ``platform``: through hetero's platform plugin alone (``HETERO_VLLM_PLATFORM=1``,
+        neither ``HETERO_VLLM`` nor ``HETERO_BACKEND``), the backend given as vLLM's
+        ``additional_config``. The report gains ``driver_platform``, the platform class in use.
+        """
+        key = (str(model), backend, compiled, multiprocess, platform, tuple(sorted((env or {}).items())))
         if key not in self.cache:
-            self.cache[key] = self._run(model, backend, compiled, multiprocess, env or {})
+            self.cache[key] = self._run(model, backend, compiled, multiprocess, platform, env or {})
         return self.cache[key]
 
-    def _run(self, model: Path, backend: str | None, compiled: bool, multiprocess: bool, extra: dict[str, str]):
-        tag = f"{model.name}-{backend or 'stock'}-{'compiled' if compiled else 'eager'}-{'mp' if multiprocess else 'inproc'}"
+    def _run(self, model: Path, backend: str | None, compiled: bool, multiprocess: bool, platform: bool,
+             extra: dict[str, str]):
+        tag = (f"{model.name}-{backend or 'stock'}{'-platform' if platform else ''}-"
+               f"{'compiled' if compiled else 'eager'}-{'mp' if multiprocess else 'inproc'}")
         out, report = self.root / f"{tag}.json", self.root / f"{tag}.report.json"
         env = {k: v for k, v in os.environ.items() if k not in _ROUTING_ENV}
         env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocess else "0")
-        if backend is not None:
+        cmd = [sys.executable, str(DRIVER), str(model), str(out)] + (["--compiled"] if compiled else [])
+        if backend is not None and platform:
+            env.update(HETERO_VLLM_PLATFORM="1", HETERO_VLLM_REPORT=str(report))
+            cmd += ["--hetero-backend", backend]
+        elif backend is not None:
             env.update(HETERO_VLLM="1", HETERO_BACKEND=backend, HETERO_VLLM_REPORT=str(report))
         env.update(extra)
-        cmd = [sys.executable, str(DRIVER), str(model), str(out)] + (["--compiled"] if compiled else [])
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             pytest.fail(f"{tag}: engine run failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
@@ -56,16 +67,17 @@ class Runs:
             return result["sequences"], None
         routing = json.loads(report.read_text())
         routing["driver_pid"] = result["pid"]  # which writer was the front-end process
+        routing["driver_platform"] = result["platform"]
         return result["sequences"], routing
 
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, Path]:
-    """{"qwen3": dir, "qwen3_moe": dir, "gemma2": dir}: tiny random float32 checkpoints."""
+    """{"llama": dir, "qwen3": dir, "qwen3_moe": dir, "gemma2": dir}: tiny random float32 checkpoints."""
     import _models
 
     root = tmp_path_factory.mktemp("models")
-    return {"qwen3": _models.write_qwen3(root / "qwen3"), "qwen3_moe": _models.write_qwen3_moe(root / "qwen3_moe"),
+    return {"llama": _models.write_llama(root / "llama"), "qwen3": _models.write_qwen3(root / "qwen3"), "qwen3_moe": _models.write_qwen3_moe(root / "qwen3_moe"),
             "gemma2": _models.write_gemma2(root / "gemma2")}
 
 

@@ -8,26 +8,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from _compare import assert_same_generation
-
-#: The vLLM classes hetero must have served in a dense Qwen3, and the hetero ops each one used.
-DENSE_ROUTES = {
-    "RMSNorm": {"rms_norm", "rms_norm+residual"},
-    "SiluAndMul": {"silu_and_mul"},
-    "RotaryEmbedding": {"rotary_embedding"},
-    "Attention": {"write_kv", "paged_attention"},
-}
-MOE_ROUTES = {**{k: v for k, v in DENSE_ROUTES.items() if k != "SiluAndMul"},
-              "UnquantizedFusedMoEMethod": {"fused_moe"}}
-
-
-def assert_routed(report: dict, expected: dict[str, set[str]], backend: str = "cpu_ref") -> None:
-    """Every expected class shows each of its hetero ops with calls > 0 (a silent bypass fails here)."""
-    assert report["backend"] == backend
-    for cls, ops in expected.items():
-        calls = report["routed"].get(cls, {})
-        assert ops <= calls.keys(), f"{cls}: hetero ops {sorted(calls)} served it, expected {sorted(ops)}"
-        assert all(calls[op] > 0 for op in ops), f"{cls}: {calls}"
+from _compare import DENSE_ROUTES, LLAMA_ROUTES, MOE_ROUTES, assert_routed, assert_same_generation
 
 
 def test_dense_eager_matches_stock(models, runs):
@@ -36,6 +17,14 @@ def test_dense_eager_matches_stock(models, runs):
     assert_same_generation(got, stock)
     assert_routed(report, DENSE_ROUTES)
     assert "MRotaryEmbedding" in report["not_routed"]
+
+
+def test_llama_eager_matches_stock(models, runs):
+    stock, _ = runs(models["llama"])
+    got, report = runs(models["llama"], backend="cpu_ref")
+    assert_same_generation(got, stock)
+    assert_routed(report, LLAMA_ROUTES)
+    assert "RotaryEmbedding" not in report["routed"]
 
 
 def test_dense_eager_matches_float64_transformers(models, runs):
@@ -69,6 +58,15 @@ def test_dense_compiled_matches_stock(models, runs):
 def test_moe_eager_matches_stock(models, runs):
     stock, _ = runs(models["qwen3_moe"])
     got, report = runs(models["qwen3_moe"], backend="cpu_ref")
+    assert_same_generation(got, stock)
+    assert_routed(report, MOE_ROUTES)
+
+
+def test_moe_compiled_matches_stock(models, runs):
+    """Compiled Qwen3-MoE: the fused-MoE method stays on hetero under Dynamo + Inductor (weights not repacked)."""
+    env = {"VLLM_DISABLE_COMPILE_CACHE": "1"}
+    stock, _ = runs(models["qwen3_moe"], compiled=True, env=env)
+    got, report = runs(models["qwen3_moe"], backend="cpu_ref", compiled=True, env=env)
     assert_same_generation(got, stock)
     assert_routed(report, MOE_ROUTES)
 

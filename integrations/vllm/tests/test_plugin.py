@@ -26,10 +26,12 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
     ({"HETERO_VLLM": "1"}, True),
     ({"HETERO_BACKEND": "cpu_ref"}, True),
     ({"HETERO_BACKEND": "cpu_ref", "HETERO_VLLM": "0"}, False),
+    ({"HETERO_VLLM_PLATFORM": "1"}, True),
+    ({"HETERO_VLLM_PLATFORM": "1", "HETERO_VLLM": "0"}, False),
 ])
 def test_opt_in(monkeypatch, env, expected):
-    monkeypatch.delenv("HETERO_VLLM", raising=False)
-    monkeypatch.delenv("HETERO_BACKEND", raising=False)
+    for name in ("HETERO_VLLM", "HETERO_BACKEND", "HETERO_VLLM_PLATFORM"):
+        monkeypatch.delenv(name, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert hetero_vllm.enabled() is expected
@@ -118,3 +120,39 @@ def test_ops_compile_as_opaque_nodes(cpu_ref):
     for a, b in zip(eager, compiled):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert report.snapshot()["routed"]["SiluAndMul"]["silu_and_mul"] == 2
+
+
+class _Config:
+    def __init__(self, **additional):
+        self.additional_config = additional
+
+
+@pytest.fixture
+def fresh_choice(monkeypatch):
+    monkeypatch.delenv("HETERO_BACKEND", raising=False)
+    _backend._configured.clear()
+    yield monkeypatch
+    _backend._configured.clear()
+
+
+def test_additional_config_names_the_backend_and_wins_over_the_environment(fresh_choice):
+    assert _backend.backend_name() is None
+    fresh_choice.setenv("HETERO_BACKEND", "cuda")
+    assert _backend.backend_name() == "cuda"
+    _backend.remember_config(_Config())  # no hetero_backend key: the environment still decides
+    assert _backend.backend_name() == "cuda"
+    _backend.remember_config(_Config(hetero_backend="cpu_ref"))
+    assert _backend.backend_name() == "cpu_ref"
+
+
+def test_additional_config_is_read_from_vllms_current_config(fresh_choice):
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    with set_current_vllm_config(VllmConfig(additional_config={"hetero_backend": "cpu_ref"})):
+        _backend.remember_config()
+    assert _backend.backend_name() == "cpu_ref"
+
+
+def test_additional_config_rejects_a_non_name(fresh_choice):
+    with pytest.raises(ValueError, match=r"additional_config\['hetero_backend'\] must be a backend name .* got 3"):
+        _backend.remember_config(_Config(hetero_backend=3))
