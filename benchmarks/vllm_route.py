@@ -31,7 +31,8 @@ from pathlib import Path
 _ARCH = dict(vocab_size=256, hidden_size=512, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
              head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.1,
              tie_word_embeddings=False, torch_dtype="float32")
-_ROUTING_ENV = ("HETERO_VLLM", "HETERO_BACKEND", "HETERO_VLLM_REPORT", "HETERO_VALIDATE", "VLLM_PLUGINS")
+_ROUTING_ENV = ("HETERO_VLLM", "HETERO_BACKEND", "HETERO_VLLM_PLATFORM", "HETERO_VLLM_REPORT", "HETERO_VALIDATE",
+                "VLLM_PLUGINS", "VLLM_TARGET_DEVICE")
 _ENGINE = dict(block_size=32, max_model_len=256, max_num_seqs=64, max_num_batched_tokens=2048)
 
 

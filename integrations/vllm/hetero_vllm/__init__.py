@@ -58,6 +58,17 @@ def check_vllm_version(version: str) -> None:
         )
 
 
+def _own_compile_cache() -> None:
+    """Point vLLM's cache root at a ``hetero-vllm`` subdirectory (inherited by the workers): its compile-cache
+    key holds neither the HETERO_* variables nor the replaced ops, so a stock run's cached graph (with
+    ``forward_native`` inlined) would otherwise be loaded by a routed run, silently bypassing hetero."""
+    import vllm.envs as envs
+
+    root = envs.VLLM_CACHE_ROOT
+    if os.path.basename(os.path.normpath(root)) != "hetero-vllm":
+        os.environ["VLLM_CACHE_ROOT"] = os.path.join(root, "hetero-vllm")
+
+
 def register() -> None:
     """The ``vllm.general_plugins`` hook: route vLLM's layers to hetero when opted in (idempotent)."""
     if _registered or not enabled():
@@ -65,6 +76,7 @@ def register() -> None:
     import vllm
 
     check_vllm_version(vllm.__version__)
+    _own_compile_cache()
     from hetero_vllm import attention, layers, moe
 
     routed = layers.register() + moe.register() + attention.register()

@@ -23,7 +23,7 @@ BACKEND_ENV = "HETERO_BACKEND"
 CONFIG_KEY = "hetero_backend"
 
 _lock = threading.Lock()
-_table: list[Any] = []
+_tables: dict[str | None, Any] = {}
 _configured: list[str] = []
 
 
@@ -55,14 +55,16 @@ def backend_name() -> str | None:
 
 
 def ops() -> Any:
-    """``hetero.load(backend_name())``, built on the first call of this process and kept."""
-    if not _table:
+    """``hetero.load(backend_name())``, built on the first call for that name in this process and kept."""
+    name = backend_name()
+    if name not in _tables:
         with _lock:
-            if not _table:
+            if name not in _tables:
                 import hetero
 
                 remember_config()
-                table = hetero.load(backend_name())
+                name = backend_name()
+                table = hetero.load(name)
                 report.set_backend(table.name)
-                _table.append(table)
-    return _table[0]
+                _tables[name] = table
+    return _tables[name]

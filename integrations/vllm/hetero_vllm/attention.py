@@ -58,6 +58,10 @@ class HeteroAttentionMetadataBuilder(AttentionMetadataBuilder[HeteroAttentionMet
         b = cm.num_reqs
         if not isinstance(cm.causal, bool):
             raise NotImplementedError("hetero-vllm: per-token causal masks are not routed")
+        for field in ("mm_req_doc_ranges", "rswa_prefix_lens"):
+            if getattr(cm, field, None) is not None:
+                raise NotImplementedError(f"hetero-vllm: attention metadata {field} (multimodal prefix / R-SWA "
+                                          "masks) is not routed")
         return HeteroAttentionMetadata(
             num_actual_tokens=cm.num_actual_tokens,
             query_start_loc=cm.query_start_loc[: b + 1],
@@ -83,6 +87,9 @@ class HeteroAttentionImpl(AttentionImpl):
                  alibi_slopes: list[float] | None, sliding_window: int | None, kv_cache_dtype: str,
                  logits_soft_cap: float | None = None, attn_type: str = "decoder",
                  kv_sharing_target_layer_name: str | None = None, sinks: torch.Tensor | None = None) -> None:
+        if str(getattr(attn_type, "value", attn_type)) != "decoder":
+            raise NotImplementedError(f"hetero-vllm: {attn_type} attention is not routed (decoder self-attention only); "
+                                      "unset HETERO_VLLM for this model")
         if alibi_slopes is not None:
             raise NotImplementedError("hetero-vllm: ALiBi is not routed (no hetero op takes slopes)")
         if kv_cache_dtype != "auto":

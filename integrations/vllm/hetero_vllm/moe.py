@@ -22,6 +22,10 @@ def unsupported(moe) -> str | None:
     """Why hetero ``fused_moe`` cannot serve a layer of this ``FusedMoEConfig`` (None: it can)."""
     if moe.activation.value != "silu":
         return f"activation {moe.activation.value!r} (routed: 'silu')"
+    tuned = [k for k in ("swiglu_limit", "swiglu_alpha", "swiglu_beta", "activation_situ_beta",
+                         "activation_situ_linear_beta") if getattr(moe, k, None) is not None]
+    if tuned:
+        return f"a tuned SwiGLU ({', '.join(tuned)})"
     if moe.has_bias:
         return "expert biases"
     if moe.is_lora_enabled:
@@ -50,10 +54,11 @@ def _method_class(base: type) -> type:
             return False if getattr(self, "hetero_reason", None) is None else super().is_monolithic
 
         def forward_hetero(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
+            if self.hetero_reason is None and layer.apply_router_weight_on_input:
+                self.hetero_reason = "router weights applied to the input (apply_router_weight_on_input)"
+                report.not_routed(f"{_SITE}[{self.hetero_reason}]", "kept vLLM's MoE path")
             if self.hetero_reason is not None:
                 return self.forward_native(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
-            if layer.apply_router_weight_on_input:
-                raise NotImplementedError("hetero-vllm: apply_router_weight_on_input is not routed to fused_moe")
             return torch.ops.hetero.fused_moe(
                 x, layer.w13_weight, layer.w2_weight, topk_weights.to(torch.float32), topk_ids.to(torch.int32),
                 "silu", _SITE,

@@ -18,6 +18,7 @@ file at exit (under a lock on the file, so workers exiting together merge). The 
 from __future__ import annotations
 
 import atexit
+import multiprocessing.util
 import fcntl
 import json
 import multiprocessing
@@ -118,9 +119,13 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
 
 
+_written: list[bool] = []
+
+
 def _write_at_exit() -> None:
     path = os.environ.get(REPORT_ENV)
-    if path and (_counts or _not_routed):
+    if path and (_counts or _not_routed) and not _written:
+        _written.append(True)
         write(path)
 
 
@@ -130,3 +135,5 @@ def arm_at_exit() -> None:
     if not _atexit_armed:
         _atexit_armed = True
         atexit.register(_write_at_exit)
+        # a forked worker leaves through os._exit, which skips atexit; multiprocessing runs its finalizers
+        multiprocessing.util.Finalize(None, _write_at_exit, exitpriority=0)

@@ -26,8 +26,9 @@ __all__ = [
 
 
 def _fresh(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
-    """out, copied if a backend handed back one of the inputs (a custom op's outputs may not alias them)."""
-    return out.clone() if any(out is t for t in inputs) else out
+    """out, copied if it shares memory with an input (a custom op's outputs may not alias its inputs)."""
+    ptr = out.untyped_storage().data_ptr()
+    return out.clone() if any(t.untyped_storage().data_ptr() == ptr for t in inputs) else out
 
 
 @torch.library.custom_op("hetero::rms_norm", mutates_args=())

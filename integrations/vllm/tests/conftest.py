@@ -48,10 +48,15 @@ class Runs:
     def _run(self, model: Path, backend: str | None, compiled: bool, multiprocess: bool, platform: bool,
              extra: dict[str, str]):
         tag = (f"{model.name}-{backend or 'stock'}{'-platform' if platform else ''}-"
-               f"{'compiled' if compiled else 'eager'}-{'mp' if multiprocess else 'inproc'}")
+               f"{'compiled' if compiled else 'eager'}-{'mp' if multiprocess else 'inproc'}"
+               + "".join(f"-{k}={v}" for k, v in sorted(extra.items())).replace("/", "_"))
         out, report = self.root / f"{tag}.json", self.root / f"{tag}.report.json"
+        report.unlink(missing_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in _ROUTING_ENV}
-        env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocess else "0")
+        # one KV split in vLLM's CPU attention: its split-KV partitioning follows the thread count, a source of
+        # run-to-run differences in the stock reference on a shared machine
+        env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocess else "0",
+                   VLLM_CPU_ATTN_SPLIT_KV="0")
         cmd = [sys.executable, str(DRIVER), str(model), str(out)] + (["--compiled"] if compiled else [])
         if backend is not None and platform:
             env.update(HETERO_VLLM_PLATFORM="1", HETERO_VLLM_REPORT=str(report))

@@ -16,10 +16,10 @@ WINDOW, SOFTCAP = 9, 20.0
 @pytest.fixture
 def cpu_ref(monkeypatch):
     monkeypatch.setenv("HETERO_BACKEND", "cpu_ref")
-    _backend._table.clear()
+    _backend._tables.clear()
     report.reset()
     yield
-    _backend._table.clear()
+    _backend._tables.clear()
     report.reset()
 
 

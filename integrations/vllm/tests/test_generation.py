@@ -46,9 +46,10 @@ def test_dense_eager_matches_float64_transformers(models, runs):
                 assert abs(float(logprobs[step, int(token)]) - value) <= 1e-5, (step, token)
 
 
-def test_dense_compiled_matches_stock(models, runs):
-    """vLLM's compiled mode (Dynamo + Inductor) still calls hetero: the ops are opaque custom ops, forced on."""
-    env = {"VLLM_DISABLE_COMPILE_CACHE": "1"}
+def test_dense_compiled_matches_stock(models, runs, tmp_path_factory):
+    """vLLM's compiled mode (Dynamo + Inductor) still calls hetero: the ops are opaque custom ops, forced on.
+    The compile cache is on and shared, stock run first: a routed run must never load the stock graph."""
+    env = {"VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
     stock, _ = runs(models["qwen3"], compiled=True, env=env)
     got, report = runs(models["qwen3"], backend="cpu_ref", compiled=True, env=env)
     assert_same_generation(got, stock)

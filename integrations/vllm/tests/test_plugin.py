@@ -97,10 +97,10 @@ def test_report_merges_processes(tmp_path):
 @pytest.fixture
 def cpu_ref(monkeypatch):
     monkeypatch.setenv("HETERO_BACKEND", "cpu_ref")
-    _backend._table.clear()
+    _backend._tables.clear()
     report.reset()
     yield
-    _backend._table.clear()
+    _backend._tables.clear()
     report.reset()
 
 
