@@ -3,11 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PACKAGES := -e '.[test,plot]' -e backends/cpu_ref -e conformance -e backends/cuda -e backends/rocm -e backends/ascend
+PACKAGES := -e '.[test,plot]' -e backends/cpu_ref -e conformance -e backends/cuda -e backends/rocm -e backends/ascend -e backends/torch
 
 .PHONY: demo test test-vllm bench mutants clean
 
-$(STAMP): pyproject.toml backends/cpu_ref/pyproject.toml conformance/pyproject.toml backends/cuda/pyproject.toml backends/rocm/pyproject.toml backends/ascend/pyproject.toml constraints.txt
+$(STAMP): pyproject.toml backends/cpu_ref/pyproject.toml conformance/pyproject.toml backends/cuda/pyproject.toml backends/rocm/pyproject.toml backends/ascend/pyproject.toml backends/torch/pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt $(PACKAGES)
 	touch $@

@@ -14,7 +14,7 @@ from hetero.spec.checks import check_group_ends, check_same_device, check_scale_
 from hetero.spec.gemm import SCALE_BLOCK
 from hetero.spec.types import FLOAT_DTYPES
 
-from hetero_cpu_ref._gemm_checks import (
+from hetero.spec._checks_gemm import (
     QUANT_DTYPES,
     SCALED_OUT_DTYPES,
     check_bias,

@@ -1,4 +1,4 @@
-"""Argument validation of the reference GEMM ops (gemm, scaled_gemm, grouped_gemm).
+"""Argument validation of the GEMM ops (gemm, scaled_gemm, grouped_gemm), shared by the backends that check in Python.
 
 Every failure is a hetero.OpError naming the op, the argument, what was expected
 and what came.

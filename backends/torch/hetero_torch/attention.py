@@ -1,0 +1,142 @@
+"""Attention from torch's batched operators: paged KV cache (GQA/MQA and absorbed MLA, dense or
+sparse), dense varlen, merging, and the writes into the paged caches.
+
+Every op validates as the reference does (shapes, dtypes, devices, then the metadata's values
+on the host, so every gather and scatter index is in range on any device), then runs batched:
+the sequences are cut into a few padded groups (``_attention_plan``: one for a decode batch),
+each group's keys gathered through the block table into [Bg, L, Hkv, D], one mask carries
+causality (bottom-right), the window and the padding, and one masked softmax
+(``_attention_core``: batched matmuls, or torch's fused ``scaled_dot_product_attention`` when no
+softcap, sinks or lse are asked) computes it. Accumulation is float32 (float64 for float64
+inputs). Writes are one ``index_put_`` per cache. Semantics: ``hetero.spec.attention``.
+"""
+from __future__ import annotations
+
+import torch
+
+from hetero.spec._checks_dsa import INDEX_FP8, check_index_k_write
+from hetero.spec.attention import FP8_E4M3_MAX, INDEX_AMAX_FLOOR, INDEX_SCALE_GROUP
+from hetero.spec.checks import check_kv_write, check_meta, check_same_device, check_slot_mapping, check_tensor, meta_tensors
+from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
+
+from hetero_torch._attention_checks import check_options, check_out, check_paged_cache, check_sinks
+from hetero_torch._attention_core import compute, run, visible
+from hetero_torch._attention_dense import merge_attention, varlen_attention
+from hetero_torch._attention_indexer import indexer_topk
+from hetero_torch._attention_mla import mla_attention
+from hetero_torch._attention_plan import Batch, gather_paged, pad, plan
+
+__all__ = [
+    "write_kv",
+    "paged_attention",
+    "varlen_attention",
+    "write_mla_kv",
+    "mla_attention",
+    "merge_attention",
+    "write_index_k",
+    "indexer_topk",
+]
+
+
+def _scatter(dst: torch.Tensor, src: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """dst[slot // BS, slot % BS] = src[t] for every token t whose slot is not -1, in one index_put_."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    bs = dst.shape[1]
+    dst.index_put_((slots // bs, slots % bs), src[keep].to(dst.dtype))
+
+
+# ----------------------------------------------------------------------------- writes
+
+
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    op = "write_kv"
+    t, num_slots = check_kv_write(op, key, value, k_cache, v_cache)
+    check_same_device(op, key=key, value=value, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    check_slot_mapping(op, slot_mapping, t, num_slots)
+    _scatter(k_cache, key, slot_mapping)
+    _scatter(v_cache, value, slot_mapping)
+
+
+def write_mla_kv(
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    ckv_cache: torch.Tensor,
+    kpe_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    op = "write_mla_kv"
+    check_tensor(op, "kv_c", kv_c, ndim=2, dtypes=FLOAT_DTYPES)
+    t, lkv = kv_c.shape
+    dt = (kv_c.dtype,)
+    check_tensor(op, "k_pe", k_pe, shape=(t, None), dtypes=dt)
+    check_tensor(op, "ckv_cache", ckv_cache, shape=(None, None, lkv), dtypes=dt)
+    nb, bs = ckv_cache.shape[:2]
+    check_tensor(op, "kpe_cache", kpe_cache, shape=(nb, bs, k_pe.shape[1]), dtypes=dt)
+    check_same_device(op, kv_c=kv_c, k_pe=k_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, slot_mapping=slot_mapping)
+    check_slot_mapping(op, slot_mapping, t, nb * bs)
+    _scatter(ckv_cache, kv_c, slot_mapping)
+    _scatter(kpe_cache, k_pe, slot_mapping)
+
+
+def write_index_k(
+    k: torch.Tensor,
+    index_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    index_scale: torch.Tensor | None = None,
+) -> None:
+    op = "write_index_k"
+    t, num_slots = check_index_k_write(op, k, index_cache, slot_mapping, index_scale)
+    check_slot_mapping(op, slot_mapping, t, num_slots)
+    if index_scale is None:
+        _scatter(index_cache, k, slot_mapping)
+        return
+    d = k.shape[1]
+    groups = k.to(torch.float32).reshape(t, d // INDEX_SCALE_GROUP, INDEX_SCALE_GROUP)
+    scale = groups.abs().amax(dim=-1, keepdim=True).clamp_min(INDEX_AMAX_FLOOR) / FP8_E4M3_MAX
+    q8 = (groups / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(INDEX_FP8).reshape(t, d)
+    _scatter(index_cache.view(torch.uint8), q8.view(torch.uint8), slot_mapping)  # fp8 lacks index_put on some devices
+    _scatter(index_scale, scale.reshape(t, d // INDEX_SCALE_GROUP), slot_mapping)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMeta,
+    *,
+    scale: float,
+    causal: bool = True,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    op = "paged_attention"
+    scale, window, softcap = check_options(op, scale, causal, window, softcap, return_lse)
+    nb, bs = check_paged_cache(op, query, k_cache, v_cache)
+    t, hq = query.shape[:2]
+    check_sinks(op, sinks, hq)
+    shape = (t, hq, v_cache.shape[3])
+    check_out(op, out, shape, query)
+    check_same_device(op, query=query, k_cache=k_cache, v_cache=v_cache, sinks=sinks, **meta_tensors(meta))
+    qsl, seq_lens = check_meta(op, meta, t, nb, bs)
+    res = out if out is not None else query.new_empty(shape)
+
+    def step(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        k, v = gather_paged(k_cache, meta.block_table, batch), gather_paged(v_cache, meta.block_table, batch)
+        return compute(pad(query, batch), k, v, visible(batch, causal, window), batch, scale=scale, softcap=softcap,
+                       sinks=sinks, need_lse=return_lse)
+
+    return run(plan(qsl, seq_lens, hq, query.device), res, return_lse, step)
