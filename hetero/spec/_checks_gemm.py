@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec.checks import check_tensor, expect
+from hetero.spec.checks import check_scale_form, check_tensor, expect, scale_blocks
 
 __all__ = [
+    "check_scaled_gemm",
     "QUANT_DTYPES",
     "SCALED_OUT_DTYPES",
     "check_operands",
@@ -49,3 +50,15 @@ def check_bias(op: str, bias: object, n: int, dtypes: tuple[torch.dtype, ...], d
     check_tensor(op, "bias", bias, shape=(n,), dtypes=dtypes)
     assert isinstance(bias, torch.Tensor)
     expect(bias.device == device, op, "bias", f"device {device} (that of 'a')", bias.device)
+
+
+def check_scaled_gemm(op: str, a: object, b: object, a_scale: object, b_scale: object, bias: object,
+                      out_dtype: object) -> tuple[int, int, int, str, str]:
+    """scaled_gemm's operands, scale forms, bias and out_dtype; returns (M, K, N, a_scale's form, b_scale's form)."""
+    check_operands(op, a, b, QUANT_DTYPES)
+    (m, k), n = a.shape, b.shape[0]
+    a_form = check_scale_form(op, "a_scale", a_scale, m, m, k, a.device)
+    b_form = check_scale_form(op, "b_scale", b_scale, n, scale_blocks(n), k, a.device)
+    check_out_dtype(op, out_dtype, SCALED_OUT_DTYPES)
+    check_bias(op, bias, n, tuple(dict.fromkeys((torch.float32, out_dtype))), a.device)
+    return m, k, n, a_form, b_form

@@ -10,28 +10,19 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec._checks_dsa import check_topk_indices
-from hetero.spec.checks import (
-    check_cu_seqlens,
-    check_kv_write,
-    check_mla_inputs,
-    check_meta,
-    check_same_device,
-    check_slot_mapping,
-    check_tensor,
-    meta_tensors,
-)
-from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
-
-from hetero_cpu_ref._attention_checks import (
+from hetero.spec._checks_attention import (
     STAT_DTYPES,
-    check_gqa,
-    check_max_len,
+    check_mla,
+    check_mla_kv_write,
     check_options,
     check_out,
     check_paged_cache,
     check_sinks,
+    check_varlen,
 )
+from hetero.spec.checks import check_kv_write, check_meta, check_same_device, check_slot_mapping, check_tensor, meta_tensors
+from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
+
 from hetero_cpu_ref._attend import NEG_INF, attend_all, gather, scatter, used_blocks
 from hetero_cpu_ref._util import acc_dtype
 from hetero_cpu_ref.dsa import sparse_mask
@@ -107,17 +98,8 @@ def varlen_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     op = "varlen_attention"
     scale, window, softcap = check_options(op, scale, causal, window, softcap, return_lse)
-    check_tensor(op, "query", query, ndim=3, dtypes=FLOAT_DTYPES)
-    (tq, hq, d), dt = query.shape, (query.dtype,)
-    check_tensor(op, "key", key, shape=(None, None, d), dtypes=dt)
-    tk, hkv = key.shape[:2]
-    check_tensor(op, "value", value, shape=(tk, hkv, None), dtypes=dt)
-    check_gqa(op, "key", hq, hkv)
-    check_same_device(op, query=query, key=key, value=value, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    cq = check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, tq)
-    ck = check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, tk, len(cq) - 1)
-    check_max_len(op, "max_seqlen_q", max_seqlen_q, cq)
-    check_max_len(op, "max_seqlen_k", max_seqlen_k, ck)
+    cq, ck = check_varlen(op, query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    tq, hq = query.shape[:2]
 
     def kv_of(b: int) -> tuple[torch.Tensor, torch.Tensor]:
         return key[ck[b] : ck[b + 1]], value[ck[b] : ck[b + 1]]
@@ -135,15 +117,7 @@ def write_mla_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     op = "write_mla_kv"
-    check_tensor(op, "kv_c", kv_c, ndim=2, dtypes=FLOAT_DTYPES)
-    t, lkv = kv_c.shape
-    dt = (kv_c.dtype,)
-    check_tensor(op, "k_pe", k_pe, shape=(t, None), dtypes=dt)
-    check_tensor(op, "ckv_cache", ckv_cache, shape=(None, None, lkv), dtypes=dt)
-    nb, bs = ckv_cache.shape[:2]
-    check_tensor(op, "kpe_cache", kpe_cache, shape=(nb, bs, k_pe.shape[1]), dtypes=dt)
-    check_same_device(op, kv_c=kv_c, k_pe=k_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, slot_mapping=slot_mapping)
-    check_slot_mapping(op, slot_mapping, t, nb * bs)
+    check_mla_kv_write(op, kv_c, k_pe, ckv_cache, kpe_cache, slot_mapping)
     scatter(ckv_cache, kv_c, slot_mapping)
     scatter(kpe_cache, k_pe, slot_mapping)
 
@@ -162,11 +136,7 @@ def mla_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     op = "mla_attention"
     scale, window, _ = check_options(op, scale, causal, (-1, -1), 0.0, return_lse)
-    t, h, lkv, nb, bs = check_mla_inputs(op, q_nope, q_pe, ckv_cache, kpe_cache, FLOAT_DTYPES)
-    check_same_device(op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, **meta_tensors(meta))
-    if topk_indices is not None:
-        check_topk_indices(op, topk_indices, t, q_nope.device)
-    qsl, seq_lens = check_meta(op, meta, t, nb, bs)
+    t, h, lkv, bs, qsl, seq_lens = check_mla(op, q_nope, q_pe, ckv_cache, kpe_cache, meta, topk_indices)
     blocks = used_blocks(meta, seq_lens, bs)
 
     def mask_of(b: int) -> torch.Tensor:  # sparse (DSA): the listed positions among the visible ones

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec.checks import check_group_ends, check_same_device, check_scale_form, check_tensor, scale_blocks
+from hetero.spec.checks import check_group_ends, check_same_device, check_tensor, scale_blocks
 from hetero.spec.gemm import SCALE_BLOCK
 from hetero.spec.types import FLOAT_DTYPES
 
 from hetero.spec._checks_gemm import (
-    QUANT_DTYPES,
-    SCALED_OUT_DTYPES,
     check_bias,
     check_operands,
     check_out_dtype,
+    check_scaled_gemm,
 )
 from hetero_cpu_ref._util import acc_dtype, up
 
@@ -85,12 +84,7 @@ def scaled_gemm(
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     op = "scaled_gemm"
-    check_operands(op, a, b, QUANT_DTYPES)
-    (m, k), n = a.shape, b.shape[0]
-    a_form = check_scale_form(op, "a_scale", a_scale, m, m, k, a.device)
-    b_form = check_scale_form(op, "b_scale", b_scale, n, scale_blocks(n), k, a.device)
-    check_out_dtype(op, out_dtype, SCALED_OUT_DTYPES)
-    check_bias(op, bias, n, tuple(dict.fromkeys((torch.float32, out_dtype))), a.device)
+    m, k, n, a_form, b_form = check_scaled_gemm(op, a, b, a_scale, b_scale, bias, out_dtype)
 
     # Scales are constant over each K-block (the whole of K unless a scale is
     # block-wise), so dequant(a) @ dequant(b).T = sum over blocks j of

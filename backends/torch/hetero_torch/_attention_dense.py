@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec.checks import check_cu_seqlens, check_same_device, check_tensor
+from hetero.spec._checks_attention import STAT_DTYPES, check_options, check_varlen
+from hetero.spec.checks import check_same_device, check_tensor
 from hetero.spec.types import FLOAT_DTYPES
 
-from hetero_torch._attention_checks import STAT_DTYPES, check_gqa, check_max_len, check_options
 from hetero_torch._attention_core import NEG_INF, acc_dtype, compute, run, visible
 from hetero_torch._attention_plan import Batch, pad, pad_keys, plan
 
@@ -33,17 +33,8 @@ def varlen_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     op = "varlen_attention"
     scale, window, softcap = check_options(op, scale, causal, window, softcap, return_lse)
-    check_tensor(op, "query", query, ndim=3, dtypes=FLOAT_DTYPES)
-    (tq, hq, d), dt = query.shape, (query.dtype,)
-    check_tensor(op, "key", key, shape=(None, None, d), dtypes=dt)
-    tk, hkv = key.shape[:2]
-    check_tensor(op, "value", value, shape=(tk, hkv, None), dtypes=dt)
-    check_gqa(op, "key", hq, hkv)
-    check_same_device(op, query=query, key=key, value=value, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    cq = check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, tq)
-    ck = check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, tk, len(cq) - 1)
-    check_max_len(op, "max_seqlen_q", max_seqlen_q, cq)
-    check_max_len(op, "max_seqlen_k", max_seqlen_k, ck)
+    cq, ck = check_varlen(op, query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    tq, hq = query.shape[:2]
     res = query.new_empty(tq, hq, value.shape[2])
     key_starts = cu_seqlens_k[:-1].to(torch.int64)
 

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec._checks_dsa import check_topk_indices
-from hetero.spec.checks import check_meta, check_mla_inputs, check_same_device, meta_tensors
-from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
+from hetero.spec._checks_attention import check_mla, check_options
+from hetero.spec.types import AttentionMeta
 
-from hetero_torch._attention_checks import check_options
 from hetero_torch._attention_core import compute, listed, run, visible
 from hetero_torch._attention_plan import Batch, gather_paged, pad, plan
 
@@ -35,11 +33,7 @@ def mla_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     op = "mla_attention"
     scale, window, _ = check_options(op, scale, causal, (-1, -1), 0.0, return_lse)
-    t, h, lkv, nb, bs = check_mla_inputs(op, q_nope, q_pe, ckv_cache, kpe_cache, FLOAT_DTYPES)
-    check_same_device(op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, **meta_tensors(meta))
-    if topk_indices is not None:
-        check_topk_indices(op, topk_indices, t, q_nope.device)
-    qsl, seq_lens = check_meta(op, meta, t, nb, bs)
+    t, h, lkv, bs, qsl, seq_lens = check_mla(op, q_nope, q_pe, ckv_cache, kpe_cache, meta, topk_indices)
     res = q_nope.new_empty(t, h, lkv)
     query = torch.cat([q_nope, q_pe], dim=-1)
 

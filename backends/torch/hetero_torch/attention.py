@@ -16,10 +16,10 @@ import torch
 
 from hetero.spec._checks_dsa import INDEX_FP8, check_index_k_write
 from hetero.spec.attention import FP8_E4M3_MAX, INDEX_AMAX_FLOOR, INDEX_SCALE_GROUP
-from hetero.spec.checks import check_kv_write, check_meta, check_same_device, check_slot_mapping, check_tensor, meta_tensors
-from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
+from hetero.spec._checks_attention import check_mla_kv_write, check_options, check_out, check_paged_cache, check_sinks
+from hetero.spec.checks import check_kv_write, check_meta, check_same_device, check_slot_mapping, meta_tensors
+from hetero.spec.types import AttentionMeta
 
-from hetero_torch._attention_checks import check_options, check_out, check_paged_cache, check_sinks
 from hetero_torch._attention_core import compute, run, visible
 from hetero_torch._attention_dense import merge_attention, varlen_attention
 from hetero_torch._attention_indexer import indexer_topk
@@ -72,15 +72,7 @@ def write_mla_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     op = "write_mla_kv"
-    check_tensor(op, "kv_c", kv_c, ndim=2, dtypes=FLOAT_DTYPES)
-    t, lkv = kv_c.shape
-    dt = (kv_c.dtype,)
-    check_tensor(op, "k_pe", k_pe, shape=(t, None), dtypes=dt)
-    check_tensor(op, "ckv_cache", ckv_cache, shape=(None, None, lkv), dtypes=dt)
-    nb, bs = ckv_cache.shape[:2]
-    check_tensor(op, "kpe_cache", kpe_cache, shape=(nb, bs, k_pe.shape[1]), dtypes=dt)
-    check_same_device(op, kv_c=kv_c, k_pe=k_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, slot_mapping=slot_mapping)
-    check_slot_mapping(op, slot_mapping, t, nb * bs)
+    check_mla_kv_write(op, kv_c, k_pe, ckv_cache, kpe_cache, slot_mapping)
     _scatter(ckv_cache, kv_c, slot_mapping)
     _scatter(kpe_cache, k_pe, slot_mapping)
 

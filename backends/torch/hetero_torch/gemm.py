@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from hetero.spec._checks_quant import check_quantize_inputs, check_scaled_grouped
-from hetero.spec.checks import check_group_ends, check_same_device, check_scale_form, check_tensor, scale_blocks
+from hetero.spec.checks import check_group_ends, check_same_device, check_tensor
 from hetero.spec.types import FLOAT_DTYPES
 
-from hetero.spec._checks_gemm import QUANT_DTYPES, SCALED_OUT_DTYPES, check_bias, check_operands, check_out_dtype
+from hetero.spec._checks_gemm import check_bias, check_operands, check_out_dtype, check_scaled_gemm
 from hetero_torch._gemm_quant import quantize, scaled_grouped_product, scaled_product
 from hetero_torch._gemm_grouped import grouped_matmul
 from hetero_torch._layers_util import acc_dtype
@@ -69,12 +69,7 @@ def _cuda_scaled_mm(a, b, a_scale, b_scale, forms, out_dtype):
 
 def scaled_gemm(a, b, a_scale, b_scale, *, bias=None, out_dtype=torch.bfloat16):
     op = "scaled_gemm"
-    check_operands(op, a, b, QUANT_DTYPES)
-    (m, k), n = a.shape, b.shape[0]
-    a_form = check_scale_form(op, "a_scale", a_scale, m, m, k, a.device)
-    b_form = check_scale_form(op, "b_scale", b_scale, n, scale_blocks(n), k, a.device)
-    check_out_dtype(op, out_dtype, SCALED_OUT_DTYPES)
-    check_bias(op, bias, n, tuple(dict.fromkeys((torch.float32, out_dtype))), a.device)
+    m, k, n, a_form, b_form = check_scaled_gemm(op, a, b, a_scale, b_scale, bias, out_dtype)
     if bias is None:
         out = _cuda_scaled_mm(a, b, a_scale, b_scale, (a_form, b_form), out_dtype)
         if out is not None:

@@ -1,4 +1,4 @@
-"""Argument validation of the reference attention ops (every failure is an OpError).
+"""Argument validation of the attention ops, shared by the backends that check in Python (every failure is an OpError).
 
 Each helper returns the sizes or host values the op goes on with, so the op
 itself never indexes with an unchecked value.
@@ -10,8 +10,18 @@ import numbers
 
 import torch
 
-from hetero.spec.checks import check_tensor, expect
-from hetero.spec.types import FLOAT_DTYPES
+from hetero.spec._checks_dsa import check_topk_indices
+from hetero.spec.checks import (
+    check_cu_seqlens,
+    check_meta,
+    check_mla_inputs,
+    check_same_device,
+    check_slot_mapping,
+    check_tensor,
+    expect,
+    meta_tensors,
+)
+from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
 
 __all__ = [
     "STAT_DTYPES",
@@ -23,6 +33,9 @@ __all__ = [
     "check_gqa",
     "check_sinks",
     "check_out",
+    "check_varlen",
+    "check_mla_kv_write",
+    "check_mla",
 ]
 
 #: lse and sinks are float32 by the spec; float64 is accepted for the float64 oracle run.
@@ -98,3 +111,48 @@ def check_max_len(op: str, arg: str, value: object, cu: list[int]) -> None:
     longest = max((cu[b + 1] - cu[b] for b in range(len(cu) - 1)), default=0)
     check_int(op, arg, value, 0)
     expect(value >= longest, op, arg, f"at least the longest sequence ({longest})", value)
+
+
+def check_varlen(op: str, query: object, key: object, value: object, cu_seqlens_q: object, cu_seqlens_k: object,
+                 max_seqlen_q: object, max_seqlen_k: object) -> tuple[list[int], list[int]]:
+    """query [Tq, Hq, D], key [Tk, Hkv, D], value [Tk, Hkv, Dv] of one dtype, GQA heads, one device, and the
+    cumulative lengths with their maxima; returns the host cumulative lengths (cu_q, cu_k)."""
+    check_tensor(op, "query", query, ndim=3, dtypes=FLOAT_DTYPES)
+    (tq, hq, d), dt = query.shape, (query.dtype,)
+    check_tensor(op, "key", key, shape=(None, None, d), dtypes=dt)
+    tk, hkv = key.shape[:2]
+    check_tensor(op, "value", value, shape=(tk, hkv, None), dtypes=dt)
+    check_gqa(op, "key", hq, hkv)
+    check_same_device(op, query=query, key=key, value=value, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    cq = check_cu_seqlens(op, "cu_seqlens_q", cu_seqlens_q, tq)
+    ck = check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, tk, len(cq) - 1)
+    check_max_len(op, "max_seqlen_q", max_seqlen_q, cq)
+    check_max_len(op, "max_seqlen_k", max_seqlen_k, ck)
+    return cq, ck
+
+
+def check_mla_kv_write(op: str, kv_c: object, k_pe: object, ckv_cache: object, kpe_cache: object,
+                       slot_mapping: object) -> None:
+    """kv_c [T, Lkv] and k_pe [T, R] into ckv_cache [NB, BS, Lkv] and kpe_cache [NB, BS, R] of one dtype and
+    device, through slot_mapping (its values checked against NB * BS)."""
+    check_tensor(op, "kv_c", kv_c, ndim=2, dtypes=FLOAT_DTYPES)
+    t, lkv = kv_c.shape
+    dt = (kv_c.dtype,)
+    check_tensor(op, "k_pe", k_pe, shape=(t, None), dtypes=dt)
+    check_tensor(op, "ckv_cache", ckv_cache, shape=(None, None, lkv), dtypes=dt)
+    nb, bs = ckv_cache.shape[:2]
+    check_tensor(op, "kpe_cache", kpe_cache, shape=(nb, bs, k_pe.shape[1]), dtypes=dt)
+    check_same_device(op, kv_c=kv_c, k_pe=k_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, slot_mapping=slot_mapping)
+    check_slot_mapping(op, slot_mapping, t, nb * bs)
+
+
+def check_mla(op: str, q_nope: object, q_pe: object, ckv_cache: object, kpe_cache: object, meta: AttentionMeta,
+              topk_indices: object) -> tuple[int, int, int, int, list[int], list[int]]:
+    """mla_attention's tensors, metadata (read on the host) and optional topk_indices; returns
+    (T, H, Lkv, BS, query_start_loc, seq_lens)."""
+    t, h, lkv, nb, bs = check_mla_inputs(op, q_nope, q_pe, ckv_cache, kpe_cache, FLOAT_DTYPES)
+    check_same_device(op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, **meta_tensors(meta))
+    if topk_indices is not None:
+        check_topk_indices(op, topk_indices, t, q_nope.device)
+    qsl, seq_lens = check_meta(op, meta, t, nb, bs)
+    return t, h, lkv, bs, qsl, seq_lens
