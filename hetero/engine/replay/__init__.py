@@ -48,14 +48,9 @@ def per_op_check(model: str, backend: str | None = None, prompts: Sequence[Seque
         recorder = OpRecorder(store, samples, model=llm.runner.model)
         with instrument(llm.runner.model, recorder):
             llm.generate([list(p) for p in prompts], params, progress=False)
-        run_dtype = _dtype(llm.config.dtype)
+        run_dtype = llm.config.torch_dtype
         verdicts = Replayer(store, run_dtype).replay_all(recorder.records)
         skipped = [{"op": op, "reason": why, "calls": n} for (op, why), n in sorted(recorder.skipped.items())]
         return PerOpReport(llm.runner.ops.name, str(run_dtype).removeprefix("torch."), verdicts, skipped,
                            recorder.unrecorded(), store.nbytes, rank=llm.rank)
 
-
-def _dtype(value):
-    import torch
-
-    return value if isinstance(value, torch.dtype) else getattr(torch, str(value))
