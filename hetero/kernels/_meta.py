@@ -2,32 +2,12 @@
 DSA kernels, each query row's (sequence, position), computed on the device without a host sync."""
 from __future__ import annotations
 
-import numbers
-
 import torch
 
-from hetero.spec.checks import INDEX_DTYPES, check_tensor, expect
+from hetero.spec._checks_meta import check_meta_shapes
 from hetero.spec.types import AttentionMeta
 
 __all__ = ["check_meta_shapes", "row_positions"]
-
-
-def _int(x: object) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def check_meta_shapes(op: str, meta: object, num_tokens: int) -> AttentionMeta:
-    """Ranks, dtypes and sizes of the metadata (no values: that would need a host sync)."""
-    expect(isinstance(meta, AttentionMeta), op, "meta", "an AttentionMeta", type(meta).__name__)
-    assert isinstance(meta, AttentionMeta)
-    check_tensor(op, "meta.seq_lens", meta.seq_lens, ndim=1, dtypes=INDEX_DTYPES)
-    batch = meta.seq_lens.shape[0]
-    check_tensor(op, "meta.query_start_loc", meta.query_start_loc, shape=(batch + 1,), dtypes=INDEX_DTYPES)
-    check_tensor(op, "meta.block_table", meta.block_table, ndim=2, dtypes=INDEX_DTYPES)
-    expect(meta.block_table.shape[0] == batch, op, "meta.block_table", f"{batch} rows (one per sequence)", meta.block_table.shape[0])
-    expect(_int(meta.max_query_len) and meta.max_query_len >= 0, op, "meta.max_query_len", "an int >= 0", repr(meta.max_query_len))
-    expect(batch > 0 or num_tokens == 0, op, "meta.seq_lens", f"at least one sequence for {num_tokens} tokens", "none")
-    return meta
 
 
 def row_positions(meta: AttentionMeta, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

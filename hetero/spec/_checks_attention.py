@@ -11,9 +11,9 @@ import numbers
 import torch
 
 from hetero.spec._checks_dsa import check_topk_indices
+from hetero.spec._checks_meta import check_meta
 from hetero.spec.checks import (
     check_cu_seqlens,
-    check_meta,
     check_mla_inputs,
     check_same_device,
     check_slot_mapping,

@@ -21,7 +21,6 @@ __all__ = [
     "check_tensor",
     "check_same_device",
     "meta_tensors",
-    "check_meta",
     "check_slot_mapping",
     "check_cu_seqlens",
     "check_group_ends",
@@ -60,18 +59,18 @@ def check_tensor(
     shape: Sequence[int | None] | None = None,
 ) -> torch.Tensor:
     """Check that x is a tensor of the given rank, dtype and shape (None in shape = any size)."""
-    expect(isinstance(x, torch.Tensor), op, arg, "a torch.Tensor", type(x).__name__)
-    assert isinstance(x, torch.Tensor)
+    # every message is formatted only on failure: this runs on every op call
+    if not isinstance(x, torch.Tensor):
+        raise OpError(op, arg, "a torch.Tensor", type(x).__name__)
     if shape is not None:
         ndim = len(shape)
-    if ndim is not None:
-        expect(x.ndim == ndim, op, arg, f"a {ndim}-D tensor", f"shape {tuple(x.shape)}")
-    if shape is not None:
-        ok = all(want is None or want == have for want, have in zip(shape, x.shape))
+    if ndim is not None and x.ndim != ndim:
+        raise OpError(op, arg, f"a {ndim}-D tensor", f"shape {tuple(x.shape)}")
+    if shape is not None and not all(want is None or want == have for want, have in zip(shape, x.shape)):
         want_s = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        expect(ok, op, arg, f"shape {want_s}", f"shape {list(x.shape)}")
-    if dtypes is not None:
-        expect(x.dtype in dtypes, op, arg, f"dtype {_names(dtypes)}", str(x.dtype).replace("torch.", ""))
+        raise OpError(op, arg, f"shape {want_s}", f"shape {list(x.shape)}")
+    if dtypes is not None and x.dtype not in dtypes:
+        raise OpError(op, arg, f"dtype {_names(dtypes)}", str(x.dtype).replace("torch.", ""))
     return x
 
 
@@ -82,7 +81,8 @@ def check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
         return
     first_name, first = items[0]
     for name, t in items[1:]:
-        expect(t.device == first.device, op, name, f"device {first.device} (that of '{first_name}')", t.device)
+        if t.device != first.device:
+            raise OpError(op, name, f"device {first.device} (that of '{first_name}')", str(t.device))
 
 
 def meta_tensors(meta: object) -> dict[str, torch.Tensor]:
@@ -111,37 +111,6 @@ def check_cu_seqlens(op: str, arg: str, cu: torch.Tensor, total: int, batch: int
     expect(bad is None, op, arg, "non-decreasing values", f"{int(host[bad])} then {int(host[bad + 1])} at index {bad + 1}" if bad is not None else "")
     expect(int(host[-1]) == total, op, arg, f"last entry equal to the token count {total}", int(host[-1]))
     return host.tolist()
-
-
-def check_meta(op: str, meta: AttentionMeta, num_tokens: int, num_blocks: int, block_size: int) -> tuple[list[int], list[int]]:
-    """Validate AttentionMeta against T tokens and a cache of NB blocks of BS slots, in whole-tensor
-    operations on one host copy of each tensor. Returns host lists (query_start_loc, seq_lens)."""
-    expect(isinstance(meta, AttentionMeta), op, "meta", "an AttentionMeta", type(meta).__name__)
-    check_tensor(op, "meta.seq_lens", meta.seq_lens, ndim=1, dtypes=INDEX_DTYPES)
-    batch = meta.seq_lens.shape[0]
-    qsl = check_cu_seqlens(op, "meta.query_start_loc", meta.query_start_loc, num_tokens, batch)
-    check_tensor(op, "meta.block_table", meta.block_table, ndim=2, dtypes=INDEX_DTYPES)
-    expect(meta.block_table.shape[0] == batch, op, "meta.block_table", f"{batch} rows (one per sequence)", meta.block_table.shape[0])
-    seq = meta.seq_lens.to("cpu", torch.int64)
-    qlen = torch.tensor(qsl[1:], dtype=torch.int64) - torch.tensor(qsl[:-1], dtype=torch.int64)
-    b = _first(seq < qlen)
-    expect(b is None, op, "meta.seq_lens", f"seq_lens[{b}] >= its query length {int(qlen[b]) if b is not None else 0}", int(seq[b]) if b is not None else "")
-    used = (seq + block_size - 1).div(block_size, rounding_mode="floor")
-    cols = meta.block_table.shape[1]
-    b = _first(used > cols)
-    expect(b is None, op, "meta.block_table", f"at least {int(used[b]) if b is not None else 0} columns for seq_lens[{b}]="
-           f"{int(seq[b]) if b is not None else 0} with block size {block_size}", cols)
-    table = meta.block_table.to("cpu", torch.int64)
-    in_use = torch.arange(cols)[None, :] < used[:, None]
-    bad = _first(in_use & ((table < 0) | (table >= num_blocks)))
-    if bad is not None:
-        row, col = divmod(bad, cols)
-        expect(False, op, "meta.block_table", f"block ids in [0, {num_blocks})", f"{int(table[row, col])} at [{row}, {col}]")
-    for arg, value, need, what in (("max_query_len", meta.max_query_len, qlen, "query"), ("max_seq_len", meta.max_seq_len, seq, "sequence")):
-        longest = int(need.max()) if batch else 0
-        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= longest
-        expect(ok, op, f"meta.{arg}", f"an int at least the longest {what} ({longest})", repr(value))
-    return qsl, seq.tolist()
 
 
 def check_slot_mapping(op: str, slot_mapping: torch.Tensor, num_tokens: int, num_slots: int) -> None:
@@ -296,3 +265,4 @@ def check_scale_form(op: str, arg: str, scale: object, rows: int, block_rows: in
         return "block"
     expect(False, op, arg, accepted, f"shape {list(shape)}")
     return ""
+

@@ -25,11 +25,11 @@ from typing import Mapping
 import torch
 
 from hetero.spec._checks_recurrent import check_state_batch
+from hetero.spec._checks_meta import check_meta
 from hetero.spec.checks import (
     check_cu_seqlens,
     check_group_ends,
     check_ids,
-    check_meta,
     check_perm,
     check_positions,
     check_slot_mapping,

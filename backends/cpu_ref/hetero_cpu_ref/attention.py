@@ -20,7 +20,8 @@ from hetero.spec._checks_attention import (
     check_sinks,
     check_varlen,
 )
-from hetero.spec.checks import check_kv_write, check_meta, check_same_device, check_slot_mapping, check_tensor, meta_tensors
+from hetero.spec._checks_meta import check_meta
+from hetero.spec.checks import check_kv_write, check_same_device, check_slot_mapping, check_tensor, meta_tensors
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
 
 from hetero_cpu_ref._attend import NEG_INF, attend_all, gather, scatter, used_blocks

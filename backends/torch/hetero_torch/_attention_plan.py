@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SCORE_BUDGET", "Batch", "plan", "rows_of", "pad", "pad_keys", "gather_paged"]
+__all__ = ["SCORE_BUDGET", "Batch", "plan", "rows_of", "pad", "pad_keys", "key_slots", "gather_slots", "gather_paged"]
 
 #: The most logits (rows x heads x keys, padding included) one group holds at once.
 SCORE_BUDGET = 1 << 25
@@ -119,18 +119,28 @@ def pad_keys(x: torch.Tensor, key_starts: torch.Tensor, batch: Batch) -> torch.T
     return res
 
 
-def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """The group sequences' first ``length`` positions of a paged cache [NB, BS, ...] -> [Bg, length, ...].
+def key_slots(block_table: torch.Tensor, seqs: torch.Tensor, k_lens: torch.Tensor, length: int, num_blocks: int,
+              block_size: int) -> torch.Tensor:
+    """int64 [B, length]: the cache slot (block * BS + offset) of key j of sequence ``seqs[b]``; keys
+    past ``k_lens[b]`` repeat its last key, so every slot read holds a written key (a cache's
+    unwritten slots may hold NaN, which a mask alone would carry into the output). Block ids are
+    clamped into the cache, so metadata left unchecked (validation off) cannot read outside it;
+    the table needs ``ceil(length / BS)`` columns."""
+    last = (k_lens.to(torch.int64) - 1).clamp_(0, max(length - 1, 0))
+    pos = torch.minimum(torch.arange(length, device=k_lens.device)[None, :], last[:, None])
+    table = block_table.index_select(0, seqs) if seqs is not None else block_table
+    blocks = table.gather(1, pos.div(block_size, rounding_mode="floor")).to(torch.int64).clamp_(0, num_blocks - 1)
+    return blocks * block_size + pos.remainder(block_size)
 
-    Only the blocks holding a sequence's k_lens keys are read (their ids were checked on the host);
-    the table's padding is read as block 0. Positions past a sequence's k_lens are zeroed: a
-    cache's unwritten slots may hold NaN, which a mask alone would carry into the output."""
-    bs = cache.shape[1]
-    used = -(-batch.length // bs)
-    need = (batch.k_lens + bs - 1).div(bs, rounding_mode="floor")
-    table = block_table.index_select(0, batch.seqs)[:, :used].to(torch.int64)
-    table = table.masked_fill(torch.arange(used, device=table.device)[None, :] >= need[:, None], 0)
-    flat = cache.index_select(0, table.flatten())
-    res = flat.reshape((batch.size, used * bs) + tuple(cache.shape[2:]))[:, : batch.length]
-    past = torch.arange(batch.length, device=res.device)[None, :] >= batch.k_lens[:, None]
-    return res.masked_fill_(past.view(past.shape + (1,) * (cache.ndim - 2)), 0)
+
+def gather_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """cache [NB, BS, ...] at slots int64 [B, L] -> [B, L, ...] (one index_select)."""
+    flat = cache.flatten(0, 1)
+    return flat.index_select(0, slots.flatten()).view(tuple(slots.shape) + tuple(cache.shape[2:]))
+
+
+def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The group sequences' first ``length`` positions of a paged cache [NB, BS, ...] -> [Bg, length, ...]
+    (positions past a sequence's k_lens repeat its last key: ``key_slots``)."""
+    slots = key_slots(block_table, batch.seqs, batch.k_lens, batch.length, cache.shape[0], cache.shape[1])
+    return gather_slots(cache, slots)

@@ -17,10 +17,12 @@ import torch
 from hetero.spec._checks_dsa import INDEX_FP8, check_index_k_write
 from hetero.spec.attention import FP8_E4M3_MAX, INDEX_AMAX_FLOOR, INDEX_SCALE_GROUP
 from hetero.spec._checks_attention import check_mla_kv_write, check_options, check_out, check_paged_cache, check_sinks
-from hetero.spec.checks import check_kv_write, check_meta, check_same_device, check_slot_mapping, meta_tensors
+from hetero.spec._checks_meta import check_meta, check_meta_shapes
+from hetero.spec.checks import check_kv_write, check_same_device, check_slot_mapping, check_tensor, meta_tensors
 from hetero.spec.types import AttentionMeta
 
 from hetero_torch._attention_core import compute, run, visible
+from hetero_torch._attention_decode import decode, is_decode
 from hetero_torch._attention_dense import merge_attention, varlen_attention
 from hetero_torch._attention_indexer import indexer_topk
 from hetero_torch._attention_mla import mla_attention
@@ -39,8 +41,9 @@ __all__ = [
 
 
 def _scatter(dst: torch.Tensor, src: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """dst[slot // BS, slot % BS] = src[t] for every token t whose slot is not -1, in one index_put_."""
-    keep = slot_mapping >= 0
+    """dst[slot // BS, slot % BS] = src[t] for every token t whose slot is in [0, NB*BS) (-1 skips a
+    token; a slot out of range, possible only with validation off, is skipped too), in one index_put_."""
+    keep = (slot_mapping >= 0) & (slot_mapping < dst.shape[0] * dst.shape[1])
     slots = slot_mapping[keep]
     bs = dst.shape[1]
     dst.index_put_((slots // bs, slots % bs), src[keep].to(dst.dtype))
@@ -57,9 +60,9 @@ def write_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     op = "write_kv"
-    t, num_slots = check_kv_write(op, key, value, k_cache, v_cache)
+    t, _ = check_kv_write(op, key, value, k_cache, v_cache)
     check_same_device(op, key=key, value=value, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
-    check_slot_mapping(op, slot_mapping, t, num_slots)
+    check_tensor(op, "slot_mapping", slot_mapping, shape=(t,), dtypes=(torch.int64,))  # values: the registry's
     _scatter(k_cache, key, slot_mapping)
     _scatter(v_cache, value, slot_mapping)
 
@@ -123,8 +126,11 @@ def paged_attention(
     shape = (t, hq, v_cache.shape[3])
     check_out(op, out, shape, query)
     check_same_device(op, query=query, k_cache=k_cache, v_cache=v_cache, sinks=sinks, **meta_tensors(meta))
-    qsl, seq_lens = check_meta(op, meta, t, nb, bs)
     res = out if out is not None else query.new_empty(shape)
+    if is_decode(check_meta_shapes(op, meta, t), t):
+        return decode(op, query, k_cache, v_cache, meta, res, scale=scale, window=window, softcap=softcap,
+                      sinks=sinks, return_lse=return_lse)
+    qsl, seq_lens = check_meta(op, meta, t, nb, bs)
 
     def step(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         k, v = gather_paged(k_cache, meta.block_table, batch), gather_paged(v_cache, meta.block_table, batch)

@@ -72,9 +72,11 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int, is_
 
 
 def rotary_embedding(positions, q, k, cos_sin_cache, *, is_neox=True):
-    _, _, _, rot = check_rotary("rotary_embedding", positions, q, k, cos_sin_cache, is_neox)
+    # positions are range-checked by the registry when validation is on; unchecked, they are clamped
+    # into the cache's rows (undefined results, no read outside it, no host sync)
+    _, _, max_pos, rot = check_rotary("rotary_embedding", positions, q, k, cos_sin_cache, is_neox, read_positions=False)
     acc = acc_dtype(q, k, cos_sin_cache)
-    rows = cos_sin_cache.index_select(0, positions).to(acc)  # [T, rot]
+    rows = cos_sin_cache.index_select(0, positions.clamp(0, max_pos - 1)).to(acc)  # [T, rot]
     cos, sin = rows.unsqueeze(1).chunk(2, dim=-1)
     return _rotate(q, cos, sin, rot, is_neox, acc), _rotate(k, cos, sin, rot, is_neox, acc)
 
