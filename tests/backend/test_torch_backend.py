@@ -12,7 +12,7 @@ from hetero.cli import main
 pytest.importorskip("hetero_torch")
 
 #: the ops the torch backend does not implement yet: the reference runs them (reported as fallback)
-FALLBACK = {"causal_conv1d", "gated_delta_rule", "ep_dispatch", "ep_combine"}
+FALLBACK: set[str] = set()
 
 
 def test_full_tier_passes_and_only_the_listed_ops_fall_back(tmp_path):
@@ -22,8 +22,16 @@ def test_full_tier_passes_and_only_the_listed_ops_fall_back(tmp_path):
     collectives = {"ep_dispatch", "ep_combine"}  # in the multi-rank tier (--world-size), not this catalog
     assert {c["op"] for c in cases if c["status"] == "fallback"} == FALLBACK - collectives
     assert all(c["status"] == "pass" for c in cases if c["op"] not in FALLBACK)
-    assert len({c["op"] for c in cases if c["status"] == "pass"}) == 25 - len(FALLBACK)
+    assert len({c["op"] for c in cases if c["status"] == "pass"}) == 25 - len(FALLBACK | collectives)
     assert set(type(hetero.load("torch").backend).native_ops()) | FALLBACK == set(hetero.spec.OP_NAMES)
+
+
+def test_expert_parallel_ops_pass_the_multi_rank_tier(tmp_path):
+    out = tmp_path / "world.json"
+    assert main(["conformance", "torch", "--world-size", "2", "--quick", "--timeout", "60", "--json", str(out)]) == 0
+    cases = json.loads(out.read_text())["cases"]
+    assert {c["op"] for c in cases} >= {"ep_dispatch+ep_combine"}
+    assert all(c["status"] == "pass" for c in cases), [c for c in cases if c["status"] != "pass"]
 
 
 @pytest.mark.parametrize("validate", [[], ["--no-validate"]])

@@ -18,7 +18,7 @@ from hetero.spec import OP_NAMES, SPEC_VERSION
 __all__ = ["TorchBackend", "hetero_backends", "FAMILIES"]
 
 #: the modules holding the op families this backend implements
-FAMILIES = ("layers", "gemm", "moe", "attention")
+FAMILIES = ("layers", "gemm", "moe", "attention", "recurrent", "ep")
 _DIST = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl"}
 
 
