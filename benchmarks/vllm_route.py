@@ -36,19 +36,21 @@ _ROUTING_ENV = ("HETERO_VLLM", "HETERO_BACKEND", "HETERO_VLLM_PLATFORM", "HETERO
 _ENGINE = dict(block_size=32, max_model_len=256, max_num_seqs=64, max_num_batched_tokens=2048)
 
 
-def write_models(root: Path) -> dict[str, Path]:
-    """{"qwen3": dir, "qwen3_moe": dir}: the two random checkpoints, written by transformers."""
+def write_models(root: Path, names: tuple[str, ...] = ("qwen3", "qwen3_moe")) -> dict[str, Path]:
+    """{"qwen3": dir, "qwen3_moe": dir}: the two random checkpoints (those of ``names``), written by transformers."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    torch.manual_seed(0)
-    dense = Qwen3ForCausalLM(Qwen3Config(intermediate_size=1536, **_ARCH)).float()
-    dense.save_pretrained(root / "qwen3", safe_serialization=True)
-    torch.manual_seed(0)
-    moe = Qwen3MoeConfig(intermediate_size=1536, moe_intermediate_size=384, num_experts=8, num_experts_per_tok=2,
-                         decoder_sparse_step=1, norm_topk_prob=True, mlp_only_layers=[], **_ARCH)
-    Qwen3MoeForCausalLM(moe).float().save_pretrained(root / "qwen3_moe", safe_serialization=True)
-    return {"qwen3": root / "qwen3", "qwen3_moe": root / "qwen3_moe"}
+    if "qwen3" in names:
+        torch.manual_seed(0)
+        dense = Qwen3ForCausalLM(Qwen3Config(intermediate_size=1536, **_ARCH)).float()
+        dense.save_pretrained(root / "qwen3", safe_serialization=True)
+    if "qwen3_moe" in names:
+        torch.manual_seed(0)
+        moe = Qwen3MoeConfig(intermediate_size=1536, moe_intermediate_size=384, num_experts=8, num_experts_per_tok=2,
+                             decoder_sparse_step=1, norm_topk_prob=True, mlp_only_layers=[], **_ARCH)
+        Qwen3MoeForCausalLM(moe).float().save_pretrained(root / "qwen3_moe", safe_serialization=True)
+    return {name: root / name for name in ("qwen3", "qwen3_moe") if name in names}
 
 
 def workload(n: int, vocab: int, seed: int) -> tuple[list[list[int]], list[int]]:
@@ -96,16 +98,28 @@ def _routed() -> dict[str, int] | None:
     return {cls: sum(ops.values()) for cls, ops in report.snapshot()["routed"].items()}
 
 
-def run_once(model: Path, variant: str, compiled: bool, args, scratch: Path) -> dict:
-    """One subprocess engine run of ``variant`` ("stock" or "hetero"); its worker's JSON."""
-    out = scratch / f"{model.name}-{variant}-{'compiled' if compiled else 'eager'}-{time.monotonic_ns()}.json"
+def engine_env(variant: str) -> dict[str, str]:
+    """This process's environment for one engine process: routing variables dropped, vLLM in-process;
+    ``variant`` "hetero" routes vLLM's layers to hetero's cpu_ref (validation off), "stock" does not."""
     env = {k: v for k, v in os.environ.items() if k not in _ROUTING_ENV}
     env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     if variant == "hetero":
         env.update(HETERO_VLLM="1", HETERO_BACKEND="cpu_ref", HETERO_VALIDATE="0")
-    cmd = [sys.executable, __file__, "--worker", str(model), str(out), "--requests", str(args.requests),
-           "--seed", str(args.seed), "--inner", str(args.inner)] + (["--compiled"] if compiled else [])
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    return env
+
+
+def worker_command(model: Path, out: Path, compiled: bool, requests: int, seed: int, inner: int,
+                   python: str = sys.executable) -> list[str]:
+    """The command line of one ``--worker`` engine process run by ``python`` (a Python with vLLM)."""
+    return [python, str(Path(__file__).resolve()), "--worker", str(model), str(out), "--requests", str(requests),
+            "--seed", str(seed), "--inner", str(inner)] + (["--compiled"] if compiled else [])
+
+
+def run_once(model: Path, variant: str, compiled: bool, args, scratch: Path) -> dict:
+    """One subprocess engine run of ``variant`` ("stock" or "hetero"); its worker's JSON."""
+    out = scratch / f"{model.name}-{variant}-{'compiled' if compiled else 'eager'}-{time.monotonic_ns()}.json"
+    cmd = worker_command(model, out, compiled, args.requests, args.seed, args.inner)
+    proc = subprocess.run(cmd, env=engine_env(variant), capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"vllm_route: {variant} run on {model.name} failed (rc {proc.returncode}):\n"
                          f"{proc.stderr[-4000:]}")
@@ -145,15 +159,18 @@ def _row(name: str, mode: str, runs: dict[str, list[dict]]) -> dict:
 
 
 def machine() -> dict[str, str]:
-    """CPU model, core and thread counts, and the versions that matter."""
+    """CPU model, core and thread counts, and the versions that matter (vLLM's as "not importable here" without it)."""
     import torch
     import transformers
-    import vllm
 
+    try:
+        import vllm
+    except ImportError:
+        vllm = None
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     return {"cpu": cpu, "cores": str(os.cpu_count()), "python": platform.python_version(),
-            "vllm": vllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "vllm": vllm.__version__ if vllm else "not importable here", "torch": torch.__version__, "transformers": transformers.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 

@@ -4,7 +4,12 @@
 #   2. the robustness tier (`hetero conformance cuda --robustness`): every malformed call rejected with
 #      validation on, and with it off (`--no-validate`) no illegal memory access, crash or hang;
 #   3. every op timed on realistic shapes against the torch reference and the H200 roofline, and
-#      the index-taking ops with validation on beside off (scripts/gpu_check.py), as a Markdown table.
+#      the index-taking ops with validation on beside off (scripts/gpu_check.py), as a Markdown table;
+#   4. the torch backend's conformance catalog on the GPU (`hetero conformance torch --isolate`), JSON + Markdown
+#      reports next to the cuda ones (OUT's base + .torch-conformance.json/.md);
+#   5. the engine side by side (benchmarks/engine_vs_vllm.py --device cuda): hetero on cuda eager and compiled
+#      (CUDA graphs), hetero on torch, vLLM when the Python of --vllm-python / .venv-vllm has it, transformers
+#      batched; output tok/s and token identity, dense and MoE, written to gpu_engine.md beside OUT.
 #
 # The timed cases include Qwen3-Next-80B's linear-attention layers (causal_conv1d, gated_delta_rule:
 # decode at batch 64, prefill 8 x 4096 tokens), DeepSeek-V3.2's sparse attention (indexer_topk and
@@ -18,11 +23,14 @@
 #
 # usage: scripts/gpu_check.sh [--smoke] [--list] [OUT.md]      (default OUT: docs/perf/gpu_check.md)
 #   --smoke  tiny shapes and a few conformance ops through Triton's interpreter on the CPU
-#            (HETERO_TRITON_INTERPRET=1): proves the script runs end to end without a GPU.
+#            (HETERO_TRITON_INTERPRET=1), torch conformance on the same few ops, and the engine comparison
+#            on the CPU (hetero torch and cpu_ref, a few short requests): proves the script runs end to end
+#            without a GPU.
 #   --list   print the timed cases with their bytes, flops and roofline, and run nothing.
 # Environment: PYTHON (default .venv/bin/python, else python3); HETERO_CUDA_VENDOR=0 times the
 # Triton kernels in place of the vendor paths.
-# Exit status: 0 when conformance and the robustness tier passed and every op ran, else 1.
+# Exit status: 0 when both conformance runs and the robustness tier passed, every op ran and no engine
+# configuration crashed, else 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,7 +41,7 @@ for arg in "$@"; do
   case "$arg" in
     --smoke) smoke=1 ;;
     --list) list=1 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option $arg" >&2; exit 2 ;;
     *) out=$arg ;;
   esac
@@ -52,11 +60,13 @@ fi
 bench_args=()
 robustness_args=()
 conformance_args=(--isolate)  # on a GPU a faulting kernel kills its worker, not the run
+engine_args=(--device cuda)
 if (( smoke )); then
   export HETERO_TRITON_INTERPRET=1
   bench_args+=(--smoke)
   conformance_args=(--quick --ops rms_norm,silu_and_mul)
   robustness_args=(--ops write_kv,grouped_gemm)
+  engine_args=(--quick --device cpu --configs hetero-torch,hetero-cpu_ref --requests 4 --max-tokens 4)
 fi
 
 mkdir -p "$(dirname "$out")"
@@ -75,5 +85,15 @@ echo "== timing every op -> $out"
 "$py" scripts/gpu_check.py "${bench_args[@]}" --conformance "$base.conformance.json" "$out"
 bench_rc=$?
 
-echo "== conformance exit $conformance_rc, robustness exit $robustness_rc, timing exit $bench_rc; report: $out"
-(( conformance_rc == 0 && robustness_rc == 0 && bench_rc == 0 ))
+echo "== torch backend conformance: hetero conformance torch ${conformance_args[*]:-}"
+"$py" -m hetero.cli conformance torch "${conformance_args[@]}" --json "$base.torch-conformance.json" --markdown "$base.torch-conformance.md"
+torch_rc=$?
+
+engine_out="$(dirname "$out")/gpu_engine.md"
+echo "== engine side by side: benchmarks/engine_vs_vllm.py ${engine_args[*]} -> $engine_out"
+"$py" benchmarks/engine_vs_vllm.py "${engine_args[@]}" --markdown "$engine_out" --json "${engine_out%.md}.json"
+engine_rc=$?
+
+echo "== conformance exit $conformance_rc, robustness exit $robustness_rc, timing exit $bench_rc," \
+  "torch conformance exit $torch_rc, engine exit $engine_rc; reports: $out, $engine_out"
+(( conformance_rc == 0 && robustness_rc == 0 && bench_rc == 0 && torch_rc == 0 && engine_rc == 0 ))
