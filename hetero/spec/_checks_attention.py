@@ -10,6 +10,7 @@ import numbers
 
 import torch
 
+from hetero.errors import OpError
 from hetero.spec._checks_dsa import check_topk_indices
 from hetero.spec._checks_meta import check_meta
 from hetero.spec.checks import (
@@ -18,7 +19,6 @@ from hetero.spec.checks import (
     check_same_device,
     check_slot_mapping,
     check_tensor,
-    expect,
     meta_tensors,
 )
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
@@ -51,12 +51,14 @@ def _is_int(x: object) -> bool:
 
 
 def check_flag(op: str, arg: str, x: object) -> bool:
-    expect(isinstance(x, bool), op, arg, "a bool", repr(x))
+    if not (isinstance(x, bool)):
+        raise OpError(op, arg, "a bool", str(repr(x)))
     return bool(x)
 
 
 def check_int(op: str, arg: str, x: object, minimum: int) -> int:
-    expect(_is_int(x) and x >= minimum, op, arg, f"an int >= {minimum}", repr(x))
+    if not (_is_int(x) and x >= minimum):
+        raise OpError(op, arg, f"an int >= {minimum}", str(repr(x)))
     return int(x)
 
 
@@ -64,19 +66,25 @@ def check_options(
     op: str, scale: object, causal: object, window: object, softcap: object, return_lse: object
 ) -> tuple[float, tuple[int, int], float]:
     """scale a finite float, window a pair of ints >= -1, softcap a finite float >= 0, flags bools."""
-    expect(_is_real(scale) and math.isfinite(scale), op, "scale", "a finite float", repr(scale))
+    if not (_is_real(scale) and math.isfinite(scale)):
+        raise OpError(op, "scale", "a finite float", str(repr(scale)))
     check_flag(op, "causal", causal)
     check_flag(op, "return_lse", return_lse)
     pair = isinstance(window, (tuple, list)) and len(window) == 2
-    expect(pair and all(_is_int(w) for w in window), op, "window", "a pair of ints (left, right)", repr(window))
-    expect(min(window) >= -1, op, "window", "sizes >= 0, or -1 for unbounded", repr(window))
-    expect(_is_real(softcap) and math.isfinite(softcap) and softcap >= 0, op, "softcap", "a finite float >= 0 (0 disables)", repr(softcap))
+    if not (pair and all(_is_int(w) for w in window)):
+        raise OpError(op, "window", "a pair of ints (left, right)", str(repr(window)))
+    if not (min(window) >= -1):
+        raise OpError(op, "window", "sizes >= 0, or -1 for unbounded", str(repr(window)))
+    if not (_is_real(softcap) and math.isfinite(softcap) and softcap >= 0):
+        raise OpError(op, "softcap", "a finite float >= 0 (0 disables)", str(repr(softcap)))
     return float(scale), (int(window[0]), int(window[1])), float(softcap)
 
 
 def check_gqa(op: str, arg: str, hq: int, hkv: int) -> None:
-    expect(hkv >= 1, op, arg, "at least one KV head", hkv)
-    expect(hq % hkv == 0, op, arg, f"a KV head count dividing the query head count {hq}", f"{hkv} KV heads")
+    if not (hkv >= 1):
+        raise OpError(op, arg, "at least one KV head", str(hkv))
+    if not (hq % hkv == 0):
+        raise OpError(op, arg, f"a KV head count dividing the query head count {hq}", f"{hkv} KV heads")
 
 
 def check_paged_cache(op: str, query: torch.Tensor, k_cache: object, v_cache: object) -> tuple[int, int]:
@@ -86,9 +94,11 @@ def check_paged_cache(op: str, query: torch.Tensor, k_cache: object, v_cache: ob
     dt = (query.dtype,)
     k = check_tensor(op, "k_cache", k_cache, ndim=4, dtypes=dt)
     nb, bs, hkv = k.shape[0], k.shape[1], k.shape[2]
-    expect(k.shape[3] == d, op, "k_cache", f"head dim {d} (that of 'query')", f"shape {list(k.shape)}")
+    if not (k.shape[3] == d):
+        raise OpError(op, "k_cache", f"head dim {d} (that of 'query')", f"shape {list(k.shape)}")
     check_tensor(op, "v_cache", v_cache, shape=(nb, bs, hkv, None), dtypes=dt)
-    expect(bs >= 1, op, "k_cache", "a block size >= 1", f"shape {list(k.shape)}")
+    if not (bs >= 1):
+        raise OpError(op, "k_cache", "a block size >= 1", f"shape {list(k.shape)}")
     check_gqa(op, "k_cache", hq, hkv)
     return nb, bs
 
@@ -103,14 +113,16 @@ def check_out(op: str, out: torch.Tensor | None, shape: tuple[int, ...], like: t
     if out is None:
         return
     check_tensor(op, "out", out, shape=shape, dtypes=(like.dtype,))
-    expect(out.device == like.device, op, "out", f"device {like.device} (that of 'query')", out.device)
+    if not (out.device == like.device):
+        raise OpError(op, "out", f"device {like.device} (that of 'query')", str(out.device))
 
 
 def check_max_len(op: str, arg: str, value: object, cu: list[int]) -> None:
     """A host int bounding every length of the cumulative list cu."""
     longest = max((cu[b + 1] - cu[b] for b in range(len(cu) - 1)), default=0)
     check_int(op, arg, value, 0)
-    expect(value >= longest, op, arg, f"at least the longest sequence ({longest})", value)
+    if not (value >= longest):
+        raise OpError(op, arg, f"at least the longest sequence ({longest})", str(value))
 
 
 def check_varlen(op: str, query: object, key: object, value: object, cu_seqlens_q: object, cu_seqlens_k: object,

@@ -16,7 +16,8 @@ import numbers
 import torch
 
 from hetero.spec.attention import INDEX_SCALE_GROUP
-from hetero.spec.checks import INDEX_DTYPES, check_at_least_1d, check_same_device, check_tensor, expect, meta_tensors
+from hetero.errors import OpError
+from hetero.spec.checks import INDEX_DTYPES, check_at_least_1d, check_same_device, check_tensor, meta_tensors
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
 
 __all__ = [
@@ -38,16 +39,17 @@ def _check_index_cache(op: str, index_cache: object, index_scale: object, d: int
     """index_cache [NB, BS, D] of ``plain`` dtype, or float8_e4m3fn with index_scale float32
     [NB, BS, D // 128] (D a multiple of 128). Returns (NB, BS)."""
     if index_scale is None:
-        expect(not isinstance(index_cache, torch.Tensor) or index_cache.dtype != INDEX_FP8, op, "index_scale",
-               "a float32 [NB, BS, D // 128] tensor with a float8_e4m3fn index_cache", "None")
+        if not (not isinstance(index_cache, torch.Tensor) or index_cache.dtype != INDEX_FP8):
+            raise OpError(op, "index_scale", "a float32 [NB, BS, D // 128] tensor with a float8_e4m3fn index_cache", "None")
         cache = check_tensor(op, "index_cache", index_cache, shape=(None, None, d), dtypes=(plain,))
     else:
         cache = check_tensor(op, "index_cache", index_cache, shape=(None, None, d), dtypes=(INDEX_FP8,))
-        expect(d % INDEX_SCALE_GROUP == 0, op, "index_cache",
-               f"a key dim that is a multiple of {INDEX_SCALE_GROUP} in the fp8 format", f"shape {list(cache.shape)}")
+        if not (d % INDEX_SCALE_GROUP == 0):
+            raise OpError(op, "index_cache", f"a key dim that is a multiple of {INDEX_SCALE_GROUP} in the fp8 format", f"shape {list(cache.shape)}")
         nb, bs = cache.shape[:2]
         check_tensor(op, "index_scale", index_scale, shape=(nb, bs, d // INDEX_SCALE_GROUP), dtypes=SCALE_DTYPES)
-    expect(cache.shape[1] >= 1, op, "index_cache", "a block size >= 1", f"shape {list(cache.shape)}")
+    if not (cache.shape[1] >= 1):
+        raise OpError(op, "index_cache", "a block size >= 1", f"shape {list(cache.shape)}")
     return cache.shape[0], cache.shape[1]
 
 
@@ -76,9 +78,11 @@ def check_indexer_inputs(op: str, q: object, weights: object, index_cache: objec
     t, hi, d = q.shape
     check_tensor(op, "weights", weights, shape=(t, hi), dtypes=SCALE_DTYPES)
     nb, bs = _check_index_cache(op, index_cache, index_scale, d, q.dtype)
-    expect(isinstance(meta, AttentionMeta), op, "meta", "an AttentionMeta", type(meta).__name__)
+    if not (isinstance(meta, AttentionMeta)):
+        raise OpError(op, "meta", "an AttentionMeta", str(type(meta).__name__))
     ok = isinstance(topk, numbers.Integral) and not isinstance(topk, bool) and topk >= 1
-    expect(ok, op, "topk", "an int >= 1", repr(topk))
+    if not (ok):
+        raise OpError(op, "topk", "an int >= 1", str(repr(topk)))
     check_same_device(op, q=q, weights=weights, index_cache=index_cache, index_scale=index_scale, **meta_tensors(meta))
     return t, hi, d, nb, bs, int(topk)  # type: ignore[arg-type]
 
@@ -89,9 +93,12 @@ def check_topk_indices(op: str, topk_indices: object, tokens: int, device: torch
     check_tensor(op, "topk_indices", topk_indices, ndim=2, dtypes=INDEX_DTYPES)
     assert isinstance(topk_indices, torch.Tensor)
     shape = list(topk_indices.shape)
-    expect(shape[0] == tokens, op, "topk_indices", f"{tokens} rows (one per query token)", f"shape {shape}")
-    expect(shape[1] >= 1, op, "topk_indices", "at least one column (K >= 1)", f"shape {shape}")
-    expect(topk_indices.device == device, op, "topk_indices", f"device {device} (that of 'q_nope')", topk_indices.device)
+    if not (shape[0] == tokens):
+        raise OpError(op, "topk_indices", f"{tokens} rows (one per query token)", f"shape {shape}")
+    if not (shape[1] >= 1):
+        raise OpError(op, "topk_indices", "at least one column (K >= 1)", f"shape {shape}")
+    if not (topk_indices.device == device):
+        raise OpError(op, "topk_indices", f"device {device} (that of 'q_nope')", str(topk_indices.device))
     return shape[1]
 
 
@@ -105,6 +112,7 @@ def check_layer_norm(op: str, x: object, weight: object, bias: object, eps: obje
     if bias is not None:
         check_tensor(op, "bias", bias, shape=(hidden,), dtypes=dtypes)
     ok = isinstance(eps, numbers.Real) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0
-    expect(ok, op, "eps", "a positive finite number", repr(eps))
+    if not (ok):
+        raise OpError(op, "eps", "a positive finite number", str(repr(eps)))
     check_same_device(op, x=x, weight=weight, bias=bias)
     return hidden

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec.checks import check_scale_form, check_tensor, expect, scale_blocks
+from hetero.errors import OpError
+from hetero.spec.checks import check_scale_form, check_tensor, scale_blocks
 
 __all__ = [
     "check_scaled_gemm",
@@ -33,14 +34,18 @@ def check_operands(op: str, a: object, b: object, dtypes: tuple[torch.dtype, ...
     check_tensor(op, "a", a, ndim=2, dtypes=dtypes)
     check_tensor(op, "b", b, ndim=b_ndim, dtypes=dtypes)
     assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-    expect(b.dtype == a.dtype, op, "b", f"dtype {_dt(a.dtype)} (that of 'a')", _dt(b.dtype))
-    expect(b.device == a.device, op, "b", f"device {a.device} (that of 'a')", b.device)
+    if not (b.dtype == a.dtype):
+        raise OpError(op, "b", f"dtype {_dt(a.dtype)} (that of 'a')", str(_dt(b.dtype)))
+    if not (b.device == a.device):
+        raise OpError(op, "b", f"device {a.device} (that of 'a')", str(b.device))
     layout = "[N, K]" if b_ndim == 2 else "[G, N, K]"
-    expect(b.shape[-1] == a.shape[1], op, "b", f"shape {layout} with K = {a.shape[1]} (a's columns; b is in nn.Linear layout)", f"shape {list(b.shape)}")
+    if not (b.shape[-1] == a.shape[1]):
+        raise OpError(op, "b", f"shape {layout} with K = {a.shape[1]} (a's columns; b is in nn.Linear layout)", f"shape {list(b.shape)}")
 
 
 def check_out_dtype(op: str, out_dtype: object, allowed: tuple[torch.dtype, ...]) -> None:
-    expect(out_dtype in allowed, op, "out_dtype", "one of " + ", ".join(_dt(d) for d in allowed), _dt(out_dtype))
+    if not (out_dtype in allowed):
+        raise OpError(op, "out_dtype", "one of " + ", ".join(_dt(d) for d in allowed), str(_dt(out_dtype)))
 
 
 def check_bias(op: str, bias: object, n: int, dtypes: tuple[torch.dtype, ...], device: torch.device) -> None:
@@ -49,7 +54,8 @@ def check_bias(op: str, bias: object, n: int, dtypes: tuple[torch.dtype, ...], d
         return
     check_tensor(op, "bias", bias, shape=(n,), dtypes=dtypes)
     assert isinstance(bias, torch.Tensor)
-    expect(bias.device == device, op, "bias", f"device {device} (that of 'a')", bias.device)
+    if not (bias.device == device):
+        raise OpError(op, "bias", f"device {device} (that of 'a')", str(bias.device))
 
 
 def check_scaled_gemm(op: str, a: object, b: object, a_scale: object, b_scale: object, bias: object,

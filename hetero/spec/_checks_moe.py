@@ -6,7 +6,8 @@ import numbers
 
 import torch
 
-from hetero.spec.checks import check_tensor, expect
+from hetero.errors import OpError
+from hetero.spec.checks import check_tensor
 from hetero.spec.moe import ACTIVATIONS
 from hetero.spec.types import FLOAT_DTYPES
 
@@ -21,12 +22,16 @@ def _real(value: object) -> bool:
 
 def check_fused_moe_options(op: str, activation: object, alpha: object, limit: object) -> None:
     """activation one of ACTIVATIONS; alpha finite; limit None for silu, finite and > 0 otherwise."""
-    expect(activation in ACTIVATIONS, op, "activation", "one of " + ", ".join(repr(a) for a in ACTIVATIONS), repr(activation))
-    expect(_real(alpha), op, "alpha", "a finite number", repr(alpha))
+    if not (activation in ACTIVATIONS):
+        raise OpError(op, "activation", "one of " + ", ".join(repr(a) for a in ACTIVATIONS), str(repr(activation)))
+    if not (_real(alpha)):
+        raise OpError(op, "alpha", "a finite number", str(repr(alpha)))
     if activation == "silu":
-        expect(limit is None, op, "limit", "None with activation 'silu' (only the clamped activations take a limit)", repr(limit))
+        if limit is not None:
+            raise OpError(op, "limit", "None with activation 'silu' (only the clamped activations take a limit)", str(repr(limit)))
     else:
-        expect(_real(limit) and limit > 0, op, "limit", f"a finite number > 0 with activation {activation!r}", repr(limit))
+        if not (_real(limit) and limit > 0):
+            raise OpError(op, "limit", f"a finite number > 0 with activation {activation!r}", str(repr(limit)))
 
 
 def check_fused_moe_weights(op: str, x: object, w13: object, w2: object, w13_bias: object,
@@ -40,8 +45,8 @@ def check_fused_moe_weights(op: str, x: object, w13: object, w2: object, w13_bia
     check_tensor(op, "w13", w13, ndim=3, dtypes=(x.dtype, *QUANT_WEIGHT_DTYPES))
     assert isinstance(w13, torch.Tensor)
     experts, two_i, _ = w13.shape
-    expect(two_i % 2 == 0 and w13.shape[2] == hidden, op, "w13",
-           f"shape [E, 2I, H] with an even 2I and H = {hidden} (x's columns)", f"shape {list(w13.shape)}")
+    if not (two_i % 2 == 0 and w13.shape[2] == hidden):
+        raise OpError(op, "w13", f"shape [E, 2I, H] with an even 2I and H = {hidden} (x's columns)", f"shape {list(w13.shape)}")
     check_tensor(op, "w2", w2, shape=(experts, hidden, two_i // 2), dtypes=(w13.dtype,))
     if w13_bias is not None:
         check_tensor(op, "w13_bias", w13_bias, shape=(experts, two_i), dtypes=(x.dtype,))

@@ -12,7 +12,8 @@ import torch
 
 from hetero.spec._checks_moe import check_fused_moe_options, check_fused_moe_weights
 from hetero.spec._checks_quant import check_fused_moe_quant
-from hetero.spec.checks import check_ids, check_same_device, check_tensor, expect
+from hetero.errors import OpError
+from hetero.spec.checks import check_ids, check_same_device, check_tensor
 from hetero.spec.moe import SCORING
 from hetero.spec.types import FLOAT_DTYPES
 
@@ -26,8 +27,10 @@ def check_int(op: str, arg: str, value: object, lo: int, hi: int | None = None, 
     """An integer (not a bool) in [lo, hi] (hi None = unbounded)."""
     is_int = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     rng = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
-    expect(is_int, op, arg, rng + why, repr(value))
-    expect(int(value) >= lo and (hi is None or int(value) <= hi), op, arg, rng + why, repr(value))
+    if not (is_int):
+        raise OpError(op, arg, rng + why, str(repr(value)))
+    if not (int(value) >= lo and (hi is None or int(value) <= hi)):
+        raise OpError(op, arg, rng + why, str(repr(value)))
     return int(value)
 
 
@@ -37,22 +40,27 @@ def check_route(op: str, logits: object, top_k: object, scoring: object, renorma
     check_tensor(op, "router_logits", logits, ndim=2, dtypes=FLOAT_DTYPES)
     assert isinstance(logits, torch.Tensor)
     experts = logits.shape[1]
-    expect(scoring in SCORING, op, "scoring", "one of " + ", ".join(repr(s) for s in SCORING), repr(scoring))
-    expect(isinstance(renormalize, bool), op, "renormalize", "a bool", repr(renormalize))
+    if not (scoring in SCORING):
+        raise OpError(op, "scoring", "one of " + ", ".join(repr(s) for s in SCORING), str(repr(scoring)))
+    if not (isinstance(renormalize, bool)):
+        raise OpError(op, "renormalize", "a bool", str(repr(renormalize)))
     ok_factor = isinstance(factor, numbers.Real) and not isinstance(factor, bool) and math.isfinite(factor)
-    expect(ok_factor, op, "routed_scaling_factor", "a finite number", repr(factor))
+    if not (ok_factor):
+        raise OpError(op, "routed_scaling_factor", "a finite number", str(repr(factor)))
     groups = check_int(op, "n_group", n_group, 1)
-    expect(experts % groups == 0, op, "n_group", f"a divisor of the expert count E = {experts}", groups)
+    if not (experts % groups == 0):
+        raise OpError(op, "n_group", f"a divisor of the expert count E = {experts}", str(groups))
     k = check_int(op, "top_k", top_k, 1, experts, f" (E = {experts} experts)")
     kept = check_int(op, "topk_group", topk_group, 1, groups, f" (n_group = {groups})")
     per_group = experts // groups
-    expect(kept * per_group >= k, op, "topk_group", f"topk_group * E/n_group >= top_k = {k} (groups of {per_group} experts)", kept)
+    if not (kept * per_group >= k):
+        raise OpError(op, "topk_group", f"topk_group * E/n_group >= top_k = {k} (groups of {per_group} experts)", str(kept))
     if bias is None:
         return
     check_tensor(op, "correction_bias", bias, shape=(experts,), dtypes=FLOAT_DTYPES)
     check_same_device(op, router_logits=logits, correction_bias=bias)
-    expect(groups == 1 or per_group >= 2, op, "n_group",
-           f"groups of at least 2 experts with correction_bias (the group score sums the top 2; E = {experts})", groups)
+    if not (groups == 1 or per_group >= 2):
+        raise OpError(op, "n_group", f"groups of at least 2 experts with correction_bias (the group score sums the top 2; E = {experts})", str(groups))
 
 
 def check_weights(op: str, weights: object, ids_shape: tuple[int, ...] | None) -> None:
@@ -60,8 +68,10 @@ def check_weights(op: str, weights: object, ids_shape: tuple[int, ...] | None) -
     check_tensor(op, "weights", weights, ndim=2, dtypes=WEIGHT_DTYPES)
     assert isinstance(weights, torch.Tensor)
     if ids_shape is not None:
-        expect(tuple(weights.shape) == ids_shape, op, "weights", f"shape {list(ids_shape)} (that of 'ids')", f"shape {list(weights.shape)}")
-    expect(weights.shape[1] >= 1, op, "weights", "at least one column (top_k >= 1)", f"shape {list(weights.shape)}")
+        if not (tuple(weights.shape) == ids_shape):
+            raise OpError(op, "weights", f"shape {list(ids_shape)} (that of 'ids')", f"shape {list(weights.shape)}")
+    if not (weights.shape[1] >= 1):
+        raise OpError(op, "weights", "at least one column (top_k >= 1)", f"shape {list(weights.shape)}")
 
 
 def check_fused_moe(op: str, x: object, w13: object, w2: object, weights: object, ids: object, activation: object,

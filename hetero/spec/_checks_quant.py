@@ -9,7 +9,8 @@ import numbers
 
 import torch
 
-from hetero.spec.checks import check_same_device, check_tensor, expect, scale_blocks
+from hetero.errors import OpError
+from hetero.spec.checks import check_same_device, check_tensor, scale_blocks
 from hetero.spec.gemm import QMAX, SCALE_FORMATS
 from hetero.spec.moe import ACT_QUANT
 from hetero.spec.types import FLOAT_DTYPES
@@ -42,26 +43,36 @@ def check_quantize_inputs(op: str, x: object, dtype: object, group_size: object,
     check_tensor(op, "x", x, ndim=2, dtypes=FLOAT_DTYPES)
     assert isinstance(x, torch.Tensor)
     rows, k = x.shape
-    expect(k >= 1, op, "x", "at least one column", f"shape {list(x.shape)}")
-    expect(dtype in QMAX, op, "dtype", "one of " + ", ".join(_dt(d) for d in QMAX), _dt(dtype))
+    if not (k >= 1):
+        raise OpError(op, "x", "at least one column", f"shape {list(x.shape)}")
+    if not (dtype in QMAX):
+        raise OpError(op, "dtype", "one of " + ", ".join(_dt(d) for d in QMAX), str(_dt(dtype)))
     ok_group = group_size is None or (isinstance(group_size, numbers.Integral) and not isinstance(group_size, bool)
                                       and int(group_size) >= 1)
-    expect(ok_group, op, "group_size", "a positive int or None (one group per row)", repr(group_size))
-    expect(scale_fmt in SCALE_FORMATS, op, "scale_fmt", "one of " + ", ".join(repr(s) for s in SCALE_FORMATS), repr(scale_fmt))
-    expect(isinstance(asymmetric, bool), op, "asymmetric", "a bool", repr(asymmetric))
+    if not (ok_group):
+        raise OpError(op, "group_size", "a positive int or None (one group per row)", str(repr(group_size)))
+    if not (scale_fmt in SCALE_FORMATS):
+        raise OpError(op, "scale_fmt", "one of " + ", ".join(repr(s) for s in SCALE_FORMATS), str(repr(scale_fmt)))
+    if not (isinstance(asymmetric, bool)):
+        raise OpError(op, "asymmetric", "a bool", str(repr(asymmetric)))
     if asymmetric:
-        expect(dtype == torch.int8, op, "asymmetric", f"False with dtype {_dt(dtype)} (asymmetric is int8 only)", True)
-        expect(scale_fmt == "float", op, "scale_fmt", "'float' with asymmetric (ue8m0 scales are symmetric only)", repr(scale_fmt))
+        if not (dtype == torch.int8):
+            raise OpError(op, "asymmetric", f"False with dtype {_dt(dtype)} (asymmetric is int8 only)", str(True))
+        if not (scale_fmt == "float"):
+            raise OpError(op, "scale_fmt", "'float' with asymmetric (ue8m0 scales are symmetric only)", str(repr(scale_fmt)))
     groups = 1 if group_size is None else -(-k // int(group_size))
     return rows, k, groups
 
 
 def _scale(op: str, arg: str, scale: object, accepted: str, device: torch.device, dtypes: tuple[torch.dtype, ...],
            owner: str = "a") -> torch.Tensor:
-    expect(isinstance(scale, torch.Tensor), op, arg, "a torch.Tensor " + accepted, type(scale).__name__)
+    if not (isinstance(scale, torch.Tensor)):
+        raise OpError(op, arg, "a torch.Tensor " + accepted, str(type(scale).__name__))
     assert isinstance(scale, torch.Tensor)
-    expect(scale.dtype in dtypes, op, arg, accepted, f"dtype {_dt(scale.dtype)}")
-    expect(scale.device == device, op, arg, f"device {device} (that of '{owner}')", scale.device)
+    if not (scale.dtype in dtypes):
+        raise OpError(op, arg, accepted, f"dtype {_dt(scale.dtype)}")
+    if not (scale.device == device):
+        raise OpError(op, arg, f"device {device} (that of '{owner}')", str(scale.device))
     return scale
 
 
@@ -78,7 +89,8 @@ def check_a_scale(op: str, a_scale: object, m: int, k: int, device: torch.device
         return "tensor"
     if shape == (m, kb):
         return "block"
-    expect(False, op, "a_scale", accepted, f"shape {list(shape)}")
+    if not (False):
+        raise OpError(op, "a_scale", accepted, f"shape {list(shape)}")
     return ""
 
 
@@ -90,7 +102,8 @@ def check_b_scale(op: str, arg: str, b_scale: object, groups: int, n: int, k: in
                 f"[{groups}, {nb}, {kb}]; per output channel [{groups}, {n}, 1]; one per group [{groups}]")
     shape = tuple(_scale(op, arg, b_scale, accepted, device, dtypes, owner).shape)
     forms = {(groups, nb, kb): "block", (groups, n, 1): "row", (groups,): "group"}
-    expect(shape in forms, op, arg, accepted, f"shape {list(shape)}")
+    if not (shape in forms):
+        raise OpError(op, arg, accepted, f"shape {list(shape)}")
     return forms[shape]
 
 
@@ -104,20 +117,24 @@ def check_scaled_grouped(op: str, a: object, b: object, a_scale: object, b_scale
     check_tensor(op, "b", b, ndim=3, dtypes=(a.dtype,))
     assert isinstance(b, torch.Tensor)
     (m, k), (groups, n, kb) = a.shape, b.shape
-    expect(kb == k, op, "b", f"shape [G, N, K] with K = {k} (a's columns; nn.Linear layout)", f"shape {list(b.shape)}")
-    expect(b.device == a.device, op, "b", f"device {a.device} (that of 'a')", b.device)
+    if not (kb == k):
+        raise OpError(op, "b", f"shape [G, N, K] with K = {k} (a's columns; nn.Linear layout)", f"shape {list(b.shape)}")
+    if not (b.device == a.device):
+        raise OpError(op, "b", f"device {a.device} (that of 'a')", str(b.device))
     a_form = check_a_scale(op, a_scale, m, k, a.device, scale_dtypes)
     b_form = check_b_scale(op, "b_scale", b_scale, groups, n, k, a.device, scale_dtypes)
     check_tensor(op, "group_ends", group_ends, shape=(groups,), dtypes=(torch.int32, torch.int64))
     check_same_device(op, a=a, group_ends=group_ends)
     if a_zero_point is not None:
-        expect(a.dtype == torch.int8, op, "a_zero_point", f"None with dtype {_dt(a.dtype)} (zero points are int8 only)", "a tensor")
+        if not (a.dtype == torch.int8):
+            raise OpError(op, "a_zero_point", f"None with dtype {_dt(a.dtype)} (zero points are int8 only)", "a tensor")
         assert isinstance(a_scale, torch.Tensor)
-        expect(tuple(a_scale.shape) == (m, 1), op, "a_zero_point", f"None unless a_scale is per token [{m}, 1]",
-               f"a_scale of shape {list(a_scale.shape)}")
+        if not (tuple(a_scale.shape) == (m, 1)):
+            raise OpError(op, "a_zero_point", f"None unless a_scale is per token [{m}, 1]", f"a_scale of shape {list(a_scale.shape)}")
         check_tensor(op, "a_zero_point", a_zero_point, shape=(m, 1), dtypes=(torch.int32,))
         check_same_device(op, a=a, a_zero_point=a_zero_point)
-    expect(out_dtype in SCALED_OUT_DTYPES, op, "out_dtype", "one of " + ", ".join(_dt(d) for d in SCALED_OUT_DTYPES), _dt(out_dtype))
+    if not (out_dtype in SCALED_OUT_DTYPES):
+        raise OpError(op, "out_dtype", "one of " + ", ".join(_dt(d) for d in SCALED_OUT_DTYPES), str(_dt(out_dtype)))
     return a_form, b_form
 
 
@@ -130,15 +147,20 @@ def check_fused_moe_quant(op: str, w13: torch.Tensor, w2: torch.Tensor, w13_scal
     and only with quantized weights; act_scale_fmt in SCALE_FORMATS. Returns the scale forms
     (w13's, w2's), or None for float weights.
     """
-    expect(act_scale_fmt in SCALE_FORMATS, op, "act_scale_fmt", "one of " + ", ".join(repr(s) for s in SCALE_FORMATS), repr(act_scale_fmt))
-    expect(act_quant is None or act_quant in ACT_QUANT, op, "act_quant", "None or one of " + ", ".join(repr(a) for a in ACT_QUANT), repr(act_quant))
+    if not (act_scale_fmt in SCALE_FORMATS):
+        raise OpError(op, "act_scale_fmt", "one of " + ", ".join(repr(s) for s in SCALE_FORMATS), str(repr(act_scale_fmt)))
+    if not (act_quant is None or act_quant in ACT_QUANT):
+        raise OpError(op, "act_quant", "None or one of " + ", ".join(repr(a) for a in ACT_QUANT), str(repr(act_quant)))
     if w13.dtype not in QUANT_DTYPES:
         for arg, value in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
-            expect(value is None, op, arg, f"None with {_dt(w13.dtype)} weights (scales only with quantized weights)", "a tensor")
-        expect(act_quant is None, op, "act_quant", f"None with {_dt(w13.dtype)} weights (activation quantization needs quantized weights)", repr(act_quant))
+            if value is not None:
+                raise OpError(op, arg, f"None with {_dt(w13.dtype)} weights (scales only with quantized weights)", "a tensor")
+        if act_quant is not None:
+            raise OpError(op, "act_quant", f"None with {_dt(w13.dtype)} weights (activation quantization needs quantized weights)", str(repr(act_quant)))
         return None
     for arg, value in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
-        expect(value is not None, op, arg, f"a scale with {_dt(w13.dtype)} weights (w13_scale and w2_scale: both or neither)", "None")
+        if not (value is not None):
+            raise OpError(op, arg, f"a scale with {_dt(w13.dtype)} weights (w13_scale and w2_scale: both or neither)", "None")
     experts, two_i, hidden = w13.shape
     f13 = check_b_scale(op, "w13_scale", w13_scale, experts, two_i, hidden, w13.device, scale_dtypes, "w13")
     f2 = check_b_scale(op, "w2_scale", w2_scale, experts, hidden, two_i // 2, w13.device, scale_dtypes, "w13")

@@ -14,7 +14,8 @@ import numbers
 
 import torch
 
-from hetero.spec.checks import INDEX_DTYPES, check_cu_seqlens, check_same_device, check_tensor, expect
+from hetero.errors import OpError
+from hetero.spec.checks import INDEX_DTYPES, check_cu_seqlens, check_same_device, check_tensor
 from hetero.spec.types import FLOAT_DTYPES
 
 __all__ = [
@@ -43,7 +44,8 @@ def check_state_index(op: str, query_start_loc: object, state_slots: object, has
     """
     check_tensor(op, "query_start_loc", query_start_loc, ndim=1, dtypes=INDEX_DTYPES)
     assert isinstance(query_start_loc, torch.Tensor)
-    expect(query_start_loc.shape[0] >= 1, op, "query_start_loc", "at least one entry (N+1)", "shape [0]")
+    if not (query_start_loc.shape[0] >= 1):
+        raise OpError(op, "query_start_loc", "at least one entry (N+1)", "shape [0]")
     n = query_start_loc.shape[0] - 1
     check_tensor(op, "state_slots", state_slots, shape=(n,), dtypes=INDEX_DTYPES)
     check_tensor(op, "has_initial_state", has_initial_state, shape=(n,), dtypes=(torch.bool,))
@@ -61,8 +63,8 @@ def check_state_batch(op: str, query_start_loc: torch.Tensor, state_slots: torch
     slots = state_slots.to("cpu", torch.int64).tolist()
     if slots:
         lo, hi = min(slots), max(slots)
-        expect(lo >= -1 and hi < num_slots, op, "state_slots", f"slots in [-1, {num_slots}) (-1 skips the sequence)",
-               f"values in [{lo}, {hi}]")
+        if not (lo >= -1 and hi < num_slots):
+            raise OpError(op, "state_slots", f"slots in [-1, {num_slots}) (-1 skips the sequence)", f"values in [{lo}, {hi}]")
     return starts, slots, [bool(b) for b in has_initial_state.tolist()]
 
 
@@ -76,13 +78,15 @@ def check_causal_conv1d(op: str, x: object, weight: object, bias: object, conv_s
     check_tensor(op, "weight", weight, shape=(c, None), dtypes=dt)
     assert isinstance(weight, torch.Tensor)
     w = weight.shape[1]
-    expect(w >= 2, op, "weight", "a kernel width W >= 2 (shape [C, W])", f"shape {list(weight.shape)}")
+    if not (w >= 2):
+        raise OpError(op, "weight", "a kernel width W >= 2 (shape [C, W])", f"shape {list(weight.shape)}")
     if bias is not None:
         check_tensor(op, "bias", bias, shape=(c,), dtypes=dt)
     check_tensor(op, "conv_state", conv_state, shape=(None, w - 1, c), dtypes=dt)
     assert isinstance(conv_state, torch.Tensor)
     check_state_index(op, query_start_loc, state_slots, has_initial_state)
-    expect(activation in CONV_ACTIVATIONS, op, "activation", "'silu' or None", repr(activation))
+    if not (activation in CONV_ACTIVATIONS):
+        raise OpError(op, "activation", "'silu' or None", str(repr(activation)))
     check_same_device(op, x=x, weight=weight, bias=bias, conv_state=conv_state, query_start_loc=query_start_loc,
                       state_slots=state_slots, has_initial_state=has_initial_state)
     return t, c, w, conv_state.shape[0]
@@ -93,7 +97,8 @@ def _check_gates(op: str, g: object, beta: object, t: int, hv: int, kdim: int, v
     check_tensor(op, "g", g, dtypes=STATE_DTYPES)
     assert isinstance(g, torch.Tensor)
     ok = tuple(g.shape) in ((t, hv), (t, hv, kdim))
-    expect(ok, op, "g", f"shape [{t}, {hv}] (per head) or [{t}, {hv}, {kdim}] (per key channel)", f"shape {list(g.shape)}")
+    if not (ok):
+        raise OpError(op, "g", f"shape [{t}, {hv}] (per head) or [{t}, {hv}, {kdim}] (per key channel)", f"shape {list(g.shape)}")
     beta_dtypes = tuple(dict.fromkeys((*STATE_DTYPES, v_dtype)))
     check_tensor(op, "beta", beta, shape=(t, hv), dtypes=beta_dtypes)
 
@@ -111,15 +116,17 @@ def check_gated_delta_rule(op: str, q: object, k: object, v: object, g: object, 
     check_tensor(op, "v", v, shape=(t, None, None), dtypes=dt)
     assert isinstance(v, torch.Tensor)
     hv, vdim = v.shape[1], v.shape[2]
-    expect(h >= 1 and hv % h == 0, op, "v", f"a value head count that is a multiple of the {h} key heads (shape [T, HV, V])",
-           f"shape {list(v.shape)}")
+    if not (h >= 1 and hv % h == 0):
+        raise OpError(op, "v", f"a value head count that is a multiple of the {h} key heads (shape [T, HV, V])", f"shape {list(v.shape)}")
     _check_gates(op, g, beta, t, hv, kdim, v.dtype)
     check_tensor(op, "ssm_state", ssm_state, shape=(None, hv, kdim, vdim), dtypes=STATE_DTYPES)
     assert isinstance(ssm_state, torch.Tensor)
     check_state_index(op, query_start_loc, state_slots, has_initial_state)
     ok_scale = isinstance(scale, numbers.Real) and not isinstance(scale, bool) and math.isfinite(scale)
-    expect(ok_scale, op, "scale", "a finite number (K**-0.5 for Gated DeltaNet)", repr(scale))
-    expect(isinstance(use_qk_l2norm, bool), op, "use_qk_l2norm", "a bool", repr(use_qk_l2norm))
+    if not (ok_scale):
+        raise OpError(op, "scale", "a finite number (K**-0.5 for Gated DeltaNet)", str(repr(scale)))
+    if not (isinstance(use_qk_l2norm, bool)):
+        raise OpError(op, "use_qk_l2norm", "a bool", str(repr(use_qk_l2norm)))
     check_same_device(op, q=q, k=k, v=v, g=g, beta=beta, ssm_state=ssm_state, query_start_loc=query_start_loc,
                       state_slots=state_slots, has_initial_state=has_initial_state)
     return t, h, kdim, hv, vdim, ssm_state.shape[0]

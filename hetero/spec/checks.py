@@ -104,12 +104,16 @@ def check_cu_seqlens(op: str, arg: str, cu: torch.Tensor, total: int, batch: int
     """A cumulative [B+1] index tensor from 0 to total, non-decreasing; returns it as a host list."""
     check_tensor(op, arg, cu, ndim=1, dtypes=INDEX_DTYPES)
     if batch is not None:
-        expect(cu.shape[0] == batch + 1, op, arg, f"{batch + 1} entries (B+1)", f"{cu.shape[0]}")
+        if not (cu.shape[0] == batch + 1):
+            raise OpError(op, arg, f"{batch + 1} entries (B+1)", f"{cu.shape[0]}")
     host = cu.to("cpu", torch.int64)
-    expect(host.numel() >= 1 and int(host[0]) == 0, op, arg, "first entry 0", host[:1].tolist())
+    if not (host.numel() >= 1 and int(host[0]) == 0):
+        raise OpError(op, arg, "first entry 0", str(host[:1].tolist()))
     bad = _first(host[1:] < host[:-1])
-    expect(bad is None, op, arg, "non-decreasing values", f"{int(host[bad])} then {int(host[bad + 1])} at index {bad + 1}" if bad is not None else "")
-    expect(int(host[-1]) == total, op, arg, f"last entry equal to the token count {total}", int(host[-1]))
+    if bad is not None:
+        raise OpError(op, arg, "non-decreasing values", f"{int(host[bad])} then {int(host[bad + 1])} at index {bad + 1}")
+    if not (int(host[-1]) == total):
+        raise OpError(op, arg, f"last entry equal to the token count {total}", str(int(host[-1])))
     return host.tolist()
 
 
@@ -118,7 +122,8 @@ def check_slot_mapping(op: str, slot_mapping: torch.Tensor, num_tokens: int, num
     check_tensor(op, "slot_mapping", slot_mapping, shape=(num_tokens,), dtypes=(torch.int64,))
     if num_tokens:
         lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
-        expect(lo >= -1 and hi < num_slots, op, "slot_mapping", f"slots in [-1, {num_slots})", f"values in [{lo}, {hi}]")
+        if not (lo >= -1 and hi < num_slots):
+            raise OpError(op, "slot_mapping", f"slots in [-1, {num_slots})", f"values in [{lo}, {hi}]")
 
 
 def check_group_ends(op: str, group_ends: torch.Tensor, groups: int, rows: int) -> list[int]:
@@ -126,18 +131,22 @@ def check_group_ends(op: str, group_ends: torch.Tensor, groups: int, rows: int) 
     check_tensor(op, "group_ends", group_ends, shape=(groups,), dtypes=INDEX_DTYPES)
     vals = group_ends.tolist()
     bad = next((g for g in range(len(vals)) if vals[g] < (vals[g - 1] if g else 0)), None)
-    expect(bad is None, op, "group_ends", "non-decreasing values >= 0", f"{vals[bad]} at index {bad}" if bad is not None else "")
-    expect(not vals or vals[-1] <= rows, op, "group_ends", f"values <= the row count {rows}", vals[-1] if vals else "")
+    if bad is not None:
+        raise OpError(op, "group_ends", "non-decreasing values >= 0", f"{vals[bad]} at index {bad}")
+    if not (not vals or vals[-1] <= rows):
+        raise OpError(op, "group_ends", f"values <= the row count {rows}", str(vals[-1] if vals else ""))
     return vals
 
 
 def check_ids(op: str, ids: torch.Tensor, rows: int, num_experts: int) -> int:
     """Expert ids int32 [M, k] in [0, E); returns k."""
     check_tensor(op, "ids", ids, ndim=2, dtypes=INDEX_DTYPES)
-    expect(ids.shape[0] == rows, op, "ids", f"{rows} rows (one per token)", ids.shape[0])
+    if not (ids.shape[0] == rows):
+        raise OpError(op, "ids", f"{rows} rows (one per token)", str(ids.shape[0]))
     if ids.numel():
         lo, hi = int(ids.min()), int(ids.max())
-        expect(lo >= 0 and hi < num_experts, op, "ids", f"expert ids in [0, {num_experts})", f"values in [{lo}, {hi}]")
+        if not (lo >= 0 and hi < num_experts):
+            raise OpError(op, "ids", f"expert ids in [0, {num_experts})", f"values in [{lo}, {hi}]")
     return ids.shape[1]
 
 
@@ -150,14 +159,17 @@ def check_rotary(op: str, positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
     check_tensor(op, "q", q, ndim=3, dtypes=FLOAT_DTYPES)
     tokens, _, head_dim = q.shape
     check_tensor(op, "k", k, ndim=3, dtypes=FLOAT_DTYPES)
-    expect(k.shape[0] == tokens, op, "k", f"{tokens} tokens (that of 'q')", f"shape {list(k.shape)}")
-    expect(k.shape[2] == head_dim, op, "k", f"head dim {head_dim} (that of 'q')", f"shape {list(k.shape)}")
+    if not (k.shape[0] == tokens):
+        raise OpError(op, "k", f"{tokens} tokens (that of 'q')", f"shape {list(k.shape)}")
+    if not (k.shape[2] == head_dim):
+        raise OpError(op, "k", f"head dim {head_dim} (that of 'q')", f"shape {list(k.shape)}")
     check_tensor(op, "positions", positions, shape=(tokens,), dtypes=(torch.int64,))
     check_tensor(op, "cos_sin_cache", cos_sin_cache, ndim=2, dtypes=FLOAT_DTYPES)
     max_pos, rot = cos_sin_cache.shape
-    expect(rot > 0 and rot % 2 == 0 and rot <= head_dim, op, "cos_sin_cache",
-           f"a positive even number of columns (rot) <= the head dim {head_dim}", f"shape {list(cos_sin_cache.shape)}")
-    expect(isinstance(is_neox, bool), op, "is_neox", "a bool", type(is_neox).__name__)
+    if not (rot > 0 and rot % 2 == 0 and rot <= head_dim):
+        raise OpError(op, "cos_sin_cache", f"a positive even number of columns (rot) <= the head dim {head_dim}", f"shape {list(cos_sin_cache.shape)}")
+    if not (isinstance(is_neox, bool)):
+        raise OpError(op, "is_neox", "a bool", str(type(is_neox).__name__))
     check_same_device(op, q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache)
     if read_positions:
         check_positions(op, positions, max_pos)
@@ -168,7 +180,8 @@ def check_positions(op: str, positions: torch.Tensor, max_pos: int) -> None:
     """Rotary positions in [0, max_pos), the rows of the cos/sin cache (reads them on the host)."""
     if positions.numel():
         lo, hi = int(positions.min()), int(positions.max())
-        expect(lo >= 0 and hi < max_pos, op, "positions", f"positions in [0, {max_pos}) (rows of 'cos_sin_cache')", f"values in [{lo}, {hi}]")
+        if not (lo >= 0 and hi < max_pos):
+            raise OpError(op, "positions", f"positions in [0, {max_pos}) (rows of 'cos_sin_cache')", f"values in [{lo}, {hi}]")
 
 
 def check_perm(op: str, perm: object, rows: int) -> None:
@@ -178,15 +191,18 @@ def check_perm(op: str, perm: object, rows: int) -> None:
     if rows:
         want = f"a permutation of 0..{rows - 1} (from moe_permute)"
         lo, hi = int(perm.min()), int(perm.max())
-        expect(lo >= 0 and hi < rows, op, "perm", want, f"values in [{lo}, {hi}]")
-        expect(bool((torch.bincount(perm, minlength=rows) == 1).all()), op, "perm", want, "repeated values")
+        if not (lo >= 0 and hi < rows):
+            raise OpError(op, "perm", want, f"values in [{lo}, {hi}]")
+        if not (bool((torch.bincount(perm, minlength=rows) == 1).all())):
+            raise OpError(op, "perm", want, "repeated values")
 
 
 def check_at_least_1d(op: str, arg: str, x: object, dtypes: Sequence[torch.dtype]) -> torch.Tensor:
     """A tensor of one of ``dtypes`` with at least one dimension."""
     check_tensor(op, arg, x, dtypes=dtypes)
     assert isinstance(x, torch.Tensor)
-    expect(x.ndim >= 1, op, arg, "a tensor of at least 1 dimension", f"shape {tuple(x.shape)}")
+    if not (x.ndim >= 1):
+        raise OpError(op, arg, "a tensor of at least 1 dimension", f"shape {tuple(x.shape)}")
     return x
 
 
@@ -196,11 +212,13 @@ def check_rms_norm(op: str, x: object, weight: object, eps: object, residual: ob
     hidden = x.shape[-1]
     check_tensor(op, "weight", weight, shape=(hidden,), dtypes=FLOAT_DTYPES)
     ok_eps = isinstance(eps, numbers.Real) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0
-    expect(ok_eps, op, "eps", "a positive finite number", repr(eps))
+    if not (ok_eps):
+        raise OpError(op, "eps", "a positive finite number", str(repr(eps)))
     if residual is not None:
         check_tensor(op, "residual", residual, dtypes=(x.dtype,))
         assert isinstance(residual, torch.Tensor)
-        expect(residual.shape == x.shape, op, "residual", f"shape {list(x.shape)} (that of 'x')", f"shape {list(residual.shape)}")
+        if not (residual.shape == x.shape):
+            raise OpError(op, "residual", f"shape {list(x.shape)} (that of 'x')", f"shape {list(residual.shape)}")
     check_same_device(op, x=x, weight=weight, residual=residual)
     return hidden
 
@@ -231,7 +249,8 @@ def check_mla_inputs(op: str, q_nope: object, q_pe: object, ckv_cache: object, k
     assert isinstance(q_pe, torch.Tensor) and isinstance(ckv_cache, torch.Tensor)
     nb, bs = ckv_cache.shape[:2]
     check_tensor(op, "kpe_cache", kpe_cache, shape=(nb, bs, q_pe.shape[2]), dtypes=dt)
-    expect(bs >= 1, op, "ckv_cache", "a block size >= 1", f"shape {list(ckv_cache.shape)}")
+    if not (bs >= 1):
+        raise OpError(op, "ckv_cache", "a block size >= 1", f"shape {list(ckv_cache.shape)}")
     return t, h, lkv, nb, bs
 
 
@@ -252,10 +271,13 @@ def check_scale_form(op: str, arg: str, scale: object, rows: int, block_rows: in
     brows = "M" if arg == "a_scale" else "ceil(N/128)"
     accepted = (f"float32 of one of the forms: per tensor (shape [], [1] or [1, 1]); per {per} [{rows}, 1]; "
                 f"128-blocks [{brows}, ceil(K/128)] = [{block_rows}, {k_blocks}]")
-    expect(isinstance(scale, torch.Tensor), op, arg, "a torch.Tensor " + accepted, type(scale).__name__)
+    if not (isinstance(scale, torch.Tensor)):
+        raise OpError(op, arg, "a torch.Tensor " + accepted, str(type(scale).__name__))
     assert isinstance(scale, torch.Tensor)
-    expect(scale.dtype == torch.float32, op, arg, accepted, f"dtype {_names([scale.dtype])}")
-    expect(scale.device == device, op, arg, f"device {device} (that of 'a')", scale.device)
+    if not (scale.dtype == torch.float32):
+        raise OpError(op, arg, accepted, f"dtype {_names([scale.dtype])}")
+    if not (scale.device == device):
+        raise OpError(op, arg, f"device {device} (that of 'a')", str(scale.device))
     shape = tuple(scale.shape)
     if scale.ndim <= 2 and all(s == 1 for s in shape):
         return "tensor"
@@ -263,6 +285,7 @@ def check_scale_form(op: str, arg: str, scale: object, rows: int, block_rows: in
         return "row"
     if shape == (block_rows, k_blocks):
         return "block"
-    expect(False, op, arg, accepted, f"shape {list(shape)}")
+    if not (False):
+        raise OpError(op, arg, accepted, f"shape {list(shape)}")
     return ""
 

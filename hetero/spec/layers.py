@@ -6,8 +6,9 @@ import numbers
 
 import torch
 
+from hetero.errors import OpError
 from hetero.spec._op import Output, spec_op
-from hetero.spec.checks import check_same_device, check_tensor, expect
+from hetero.spec.checks import check_same_device, check_tensor
 
 __all__ = ["rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"]
 
@@ -73,15 +74,18 @@ def check_rms_norm_options(op: str, x: torch.Tensor, residual: object, weight_of
     """The 1.2 options of rms_norm (after ``hetero.spec.checks.check_rms_norm`` checked x):
     raises ``hetero.OpError`` naming the argument at fault."""
     ok_offset = isinstance(weight_offset, numbers.Real) and not isinstance(weight_offset, bool)
-    expect(ok_offset and math.isfinite(weight_offset), op, "weight_offset", "a finite number", repr(weight_offset))
-    expect(gate_act in GATE_ACTS, op, "gate_act", " or ".join(map(repr, GATE_ACTS)), repr(gate_act))
+    if not (ok_offset and math.isfinite(weight_offset)):
+        raise OpError(op, "weight_offset", "a finite number", str(repr(weight_offset)))
+    if not (gate_act in GATE_ACTS):
+        raise OpError(op, "gate_act", " or ".join(map(repr, GATE_ACTS)), str(repr(gate_act)))
     if gate is None:
         return
-    expect(residual is None, op, "gate", "None when 'residual' is given (the gated norm has no residual add)",
-           "a tensor")
+    if residual is not None:
+        raise OpError(op, "gate", "None when 'residual' is given (the gated norm has no residual add)", "a tensor")
     check_tensor(op, "gate", gate, dtypes=(x.dtype,))
     assert isinstance(gate, torch.Tensor)
-    expect(gate.shape == x.shape, op, "gate", f"shape {list(x.shape)} (that of 'x')", f"shape {list(gate.shape)}")
+    if not (gate.shape == x.shape):
+        raise OpError(op, "gate", f"shape {list(x.shape)} (that of 'x')", f"shape {list(gate.shape)}")
     check_same_device(op, x=x, gate=gate)
 
 

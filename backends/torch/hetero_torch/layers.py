@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hetero.errors import OpError
 from hetero.spec._checks_dsa import check_layer_norm
-from hetero.spec.checks import check_at_least_1d, check_rms_norm, check_rotary, expect
+from hetero.spec.checks import check_at_least_1d, check_rms_norm, check_rotary
 from hetero.spec.layers import check_rms_norm_options
 from hetero.spec.types import FLOAT_DTYPES
 
@@ -85,7 +86,8 @@ def silu_and_mul(x):
     op = "silu_and_mul"
     check_at_least_1d(op, "x", x, FLOAT_DTYPES)
     width = x.shape[-1]
-    expect(width % 2 == 0, op, "x", "an even last dimension (2I)", f"shape {list(x.shape)}")
+    if not (width % 2 == 0):
+        raise OpError(op, "x", "an even last dimension (2I)", f"shape {list(x.shape)}")
     a = x.to(acc_dtype(x))
     gate, up = a.chunk(2, dim=-1)
     return (F.silu(gate) * up).to(x.dtype)
