@@ -56,3 +56,31 @@ def test_unwritten_cache_slots_never_reach_the_output():
     out = ops.paged_attention(q, k, v, meta, scale=0.25)
     ref = hetero.load("cpu_ref").paged_attention(q, k, v, meta, scale=0.25)
     assert torch.isfinite(out).all() and torch.allclose(out, ref, atol=1e-5)
+
+
+def test_a_reused_weight_is_packed_once_and_repacked_when_it_changes():
+    """gemm on a CPU float32 weight seen twice goes through its oneDNN-packed copy: the same product
+    (float64 reference), and an in-place update of the weight is seen, never a stale copy."""
+    from hetero_torch import _gemm_packed
+    from hetero_torch.gemm import gemm
+
+    if not _gemm_packed.PACK_WEIGHTS:
+        pytest.skip("oneDNN packing is off here (HETERO_TORCH_PACK_WEIGHTS=0 or no mkldnn)")
+    gen = torch.Generator().manual_seed(0)
+    a, w, bias = torch.randn(7, 64, generator=gen), torch.randn(48, 64, generator=gen), torch.randn(48, generator=gen)
+
+    def check(x, packed):
+        out = gemm(x, w, bias=bias)
+        ref = x.double() @ w.double().T + bias.double()
+        assert out.shape == ref.shape
+        err = (out.double() - ref).abs().max().item() if ref.numel() else 0.0
+        assert err < 1e-4, f"rows {x.shape[0]}: max error {err} (packed: {packed})"
+        assert (getattr(w, "_hetero_torch_packed")[1] is not None) == packed
+
+    check(a, False)  # seen once: F.linear
+    check(a, True)  # seen again: packed
+    w.mul_(-2.0)  # a new version: seen once, then repacked
+    check(a, False)
+    check(a, True)
+    check(a[:1], True)
+    check(a[:0], True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec.checks import expect
+from hetero.errors import OpError
 from hetero.spec.types import AttentionMeta
 
 from hetero_torch._attention_core import acc_dtype, attend, sdpa
@@ -35,10 +35,12 @@ def decode(op: str, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
            return_lse: bool):
     """The op's result for a decode batch, written into res [B, Hq, Dv] (and lse float32 [B, Hq])."""
     nb, bs = k_cache.shape[:2]
-    length = max(int(meta.max_seq_len), 1)
+    # no int() or message built from the length: under torch.compile it stays a symbolic size
+    length = meta.max_seq_len if meta.max_seq_len >= 1 else 1
     cols = meta.block_table.shape[1]
-    expect(cols * bs >= length, op, "meta.block_table", f"at least {-(-length // bs)} columns for max_seq_len "
-           f"{length} with block size {bs}", cols)
+    if cols * bs < length:
+        raise OpError(op, "meta.block_table", f"at least {-(-length // bs)} columns for max_seq_len {length} "
+                      f"with block size {bs}", str(cols))
     lens = meta.seq_lens.to(torch.int64).clamp(1, length)
     slots = key_slots(meta.block_table, None, lens, length, nb, bs)
     k, v = gather_slots(k_cache, slots), gather_slots(v_cache, slots)

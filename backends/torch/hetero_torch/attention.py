@@ -40,13 +40,23 @@ __all__ = [
 ]
 
 
-def _scatter(dst: torch.Tensor, src: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def _scatter_slots(dst: torch.Tensor, src: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """dst[slot // BS, slot % BS] = src[t] for every token t whose slot is in [0, NB*BS) (-1 skips a
     token; a slot out of range, possible only with validation off, is skipped too), in one index_put_."""
     keep = (slot_mapping >= 0) & (slot_mapping < dst.shape[0] * dst.shape[1])
     slots = slot_mapping[keep]
     bs = dst.shape[1]
     dst.index_put_((slots // bs, slots % bs), src[keep].to(dst.dtype))
+
+
+# torch.compile sees the scatter as one opaque op: selecting the kept slots has a data-dependent
+# size, which would break the graph at every layer. Eager calls skip the custom op's dispatch.
+_scatter_op = torch.library.custom_op("hetero_torch::scatter_slots", _scatter_slots, mutates_args=("dst",))
+_scatter_op.register_fake(lambda dst, src, slot_mapping: None)
+
+
+def _scatter(dst: torch.Tensor, src: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    (_scatter_op if torch.compiler.is_compiling() else _scatter_slots)(dst, src, slot_mapping)
 
 
 # ----------------------------------------------------------------------------- writes

@@ -16,6 +16,7 @@ from hetero.spec.checks import check_group_ends, check_same_device, check_tensor
 from hetero.spec.types import FLOAT_DTYPES
 
 from hetero.spec._checks_gemm import check_bias, check_operands, check_out_dtype, check_scaled_gemm
+from hetero_torch._gemm_packed import packed_linear
 from hetero_torch._gemm_quant import quantize, scaled_grouped_product, scaled_product
 from hetero_torch._gemm_grouped import grouped_matmul
 from hetero_torch._layers_util import acc_dtype
@@ -31,7 +32,8 @@ def gemm(a, b, *, bias=None, out_dtype=None):
     check_bias(op, bias, b.shape[0], FLOAT_DTYPES, a.device)
     native = a.dtype != torch.float16 or a.device.type != "cpu"  # torch's CPU float16 GEMM is not float32-accumulated
     if native and out_dtype == a.dtype and (bias is None or bias.dtype == a.dtype):
-        return F.linear(a, b, bias)
+        out = packed_linear(a, b, bias)
+        return F.linear(a, b, bias) if out is None else out
     acc = acc_dtype(a, b, bias)
     return F.linear(a.to(acc), b.to(acc), None if bias is None else bias.to(acc)).to(out_dtype)
 
