@@ -168,7 +168,8 @@ def _command(args: argparse.Namespace, dtype: str) -> str:
     return (f"hetero bench-engine --model {args.model} --backend {args.backend or '(auto)'} --dtype {dtype} "
             f"--num-requests {args.num_requests} --input-len {args.input_len} --output-len {args.output_len} "
             f"--seed {args.seed} --max-num-seqs {args.max_num_seqs} --block-size {args.block_size} "
-            f"--warmup {args.warmup}" + (f" --threads {args.threads}" if getattr(args, "threads", None) else ""))
+            f"--warmup {args.warmup}" + (f" --threads {args.threads}" if getattr(args, "threads", None) else "")
+            + (" --compile" if getattr(args, "compile", False) else ""))
 
 
 def _setup(args: argparse.Namespace, registry: Any) -> tuple[Workload, Any, dict[str, Any]]:
@@ -181,11 +182,13 @@ def _setup(args: argparse.Namespace, registry: Any) -> tuple[Workload, Any, dict
     workload = Workload(args.num_requests, _range("--input-len", args.input_len), _range("--output-len", args.output_len),
                         args.seed)
     cfg = EngineConfig(model=args.model, backend=args.backend, dtype=args.dtype or "auto", block_size=args.block_size,
-                       max_num_seqs=args.max_num_seqs).resolve()
+                       max_num_seqs=args.max_num_seqs, compile=args.compile).resolve()
     if workload.max_len > cfg.max_model_len:
         raise UsageError(f"--input-len and --output-len can draw sequences of {workload.max_len} tokens, longer than "
                          f"the model's {cfg.max_model_len} (max_position_embeddings)")
     engine = {"dtype": cfg.dtype, "block_size": cfg.block_size, "max_num_seqs": cfg.max_num_seqs}
+    if cfg.compile:  # only then: baselines saved before the option stay comparable
+        engine["compile"] = True
     return workload, cfg, bench_environment(registry, args.backend, args.model, workload, engine)
 
 
@@ -218,7 +221,7 @@ def bench_engine(args: argparse.Namespace, registry: Any, console: Console) -> i
     workload, cfg, env = _setup(args, registry)
     saved = _baseline(args.compare, env) if args.compare else None
     llm = LLM(args.model, backend=args.backend, dtype=cfg.dtype, block_size=cfg.block_size,
-              max_num_seqs=cfg.max_num_seqs)
+              max_num_seqs=cfg.max_num_seqs, compile=cfg.compile)
     run = run_workload(llm, workload, args.warmup)
     runs = [summarize(run.outputs, run.stats, run.elapsed)]
     model = env["model"]

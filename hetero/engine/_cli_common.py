@@ -7,7 +7,7 @@ from rich.console import Console
 
 from hetero.errors import UsageError
 
-__all__ = ["EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "model_args", "token_ids", "show_quantization"]
+__all__ = ["EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "model_args", "compile_arg", "token_ids", "show_quantization"]
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -19,6 +19,12 @@ def model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", default=None, metavar="METHOD",
                    help="the quant_method the checkpoint must declare (fp8, compressed-tensors, none); "
                         "a quantized checkpoint's detected format is printed to stderr either way")
+
+
+def compile_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the forward of decode-only steps (CUDA graphs on CUDA); the registry's "
+                        "value checks are off for the run")
 
 
 def token_ids(text: str) -> list[int]:

@@ -9,15 +9,15 @@ from typing import Any
 from rich.console import Console
 
 from hetero.engine._check_cli import add_check_parser
-from hetero.engine._cli_common import EXIT_OK, model_args, show_quantization, token_ids
+from hetero.engine._cli_common import EXIT_OK, compile_arg, model_args, show_quantization, token_ids
 from hetero.errors import UsageError
 
 __all__ = ["add_parsers"]
 
 # SamplingParams / EngineConfig fields each command passes on from its option of the same name
-_GENERATE_API = ("model", "backend", "dtype", "block_size", "max_num_seqs", "tensor_parallel_size",
+_GENERATE_API = ("model", "backend", "dtype", "block_size", "max_num_seqs", "tensor_parallel_size", "compile",
                  "max_tokens", "temperature", "top_k", "top_p", "seed", "logprobs")
-_BENCH_API = ("model", "backend", "dtype", "block_size", "max_num_seqs", "num_requests")
+_BENCH_API = ("model", "backend", "dtype", "block_size", "max_num_seqs", "compile", "num_requests")
 
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser("generate", help="run a Hugging Face checkpoint through the reference engine",
@@ -36,6 +36,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks; launch with torchrun --nproc-per-node N")
     p.add_argument("--expert-parallel", action="store_true", help="split MoE experts over the ranks instead of their columns")
+    compile_arg(p)
     p.add_argument("--logprobs", type=int, default=None, metavar="K",
                    help="report the K most likely tokens' logprobs (and the sampled one's) at each generated token, "
                         "from the logits before any sampling transform")
@@ -101,6 +102,7 @@ def _add_bench_parser(sub: Any) -> None:
     p.add_argument("--output-len", default="32:128", metavar="MIN:MAX", help="output lengths, inclusive (default 32:128)")
     p.add_argument("--seed", type=int, default=0, help="seed of the lengths and prompt tokens (default 0)")
     p.add_argument("--max-num-seqs", type=int, default=64)
+    compile_arg(p)
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="warm-up requests before measuring (default 2)")
     p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads for the run (default: torch's own); "
                                                            "part of a CPU's baseline key, fewer are steadier on a shared machine")
@@ -135,7 +137,7 @@ def _cmd_generate(args: argparse.Namespace, registry: Any, console: Console) -> 
     show_quantization(args)
     llm = LLM(args.model, backend=args.backend, dtype=args.dtype or "auto", block_size=args.block_size,
               max_num_seqs=args.max_num_seqs, tensor_parallel_size=args.tensor_parallel_size,
-              expert_parallel=args.expert_parallel)
+              expert_parallel=args.expert_parallel, compile=args.compile)
     outputs = llm.generate(prompts, params)
     if args.tensor_parallel_size > 1:
         import torch.distributed as dist

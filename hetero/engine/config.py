@@ -50,6 +50,9 @@ class EngineConfig:
     - ``tensor_parallel_size`` / ``expert_parallel``: ranks (launch with torchrun) and
       whether MoE experts are split over them.
     - ``device``: device of the backend (None: its default); ``seed``: sampling seed.
+    - ``compile``: run decode-only steps through ``torch.compile`` of the model's forward
+      (``hetero.engine.runtime.compiled``), with the registry's value checks off; outputs stay
+      those of eager.
 
     ``resolve()`` fills ``max_model_len`` and ``dtype`` from the checkpoint's config.
     """
@@ -69,6 +72,7 @@ class EngineConfig:
     expert_parallel: bool = False
     device: str | torch.device | None = None
     seed: int = 0
+    compile: bool = False
     hf_config: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -84,7 +88,7 @@ class EngineConfig:
         for name, minimum in (("max_model_len", 1), ("num_kv_blocks", 1), ("num_state_snapshots", 0)):
             if getattr(self, name) is not None:
                 _int(name, getattr(self, name), minimum)
-        for name in ("enable_prefix_caching", "expert_parallel"):
+        for name in ("enable_prefix_caching", "expert_parallel", "compile"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, "True or False", getattr(self, name))
         if self.device is not None and not isinstance(self.device, (str, torch.device)):

@@ -7,6 +7,7 @@ import hetero
 from hetero.engine.config import EngineConfig
 from hetero.engine.forward import build_model
 from hetero.engine.parallel import Parallel
+from hetero.engine.runtime.compiled import CompiledForward
 from hetero.engine.runtime.kv_cache import allocate_kv_cache, bytes_per_block, bytes_per_state_slot
 from hetero.engine.runtime.sampler import Sampler
 from hetero.engine.runtime.sequence import Sequence
@@ -25,14 +26,17 @@ class ModelRunner:
     parallelism); every rank runs the plan rank 0 broadcast, and the tokens sampled
     on rank 0 are broadcast so that all ranks append the same ones. Step tensors
     live in persistent buffers sized by the config (``StepBuffers``): a step's
-    tensors are views, valid until the next one.
+    tensors are views, valid until the next one. With ``config.compile`` the forward of
+    decode-only steps is compiled (``CompiledForward``).
     """
 
     def __init__(self, config: EngineConfig, comm: Communicator | None = None):
         if config.hf_config is None:
             config = config.resolve()
         self.config = config
-        self.ops = hetero.load(config.backend, device=config.device)
+        # compiled: no registry value checks (they read tensors on the host, splitting the graph at
+        # every op); the engine builds every index itself and backends keep reads inside the tensors
+        self.ops = hetero.load(config.backend, device=config.device, validate=False if config.compile else None)
         self.device = torch.device(self.ops.device)
         self.parallel = Parallel(comm, config.expert_parallel)
         self.dtype = config.torch_dtype
@@ -48,6 +52,7 @@ class ModelRunner:
         self.buffers = StepBuffers(config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
                                    self.block_size, self.device, has_state=bool(self.num_state_slots))
         self.sampler = Sampler(config.seed)
+        self.forward = CompiledForward(self.model, self.device) if config.compile else self.model
 
     @property
     def rank(self) -> int:
@@ -67,7 +72,7 @@ class ModelRunner:
                 return []
             step, input_ids = self.buffers.fill(plan.query_lens, plan.seq_lens, plan.block_tables, plan.sample,
                                                 plan.state_slots, plan.input_ids)
-            hidden = self.model(input_ids, step.positions, step)
+            hidden = self.forward(input_ids, step.positions, step)
             if step.logits_indices.numel() == 0:
                 return []
             logits = self.model.compute_logits(hidden[step.logits_indices])

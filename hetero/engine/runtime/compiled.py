@@ -1,0 +1,60 @@
+"""The model's forward under torch.compile, for the steps where one graph fits: decode-only steps.
+
+A decode-only step (every sequence one query row, no prefill span) has a fixed structure whatever
+its batch size and lengths, so one graph serves them all: the batch dimension of the step's
+tensors is marked dynamic before each call, and the lengths (``max_seq_len``) become symbolic
+after the first recompile (Dynamo's automatic dynamic ints). A batch of one sequence gets its own
+graph (sizes 0 and 1 are always specialized). Steps with prefill rows, and forwards that capture
+hidden states, run eager: their structure changes with every mix of chunks.
+
+Ops are traced when their code is traceable (the ``torch`` backend); what a backend makes opaque
+(a ``torch.library.custom_op``, as hetero-torch's KV scatter) stays one node, and what Dynamo
+cannot trace runs between graphs, eagerly. Mode: "reduce-overhead" (CUDA graphs recorded per
+batch size) on CUDA, Inductor's default elsewhere. ``torch.compile`` itself is lazy: the first
+decode step of each kind compiles, and ``compiled_steps`` / ``eager_steps`` count what ran how.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hetero.engine.step import Step
+
+__all__ = ["CompiledForward"]
+
+
+def _batch_tensors(step: Step, input_ids: torch.Tensor | None) -> list[torch.Tensor]:
+    """The tensors whose first dimension is the step's batch (or batch + 1)."""
+    metas = [m for m in (step.meta, step.decode_meta) if m is not None]
+    found = [input_ids, step.positions, step.slot_mapping, step.state_slots, step.has_initial_state,
+             *(t for m in metas for t in (m.query_start_loc, m.seq_lens, m.block_table))]
+    return [t for t in found if t is not None]
+
+
+class CompiledForward:
+    """Calls ``model``'s forward compiled for decode-only steps and eager otherwise.
+
+    ``mode``: torch.compile's mode; None picks "reduce-overhead" on CUDA and the default elsewhere.
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device, mode: str | None = None):
+        self.model = model
+        if mode is None and device.type == "cuda":
+            mode = "reduce-overhead"
+        self.mode = mode
+        self._compiled = torch.compile(model.forward, dynamic=None, mode=mode)
+        self.compiled_steps = self.eager_steps = 0
+
+    @staticmethod
+    def fits(step: Step) -> bool:
+        """Whether ``step`` is decode-only (the compiled graph's kind)."""
+        return step.prefill is None and step.num_decodes == step.num_tokens > 0
+
+    def __call__(self, input_ids: torch.Tensor | None, positions: torch.Tensor, step: Step) -> torch.Tensor:
+        if not self.fits(step):
+            self.eager_steps += 1
+            return self.model(input_ids, positions, step)
+        for t in _batch_tensors(step, input_ids):
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+        self.compiled_steps += 1
+        return self._compiled(input_ids, positions, step)
