@@ -82,8 +82,9 @@ def hetero_worker(config: Config, model: str, device: str, requests: int, seed: 
         return {"unavailable": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
     result = _result(time.perf_counter() - start, torch.get_num_threads())
     vocab = llm.config.hf_config.vocab_size
-    warm, _ = vllm_route.workload(2, vocab, seed + 1000)
-    llm.generate(warm, [SamplingParams(max_tokens=8)] * 2, progress=False)
+    # batches of 4 down to 1 over several lengths: a compiled config builds all its graphs here
+    warm, _ = vllm_route.workload(4, vocab, seed + 1000)
+    llm.generate(warm, [SamplingParams(max_tokens=8 * (i + 1)) for i in range(4)], progress=False)
     for i in range(inner):
         prompts, out_lens = workload(requests, vocab, seed + i, max_tokens)
         params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in out_lens]
