@@ -66,8 +66,10 @@ def test_failed_and_unavailable_configs_are_rows_not_crashes(script):
                script.Config("vllm-compiled", "vllm", compiled=True), script.Config("hf-batched", "hf")]
     runs = {"hetero-torch": [ok, ok], "vllm-eager": [other], "vllm-compiled": [{"unavailable": "no vLLM"}],
             "hf-batched": [{"failed": "rc 1: boom"}]}
-    rows = {r["name"]: r for r in script._rows("qwen3", configs, runs)}
+    from _engine_report import model_rows, verdict
+
+    rows = {r["name"]: r for r in model_rows("qwen3", configs, runs)}
     assert rows["hetero-torch"]["identical"] == 1 and rows["hetero-torch"]["reference"] == "vllm-eager"
     assert rows["hetero-torch"]["x_vllm-eager"] == 2.0 and "x_vllm-compiled" not in rows["hetero-torch"]
     assert rows["vllm-compiled"]["status"] == "unavailable" and rows["hf-batched"]["status"] == "FAILED"
-    assert "hetero-torch 100 tok/s = 2.00x vllm-eager" in script.verdict(list(rows.values()), "qwen3")
+    assert "hetero-torch 100 tok/s = 2.00x vllm-eager" in verdict(list(rows.values()), "qwen3")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hetero_torch._gemm_packed import packed_grouped
+
 __all__ = ["grouped_matmul", "row_groups", "used_groups"]
 
 _GROUPED_MM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -66,6 +68,8 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, ends_t: torch.Tensor, ends:
         out = _fast(a, b, ends_t, wide=True)
         if out is None:
             a, b = a.float(), b.float()  # one rounding, to out_dtype
+    if out is None and out_dtype == a.dtype:
+        out = packed_grouped(a, b, ends)  # CPU float32: faster than grouped_mm's one MKL GEMM per group
     out = _fast(a, b, ends_t) if out is None else out
     if out is not None:
         out = out.to(out_dtype)

@@ -1,8 +1,9 @@
 """CPU float32 GEMMs through oneDNN's packed weight layout.
 
-At decode-sized row counts, a weight that does not fit in cache is read faster from oneDNN's
-blocked layout than by MKL's GEMM from the plain one (1.4-2.7x at 1-64 rows measured on the
-build machine, equal at hundreds of rows). A weight seen a second time at the same version
+At decode-sized row counts oneDNN's GEMM on its blocked layout beats MKL's on the plain one
+(1.4-2.7x at 1-64 rows on the build machine, equal at hundreds of rows; ``benchmarks/packed_gemm.py``),
+and per expert it beats CPU ``grouped_mm``, which runs one MKL GEMM per group (1.2-1.4x at a
+decode step's 16-128 rows over 8 experts). A weight seen a second time at the same version
 (``Tensor._version``) and address is packed once; the packed copy lives on the tensor itself, so
 it goes with the weight, and an in-place update of the weight repacks it. The copy doubles that
 weight's memory: ``HETERO_TORCH_PACK_WEIGHTS=0`` turns packing off.
@@ -13,37 +14,61 @@ import os
 
 import torch
 
-__all__ = ["packed_linear", "PACK_WEIGHTS"]
+__all__ = ["packed_linear", "packed_grouped", "PACK_WEIGHTS"]
 
 #: whether reused CPU float32 weights are packed (read once, at import)
 PACK_WEIGHTS = os.environ.get("HETERO_TORCH_PACK_WEIGHTS", "1") != "0" and torch.backends.mkldnn.is_available()
 _ATTR = "_hetero_torch_packed"
+#: packed_linear's domain: at most this many rows, weights of at least this many elements
+MAX_ROWS, MIN_WEIGHT = 256, 1 << 18
 
 
 def _fits(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> bool:
     return (PACK_WEIGHTS and a.device.type == "cpu" and a.dtype == torch.float32 and b.dtype == torch.float32
-            and b.dim() == 2 and b.is_contiguous() and b.numel() > 0 and not b.requires_grad
+            and b.dim() in (2, 3) and b.is_contiguous() and b.numel() > 0 and not b.requires_grad
             and (bias is None or bias.dtype == torch.float32) and not torch.compiler.is_compiling())
 
 
-def _packed(b: torch.Tensor) -> torch.Tensor | None:
-    """b's packed copy; None the first time b is seen at this version (a one-off operand is not packed)."""
+def _packed(b: torch.Tensor):
+    """b's packed copy (for b [G, N, K], one per group); None the first time b is seen at this version
+    (a one-off operand is not packed)."""
     key = (b._version, b.data_ptr(), tuple(b.shape))
     seen = getattr(b, _ATTR, None)
     if seen is None or seen[0] != key:
         setattr(b, _ATTR, (key, None))
         return None
     if seen[1] is None:
-        seen = (key, torch.ops.mkldnn._reorder_linear_weight(b, 64))
+        pack = lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 64)  # noqa: E731
+        seen = (key, pack(b) if b.dim() == 2 else [pack(w) for w in b])
         setattr(b, _ATTR, seen)
     return seen[1]
 
 
 def packed_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """a @ b.T (+ bias) from b's packed copy, or None where packing does not apply (then F.linear runs)."""
-    if not _fits(a, b, bias):
+    # measured (benchmarks/packed_gemm.py): a small weight, or a prefill's hundreds of rows, is as
+    # fast or faster through MKL
+    if not _fits(a, b, bias) or a.shape[0] > MAX_ROWS or b.numel() < MIN_WEIGHT:
         return None
     packed = _packed(b)
     if packed is None:
         return None
     return torch.ops.mkldnn._linear_pointwise(a, packed, bias, "none", [], "")
+
+
+def packed_grouped(a: torch.Tensor, b: torch.Tensor, ends: list[int]) -> torch.Tensor | None:
+    """Rows [ends[g-1], ends[g]) of ``a @ b[g].T`` (b [G, N, K]) from each group's packed copy, one
+    product per group that owns rows; rows past ends[-1] are left unwritten. None where packing
+    does not apply (then torch's grouped_mm runs)."""
+    if b.dim() != 3 or not _fits(a, b, None):
+        return None
+    packed = _packed(b)
+    if packed is None:
+        return None
+    out = a.new_empty(a.shape[0], b.shape[1])
+    start = 0
+    for g, end in enumerate(ends):
+        if end > start:
+            out[start:end] = torch.ops.mkldnn._linear_pointwise(a[start:end], packed[g], None, "none", [], "")
+        start = end
+    return out
