@@ -171,15 +171,23 @@ def test_indexer_topk_matches_reference(tune, case, fmt):
 
 def test_indexer_topk_exact_ties_go_to_smaller_positions(tune):
     """Keys repeated across positions score exactly alike, and keys every head sees negatively score
-    exactly 0: the selection keeps the larger score, then the smaller position, bit for bit."""
+    exactly 0: the selection keeps the larger score, then the smaller position, bit for bit.
+
+    Every value is a multiple of 1/64 (weights of 1/16) small enough that each product and partial
+    sum is exact in float32: a tie stays a tie whatever order or alignment a machine's dot product
+    sums in (numpy's float32 dot under the interpreter rounds by alignment on some CPUs)."""
     g = _gen(4)
     bs, hi, d = 4, 3, 32
-    base = torch.randn(3, d, generator=g)
+
+    def dyadic(x, step):
+        return torch.round(x * step) / step
+
+    base = dyadic(torch.randn(3, d, generator=g), 8)
     base[2] = -base[2]
     pattern = torch.randint(0, 3, (30,), generator=g)
-    q = base[0].repeat(6, hi, 1) + 0.01 * torch.randn(6, hi, d, generator=g)
+    q = dyadic(base[0].repeat(6, hi, 1) + 0.05 * torch.randn(6, hi, d, generator=g), 64)
     q[:, 0] = base[1]
-    w = torch.rand(6, hi, generator=g) + 0.1  # positive: keys opposed to every head score exactly 0
+    w = dyadic(torch.rand(6, hi, generator=g) + 0.1, 16)  # positive: keys opposed to every head score exactly 0
     meta = _meta([6], [30], bs, 10, g)
     cache = torch.zeros(10, bs, d)
     for j in range(30):
