@@ -1,13 +1,12 @@
-"""AttentionMeta for the Triton launchers: the cheap checks (no values read) and, for the row-wise
-DSA kernels, each query row's (sequence, position), computed on the device without a host sync."""
+"""AttentionMeta for the row-wise DSA kernels: each query row's (sequence, position), computed on the
+device without a host sync (the metadata's cheap checks are ``hetero.spec._checks_meta``)."""
 from __future__ import annotations
 
 import torch
 
-from hetero.spec._checks_meta import check_meta_shapes
 from hetero.spec.types import AttentionMeta
 
-__all__ = ["check_meta_shapes", "row_positions"]
+__all__ = ["row_positions"]
 
 
 def row_positions(meta: AttentionMeta, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,10 +41,10 @@ from typing import Any
 
 import torch
 
-from hetero.kernels._meta import check_meta_shapes
 from hetero.kernels._triton import triton_modules
 from hetero.kernels.tuning import Tuning
 from hetero.spec._checks_dsa import check_topk_indices
+from hetero.spec._checks_meta import check_meta_shapes
 from hetero.spec.checks import INDEX_DTYPES, check_mla_inputs, check_same_device, check_tensor, expect, meta_tensors
 from hetero.spec.types import AttentionMeta
 

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from hetero.kernels import _indexer_kernels as ik
-from hetero.kernels._meta import check_meta_shapes, row_positions
+from hetero.kernels._meta import row_positions
+from hetero.spec._checks_meta import check_meta_shapes
 from hetero.kernels._rounding import rne_bf16
 from hetero.kernels._sparse_mla_kernel import sparse_mla_kernel
 from hetero.kernels._triton import triton_modules

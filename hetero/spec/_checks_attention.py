@@ -51,14 +51,14 @@ def _is_int(x: object) -> bool:
 
 
 def check_flag(op: str, arg: str, x: object) -> bool:
-    if not (isinstance(x, bool)):
-        raise OpError(op, arg, "a bool", str(repr(x)))
+    if not isinstance(x, bool):
+        raise OpError(op, arg, "a bool", repr(x))
     return bool(x)
 
 
 def check_int(op: str, arg: str, x: object, minimum: int) -> int:
     if not (_is_int(x) and x >= minimum):
-        raise OpError(op, arg, f"an int >= {minimum}", str(repr(x)))
+        raise OpError(op, arg, f"an int >= {minimum}", repr(x))
     return int(x)
 
 
@@ -67,16 +67,16 @@ def check_options(
 ) -> tuple[float, tuple[int, int], float]:
     """scale a finite float, window a pair of ints >= -1, softcap a finite float >= 0, flags bools."""
     if not (_is_real(scale) and math.isfinite(scale)):
-        raise OpError(op, "scale", "a finite float", str(repr(scale)))
+        raise OpError(op, "scale", "a finite float", repr(scale))
     check_flag(op, "causal", causal)
     check_flag(op, "return_lse", return_lse)
     pair = isinstance(window, (tuple, list)) and len(window) == 2
     if not (pair and all(_is_int(w) for w in window)):
-        raise OpError(op, "window", "a pair of ints (left, right)", str(repr(window)))
+        raise OpError(op, "window", "a pair of ints (left, right)", repr(window))
     if not (min(window) >= -1):
-        raise OpError(op, "window", "sizes >= 0, or -1 for unbounded", str(repr(window)))
+        raise OpError(op, "window", "sizes >= 0, or -1 for unbounded", repr(window))
     if not (_is_real(softcap) and math.isfinite(softcap) and softcap >= 0):
-        raise OpError(op, "softcap", "a finite float >= 0 (0 disables)", str(repr(softcap)))
+        raise OpError(op, "softcap", "a finite float >= 0 (0 disables)", repr(softcap))
     return float(scale), (int(window[0]), int(window[1])), float(softcap)
 
 

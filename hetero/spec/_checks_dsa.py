@@ -78,11 +78,11 @@ def check_indexer_inputs(op: str, q: object, weights: object, index_cache: objec
     t, hi, d = q.shape
     check_tensor(op, "weights", weights, shape=(t, hi), dtypes=SCALE_DTYPES)
     nb, bs = _check_index_cache(op, index_cache, index_scale, d, q.dtype)
-    if not (isinstance(meta, AttentionMeta)):
-        raise OpError(op, "meta", "an AttentionMeta", str(type(meta).__name__))
+    if not isinstance(meta, AttentionMeta):
+        raise OpError(op, "meta", "an AttentionMeta", type(meta).__name__)
     ok = isinstance(topk, numbers.Integral) and not isinstance(topk, bool) and topk >= 1
-    if not (ok):
-        raise OpError(op, "topk", "an int >= 1", str(repr(topk)))
+    if not ok:
+        raise OpError(op, "topk", "an int >= 1", repr(topk))
     check_same_device(op, q=q, weights=weights, index_cache=index_cache, index_scale=index_scale, **meta_tensors(meta))
     return t, hi, d, nb, bs, int(topk)  # type: ignore[arg-type]
 
@@ -112,7 +112,7 @@ def check_layer_norm(op: str, x: object, weight: object, bias: object, eps: obje
     if bias is not None:
         check_tensor(op, "bias", bias, shape=(hidden,), dtypes=dtypes)
     ok = isinstance(eps, numbers.Real) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0
-    if not (ok):
-        raise OpError(op, "eps", "a positive finite number", str(repr(eps)))
+    if not ok:
+        raise OpError(op, "eps", "a positive finite number", repr(eps))
     check_same_device(op, x=x, weight=weight, bias=bias)
     return hidden

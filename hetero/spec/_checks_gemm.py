@@ -44,7 +44,7 @@ def check_operands(op: str, a: object, b: object, dtypes: tuple[torch.dtype, ...
 
 
 def check_out_dtype(op: str, out_dtype: object, allowed: tuple[torch.dtype, ...]) -> None:
-    if not (out_dtype in allowed):
+    if out_dtype not in allowed:
         raise OpError(op, "out_dtype", "one of " + ", ".join(_dt(d) for d in allowed), str(_dt(out_dtype)))
 
 

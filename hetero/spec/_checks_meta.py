@@ -20,9 +20,8 @@ def _int(x: object) -> bool:
 
 def check_meta_shapes(op: str, meta: object, num_tokens: int) -> AttentionMeta:
     """Types, ranks, dtypes and sizes of the metadata, no values read (no host sync)."""
-    if not (isinstance(meta, AttentionMeta)):
-        raise OpError(op, "meta", "an AttentionMeta", str(type(meta).__name__))
-    assert isinstance(meta, AttentionMeta)
+    if not isinstance(meta, AttentionMeta):
+        raise OpError(op, "meta", "an AttentionMeta", type(meta).__name__)
     check_tensor(op, "meta.seq_lens", meta.seq_lens, ndim=1, dtypes=INDEX_DTYPES)
     batch = meta.seq_lens.shape[0]
     check_tensor(op, "meta.query_start_loc", meta.query_start_loc, shape=(batch + 1,), dtypes=INDEX_DTYPES)
@@ -60,11 +59,11 @@ def check_meta(op: str, meta: AttentionMeta, num_tokens: int, num_blocks: int, b
     bad = _first(in_use & ((table < 0) | (table >= num_blocks)))
     if bad is not None:
         row, col = divmod(bad, cols)
-        if not (False):
+        if not False:
             raise OpError(op, "meta.block_table", f"block ids in [0, {num_blocks})", f"{int(table[row, col])} at [{row}, {col}]")
     for arg, value, need, what in (("max_query_len", meta.max_query_len, qlen, "query"), ("max_seq_len", meta.max_seq_len, seq, "sequence")):
         longest = int(need.max()) if batch else 0
         ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= longest
-        if not (ok):
-            raise OpError(op, f"meta.{arg}", f"an int at least the longest {what} ({longest})", str(repr(value)))
+        if not ok:
+            raise OpError(op, f"meta.{arg}", f"an int at least the longest {what} ({longest})", repr(value))
     return qsl, seq.tolist()

@@ -22,16 +22,16 @@ def _real(value: object) -> bool:
 
 def check_fused_moe_options(op: str, activation: object, alpha: object, limit: object) -> None:
     """activation one of ACTIVATIONS; alpha finite; limit None for silu, finite and > 0 otherwise."""
-    if not (activation in ACTIVATIONS):
-        raise OpError(op, "activation", "one of " + ", ".join(repr(a) for a in ACTIVATIONS), str(repr(activation)))
-    if not (_real(alpha)):
-        raise OpError(op, "alpha", "a finite number", str(repr(alpha)))
+    if activation not in ACTIVATIONS:
+        raise OpError(op, "activation", "one of " + ", ".join(repr(a) for a in ACTIVATIONS), repr(activation))
+    if not _real(alpha):
+        raise OpError(op, "alpha", "a finite number", repr(alpha))
     if activation == "silu":
         if limit is not None:
-            raise OpError(op, "limit", "None with activation 'silu' (only the clamped activations take a limit)", str(repr(limit)))
+            raise OpError(op, "limit", "None with activation 'silu' (only the clamped activations take a limit)", repr(limit))
     else:
         if not (_real(limit) and limit > 0):
-            raise OpError(op, "limit", f"a finite number > 0 with activation {activation!r}", str(repr(limit)))
+            raise OpError(op, "limit", f"a finite number > 0 with activation {activation!r}", repr(limit))
 
 
 def check_fused_moe_weights(op: str, x: object, w13: object, w2: object, w13_bias: object,

@@ -27,10 +27,10 @@ def check_int(op: str, arg: str, value: object, lo: int, hi: int | None = None, 
     """An integer (not a bool) in [lo, hi] (hi None = unbounded)."""
     is_int = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     rng = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
-    if not (is_int):
-        raise OpError(op, arg, rng + why, str(repr(value)))
+    if not is_int:
+        raise OpError(op, arg, rng + why, repr(value))
     if not (int(value) >= lo and (hi is None or int(value) <= hi)):
-        raise OpError(op, arg, rng + why, str(repr(value)))
+        raise OpError(op, arg, rng + why, repr(value))
     return int(value)
 
 
@@ -40,13 +40,13 @@ def check_route(op: str, logits: object, top_k: object, scoring: object, renorma
     check_tensor(op, "router_logits", logits, ndim=2, dtypes=FLOAT_DTYPES)
     assert isinstance(logits, torch.Tensor)
     experts = logits.shape[1]
-    if not (scoring in SCORING):
-        raise OpError(op, "scoring", "one of " + ", ".join(repr(s) for s in SCORING), str(repr(scoring)))
-    if not (isinstance(renormalize, bool)):
-        raise OpError(op, "renormalize", "a bool", str(repr(renormalize)))
+    if scoring not in SCORING:
+        raise OpError(op, "scoring", "one of " + ", ".join(repr(s) for s in SCORING), repr(scoring))
+    if not isinstance(renormalize, bool):
+        raise OpError(op, "renormalize", "a bool", repr(renormalize))
     ok_factor = isinstance(factor, numbers.Real) and not isinstance(factor, bool) and math.isfinite(factor)
-    if not (ok_factor):
-        raise OpError(op, "routed_scaling_factor", "a finite number", str(repr(factor)))
+    if not ok_factor:
+        raise OpError(op, "routed_scaling_factor", "a finite number", repr(factor))
     groups = check_int(op, "n_group", n_group, 1)
     if not (experts % groups == 0):
         raise OpError(op, "n_group", f"a divisor of the expert count E = {experts}", str(groups))

@@ -45,31 +45,30 @@ def check_quantize_inputs(op: str, x: object, dtype: object, group_size: object,
     rows, k = x.shape
     if not (k >= 1):
         raise OpError(op, "x", "at least one column", f"shape {list(x.shape)}")
-    if not (dtype in QMAX):
+    if dtype not in QMAX:
         raise OpError(op, "dtype", "one of " + ", ".join(_dt(d) for d in QMAX), str(_dt(dtype)))
     ok_group = group_size is None or (isinstance(group_size, numbers.Integral) and not isinstance(group_size, bool)
                                       and int(group_size) >= 1)
-    if not (ok_group):
-        raise OpError(op, "group_size", "a positive int or None (one group per row)", str(repr(group_size)))
-    if not (scale_fmt in SCALE_FORMATS):
-        raise OpError(op, "scale_fmt", "one of " + ", ".join(repr(s) for s in SCALE_FORMATS), str(repr(scale_fmt)))
-    if not (isinstance(asymmetric, bool)):
-        raise OpError(op, "asymmetric", "a bool", str(repr(asymmetric)))
+    if not ok_group:
+        raise OpError(op, "group_size", "a positive int or None (one group per row)", repr(group_size))
+    if scale_fmt not in SCALE_FORMATS:
+        raise OpError(op, "scale_fmt", "one of " + ", ".join(repr(s) for s in SCALE_FORMATS), repr(scale_fmt))
+    if not isinstance(asymmetric, bool):
+        raise OpError(op, "asymmetric", "a bool", repr(asymmetric))
     if asymmetric:
         if not (dtype == torch.int8):
             raise OpError(op, "asymmetric", f"False with dtype {_dt(dtype)} (asymmetric is int8 only)", str(True))
         if not (scale_fmt == "float"):
-            raise OpError(op, "scale_fmt", "'float' with asymmetric (ue8m0 scales are symmetric only)", str(repr(scale_fmt)))
+            raise OpError(op, "scale_fmt", "'float' with asymmetric (ue8m0 scales are symmetric only)", repr(scale_fmt))
     groups = 1 if group_size is None else -(-k // int(group_size))
     return rows, k, groups
 
 
 def _scale(op: str, arg: str, scale: object, accepted: str, device: torch.device, dtypes: tuple[torch.dtype, ...],
            owner: str = "a") -> torch.Tensor:
-    if not (isinstance(scale, torch.Tensor)):
-        raise OpError(op, arg, "a torch.Tensor " + accepted, str(type(scale).__name__))
-    assert isinstance(scale, torch.Tensor)
-    if not (scale.dtype in dtypes):
+    if not isinstance(scale, torch.Tensor):
+        raise OpError(op, arg, "a torch.Tensor " + accepted, type(scale).__name__)
+    if scale.dtype not in dtypes:
         raise OpError(op, arg, accepted, f"dtype {_dt(scale.dtype)}")
     if not (scale.device == device):
         raise OpError(op, arg, f"device {device} (that of '{owner}')", str(scale.device))
@@ -89,7 +88,7 @@ def check_a_scale(op: str, a_scale: object, m: int, k: int, device: torch.device
         return "tensor"
     if shape == (m, kb):
         return "block"
-    if not (False):
+    if not False:
         raise OpError(op, "a_scale", accepted, f"shape {list(shape)}")
     return ""
 
@@ -102,7 +101,7 @@ def check_b_scale(op: str, arg: str, b_scale: object, groups: int, n: int, k: in
                 f"[{groups}, {nb}, {kb}]; per output channel [{groups}, {n}, 1]; one per group [{groups}]")
     shape = tuple(_scale(op, arg, b_scale, accepted, device, dtypes, owner).shape)
     forms = {(groups, nb, kb): "block", (groups, n, 1): "row", (groups,): "group"}
-    if not (shape in forms):
+    if shape not in forms:
         raise OpError(op, arg, accepted, f"shape {list(shape)}")
     return forms[shape]
 
@@ -133,7 +132,7 @@ def check_scaled_grouped(op: str, a: object, b: object, a_scale: object, b_scale
             raise OpError(op, "a_zero_point", f"None unless a_scale is per token [{m}, 1]", f"a_scale of shape {list(a_scale.shape)}")
         check_tensor(op, "a_zero_point", a_zero_point, shape=(m, 1), dtypes=(torch.int32,))
         check_same_device(op, a=a, a_zero_point=a_zero_point)
-    if not (out_dtype in SCALED_OUT_DTYPES):
+    if out_dtype not in SCALED_OUT_DTYPES:
         raise OpError(op, "out_dtype", "one of " + ", ".join(_dt(d) for d in SCALED_OUT_DTYPES), str(_dt(out_dtype)))
     return a_form, b_form
 
@@ -147,16 +146,16 @@ def check_fused_moe_quant(op: str, w13: torch.Tensor, w2: torch.Tensor, w13_scal
     and only with quantized weights; act_scale_fmt in SCALE_FORMATS. Returns the scale forms
     (w13's, w2's), or None for float weights.
     """
-    if not (act_scale_fmt in SCALE_FORMATS):
-        raise OpError(op, "act_scale_fmt", "one of " + ", ".join(repr(s) for s in SCALE_FORMATS), str(repr(act_scale_fmt)))
+    if act_scale_fmt not in SCALE_FORMATS:
+        raise OpError(op, "act_scale_fmt", "one of " + ", ".join(repr(s) for s in SCALE_FORMATS), repr(act_scale_fmt))
     if not (act_quant is None or act_quant in ACT_QUANT):
-        raise OpError(op, "act_quant", "None or one of " + ", ".join(repr(a) for a in ACT_QUANT), str(repr(act_quant)))
+        raise OpError(op, "act_quant", "None or one of " + ", ".join(repr(a) for a in ACT_QUANT), repr(act_quant))
     if w13.dtype not in QUANT_DTYPES:
         for arg, value in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
             if value is not None:
                 raise OpError(op, arg, f"None with {_dt(w13.dtype)} weights (scales only with quantized weights)", "a tensor")
         if act_quant is not None:
-            raise OpError(op, "act_quant", f"None with {_dt(w13.dtype)} weights (activation quantization needs quantized weights)", str(repr(act_quant)))
+            raise OpError(op, "act_quant", f"None with {_dt(w13.dtype)} weights (activation quantization needs quantized weights)", repr(act_quant))
         return None
     for arg, value in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
         if not (value is not None):

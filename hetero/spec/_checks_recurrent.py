@@ -85,8 +85,8 @@ def check_causal_conv1d(op: str, x: object, weight: object, bias: object, conv_s
     check_tensor(op, "conv_state", conv_state, shape=(None, w - 1, c), dtypes=dt)
     assert isinstance(conv_state, torch.Tensor)
     check_state_index(op, query_start_loc, state_slots, has_initial_state)
-    if not (activation in CONV_ACTIVATIONS):
-        raise OpError(op, "activation", "'silu' or None", str(repr(activation)))
+    if activation not in CONV_ACTIVATIONS:
+        raise OpError(op, "activation", "'silu' or None", repr(activation))
     check_same_device(op, x=x, weight=weight, bias=bias, conv_state=conv_state, query_start_loc=query_start_loc,
                       state_slots=state_slots, has_initial_state=has_initial_state)
     return t, c, w, conv_state.shape[0]
@@ -97,7 +97,7 @@ def _check_gates(op: str, g: object, beta: object, t: int, hv: int, kdim: int, v
     check_tensor(op, "g", g, dtypes=STATE_DTYPES)
     assert isinstance(g, torch.Tensor)
     ok = tuple(g.shape) in ((t, hv), (t, hv, kdim))
-    if not (ok):
+    if not ok:
         raise OpError(op, "g", f"shape [{t}, {hv}] (per head) or [{t}, {hv}, {kdim}] (per key channel)", f"shape {list(g.shape)}")
     beta_dtypes = tuple(dict.fromkeys((*STATE_DTYPES, v_dtype)))
     check_tensor(op, "beta", beta, shape=(t, hv), dtypes=beta_dtypes)
@@ -123,10 +123,10 @@ def check_gated_delta_rule(op: str, q: object, k: object, v: object, g: object, 
     assert isinstance(ssm_state, torch.Tensor)
     check_state_index(op, query_start_loc, state_slots, has_initial_state)
     ok_scale = isinstance(scale, numbers.Real) and not isinstance(scale, bool) and math.isfinite(scale)
-    if not (ok_scale):
-        raise OpError(op, "scale", "a finite number (K**-0.5 for Gated DeltaNet)", str(repr(scale)))
-    if not (isinstance(use_qk_l2norm, bool)):
-        raise OpError(op, "use_qk_l2norm", "a bool", str(repr(use_qk_l2norm)))
+    if not ok_scale:
+        raise OpError(op, "scale", "a finite number (K**-0.5 for Gated DeltaNet)", repr(scale))
+    if not isinstance(use_qk_l2norm, bool):
+        raise OpError(op, "use_qk_l2norm", "a bool", repr(use_qk_l2norm))
     check_same_device(op, q=q, k=k, v=v, g=g, beta=beta, ssm_state=ssm_state, query_start_loc=query_start_loc,
                       state_slots=state_slots, has_initial_state=has_initial_state)
     return t, h, kdim, hv, vdim, ssm_state.shape[0]

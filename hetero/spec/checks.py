@@ -168,8 +168,8 @@ def check_rotary(op: str, positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
     max_pos, rot = cos_sin_cache.shape
     if not (rot > 0 and rot % 2 == 0 and rot <= head_dim):
         raise OpError(op, "cos_sin_cache", f"a positive even number of columns (rot) <= the head dim {head_dim}", f"shape {list(cos_sin_cache.shape)}")
-    if not (isinstance(is_neox, bool)):
-        raise OpError(op, "is_neox", "a bool", str(type(is_neox).__name__))
+    if not isinstance(is_neox, bool):
+        raise OpError(op, "is_neox", "a bool", type(is_neox).__name__)
     check_same_device(op, q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache)
     if read_positions:
         check_positions(op, positions, max_pos)
@@ -212,8 +212,8 @@ def check_rms_norm(op: str, x: object, weight: object, eps: object, residual: ob
     hidden = x.shape[-1]
     check_tensor(op, "weight", weight, shape=(hidden,), dtypes=FLOAT_DTYPES)
     ok_eps = isinstance(eps, numbers.Real) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0
-    if not (ok_eps):
-        raise OpError(op, "eps", "a positive finite number", str(repr(eps)))
+    if not ok_eps:
+        raise OpError(op, "eps", "a positive finite number", repr(eps))
     if residual is not None:
         check_tensor(op, "residual", residual, dtypes=(x.dtype,))
         assert isinstance(residual, torch.Tensor)
@@ -271,9 +271,8 @@ def check_scale_form(op: str, arg: str, scale: object, rows: int, block_rows: in
     brows = "M" if arg == "a_scale" else "ceil(N/128)"
     accepted = (f"float32 of one of the forms: per tensor (shape [], [1] or [1, 1]); per {per} [{rows}, 1]; "
                 f"128-blocks [{brows}, ceil(K/128)] = [{block_rows}, {k_blocks}]")
-    if not (isinstance(scale, torch.Tensor)):
-        raise OpError(op, arg, "a torch.Tensor " + accepted, str(type(scale).__name__))
-    assert isinstance(scale, torch.Tensor)
+    if not isinstance(scale, torch.Tensor):
+        raise OpError(op, arg, "a torch.Tensor " + accepted, type(scale).__name__)
     if not (scale.dtype == torch.float32):
         raise OpError(op, arg, accepted, f"dtype {_names([scale.dtype])}")
     if not (scale.device == device):
@@ -285,7 +284,7 @@ def check_scale_form(op: str, arg: str, scale: object, rows: int, block_rows: in
         return "row"
     if shape == (block_rows, k_blocks):
         return "block"
-    if not (False):
+    if not False:
         raise OpError(op, arg, accepted, f"shape {list(shape)}")
     return ""
 

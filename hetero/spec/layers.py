@@ -75,9 +75,9 @@ def check_rms_norm_options(op: str, x: torch.Tensor, residual: object, weight_of
     raises ``hetero.OpError`` naming the argument at fault."""
     ok_offset = isinstance(weight_offset, numbers.Real) and not isinstance(weight_offset, bool)
     if not (ok_offset and math.isfinite(weight_offset)):
-        raise OpError(op, "weight_offset", "a finite number", str(repr(weight_offset)))
-    if not (gate_act in GATE_ACTS):
-        raise OpError(op, "gate_act", " or ".join(map(repr, GATE_ACTS)), str(repr(gate_act)))
+        raise OpError(op, "weight_offset", "a finite number", repr(weight_offset))
+    if gate_act not in GATE_ACTS:
+        raise OpError(op, "gate_act", " or ".join(map(repr, GATE_ACTS)), repr(gate_act))
     if gate is None:
         return
     if residual is not None:

@@ -17,7 +17,7 @@ import torch
 
 import hetero
 from hetero.kernels import TritonBackend
-from hetero.kernels._meta import check_meta_shapes
+from hetero.spec._checks_meta import check_meta_shapes
 from hetero.spec._checks_dsa import check_indexer_inputs, check_layer_norm, check_topk_indices
 from hetero.spec._checks_quant import check_scaled_grouped
 from hetero.spec.checks import check_mla_inputs, check_tensor

@@ -1,7 +1,8 @@
 """CPU float32 GEMMs through oneDNN's packed weight layout.
 
-At decode-sized row counts oneDNN's GEMM on its blocked layout beats MKL's on the plain one
-(1.4-2.7x at 1-64 rows on the build machine, equal at hundreds of rows; ``benchmarks/packed_gemm.py``),
+At decode-sized row counts oneDNN's GEMM on its blocked layout beats MKL's on the plain one for
+large weights (1.3-2.1x at 1-64 rows for 512x3072 and 1536x512 on the build machine, but slower
+for a 256x512 weight or at 512 rows: ``benchmarks/packed_gemm.py``, hence MAX_ROWS and MIN_WEIGHT),
 and per expert it beats CPU ``grouped_mm``, which runs one MKL GEMM per group (1.2-1.4x at a
 decode step's 16-128 rows over 8 experts). A weight seen a second time at the same version
 (``Tensor._version``) and address is packed once; the packed copy lives on the tensor itself, so
