@@ -15,7 +15,7 @@ import os
 
 import torch
 
-__all__ = ["packed_linear", "packed_grouped", "PACK_WEIGHTS"]
+__all__ = ["packed_linear", "packed_grouped", "cached_pack", "PACK_WEIGHTS"]
 
 #: whether reused CPU float32 weights are packed (read once, at import)
 PACK_WEIGHTS = os.environ.get("HETERO_TORCH_PACK_WEIGHTS", "1") != "0" and torch.backends.mkldnn.is_available()
@@ -30,19 +30,30 @@ def _fits(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> bool:
             and (bias is None or bias.dtype == torch.float32) and not torch.compiler.is_compiling())
 
 
-def _packed(b: torch.Tensor):
-    """b's packed copy (for b [G, N, K], one per group); None the first time b is seen at this version
-    (a one-off operand is not packed)."""
+def cached_pack(b: torch.Tensor, attr: str, pack, first_sight: bool = False):
+    """``pack(b)``, kept on b under ``attr`` while b's version, address and shape hold; None the first
+    time b is seen at that version unless ``first_sight`` (a one-off operand is not worth packing)."""
     key = (b._version, b.data_ptr(), tuple(b.shape))
-    seen = getattr(b, _ATTR, None)
+    seen = getattr(b, attr, None)
     if seen is None or seen[0] != key:
-        setattr(b, _ATTR, (key, None))
-        return None
+        if not first_sight:
+            setattr(b, attr, (key, None))
+            return None
+        seen = (key, None)
     if seen[1] is None:
-        pack = lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 64)  # noqa: E731
-        seen = (key, pack(b) if b.dim() == 2 else [pack(w) for w in b])
-        setattr(b, _ATTR, seen)
+        seen = (key, pack(b))
+        setattr(b, attr, seen)
     return seen[1]
+
+
+def _onednn(b: torch.Tensor):
+    """oneDNN's blocked copy of b (for b [G, N, K], one per group)."""
+    pack = lambda w: torch.ops.mkldnn._reorder_linear_weight(w, 64)  # noqa: E731
+    return pack(b) if b.dim() == 2 else [pack(w) for w in b]
+
+
+def _packed(b: torch.Tensor):
+    return cached_pack(b, _ATTR, _onednn)
 
 
 def packed_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:

@@ -1,11 +1,14 @@
 """MoE ops from torch's batched operators: route, moe_permute (a stable argsort of the expert ids),
-moe_unpermute and fused_moe (permute, two grouped GEMMs around the activation, unpermute).
+moe_unpermute and fused_moe (permute, two grouped GEMMs around the activation, unpermute; on a
+CPU in float32, hetero-torch's native expert GEMM instead: ``_moe_native``).
 
 Semantics: ``hetero.spec.moe``. Routing computes in float32 (float64 for float64 logits or bias);
 group-limited routing masks the dropped groups with -inf. Expert ids and perm are range-checked on
 the host before anything indexes with them.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +19,7 @@ from hetero.spec.types import FLOAT_DTYPES
 
 from hetero_torch._gemm_grouped import grouped_matmul
 from hetero_torch._layers_util import acc_dtype
+from hetero_torch._moe_native import native_fused_moe
 from hetero.spec._checks_moe_ops import check_fused_moe, check_int, check_route, check_weights
 
 __all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe"]
@@ -122,6 +126,12 @@ def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit
     op = "fused_moe"
     forms = check_fused_moe(op, x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias,
                             (w13_scale, w2_scale, act_quant, act_scale_fmt))
+    act = functools.partial(_activation, activation=activation, alpha=float(alpha),
+                            limit=None if limit is None else float(limit))
+    if forms is None:
+        out = native_fused_moe(x, w13, w2, weights, ids, act, w13_bias, w2_bias)
+        if out is not None:
+            return out
     k = ids.shape[1]
     perm, group_ends = _sort_pairs(ids, w13.shape[0])
     ends = group_ends.tolist()
@@ -134,7 +144,7 @@ def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit
 
         gate_up = quant_expert_linear(x_sorted, w13, w13_scale, forms[0], w13_bias, expert, group_ends, ends,
                                       act_quant, act_scale_fmt)
-    hidden = _activation(gate_up, activation, float(alpha), None if limit is None else float(limit))
+    hidden = act(gate_up)
     if forms is None:
         y_sorted = _expert_linear(hidden, w2, w2_bias, expert, group_ends, ends)
     else:
