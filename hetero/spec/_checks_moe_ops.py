@@ -76,9 +76,11 @@ def check_weights(op: str, weights: object, ids_shape: tuple[int, ...] | None) -
 
 def check_fused_moe(op: str, x: object, w13: object, w2: object, weights: object, ids: object, activation: object,
                     alpha: object = 1.702, limit: object = None, w13_bias: object = None, w2_bias: object = None,
-                    quant: tuple[object, object, object, object] = (None, None, None, "float")) -> tuple[str, str] | None:
+                    quant: tuple[object, object, object, object] = (None, None, None, "float"), *,
+                    read_ids: bool = True) -> tuple[str, str] | None:
     """Validate every argument of fused_moe; ``quant`` is (w13_scale, w2_scale, act_quant, act_scale_fmt).
-    Returns the weight scales' forms, or None for float weights."""
+    Returns the weight scales' forms, or None for float weights. ``read_ids=False`` leaves the ids'
+    range check (a host read) to the caller."""
     check_fused_moe_options(op, activation, alpha, limit)
     rows, _, experts = check_fused_moe_weights(op, x, w13, w2, w13_bias, w2_bias)
     assert isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor)
@@ -88,7 +90,7 @@ def check_fused_moe(op: str, x: object, w13: object, w2: object, weights: object
     check_tensor(op, "weights", weights)
     check_same_device(op, x=x, w13=w13, w2=w2, w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale,
                       w2_scale=w2_scale, weights=weights, ids=ids)  # before reading values
-    check_ids(op, ids, rows, experts)
+    check_ids(op, ids, rows, experts, read_values=read_ids)
     assert isinstance(ids, torch.Tensor)
     check_weights(op, weights, tuple(ids.shape))
     return forms

@@ -138,12 +138,13 @@ def check_group_ends(op: str, group_ends: torch.Tensor, groups: int, rows: int) 
     return vals
 
 
-def check_ids(op: str, ids: torch.Tensor, rows: int, num_experts: int) -> int:
-    """Expert ids int32 [M, k] in [0, E); returns k."""
+def check_ids(op: str, ids: torch.Tensor, rows: int, num_experts: int, *, read_values: bool = True) -> int:
+    """Expert ids int32 [M, k] in [0, E); returns k. ``read_values=False`` leaves the range check,
+    which reads the ids on the host, to a caller that does it before indexing."""
     check_tensor(op, "ids", ids, ndim=2, dtypes=INDEX_DTYPES)
-    if not (ids.shape[0] == rows):
+    if ids.shape[0] != rows:
         raise OpError(op, "ids", f"{rows} rows (one per token)", str(ids.shape[0]))
-    if ids.numel():
+    if read_values and ids.numel():
         lo, hi = int(ids.min()), int(ids.max())
         if not (lo >= 0 and hi < num_experts):
             raise OpError(op, "ids", f"expert ids in [0, {num_experts})", f"values in [{lo}, {hi}]")

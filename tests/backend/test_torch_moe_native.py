@@ -107,3 +107,15 @@ def test_a_build_that_fails_warns_and_declines(tmp_path, monkeypatch):
     with pytest.warns(RuntimeWarning, match="did not build"):
         module, why = _moe_native.extension.__wrapped__()
     assert module is None and why
+
+
+def test_a_compiled_fused_moe_is_one_graph_and_still_checks_the_ids():
+    """Traced, the experts are one opaque op (fullgraph compiles) that range-checks the ids it indexes with."""
+    ops = hetero.load("torch", validate=False)
+    gen = torch.Generator().manual_seed(5)
+    x, w13, w2, weights, ids, _, _ = _case(gen, 6, 64, 32, 4, 2, False)
+    double = torch.compile(lambda *a: 2 * ops.fused_moe(*a), fullgraph=True)
+    torch.testing.assert_close(double(x, w13, w2, weights, ids), 2 * ops.fused_moe(x, w13, w2, weights, ids))
+    ids[2, 1] = 4
+    with pytest.raises(hetero.OpError, match="fused_moe: argument 'ids'"):
+        double(x, w13, w2, weights, ids)

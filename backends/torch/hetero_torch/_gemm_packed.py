@@ -1,8 +1,9 @@
 """CPU float32 GEMMs through oneDNN's packed weight layout.
 
-At decode-sized row counts oneDNN's GEMM on its blocked layout beats MKL's on the plain one for
-large weights (1.3-2.1x at 1-64 rows for 512x3072 and 1536x512 on the build machine, but slower
-for a 256x512 weight or at 512 rows: ``benchmarks/packed_gemm.py``, hence MAX_ROWS and MIN_WEIGHT),
+oneDNN's GEMM on its blocked layout beats MKL's on the plain one for large weights (on the
+2-core build machine 1.6-3.7x at 1-64 rows and 1.1-1.2x at 560-2048 rows for 512x3072 and
+1536x512, but 0.6x for a 256x512 weight at one row: ``benchmarks/packed_gemm.py``, hence
+MIN_WEIGHT; vLLM's CPU linears take oneDNN's packed path at every row count too),
 and per expert it beats CPU ``grouped_mm``, which runs one MKL GEMM per group (1.2-1.4x at a
 decode step's 16-128 rows over 8 experts). A weight seen a second time at the same version
 (``Tensor._version``) and address is packed once; the packed copy lives on the tensor itself, so
@@ -20,8 +21,8 @@ __all__ = ["packed_linear", "packed_grouped", "cached_pack", "PACK_WEIGHTS"]
 #: whether reused CPU float32 weights are packed (read once, at import)
 PACK_WEIGHTS = os.environ.get("HETERO_TORCH_PACK_WEIGHTS", "1") != "0" and torch.backends.mkldnn.is_available()
 _ATTR = "_hetero_torch_packed"
-#: packed_linear's domain: at most this many rows, weights of at least this many elements
-MAX_ROWS, MIN_WEIGHT = 256, 1 << 18
+#: packed_linear's domain: weights of at least this many elements
+MIN_WEIGHT = 1 << 18
 
 
 def _fits(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -58,9 +59,8 @@ def _packed(b: torch.Tensor):
 
 def packed_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """a @ b.T (+ bias) from b's packed copy, or None where packing does not apply (then F.linear runs)."""
-    # measured (benchmarks/packed_gemm.py): a small weight, or a prefill's hundreds of rows, is as
-    # fast or faster through MKL
-    if not _fits(a, b, bias) or a.shape[0] > MAX_ROWS or b.numel() < MIN_WEIGHT:
+    # measured (benchmarks/packed_gemm.py): a small weight at a row or two is faster through MKL
+    if not _fits(a, b, bias) or b.numel() < MIN_WEIGHT:
         return None
     packed = _packed(b)
     if packed is None:

@@ -118,17 +118,13 @@ def _expert_linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
     return (y + bias.to(acc).index_select(0, expert)).to(a.dtype)
 
 
-# torch.compile runs it between graphs: the expert groups' ends are read on the host (and CPU
-# grouped_mm's fake kernel declines float32, which the real one takes)
-@torch.compiler.disable
-def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit=None, w13_bias=None,
-              w2_bias=None, w13_scale=None, w2_scale=None, act_quant=None, act_scale_fmt="float"):
-    op = "fused_moe"
-    forms = check_fused_moe(op, x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias,
-                            (w13_scale, w2_scale, act_quant, act_scale_fmt))
-    act = functools.partial(_activation, activation=activation, alpha=float(alpha),
-                            limit=None if limit is None else float(limit))
-    if forms is None:
+def _experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+             activation: str, alpha: float, limit: float | None, w13_bias: torch.Tensor | None,
+             w2_bias: torch.Tensor | None, w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None,
+             act_quant: str | None, act_scale_fmt: str, form13: str | None, form2: str | None) -> torch.Tensor:
+    """fused_moe of validated inputs; ``form13`` / ``form2`` the weight scales' forms (None: float weights)."""
+    act = functools.partial(_activation, activation=activation, alpha=alpha, limit=limit)
+    if form13 is None:
         out = native_fused_moe(x, w13, w2, weights, ids, act, w13_bias, w2_bias)
         if out is not None:
             return out
@@ -137,17 +133,42 @@ def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit
     ends = group_ends.tolist()
     x_sorted = x.index_select(0, perm // k)
     expert = ids.reshape(-1).long().index_select(0, perm)
-    if forms is None:
+    if form13 is None:
         gate_up = _expert_linear(x_sorted, w13, w13_bias, expert, group_ends, ends)
+        y_sorted = _expert_linear(act(gate_up), w2, w2_bias, expert, group_ends, ends)
     else:
         from hetero_torch._moe_quant import quant_expert_linear
 
-        gate_up = quant_expert_linear(x_sorted, w13, w13_scale, forms[0], w13_bias, expert, group_ends, ends,
+        gate_up = quant_expert_linear(x_sorted, w13, w13_scale, form13, w13_bias, expert, group_ends, ends,
                                       act_quant, act_scale_fmt)
-    hidden = act(gate_up)
-    if forms is None:
-        y_sorted = _expert_linear(hidden, w2, w2_bias, expert, group_ends, ends)
-    else:
-        y_sorted = quant_expert_linear(hidden, w2, w2_scale, forms[1], w2_bias, expert, group_ends, ends,
+        y_sorted = quant_expert_linear(act(gate_up), w2, w2_scale, form2, w2_bias, expert, group_ends, ends,
                                        act_quant, act_scale_fmt)
     return _unpermute(y_sorted, perm, weights)
+
+
+def _checked_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                     ids: torch.Tensor, activation: str, alpha: float, limit: float | None,
+                     w13_bias: torch.Tensor | None, w2_bias: torch.Tensor | None, w13_scale: torch.Tensor | None,
+                     w2_scale: torch.Tensor | None, act_quant: str | None, act_scale_fmt: str, form13: str | None,
+                     form2: str | None) -> torch.Tensor:
+    """_experts after the ids' range check, which a traced fused_moe leaves to it (a host read)."""
+    check_ids("fused_moe", ids, x.shape[0], w13.shape[0])
+    return _experts(x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias, w13_scale, w2_scale,
+                    act_quant, act_scale_fmt, form13, form2)
+
+
+# torch.compile sees the experts as one opaque op, so a compiled forward stays one graph: the ids
+# and the expert groups' ends are read on the host (and CPU grouped_mm's fake kernel declines
+# float32, which the real one takes). Eager calls skip the custom op's dispatch.
+_experts_op = torch.library.custom_op("hetero_torch::fused_moe", _checked_experts, mutates_args=())
+_experts_op.register_fake(lambda x, *args: torch.empty_like(x))
+
+
+def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit=None, w13_bias=None,
+              w2_bias=None, w13_scale=None, w2_scale=None, act_quant=None, act_scale_fmt="float"):
+    traced = torch.compiler.is_compiling()
+    forms = check_fused_moe("fused_moe", x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias,
+                            (w13_scale, w2_scale, act_quant, act_scale_fmt), read_ids=not traced)
+    run = _experts_op if traced else _experts
+    return run(x, w13, w2, weights, ids, activation, float(alpha), None if limit is None else float(limit),
+               w13_bias, w2_bias, w13_scale, w2_scale, act_quant, act_scale_fmt, *(forms or (None, None)))
