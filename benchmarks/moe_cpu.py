@@ -38,7 +38,7 @@ for t in {tokens}:
     y = torch.empty_like(x)
     call = lambda: ops.cpu_fused_moe(y, x, p13, p2, None, None, w, ids, "silu", "vec")
     for _ in range(5): call()
-    n = max(20, 2000 // t); start = time.perf_counter()
+    n = max(50, 8000 // t); start = time.perf_counter()
     for _ in range(n): call()
     out[t] = (time.perf_counter() - start) / n * 1e6
 print(json.dumps(out))
@@ -49,7 +49,7 @@ def per_call(fn, tokens: int) -> float:
     """Mean microseconds of one call, after 5 untimed."""
     for _ in range(5):
         fn()
-    n = max(20, 2000 // tokens)
+    n = max(50, 8000 // tokens)
     start = time.perf_counter()
     for _ in range(n):
         fn()
