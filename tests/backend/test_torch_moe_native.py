@@ -2,6 +2,7 @@
 it, its own bounds checks, in-place weight updates, and the portable path when it is off or cannot build."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -95,7 +96,7 @@ def test_off_by_environment_keeps_the_grouped_gemms():
             "print(m.native_fused_moe(x, w13, w2, w, ids, lambda g: g[:, :6], None, None)); "
             "print(hetero.load('torch').fused_moe(x, w13, w2, w, ids).shape)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**__import__("os").environ, "HETERO_TORCH_NATIVE": "0"})
+                         env={**os.environ, "HETERO_TORCH_NATIVE": "0"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:3] == ["HETERO_TORCH_NATIVE=0", "None", "torch.Size([3, 8])"]
 

@@ -40,13 +40,18 @@ __all__ = [
 ]
 
 
-def _scatter_slots(dst: torch.Tensor, src: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """dst[slot // BS, slot % BS] = src[t] for every token t whose slot is in [0, NB*BS) (-1 skips a
-    token; a slot out of range, possible only with validation off, is skipped too), in one index_put_."""
-    keep = (slot_mapping >= 0) & (slot_mapping < dst.shape[0] * dst.shape[1])
+def _kept_slots(slot_mapping: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """(keep, (block, offset)): the tokens whose slot is in [0, NB*BS) of ``cache`` and their cache
+    index (-1 skips a token; a slot out of range, possible only with validation off, is skipped too)."""
+    keep = (slot_mapping >= 0) & (slot_mapping < cache.shape[0] * cache.shape[1])
     slots = slot_mapping[keep]
-    bs = dst.shape[1]
-    dst.index_put_((slots // bs, slots % bs), src[keep].to(dst.dtype))
+    return keep, (slots // cache.shape[1], slots % cache.shape[1])
+
+
+def _scatter_slots(dst: torch.Tensor, src: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """dst[slot // BS, slot % BS] = src[t] for every kept token t (``_kept_slots``), in one index_put_."""
+    keep, index = _kept_slots(slot_mapping, dst)
+    dst.index_put_(index, src[keep].to(dst.dtype))
 
 
 # torch.compile sees the scatter as one opaque op: selecting the kept slots has a data-dependent
@@ -62,9 +67,7 @@ def _scatter(dst: torch.Tensor, src: torch.Tensor, slot_mapping: torch.Tensor) -
 def _scatter_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 slot_mapping: torch.Tensor) -> None:
     """Both caches' scatters, the kept slots selected once."""
-    keep = (slot_mapping >= 0) & (slot_mapping < k_cache.shape[0] * k_cache.shape[1])
-    slots = slot_mapping[keep]
-    index = (slots // k_cache.shape[1], slots % k_cache.shape[1])
+    keep, index = _kept_slots(slot_mapping, k_cache)
     k_cache.index_put_(index, key[keep].to(k_cache.dtype))
     v_cache.index_put_(index, value[keep].to(v_cache.dtype))
 

@@ -121,8 +121,12 @@ def _expert_linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
 def _experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
              activation: str, alpha: float, limit: float | None, w13_bias: torch.Tensor | None,
              w2_bias: torch.Tensor | None, w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None,
-             act_quant: str | None, act_scale_fmt: str, form13: str | None, form2: str | None) -> torch.Tensor:
-    """fused_moe of validated inputs; ``form13`` / ``form2`` the weight scales' forms (None: float weights)."""
+             act_quant: str | None, act_scale_fmt: str, form13: str | None, form2: str | None,
+             read_ids: bool) -> torch.Tensor:
+    """fused_moe of validated inputs; ``form13`` / ``form2`` the weight scales' forms (None: float
+    weights). ``read_ids``: range-check the ids first, which a traced fused_moe leaves to this op."""
+    if read_ids:
+        check_ids("fused_moe", ids, x.shape[0], w13.shape[0])
     act = functools.partial(_activation, activation=activation, alpha=alpha, limit=limit)
     if form13 is None:
         out = native_fused_moe(x, w13, w2, weights, ids, act, w13_bias, w2_bias)
@@ -146,21 +150,10 @@ def _experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torc
     return _unpermute(y_sorted, perm, weights)
 
 
-def _checked_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                     ids: torch.Tensor, activation: str, alpha: float, limit: float | None,
-                     w13_bias: torch.Tensor | None, w2_bias: torch.Tensor | None, w13_scale: torch.Tensor | None,
-                     w2_scale: torch.Tensor | None, act_quant: str | None, act_scale_fmt: str, form13: str | None,
-                     form2: str | None) -> torch.Tensor:
-    """_experts after the ids' range check, which a traced fused_moe leaves to it (a host read)."""
-    check_ids("fused_moe", ids, x.shape[0], w13.shape[0])
-    return _experts(x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias, w13_scale, w2_scale,
-                    act_quant, act_scale_fmt, form13, form2)
-
-
 # torch.compile sees the experts as one opaque op, so a compiled forward stays one graph: the ids
 # and the expert groups' ends are read on the host (and CPU grouped_mm's fake kernel declines
 # float32, which the real one takes). Eager calls skip the custom op's dispatch.
-_experts_op = torch.library.custom_op("hetero_torch::fused_moe", _checked_experts, mutates_args=())
+_experts_op = torch.library.custom_op("hetero_torch::fused_moe", _experts, mutates_args=())
 _experts_op.register_fake(lambda x, *args: torch.empty_like(x))
 
 
@@ -171,4 +164,4 @@ def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit
                             (w13_scale, w2_scale, act_quant, act_scale_fmt), read_ids=not traced)
     run = _experts_op if traced else _experts
     return run(x, w13, w2, weights, ids, activation, float(alpha), None if limit is None else float(limit),
-               w13_bias, w2_bias, w13_scale, w2_scale, act_quant, act_scale_fmt, *(forms or (None, None)))
+               w13_bias, w2_bias, w13_scale, w2_scale, act_quant, act_scale_fmt, *(forms or (None, None)), traced)

@@ -15,6 +15,9 @@ decode step of each kind compiles, and ``compiled_steps`` / ``eager_steps`` coun
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 from torch import nn
 
@@ -47,7 +50,11 @@ class CompiledForward:
         # (1.2x over unfrozen on the engine_vs_vllm dense workload). The weights must not change
         # after the first compiled step; the engine loads them before. Set while compiling, which
         # happens inside the call, rather than process-wide.
-        self._freezing = device.type == "cpu"
+        self._compiling = contextlib.nullcontext
+        if device.type == "cpu":
+            import torch._inductor.config as inductor_config
+
+            self._compiling = functools.partial(inductor_config.patch, freezing=True)
         self.compiled_steps = self.eager_steps = 0
 
     @staticmethod
@@ -62,9 +69,5 @@ class CompiledForward:
         for t in _batch_tensors(step, input_ids):
             torch._dynamo.maybe_mark_dynamic(t, 0)
         self.compiled_steps += 1
-        if not self._freezing:
-            return self._compiled(input_ids, positions, step)
-        import torch._inductor.config as inductor_config
-
-        with inductor_config.patch(freezing=True):
+        with self._compiling():
             return self._compiled(input_ids, positions, step)

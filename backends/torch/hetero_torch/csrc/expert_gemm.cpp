@@ -68,7 +68,10 @@ void tile_rows(int64_t count, const float* const* rows, const float* panel, int6
   }
 }
 
-void check(bool ok, const char* what) { TORCH_CHECK(ok, "hetero_torch expert_gemm: ", what); }
+template <typename... Got>
+void check(bool ok, const char* what, const Got&... got) {
+  TORCH_CHECK(ok, "hetero_torch expert_gemm: ", what, ", got ", got...);
+}
 
 }  // namespace
 
@@ -79,25 +82,31 @@ int64_t panel_width() { return NR; }
 torch::Tensor expert_gemm(torch::Tensor a, int64_t a_div, torch::Tensor ids, torch::Tensor packed, int64_t N,
                           c10::optional<torch::Tensor> bias) {
   check(a.dim() == 2 && a.scalar_type() == torch::kFloat && a.is_contiguous() && a.device().is_cpu(),
-        "a must be a contiguous 2-D float32 CPU tensor");
+        "a must be a contiguous 2-D float32 CPU tensor", a.sizes(), " ", a.scalar_type(), " on ", a.device());
   check(packed.dim() == 4 && packed.scalar_type() == torch::kFloat && packed.is_contiguous() &&
             packed.size(3) == NR && packed.size(2) == a.size(1),
-        "packed must be contiguous float32 [E, NB, K, NR] with K = a.size(1)");
-  check(ids.dim() == 1 && ids.scalar_type() == torch::kInt && ids.is_contiguous(), "ids must be 1-D int32");
+        "packed must be contiguous float32 [E, NB, K, NR] with K = a.size(1)", packed.sizes(), " ",
+        packed.scalar_type(), " for a ", a.sizes(), " and NR = ", NR);
+  check(ids.dim() == 1 && ids.scalar_type() == torch::kInt && ids.is_contiguous(), "ids must be 1-D int32",
+        ids.sizes(), " ", ids.scalar_type());
   const int64_t E = packed.size(0), NB = packed.size(1), K = packed.size(2), P = ids.size(0);
-  check(N >= 1 && (N + NR - 1) / NR == NB, "N does not match the packed panels");
-  check(a_div >= 1 && P <= a.size(0) * a_div, "a has fewer rows than the pairs need");
+  check(N >= 1 && (N + NR - 1) / NR == NB, "N does not match the packed panels", "N = ", N, " for ", NB,
+        " panels of ", NR);
+  check(a_div >= 1 && P <= a.size(0) * a_div, "a has fewer rows than the pairs need", a.size(0), " rows, ", P,
+        " pairs, a_div ", a_div);
   const float* bias_ptr = nullptr;
   if (bias.has_value() && bias->defined()) {
     check(bias->scalar_type() == torch::kFloat && bias->is_contiguous() && bias->dim() == 2 &&
               bias->size(0) == E && bias->size(1) == N,
-          "bias must be contiguous float32 [E, N]");
+          "bias must be contiguous float32 [E, N]", bias->sizes(), " ", bias->scalar_type(), " for E = ", E,
+          ", N = ", N);
     bias_ptr = bias->data_ptr<float>();
   }
   const int32_t* id = ids.data_ptr<int32_t>();
   std::vector<int64_t> start(E + 1, 0);
   for (int64_t p = 0; p < P; ++p) {
-    check(id[p] >= 0 && id[p] < E, "an expert id is out of range");
+    check(id[p] >= 0 && id[p] < E, "an expert id is out of range", id[p], " at pair ", p, ", expected [0, ", E,
+          ")");
     ++start[id[p] + 1];
   }
   for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
