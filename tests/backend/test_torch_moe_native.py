@@ -12,14 +12,13 @@ import torch
 import hetero
 
 pytest.importorskip("hetero_torch")
-from hetero_torch import _moe_native  # noqa: E402
-from hetero_torch.moe import _activation  # noqa: E402
+from hetero_torch import _moe_native, _native  # noqa: E402
 
 REF = hetero.load("cpu_ref")
 
 
 def _module():
-    module, why = _moe_native.extension()
+    module, why = _native.extension()
     if module is None:
         pytest.skip(f"the native expert GEMM is not available here: {why}")
     return module
@@ -50,8 +49,7 @@ def test_fused_moe_through_the_native_kernel_matches_float64(rows, hidden, inter
     gen = torch.Generator().manual_seed(rows)
     x, w13, w2, weights, ids, b13, b2 = _case(gen, rows, hidden, inter, experts, k, bias)
     opts = dict(activation=activation, limit=None if activation == "silu" else 7.0)
-    act = lambda gu: _activation(gu, activation, 1.702, opts["limit"])  # noqa: E731
-    native = _moe_native.native_fused_moe(x, w13, w2, weights, ids, act, b13, b2)
+    native = _moe_native.native_fused_moe(x, w13, w2, weights, ids, activation, 1.702, opts["limit"], b13, b2)
     assert native is not None
     got = ops.fused_moe(x, w13, w2, weights, ids, w13_bias=b13, w2_bias=b2, **opts)
     wide = [None if t is None else t.double() for t in (x, w13, w2, weights, b13, b2)]
@@ -70,30 +68,47 @@ def test_an_in_place_weight_update_repacks():
     torch.testing.assert_close(ops.fused_moe(x, w13, w2, weights, ids), 2 * before, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("what,change", [
-    ("an expert id is out of range", lambda a: {**a, "ids": torch.tensor([0, 4], dtype=torch.int32)}),
-    ("an expert id is out of range", lambda a: {**a, "ids": torch.tensor([-1, 0], dtype=torch.int32)}),
-    ("fewer rows than the pairs need", lambda a: {**a, "a_div": 1, "ids": torch.zeros(5, dtype=torch.int32)}),
-    (r"K = a\.size\(1\)", lambda a: {**a, "a": torch.randn(2, 8)}),
-    ("N does not match", lambda a: {**a, "n": 1000}),
-    ("bias must be", lambda a: {**a, "bias": torch.randn(4, 3)}),
-    ("ids must be 1-D int32", lambda a: {**a, "ids": torch.zeros(2, dtype=torch.int64)}),
-])
-def test_the_kernel_rejects_what_would_read_outside_its_tensors(what, change):
-    module = _module()
+def _kernel_args(module):
     width = module.panel_width()
-    args = {"a": torch.randn(2, 16), "a_div": 2, "ids": torch.tensor([1, 3], dtype=torch.int32),
-            "packed": torch.randn(4, 1, 16, width), "n": 5, "bias": None}
-    args = change(args)
-    with pytest.raises(RuntimeError, match=what):
-        module.expert_gemm(args["a"], args["a_div"], args["ids"], args["packed"], args["n"], args["bias"])
+    return {"x": torch.randn(2, 16), "ids": torch.tensor([[1, 3], [0, 0]], dtype=torch.int32),
+            "weights": torch.rand(2, 2), "p13": torch.randn(4, 2, 16, width), "inter": 5,
+            "p2": torch.randn(4, 1, 5, width), "b13": None, "b2": None, "act": 0}
+
+
+@pytest.mark.parametrize("error,what,change", [
+    (IndexError, "an expert id is out of range: 4 at pair 1", lambda a: {**a, "ids": torch.tensor([[0, 4], [0, 0]], dtype=torch.int32)}),
+    (IndexError, "an expert id is out of range: -1", lambda a: {**a, "ids": torch.tensor([[-1, 0], [0, 0]])}),
+    (RuntimeError, "ids must be contiguous int32 or int64", lambda a: {**a, "ids": torch.zeros(3, 2, dtype=torch.int32)}),
+    (RuntimeError, "weights must be", lambda a: {**a, "weights": torch.rand(2, 3)}),
+    (RuntimeError, "K = 8", lambda a: {**a, "x": torch.randn(2, 8)}),
+    (RuntimeError, "expected 4 panels", lambda a: {**a, "inter": 40}),
+    (RuntimeError, "E experts in both projections", lambda a: {**a, "p2": torch.randn(3, 1, 5, a["p2"].shape[3])}),
+    (RuntimeError, "a bias must be", lambda a: {**a, "b13": torch.randn(4, 3)}),
+    (RuntimeError, "a known activation", lambda a: {**a, "act": 3}),
+])
+def test_the_kernel_rejects_what_would_read_outside_its_tensors(error, what, change):
+    a = change(_kernel_args(module := _module()))
+    with pytest.raises(error, match=what):
+        module.fused_moe(a["x"], a["ids"], a["weights"], a["p13"], a["inter"], a["p2"], a["b13"], a["b2"], a["act"],
+                         1.702, 7.0)
+
+
+def test_int64_ids_past_int32_are_rejected_not_wrapped():
+    _module()
+    gen = torch.Generator().manual_seed(6)
+    x, w13, w2, weights, ids, _, _ = _case(gen, 3, 64, 32, 4, 2, False)
+    wide = ids.long()
+    wide[1, 0] = (1 << 32) + 1  # wraps to 1 as int32
+    with pytest.raises(hetero.OpError, match="fused_moe: argument 'ids'"):
+        hetero.load("torch", validate=False).fused_moe(x, w13, w2, weights, wide)
 
 
 def test_off_by_environment_keeps_the_grouped_gemms():
-    code = ("import torch, hetero; from hetero_torch import _moe_native as m; "
-            "print(m.extension()[1]); x = torch.randn(3, 8); w, ids = hetero.load('cpu_ref').route(torch.randn(3, 4), top_k=2); "
+    code = ("import torch, hetero; from hetero_torch import _moe_native as m, _native, _attention_native as a; "
+            "print(_native.extension()[1]); assert not a.applies(torch.empty(1, 1, 1, 1), torch.empty(1, 1, 1, 1)); "
+            "x = torch.randn(3, 8); w, ids = hetero.load('cpu_ref').route(torch.randn(3, 4), top_k=2); "
             "w13, w2 = torch.randn(4, 12, 8), torch.randn(4, 8, 6); "
-            "print(m.native_fused_moe(x, w13, w2, w, ids, lambda g: g[:, :6], None, None)); "
+            "print(m.native_fused_moe(x, w13, w2, w, ids, 'silu', 1.702, None, None, None)); "
             "print(hetero.load('torch').fused_moe(x, w13, w2, w, ids).shape)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "HETERO_TORCH_NATIVE": "0"})
@@ -104,9 +119,9 @@ def test_off_by_environment_keeps_the_grouped_gemms():
 def test_a_build_that_fails_warns_and_declines(tmp_path, monkeypatch):
     broken = tmp_path / "expert_gemm.cpp"
     broken.write_text("this is not C++\n")
-    monkeypatch.setattr(_moe_native, "_SOURCE", broken)
+    monkeypatch.setattr(_native, "_SOURCES", [broken])
     with pytest.warns(RuntimeWarning, match="did not build"):
-        module, why = _moe_native.extension.__wrapped__()
+        module, why = _native.extension.__wrapped__()
     assert module is None and why
 
 

@@ -21,6 +21,7 @@ from hetero.spec._checks_meta import check_meta, check_meta_shapes
 from hetero.spec.checks import check_kv_write, check_same_device, check_slot_mapping, check_tensor, meta_tensors
 from hetero.spec.types import AttentionMeta
 
+from hetero_torch import _attention_native as native
 from hetero_torch._attention_core import compute, run, visible
 from hetero_torch._attention_decode import decode, is_decode
 from hetero_torch._attention_dense import merge_attention, varlen_attention
@@ -91,6 +92,9 @@ def write_kv(
     t, _ = check_kv_write(op, key, value, k_cache, v_cache)
     check_same_device(op, key=key, value=value, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
     check_tensor(op, "slot_mapping", slot_mapping, shape=(t,), dtypes=(torch.int64,))  # values: the registry's
+    if native.applies(k_cache, v_cache, key, value):
+        native.write_kv(key, value, k_cache, v_cache, slot_mapping)
+        return
     (_scatter_kv_op if torch.compiler.is_compiling() else _scatter_kv)(k_cache, v_cache, key, value, slot_mapping)
 
 
@@ -154,7 +158,11 @@ def paged_attention(
     check_out(op, out, shape, query)
     check_same_device(op, query=query, k_cache=k_cache, v_cache=v_cache, sinks=sinks, **meta_tensors(meta))
     res = out if out is not None else query.new_empty(shape)
-    if is_decode(check_meta_shapes(op, meta, t), t):
+    check_meta_shapes(op, meta, t)
+    if native.applies(k_cache, v_cache, query, sinks):
+        return native.paged_attention(query, k_cache, v_cache, meta, res, scale=scale, causal=causal, window=window,
+                                      softcap=softcap, sinks=sinks, return_lse=return_lse)
+    if is_decode(meta, t):
         return decode(op, query, k_cache, v_cache, meta, res, scale=scale, window=window, softcap=softcap,
                       sinks=sinks, return_lse=return_lse)
     qsl, seq_lens = check_meta(op, meta, t, nb, bs)

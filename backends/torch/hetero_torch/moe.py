@@ -121,17 +121,16 @@ def _expert_linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
 def _experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
              activation: str, alpha: float, limit: float | None, w13_bias: torch.Tensor | None,
              w2_bias: torch.Tensor | None, w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None,
-             act_quant: str | None, act_scale_fmt: str, form13: str | None, form2: str | None,
-             read_ids: bool) -> torch.Tensor:
-    """fused_moe of validated inputs; ``form13`` / ``form2`` the weight scales' forms (None: float
-    weights). ``read_ids``: range-check the ids first, which a traced fused_moe leaves to this op."""
-    if read_ids:
-        check_ids("fused_moe", ids, x.shape[0], w13.shape[0])
-    act = functools.partial(_activation, activation=activation, alpha=alpha, limit=limit)
+             act_quant: str | None, act_scale_fmt: str, form13: str | None, form2: str | None) -> torch.Tensor:
+    """fused_moe of inputs validated but for the ids' values, which are range-checked here (by the
+    native kernel, or on the host) before anything indexes with them; ``form13`` / ``form2`` the
+    weight scales' forms (None: float weights)."""
     if form13 is None:
-        out = native_fused_moe(x, w13, w2, weights, ids, act, w13_bias, w2_bias)
+        out = native_fused_moe(x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias)
         if out is not None:
             return out
+    check_ids("fused_moe", ids, x.shape[0], w13.shape[0])
+    act = functools.partial(_activation, activation=activation, alpha=alpha, limit=limit)
     k = ids.shape[1]
     perm, group_ends = _sort_pairs(ids, w13.shape[0])
     ends = group_ends.tolist()
@@ -161,7 +160,7 @@ def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit
               w2_bias=None, w13_scale=None, w2_scale=None, act_quant=None, act_scale_fmt="float"):
     traced = torch.compiler.is_compiling()
     forms = check_fused_moe("fused_moe", x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias,
-                            (w13_scale, w2_scale, act_quant, act_scale_fmt), read_ids=not traced)
+                            (w13_scale, w2_scale, act_quant, act_scale_fmt), read_ids=False)
     run = _experts_op if traced else _experts
     return run(x, w13, w2, weights, ids, activation, float(alpha), None if limit is None else float(limit),
-               w13_bias, w2_bias, w13_scale, w2_scale, act_quant, act_scale_fmt, *(forms or (None, None)), traced)
+               w13_bias, w2_bias, w13_scale, w2_scale, act_quant, act_scale_fmt, *(forms or (None, None)))

@@ -1,0 +1,83 @@
+"""paged_attention and write_kv for CPU float32 through hetero-torch's native kernels
+(``csrc/paged_attention.cpp``, part of ``_native``'s extension).
+
+The keys are read in place through the block table, so a step neither gathers the cache into a
+padded copy nor reads the metadata on the host; the kernel clamps the metadata's values into its
+tensors (the registry checks them when validation is on). The ops are ``torch.ops.hetero_torch_native``
+ops with fake kernels, so torch.compile keeps them in its graph; where the extension is off or
+missing, or the tensors are not float32 on the CPU, the callers keep torch's operators.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from hetero.spec.types import AttentionMeta
+
+from hetero_torch._native import extension
+
+__all__ = ["applies", "paged_attention", "write_kv"]
+
+
+@functools.cache
+def _ops():
+    """torch.ops.hetero_torch_native once its library is loaded and its fake kernels registered, else None."""
+    module, _ = extension()
+    if module is None:
+        return None
+    ns = torch.ops.hetero_torch_native
+
+    @torch.library.register_fake("hetero_torch_native::paged_attention")
+    def _(query, k_cache, v_cache, query_start_loc, seq_lens, block_table, scale, causal, window_left,
+          window_right, softcap, sinks, need_lse):
+        t, h = query.shape[:2]
+        return query.new_empty(t, h, v_cache.shape[3]), query.new_empty((t, h) if need_lse else (0,))
+
+    @torch.library.register_fake("hetero_torch_native::write_kv")
+    def _(key, value, k_cache, v_cache, slot_mapping):
+        return None
+
+    return ns
+
+
+def applies(k_cache: torch.Tensor, v_cache: torch.Tensor, *others: torch.Tensor | None) -> bool:
+    """Whether the native kernels take these tensors: float32 on the CPU without autograd, the caches
+    contiguous (they are read and written in place), and the extension built."""
+    given = [k_cache, v_cache, *(t for t in others if t is not None)]
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and not t.requires_grad for t in given)
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and _built())
+
+
+# traced, the answer is a constant of the graph: the build is read once, not traced into
+@torch.compiler.assume_constant_result
+def _built() -> bool:
+    return _ops() is not None
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] with each row's heads contiguous (the kernels' layout; any row stride)."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+
+
+def _index(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.int32).contiguous()
+
+
+def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
+                    res: torch.Tensor, *, scale: float, causal: bool, window: tuple[int, int], softcap: float,
+                    sinks: torch.Tensor | None, return_lse: bool):
+    """The op's result written into res [T, Hq, Dv] (and lse float32 [T, Hq]) for inputs ``applies`` takes."""
+    table = meta.block_table.to(torch.int32)
+    out, lse = torch.ops.hetero_torch_native.paged_attention(_rows(query), k_cache, v_cache,
+                                      _index(meta.query_start_loc), _index(meta.seq_lens),
+                                      table if table.shape[1] <= 1 or table.stride(1) == 1 else table.contiguous(),
+                                      scale, causal, window[0], window[1], softcap, sinks, return_lse)
+    res.copy_(out)
+    return (res, lse) if return_lse else res
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """write_kv's scatter for inputs ``applies`` takes."""
+    torch.ops.hetero_torch_native.write_kv(_rows(key), _rows(value), k_cache, v_cache, slot_mapping.contiguous())

@@ -1,0 +1,208 @@
+// hetero-torch's CPU fused_moe, float32: out[m] = sum_s weights[m, s] * expert(ids[m, s], x[m]) with
+// expert(e, x) = W2[e] @ act(W13[e] @ x + b13[e]) + b2[e], one call from routing to the combined rows.
+//
+// torch's CPU grouped_mm (and oneDNN called once per expert) pays a library call, its thread
+// fork and its own packing per expert, which at a decode step's few rows per expert costs more
+// than the arithmetic; the activation and the combine as separate torch ops cost tens of
+// microseconds more. Here the (token, slot) pairs are bucketed by expert with a counting sort and
+// every (expert, column panel) tile of a projection is one task of one parallel region; a task
+// keeps its panel (K x NR floats) in cache while it walks the expert's rows MR at a time, reading
+// each row in place. The first projection's task computes a gate panel and the matching up panel
+// and writes act(gate, up) straight away.
+//
+// Layout: a packed projection is [E, NB, K, NR]: packed[e][b][k][j] = W[e][b*NR + j][k], zero past
+// the last column; W13 is packed as its gate half's panels followed by its up half's
+// (hetero_torch/_moe_native.py packs them). The kernel checks every shape and id and raises
+// (IndexError for an id out of range) instead of reading out of bounds.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "simd.h"
+
+namespace {
+
+using namespace hetero_simd;
+
+constexpr int64_t NR = 2 * VW;  // a panel row is two vectors
+constexpr int64_t MR = 6;       // rows per micro-tile: 12 vector accumulators
+enum Activation : int64_t { SILU = 0, SWIGLU_CLAMP = 1, SWIGLUOAI = 2 };  // _moe_native.ACTIVATIONS' order
+
+template <int64_t R>
+void tile(const float* const* rows, const float* panel, int64_t K, float* const* outs, int64_t cols,
+          const float* bias) {
+  vec acc[R][2];
+  for (int64_t r = 0; r < R; ++r) acc[r][0] = acc[r][1] = vec{};
+  for (int64_t k = 0; k < K; ++k) {
+    const vec b0 = load(panel + k * NR), b1 = load(panel + k * NR + VW);
+    for (int64_t r = 0; r < R; ++r) {
+      const float a = rows[r][k];
+      acc[r][0] += a * b0;
+      acc[r][1] += a * b1;
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    float out[NR];
+    __builtin_memcpy(out, &acc[r][0], sizeof(vec));
+    __builtin_memcpy(out + VW, &acc[r][1], sizeof(vec));
+    for (int64_t j = 0; j < cols; ++j) outs[r][j] = out[j] + (bias ? bias[j] : 0.0f);
+  }
+}
+
+void tile_rows(int64_t count, const float* const* rows, const float* panel, int64_t K, float* const* outs,
+               int64_t cols, const float* bias) {
+  switch (count) {
+    case 6: return tile<6>(rows, panel, K, outs, cols, bias);
+    case 5: return tile<5>(rows, panel, K, outs, cols, bias);
+    case 4: return tile<4>(rows, panel, K, outs, cols, bias);
+    case 3: return tile<3>(rows, panel, K, outs, cols, bias);
+    case 2: return tile<2>(rows, panel, K, outs, cols, bias);
+    default: return tile<1>(rows, panel, K, outs, cols, bias);
+  }
+}
+
+template <typename... Got>
+void check(bool ok, const char* what, const Got&... got) {
+  TORCH_CHECK(ok, "hetero_torch fused_moe: ", what, ", got ", got...);
+}
+
+struct Pairs {  // the (token, slot) pairs bucketed by expert
+  std::vector<int64_t> start, order;  // expert e owns order[start[e] .. start[e + 1])
+};
+
+template <typename Id>
+Pairs bucket(const Id* id, int64_t P, int64_t E) {
+  Pairs pairs{std::vector<int64_t>(E + 1, 0), std::vector<int64_t>(P)};
+  for (int64_t p = 0; p < P; ++p) {
+    TORCH_CHECK_INDEX(id[p] >= 0 && id[p] < E, "an expert id is out of range: ", static_cast<int64_t>(id[p]),
+                      " at pair ", p, ", expected [0, ", E, ")");
+    ++pairs.start[id[p] + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) pairs.start[e + 1] += pairs.start[e];
+  std::vector<int64_t> fill(pairs.start.begin(), pairs.start.end() - 1);
+  for (int64_t p = 0; p < P; ++p) pairs.order[fill[id[p]]++] = p;  // stable: pairs in order within an expert
+  return pairs;
+}
+
+// every (expert that owns pairs, panel < NB) tile, one parallel region: body(e, b, first pair, end)
+template <typename Body>
+void over_tiles(const Pairs& pairs, int64_t NB, const Body& body) {
+  std::vector<std::pair<int64_t, int64_t>> tasks;
+  for (size_t e = 0; e + 1 < pairs.start.size(); ++e)
+    if (pairs.start[e + 1] > pairs.start[e])
+      for (int64_t b = 0; b < NB; ++b) tasks.emplace_back(e, b);
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const auto [e, b] = tasks[t];
+      for (int64_t i = pairs.start[e]; i < pairs.start[e + 1]; i += MR) body(e, b, i, std::min(MR, pairs.start[e + 1] - i));
+    }
+  });
+}
+
+inline float activate(float g, float u, int64_t act, float alpha, float limit) {
+  if (act != SILU) g = std::min(g, limit), u = std::clamp(u, -limit, limit);
+  if (act == SWIGLUOAI) return (u + 1.0f) * g / (1.0f + std::exp(-alpha * g));
+  return g / (1.0f + std::exp(-g)) * u;
+}
+
+struct Projection {
+  const float* packed;  // [E, NB, K, NR]
+  const float* bias;    // [E, N] or null
+  int64_t NB, K, N;
+};
+
+Projection projection(const torch::Tensor& packed, int64_t N, const c10::optional<torch::Tensor>& bias,
+                      int64_t panels, int64_t K, const char* name) {
+  check(packed.dim() == 4 && packed.scalar_type() == torch::kFloat && packed.is_contiguous() &&
+            packed.size(1) == panels && packed.size(2) == K && packed.size(3) == NR,
+        "a packed projection must be contiguous float32 [E, panels, K, NR]", name, " ", packed.sizes(),
+        ", expected ", panels, " panels, K = ", K, ", NR = ", NR);
+  const float* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    check(bias->scalar_type() == torch::kFloat && bias->is_contiguous() && bias->dim() == 2 &&
+              bias->size(0) == packed.size(0) && bias->size(1) == N,
+          "a bias must be contiguous float32 [E, N]", bias->sizes(), ", expected [", packed.size(0), ", ", N, "]");
+    b = bias->data_ptr<float>();
+  }
+  return {packed.data_ptr<float>(), b, packed.size(1), K, N};
+}
+
+}  // namespace
+
+int64_t panel_width() { return NR; }
+
+// x [M, H]; ids int32 or int64 [M, k] in [0, E); weights [M, k]; p13 [E, 2 * ceil(I / NR), H, NR] (gate
+// panels, then up panels); p2 [E, ceil(H / NR), I, NR]; biases [E, 2I] and [E, H] or none;
+// act: Activation. Returns [M, H].
+torch::Tensor fused_moe(const torch::Tensor& x, const torch::Tensor& ids, const torch::Tensor& weights,
+                        const torch::Tensor& p13, int64_t I, const torch::Tensor& p2,
+                        const c10::optional<torch::Tensor>& bias13, const c10::optional<torch::Tensor>& bias2,
+                        int64_t act, double alpha, double limit) {
+  check(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous() && x.device().is_cpu(),
+        "x must be a contiguous 2-D float32 CPU tensor", x.sizes(), " ", x.scalar_type(), " on ", x.device());
+  const int64_t M = x.size(0), H = x.size(1), E = p13.size(0), half = (I + NR - 1) / NR;
+  check(ids.dim() == 2 && ids.size(0) == M && ids.is_contiguous() &&
+            (ids.scalar_type() == torch::kInt || ids.scalar_type() == torch::kLong),
+        "ids must be contiguous int32 or int64 [M, k] for x's M", ids.sizes(), " ", ids.scalar_type(), " for M = ", M);
+  check(weights.sizes() == ids.sizes() && weights.scalar_type() == torch::kFloat && weights.is_contiguous(),
+        "weights must be contiguous float32 of ids' shape", weights.sizes(), " for ", ids.sizes());
+  check(I >= 1 && p2.dim() == 4 && p2.size(0) == E && act >= SILU && act <= SWIGLUOAI,
+        "I >= 1, E experts in both projections and a known activation", "I = ", I, ", p2 ", p2.sizes(), " for E = ",
+        E, ", act ", act);
+  const Projection w13 = projection(p13, 2 * I, bias13, 2 * half, H, "p13");
+  const Projection w2 = projection(p2, H, bias2, (H + NR - 1) / NR, I, "p2");
+  const int64_t k = ids.size(1), P = M * k;
+  const Pairs pairs = ids.scalar_type() == torch::kInt ? bucket(ids.data_ptr<int32_t>(), P, E)
+                                                       : bucket(ids.data_ptr<int64_t>(), P, E);
+  auto hidden = torch::empty({P, I}, x.options());
+  auto y = torch::empty({P, H}, x.options());
+  const float *xp = x.data_ptr<float>(), *wp = weights.data_ptr<float>();
+  float *hp = hidden.data_ptr<float>(), *yp = y.data_ptr<float>();
+  const float a = static_cast<float>(alpha), lim = static_cast<float>(limit);
+  over_tiles(pairs, half, [&](int64_t e, int64_t b, int64_t first, int64_t count) {
+    const float* rows[MR];
+    float gate[MR][NR], up[MR][NR];
+    float* g_out[MR];
+    float* u_out[MR];
+    for (int64_t r = 0; r < count; ++r) rows[r] = xp + (pairs.order[first + r] / k) * H, g_out[r] = gate[r], u_out[r] = up[r];
+    const int64_t col = b * NR, cols = std::min(NR, I - col);
+    const float* bias = w13.bias ? w13.bias + e * 2 * I : nullptr;
+    tile_rows(count, rows, w13.packed + (e * w13.NB + b) * H * NR, H, g_out, cols, bias ? bias + col : nullptr);
+    tile_rows(count, rows, w13.packed + (e * w13.NB + half + b) * H * NR, H, u_out, cols,
+              bias ? bias + I + col : nullptr);
+    for (int64_t r = 0; r < count; ++r) {
+      float* h = hp + pairs.order[first + r] * I + col;
+      for (int64_t j = 0; j < cols; ++j) h[j] = activate(gate[r][j], up[r][j], act, a, lim);
+    }
+  });
+  over_tiles(pairs, w2.NB, [&](int64_t e, int64_t b, int64_t first, int64_t count) {
+    const float* rows[MR];
+    float* outs[MR];
+    const int64_t col = b * NR;
+    for (int64_t r = 0; r < count; ++r) rows[r] = hp + pairs.order[first + r] * I, outs[r] = yp + pairs.order[first + r] * H + col;
+    tile_rows(count, rows, w2.packed + (e * w2.NB + b) * I * NR, I, outs, std::min(NR, H - col),
+              w2.bias ? w2.bias + e * H + col : nullptr);
+  });
+  auto out = torch::empty({M, H}, x.options());
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t m = lo; m < hi; ++m) {
+      float* o = op + m * H;
+      std::fill(o, o + H, 0.0f);
+      for (int64_t s = 0; s < k; ++s) {
+        const float w = wp[m * k + s];
+        const float* src = yp + (m * k + s) * H;
+        for (int64_t j = 0; j < H; ++j) o[j] += w * src[j];
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("fused_moe", &fused_moe, "fused_moe of float32 experts over packed weights");
+  m.def("panel_width", &panel_width, "NR, the packed panel width this build uses");
+}

@@ -1,0 +1,273 @@
+// hetero-torch's CPU paged attention, float32 (hetero.spec.attention's paged_attention). The keys are read in place through the block table: no gathered copy of the
+// cache, no padded batch, no mask tensor. Gathering a decode batch's keys cost more than the
+// attention itself (1.1 ms of 4.3 ms per layer for 64 sequences on the 2-core build machine).
+//
+// Work: one task per (sequence, KV head, chunk of query rows); a task's query vectors (its rows
+// times the query heads of that KV head) share every key and value they load. Keys go by tiles
+// of KT with an online softmax, so memory stays bounded at any length.
+//
+// Metadata values are not trusted: query_start_loc is clamped monotone into [0, T], seq_lens into
+// [0, block_table columns * BS] and block ids into [0, NB), so an unchecked call (validation off)
+// reads nothing outside its tensors; rows a malformed layout leaves uncovered get 0.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "simd.h"
+
+namespace {
+
+using namespace hetero_simd;
+
+constexpr int64_t KT = 64;    // keys per tile, a multiple of VW
+constexpr int64_t QMAX = 16;  // query vectors per task (rows x heads of one KV head), at least
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  vec acc{};
+  int64_t d = 0;
+  for (; d + VW <= n; d += VW) acc += load(a + d) * load(b + d);
+  float s = hsum(acc);
+  for (; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// acc[0, n) += sum over keys jj of p[jj] * v[jj][0, n), the accumulators in registers across the keys
+inline void accumulate(float* acc, const float* p, const float* const* v, int64_t nk, int64_t n) {
+  constexpr int64_t C = 4;  // vectors of columns per pass
+  int64_t d = 0;
+  for (; d + C * VW <= n; d += C * VW) {
+    vec a[C];
+    for (int64_t c = 0; c < C; ++c) a[c] = load(acc + d + c * VW);
+    for (int64_t jj = 0; jj < nk; ++jj)
+      for (int64_t c = 0; c < C; ++c) a[c] += p[jj] * load(v[jj] + d + c * VW);
+    for (int64_t c = 0; c < C; ++c) store(acc + d + c * VW, a[c]);
+  }
+  for (; d + VW <= n; d += VW) {
+    vec a0 = load(acc + d), a1{};
+    int64_t jj = 0;
+    for (; jj + 1 < nk; jj += 2) a0 += p[jj] * load(v[jj] + d), a1 += p[jj + 1] * load(v[jj + 1] + d);
+    if (jj < nk) a0 += p[jj] * load(v[jj] + d);
+    store(acc + d, a0 + a1);
+  }
+  for (; d < n; ++d)
+    for (int64_t jj = 0; jj < nk; ++jj) acc[d] += p[jj] * v[jj][d];
+}
+
+template <typename... Got>
+void check(bool ok, const char* what, const Got&... got) {
+  TORCH_CHECK(ok, "hetero_torch paged attention: ", what, ", got ", got...);
+}
+
+struct Layout {  // the sanitized metadata
+  std::vector<int64_t> start;  // [B + 1] query rows
+  std::vector<int64_t> len;    // [B] keys
+  bool covers_all = true;      // every query row belongs to a sequence
+};
+
+Layout sanitize(const torch::Tensor& qsl, const torch::Tensor& seq_lens, int64_t T, int64_t max_keys) {
+  const int64_t B = seq_lens.size(0);
+  const int32_t* q = qsl.data_ptr<int32_t>();
+  const int32_t* s = seq_lens.data_ptr<int32_t>();
+  Layout out;
+  out.start.resize(B + 1);
+  out.len.resize(B);
+  for (int64_t b = 0; b <= B; ++b) {
+    const int64_t floor = b ? out.start[b - 1] : 0;
+    out.start[b] = std::clamp<int64_t>(q[b], floor, std::max(floor, T));
+    out.covers_all &= out.start[b] == q[b];
+  }
+  out.covers_all &= out.start[0] == 0 && out.start[B] == T;
+  for (int64_t b = 0; b < B; ++b) out.len[b] = std::clamp<int64_t>(s[b], 0, max_keys);
+  return out;
+}
+
+struct Problem {
+  const float *q, *k, *v, *sinks;
+  const int32_t* table;
+  float *out, *lse;
+  int64_t q_stride, Hq, Hkv, G, D, Dv, NB, BS, table_stride;
+  float scale, softcap;
+  bool causal;
+  int64_t wl, wr;
+
+  // the addresses of keys [j0, j0 + n) of sequence b, KV head h, in cache (one table lookup a block)
+  void rows(int64_t b, int64_t j0, int64_t n, int64_t h, const float* cache, int64_t dim, const float** out) const {
+    for (int64_t j = j0, i = 0; i < n;) {
+      const int64_t blk = std::clamp<int64_t>(table[b * table_stride + j / BS], 0, NB - 1);
+      const int64_t off = j % BS, run = std::min(BS - off, n - i);
+      const float* base = cache + ((blk * BS + off) * Hkv + h) * dim;
+      for (int64_t x = 0; x < run; ++x) out[i + x] = base + x * Hkv * dim;
+      i += run, j += run;
+    }
+  }
+};
+
+struct Task {
+  int64_t b, kvh, r0, r1, first_pos;  // rows [r0, r1) at positions first_pos + (r - r0)
+};
+
+// Scratch of one thread: per query vector its range, running max and sum, scores and accumulator.
+struct Scratch {
+  std::vector<int64_t> lo, hi;
+  std::vector<float> m, l, s, acc;
+  std::vector<const float*> qp;
+  const float* kv[KT];
+  void fit(int64_t nq, int64_t dv) {
+    lo.resize(nq), hi.resize(nq), m.resize(nq), l.resize(nq), qp.resize(nq);
+    s.resize(nq * KT), acc.resize(nq * dv);
+  }
+};
+
+void scores(const Problem& pr, const Task& t, Scratch& w, int64_t nq, int64_t j0, int64_t nk) {
+  std::fill(w.s.begin(), w.s.begin() + nq * KT, NEG_INF);
+  pr.rows(t.b, j0, nk, t.kvh, pr.k, pr.D, w.kv);
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t first = std::max<int64_t>(w.lo[i] - j0, 0), last = std::min<int64_t>(w.hi[i] - j0, nk - 1);
+    float* s = &w.s[i * KT];
+    for (int64_t jj = first; jj <= last; ++jj) s[jj] = dot(w.qp[i], w.kv[jj], pr.D) * pr.scale;
+    if (pr.softcap > 0)
+      for (int64_t jj = first; jj <= last; ++jj) s[jj] = pr.softcap * std::tanh(s[jj] / pr.softcap);
+  }
+}
+
+void tile(const Problem& pr, const Task& t, Scratch& w, int64_t nq, int64_t j0, int64_t nk) {
+  scores(pr, t, w, nq, j0, nk);
+  for (int64_t i = 0; i < nq; ++i) {
+    float* s = &w.s[i * KT];
+    const float mt = *std::max_element(s, s + KT);
+    if (mt == NEG_INF) {  // no key of this tile is visible: the row's state stays
+      std::fill(s, s + KT, 0.0f);
+      continue;
+    }
+    const float m_new = std::max(w.m[i], mt);
+    if (m_new != w.m[i]) {
+      const float corr = std::exp(w.m[i] - m_new);  // 0 when the running max was -inf
+      w.l[i] *= corr;
+      for (int64_t d = 0; d < pr.Dv; ++d) w.acc[i * pr.Dv + d] *= corr;
+      w.m[i] = m_new;
+    }
+    vec sum{};
+    for (int64_t jj = 0; jj < KT; jj += VW) {
+      const vec p = vexp(load(s + jj) - splat(m_new));
+      store(s + jj, p);
+      sum += p;
+    }
+    w.l[i] += hsum(sum);
+  }
+  pr.rows(t.b, j0, nk, t.kvh, pr.v, pr.Dv, w.kv);
+  for (int64_t i = 0; i < nq; ++i)
+    if (w.m[i] != NEG_INF) accumulate(&w.acc[i * pr.Dv], &w.s[i * KT], w.kv, nk, pr.Dv);
+}
+
+void run_task(const Problem& pr, const Task& t, int64_t len, Scratch& w) {
+  const int64_t nq = (t.r1 - t.r0) * pr.G;
+  w.fit(nq, pr.Dv);
+  int64_t jlo = len, jhi = -1;
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t r = t.r0 + i / pr.G, h = t.kvh * pr.G + i % pr.G, pos = t.first_pos + (r - t.r0);
+    w.qp[i] = pr.q + r * pr.q_stride + h * pr.D;
+    int64_t lo = 0, hi = len - 1;
+    if (pr.causal) hi = std::min(hi, pos);
+    if (pr.wl >= 0) lo = std::max(lo, pos - pr.wl);
+    if (pr.wr >= 0) hi = std::min(hi, pos + pr.wr);
+    w.lo[i] = lo, w.hi[i] = hi, w.m[i] = NEG_INF, w.l[i] = 0.0f;
+    if (lo <= hi) jlo = std::min(jlo, lo), jhi = std::max(jhi, hi);
+  }
+  std::fill(w.acc.begin(), w.acc.begin() + nq * pr.Dv, 0.0f);
+  for (int64_t j0 = jlo; j0 <= jhi; j0 += KT) tile(pr, t, w, nq, j0, std::min(KT, jhi + 1 - j0));
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t r = t.r0 + i / pr.G, h = t.kvh * pr.G + i % pr.G;
+    float* o = pr.out + (r * pr.Hq + h) * pr.Dv;
+    float denom = w.l[i];
+    if (pr.sinks && w.m[i] != NEG_INF) denom += std::exp(pr.sinks[h] - w.m[i]);
+    const float inv = w.l[i] > 0.0f ? 1.0f / denom : 0.0f;
+    for (int64_t d = 0; d < pr.Dv; ++d) o[d] = w.acc[i * pr.Dv + d] * inv;
+    if (pr.lse) pr.lse[r * pr.Hq + h] = w.l[i] > 0.0f ? w.m[i] + std::log(w.l[i]) : NEG_INF;
+  }
+}
+
+std::vector<Task> tasks_of(const Layout& lay, int64_t Hkv, int64_t G) {
+  const int64_t rows_per = std::max<int64_t>(1, QMAX / G);
+  std::vector<Task> tasks;
+  for (size_t b = 0; b < lay.len.size(); ++b) {
+    const int64_t n = lay.start[b + 1] - lay.start[b], first = lay.len[b] - n;
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t a = 0; a < n; a += rows_per)
+        tasks.push_back({static_cast<int64_t>(b), h, lay.start[b] + a, lay.start[b] + std::min(n, a + rows_per),
+                         first + a});
+  }
+  return tasks;
+}
+
+void check_inputs(const torch::Tensor& query, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                  const torch::Tensor& qsl, const torch::Tensor& seq_lens, const torch::Tensor& table,
+                  const c10::optional<torch::Tensor>& sinks) {
+  check(query.dim() == 3 && query.scalar_type() == torch::kFloat && query.device().is_cpu() &&
+            query.stride(2) == 1 && query.stride(1) == query.size(2),
+        "query must be float32 CPU [T, Hq, D] with each row's heads contiguous", query.sizes(), " ",
+        query.strides(), " ", query.scalar_type());
+  for (const auto* c : {&k_cache, &v_cache})
+    check(c->dim() == 4 && c->scalar_type() == torch::kFloat && c->is_contiguous() && c->device().is_cpu() &&
+              c->size(0) == k_cache.size(0) && c->size(1) == k_cache.size(1) && c->size(2) == k_cache.size(2),
+          "the caches must be contiguous float32 CPU [NB, BS, Hkv, D] of one NB, BS and Hkv", k_cache.sizes(),
+          " and ", v_cache.sizes());
+  check(k_cache.size(3) == query.size(2) && k_cache.size(2) >= 1 && query.size(1) % k_cache.size(2) == 0,
+        "query [T, Hq, D] must match k_cache's D and have a multiple of its Hkv heads", query.sizes(), " for ",
+        k_cache.sizes());
+  const int64_t B = seq_lens.numel();
+  check(seq_lens.dim() == 1 && seq_lens.scalar_type() == torch::kInt && seq_lens.is_contiguous(),
+        "seq_lens must be contiguous int32 [B]", seq_lens.sizes());
+  check(qsl.dim() == 1 && qsl.scalar_type() == torch::kInt && qsl.is_contiguous() && qsl.size(0) == B + 1,
+        "query_start_loc must be contiguous int32 [B + 1]", qsl.sizes(), " for B = ", B);
+  check(table.dim() == 2 && table.scalar_type() == torch::kInt && table.size(0) == B &&
+            (table.stride(1) == 1 || table.size(1) <= 1),
+        "block_table must be int32 [B, cols] with contiguous rows", table.sizes(), " for B = ", B);
+  if (sinks.has_value() && sinks->defined())
+    check(sinks->dim() == 1 && sinks->scalar_type() == torch::kFloat && sinks->is_contiguous() &&
+              sinks->size(0) == query.size(1),
+          "sinks must be contiguous float32 [Hq]", sinks->sizes());
+}
+
+}  // namespace
+
+// out [T, Hq, Dv] and lse float32 [T, Hq] (empty [0] unless need_lse).
+std::tuple<torch::Tensor, torch::Tensor> paged_attention(
+    const torch::Tensor& query, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+    const torch::Tensor& query_start_loc, const torch::Tensor& seq_lens, const torch::Tensor& block_table,
+    double scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    const c10::optional<torch::Tensor>& sinks, bool need_lse) {
+  check_inputs(query, k_cache, v_cache, query_start_loc, seq_lens, block_table, sinks);
+  const int64_t T = query.size(0), Hq = query.size(1), NB = k_cache.size(0), BS = k_cache.size(1);
+  const int64_t Hkv = k_cache.size(2), Dv = v_cache.size(3);
+  const int64_t max_keys = NB > 0 && BS > 0 ? block_table.size(1) * BS : 0;
+  const Layout lay = sanitize(query_start_loc, seq_lens, T, max_keys);
+  auto out = lay.covers_all ? torch::empty({T, Hq, Dv}, query.options()) : torch::zeros({T, Hq, Dv}, query.options());
+  auto lse = need_lse ? torch::full({T, Hq}, -INFINITY, query.options()) : torch::empty({0}, query.options());
+  const bool has_sinks = sinks.has_value() && sinks->defined();
+  const Problem pr{query.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+                   has_sinks ? sinks->data_ptr<float>() : nullptr, block_table.data_ptr<int32_t>(),
+                   out.data_ptr<float>(), need_lse ? lse.data_ptr<float>() : nullptr, query.stride(0), Hq, Hkv,
+                   Hq / Hkv, query.size(2), Dv, NB, BS, block_table.stride(0),
+                   static_cast<float>(scale), static_cast<float>(softcap), causal, window_left, window_right};
+  const std::vector<Task> tasks = tasks_of(lay, Hkv, pr.G);
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t lo, int64_t hi) {
+    Scratch w;
+    for (int64_t i = lo; i < hi; ++i) run_task(pr, tasks[i], lay.len[tasks[i].b], w);
+  });
+  return {out, lse};
+}
+
+TORCH_LIBRARY_FRAGMENT(hetero_torch_native, m) {
+  m.def("paged_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, Tensor seq_lens, "
+        "Tensor block_table, float scale, bool causal, int window_left, int window_right, float softcap, "
+        "Tensor? sinks, bool need_lse) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(hetero_torch_native, CPU, m) {
+  m.impl("paged_attention", &paged_attention);
+}

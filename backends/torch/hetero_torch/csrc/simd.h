@@ -1,0 +1,64 @@
+// Vector helpers of hetero-torch's native CPU kernels: GCC vector types, so one source serves
+// AVX-512, AVX2 and NEON (whatever -march=native gives).
+#pragma once
+
+#include <cstdint>
+
+namespace hetero_simd {
+
+#if defined(__AVX512F__)
+constexpr int64_t VW = 16;  // floats per vector register
+#elif defined(__AVX__)
+constexpr int64_t VW = 8;
+#else
+constexpr int64_t VW = 4;
+#endif
+typedef float vec __attribute__((vector_size(VW * sizeof(float))));
+typedef int32_t ivec __attribute__((vector_size(VW * sizeof(int32_t))));
+
+inline vec load(const float* p) {
+  vec v;
+  __builtin_memcpy(&v, p, sizeof(vec));
+  return v;
+}
+inline void store(float* p, vec v) { __builtin_memcpy(p, &v, sizeof(vec)); }
+inline vec splat(float x) { return vec{} + x; }
+
+// e^x per lane (Cody-Waite reduction by ln 2, degree-6 polynomial; about 1 ulp); below -87.3,
+// -inf included, it is 0.
+inline vec vexp(vec x) {
+  const vec lo = splat(-87.3365f), hi = splat(88.7228f);
+  vec c = x < lo ? lo : x;
+  c = c > hi ? hi : c;
+  vec t = c * splat(1.44269504f) + splat(0.5f);
+  vec n = __builtin_convertvector(__builtin_convertvector(t, ivec), vec);
+  n = n > t ? n - splat(1.0f) : n;  // floor
+  const vec r = c - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
+  vec p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = p * r * r + r + splat(1.0f);
+  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+  const vec y = p * (vec)bits;
+  return x < lo ? splat(0.0f) : y;
+}
+
+template <int64_t W>
+inline vec rotate(vec v) {  // lane i takes lane (i + W) mod VW
+  ivec m;
+  for (int64_t i = 0; i < VW; ++i) m[i] = (i + W) % VW;
+  return __builtin_shuffle(v, m);
+}
+
+inline float hsum(vec v) {
+  if constexpr (VW >= 16) v += rotate<8>(v);
+  if constexpr (VW >= 8) v += rotate<4>(v);
+  v += rotate<2>(v);
+  v += rotate<1>(v);
+  return v[0];
+}
+
+}  // namespace hetero_simd
