@@ -34,7 +34,8 @@ LIST = ROOT / "scripts" / "mutants.toml"
 REPORT = ROOT / "docs" / "mutants.md"
 #: where each package lives in the tree, in the order PYTHONPATH lists them
 PACKAGE_DIRS = {".": "hetero", "backends/cpu_ref": "hetero_cpu_ref", "conformance": "hetero_conformance",
-                "backends/cuda": "hetero_cuda", "backends/rocm": "hetero_rocm", "backends/ascend": "hetero_ascend"}
+                "backends/cuda": "hetero_cuda", "backends/rocm": "hetero_rocm", "backends/ascend": "hetero_ascend",
+                "backends/torch": "hetero_torch"}
 FIELDS = ("id", "area", "file", "original", "replacement", "description", "tests")
 
 
