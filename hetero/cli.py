@@ -1,4 +1,4 @@
-"""The ``hetero`` command: backends | explain | conformance | generate | check-model | bench | ceilings | bench-engine | profile | quantize | new-backend.
+"""The ``hetero`` command: backends | explain | conformance | generate | check-model | bench | ceilings | bench-engine | profile | quantize | serve | new-backend.
 
 An error the user can fix (``hetero.errors.USER_ERRORS``: a bad argument, a missing
 file, an unknown or unavailable backend) prints one line, ``hetero <command>: error:
@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hetero.engine.profile.cli import add_parser as add_profile_parser
 
     add_profile_parser(sub)
+    from hetero.serve.cli import add_parser as add_serve_parser
+
+    add_serve_parser(sub)
     p = sub.add_parser("new-backend", help="write a ready plugin package hetero-NAME/ for a new chip",
                        description="Write hetero-NAME/: pyproject.toml with the hetero.backends entry point, the Backend "
                                    "subclass (every op falls back to the reference until you implement it), a conformance "

@@ -4,7 +4,7 @@ A baseline is one JSON file::
 
     {
       "schema": "hetero-bench-baseline/1",
-      "kind": "ops",                       # or "engine"
+      "kind": "ops",                       # or "engine", "serve"
       "created": "2026-12-01T10:00:00+00:00",
       "command": "hetero bench cpu_ref --shapes quick --save b.json",
       "environment": {"backend": "cpu_ref", "device": "cpu", "python": "3.11.9",
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 SCHEMA = "hetero-bench-baseline/1"
-KINDS = ("ops", "engine")
+KINDS = ("ops", "engine", "serve")
 _CORE_PACKAGES = ("torch", "triton", "hetero")
 
 
@@ -109,7 +109,7 @@ def environment(backend: str, device: str, packages: Mapping[str, str] | None = 
 
 
 def save_baseline(path: str | Path, kind: str, env: dict, metrics: Sequence[Metric], command: str) -> None:
-    """Write ``metrics`` measured in ``env`` as a baseline of ``kind`` ("ops" or "engine")."""
+    """Write ``metrics`` measured in ``env`` as a baseline of ``kind`` (one of ``KINDS``)."""
     if kind not in KINDS:
         raise BaselineError(f"baseline kind must be one of {', '.join(KINDS)}, not {kind!r}")
     names = [m.name for m in metrics]

@@ -1,0 +1,175 @@
+"""The OpenAI-compatible HTTP API of ``hetero serve`` (FastAPI): completions, chat completions (both
+streamed as server-sent events on ``stream=true``), models (with ``max_model_len`` and
+``vocab_size``), health and Prometheus metrics.
+
+One ``EngineLoop`` serves every request; a client that disconnects mid-stream has its request
+aborted and its blocks freed. A bad request gets OpenAI's error body with status 400 and the
+server goes on serving.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from hetero.engine import LLM
+from hetero.errors import UsageError
+from hetero.serve._choices import Choice, ChoiceStream, sampling_params, usage
+from hetero.serve.engine_loop import EngineLoop
+from hetero.serve.metrics import ServerMetrics
+from hetero.serve.protocol import ChatCompletionRequest, CompletionRequest, error_body
+
+__all__ = ["build_app"]
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def build_app(llm: LLM, model_name: str) -> FastAPI:
+    """The app serving ``llm`` as ``model_name``; its engine thread runs while the app is up (lifespan)."""
+    metrics = ServerMetrics(model_name)
+    engine = EngineLoop(llm, on_step=metrics.on_step)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        engine.start()
+        yield
+        engine.stop()
+
+    app = FastAPI(title="hetero", lifespan=lifespan)
+    app.state.engine, app.state.metrics, app.state.model_name = engine, metrics, model_name
+    _errors(app)
+    _routes(app, llm, engine, metrics, model_name)
+    return app
+
+
+def _errors(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
+        return JSONResponse(error_body(message, 400, where), status_code=400)
+
+    @app.exception_handler(BadRequest)
+    async def bad(_: Request, exc: BadRequest) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), 400, exc.param), status_code=400)
+
+    @app.exception_handler(UsageError)
+    async def usage(_: Request, exc: UsageError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), 400, getattr(exc, "arg", None)), status_code=400)
+
+
+def _routes(app: FastAPI, llm: LLM, engine: EngineLoop, metrics: ServerMetrics, model_name: str) -> None:
+    max_model_len = llm.config.max_model_len
+    vocab = getattr(llm.config.hf_config, "vocab_size", None)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "hetero",
+                "max_model_len": max_model_len, "vocab_size": vocab}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        _check_common(body, llm, model_name)
+        if isinstance(body.prompt, str) and llm.tokenizer is None:
+            raise BadRequest("this checkpoint has no tokenizer: send the prompt as a list of token ids", "prompt")
+        params = sampling_params(body, body.max_tokens or 16, body.logprobs)
+        choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs is not None)
+        return await _respond(engine, body.prompt, params, choice, _Shape("cmpl", "text_completion", model_name,
+                                                                          chat=False), body.stream)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest):
+        _check_common(body, llm, model_name)
+        prompt = _render_chat(llm, body)
+        limit = body.max_completion_tokens or body.max_tokens or max(1, max_model_len - len(prompt))
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        params = sampling_params(body, limit, top)
+        choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs)
+        return await _respond(engine, prompt, params, choice, _Shape("chatcmpl", "chat.completion", model_name,
+                                                                     chat=True), body.stream)
+
+
+def _check_common(body, llm: LLM, model_name: str) -> None:
+    if body.model is not None and body.model != model_name:
+        raise BadRequest(f"model {body.model!r} is not served here; this server serves {model_name!r}", "model")
+    if body.n != 1:
+        raise BadRequest(f"n must be 1 (got {body.n})", "n")
+    if body.stop and llm.tokenizer is None:
+        raise BadRequest("stop strings need a tokenizer, and this checkpoint has none: use stop_token_ids", "stop")
+
+
+def _render_chat(llm: LLM, body: ChatCompletionRequest) -> list[int]:
+    tok = llm.tokenizer
+    if tok is None or not getattr(tok, "chat_template", None):
+        raise BadRequest("this checkpoint has no tokenizer with a chat template: use /v1/completions", "messages")
+    messages = [m.model_dump() for m in body.messages]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+class _Shape:
+    """How one endpoint's responses look: id prefix, object name, chat or text choices."""
+
+    def __init__(self, prefix: str, obj: str, model: str, chat: bool):
+        self.id, self.object, self.model, self.chat = f"{prefix}-{uuid.uuid4().hex}", obj, model, chat
+        self.created = int(time.time())
+
+    def envelope(self, choices: list[dict], chunk: bool = False, usage: dict | None = None) -> dict:
+        obj = self.object + (".chunk" if chunk and self.chat else "")
+        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return body
+
+
+async def _respond(engine: EngineLoop, prompt, params, choice: Choice, shape: _Shape, stream: bool):
+    outputs = engine.generate(prompt, params)
+    first = await anext(outputs)  # raises UsageError for a request the engine refuses: a 400 before any byte
+    if stream:
+        return StreamingResponse(_events(first, outputs, ChoiceStream(choice, shape.chat), shape),
+                                 media_type="text/event-stream")
+    state = ChoiceStream(choice, shape.chat)
+    try:
+        out = first
+        while True:
+            state.delta(out)
+            if state.done:
+                break
+            out = await anext(outputs)
+    finally:
+        await outputs.aclose()  # stopped by a stop string: the request is aborted
+    return shape.envelope([state.result()], usage=usage(out))
+
+
+async def _events(out, outputs: AsyncIterator, state: ChoiceStream, shape: _Shape) -> AsyncIterator[str]:
+    try:
+        while True:
+            delta = state.delta(out)
+            if delta is not None:
+                yield f"data: {json.dumps(shape.envelope([delta], chunk=True))}\n\n"
+            if state.done:
+                break
+            out = await anext(outputs)
+    finally:
+        await outputs.aclose()  # a client gone mid-stream: the request is aborted, its blocks freed
+    yield "data: [DONE]\n\n"

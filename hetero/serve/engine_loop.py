@@ -1,0 +1,132 @@
+"""``EngineLoop``: an ``LLM`` stepped on its own thread, its requests added and streamed from asyncio.
+
+The engine's ``step`` is blocking compute, so it runs on one worker thread that alone touches the
+``LLM``; request handlers on the event loop hand it commands (add, abort) through a queue and
+receive each request's outputs through an ``asyncio.Queue``. Between steps the thread applies the
+commands, so a request added or aborted mid-step takes effect at the next step boundary.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Sequence
+
+from hetero.engine import LLM, SamplingParams
+from hetero.engine.outputs import RequestOutput
+
+__all__ = ["EngineLoop"]
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue
+
+
+class EngineLoop:
+    """Serve ``llm`` from a worker thread. ``on_step(llm, outputs)`` runs on that thread after every
+    step (the server's metrics); ``start`` / ``stop`` bound the thread's life."""
+
+    def __init__(self, llm: LLM, on_step: Callable[[LLM, list[RequestOutput]], None] | None = None):
+        self.llm = llm
+        self._on_step = on_step
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="hetero-engine-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    async def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Add a request and yield its outputs as steps produce them, the last one finished.
+
+        Raises what ``LLM.add_request`` raises for a bad request. Closing the iterator early (a
+        client that went away) aborts the request, which frees its blocks."""
+        loop = asyncio.get_running_loop()
+        request_id = f"req-{next(self._ids)}"
+        added: asyncio.Future = loop.create_future()
+        stream = _Stream(loop, asyncio.Queue())
+        self._send(("add", request_id, prompt, params, stream, added))
+        await added
+        finished = False
+        try:
+            while not finished:
+                out = await stream.outputs.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self._send(("abort", request_id))
+
+    def _send(self, command: tuple) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._apply_commands()
+            if not self.llm.has_unfinished():
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.llm.step()
+            except Exception as e:  # noqa: BLE001  (every open request learns of it; the loop goes on)
+                self._fail_all(e)
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out, out.finished)
+            if self._on_step is not None:
+                self._on_step(self.llm, outputs)
+        self._fail_all(RuntimeError("the server is shutting down"))
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "abort":
+                if self._streams.pop(command[1], None) is not None:
+                    self.llm.abort(command[1])
+                continue
+            _, request_id, prompt, params, stream, added = command
+            try:
+                self.llm.add_request(prompt, params, request_id)
+            except Exception as e:  # noqa: BLE001  (a bad request is the caller's error, raised there)
+                stream.loop.call_soon_threadsafe(_settle, added, e)
+                continue
+            self._streams[request_id] = stream
+            stream.loop.call_soon_threadsafe(_settle, added, None)
+
+    def _deliver(self, request_id: str, item: object, last: bool) -> None:
+        stream = self._streams.pop(request_id, None) if last else self._streams.get(request_id)
+        if stream is not None:
+            stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, item)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id in list(self._streams):
+            self.llm.abort(request_id)
+            self._deliver(request_id, error, True)
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -1,0 +1,262 @@
+"""``hetero serve`` against the official ``openai`` client on localhost: completions and chat, streamed
+and whole, equal to offline ``generate``; bad requests; a disconnect mid-stream; concurrency;
+/v1/models, /health and Prometheus /metrics. Every server is stopped by its fixture and every
+request is bounded in count and time."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import math
+import threading
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+import urllib.request  # noqa: E402
+
+import uvicorn  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+from hetero.engine import LLM, SamplingParams  # noqa: E402
+from hetero.serve import build_app  # noqa: E402
+
+CHAT_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: "
+ENGINE = dict(backend="cpu_ref", dtype="float32", block_size=8, max_num_seqs=16)
+TIMEOUT = 120
+
+
+def engine(path) -> LLM:
+    return LLM(path, **ENGINE)
+
+
+@pytest.fixture(scope="module")
+def path(checkpoints, tmp_path_factory):
+    """The tiny Qwen3 with its char-level tokenizer and a plain chat template."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("served") / "tiny-qwen3"
+    shutil.copytree(checkpoints("qwen3"), root)
+    tok = AutoTokenizer.from_pretrained(root)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(root)
+    return str(root)
+
+
+class Server:
+    """uvicorn serving ``app`` on a free localhost port, in a thread, until ``stop``."""
+
+    def __init__(self, app):
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.05)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def served(path):
+    llm = engine(path)
+    server = Server(build_app(llm, "tiny-qwen3"))
+    yield server, llm
+    server.stop()
+
+
+@pytest.fixture
+def client(served):
+    return openai.OpenAI(base_url=served[0].url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+
+
+def get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.status, r.read().decode()
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 256, (4 + 3 * i,), generator=gen).tolist() for i in range(n)]
+
+
+def offline(path, prompt_list, max_tokens: int) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return [o.token_ids for o in engine(path).generate(prompt_list, params, progress=False)]
+
+
+GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
+
+
+def test_completions_whole_and_streamed_equal_offline_generate(client, path):
+    ps = prompts(3)
+    want = offline(path, ps, 10)
+    for p, w in zip(ps, want):
+        whole = client.completions.create(model="tiny-qwen3", prompt=p, max_tokens=10, **GREEDY)
+        choice = whole.choices[0]
+        assert choice.token_ids == w and choice.finish_reason == "length"
+        assert whole.usage.completion_tokens == 10 and whole.usage.prompt_tokens == len(p)
+        chunks = list(client.completions.create(model="tiny-qwen3", prompt=p, max_tokens=10, stream=True, **GREEDY))
+        assert [t for c in chunks for t in c.choices[0].token_ids] == w
+        assert "".join(c.choices[0].text for c in chunks) == choice.text
+        assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_a_text_prompt_decodes_like_the_tokenizer(client, path, served):
+    tok = served[1].tokenizer
+    out = client.completions.create(model="tiny-qwen3", prompt="hello there", max_tokens=6, **GREEDY)
+    choice = out.choices[0]
+    assert choice.token_ids == offline(path, ["hello there"], 6)[0]
+    assert choice.text == tok.decode(choice.token_ids, skip_special_tokens=True)
+
+
+def test_chat_renders_the_template_and_streams(client, path, served):
+    tok = served[1].tokenizer
+    messages = [{"role": "user", "content": "hi!"}]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    want = offline(path, [ids], 7)[0]
+    whole = client.chat.completions.create(model="tiny-qwen3", messages=messages, max_tokens=7, **GREEDY)
+    assert whole.choices[0].token_ids == want
+    assert whole.choices[0].message.content == tok.decode(want, skip_special_tokens=True)
+    chunks = list(client.chat.completions.create(model="tiny-qwen3", messages=messages, max_tokens=7, stream=True,
+                                                 **GREEDY))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+
+
+@pytest.mark.parametrize("change,param", [
+    (dict(temperature=-1.0), "temperature"),
+    (dict(model="another-model"), "model"),
+    (dict(n=2), "n"),
+    (dict(prompt=[3, 4, 100000]), "prompt"),
+    (dict(max_tokens=0), "max_tokens"),
+])
+def test_bad_requests_get_a_400_and_the_server_goes_on(client, change, param):
+    args = {"model": "tiny-qwen3", "prompt": [5, 6, 7], "max_tokens": 4, **change}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(**args)
+    body = err.value.body
+    assert param in (body.get("param") or "") + body["message"], body
+    assert client.completions.create(model="tiny-qwen3", prompt=[5, 6, 7], max_tokens=2).choices[0].finish_reason
+
+
+def test_chat_without_a_template_is_a_400(checkpoints):
+    llm = engine(str(checkpoints("qwen3")))  # its tokenizer has no chat template
+    server = Server(build_app(llm, "plain"))
+    try:
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="chat template"):
+            c.chat.completions.create(model="plain", messages=[{"role": "user", "content": "x"}])
+    finally:
+        server.stop()
+
+
+def test_a_client_gone_mid_stream_aborts_its_request(client, served):
+    llm = served[1]
+    stream = client.completions.create(model="tiny-qwen3", prompt=[9, 8, 7, 6], max_tokens=400, stream=True,
+                                       temperature=0.0, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    stream.close()
+    deadline = time.monotonic() + 60
+    while llm.scheduler.has_unfinished():
+        assert time.monotonic() < deadline, "the request was not aborted"
+        time.sleep(0.05)
+    assert llm.block_manager.num_used_blocks == 0
+
+
+def test_32_concurrent_streams_equal_offline_generate(client, path):
+    ps = prompts(32, seed=1)
+    want = offline(path, ps, 6)
+
+    def one(p):
+        chunks = client.completions.create(model="tiny-qwen3", prompt=p, max_tokens=6, stream=True, **GREEDY)
+        return [t for c in chunks for t in c.choices[0].token_ids]
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        got = list(pool.map(one, ps, timeout=TIMEOUT))
+    assert got == want
+
+
+def test_models_health_and_metrics(client, served):
+    server, llm = served
+    assert [m.id for m in client.models.list().data] == ["tiny-qwen3"]
+    assert get(server.url + "/health")[0] == 200
+    client.completions.create(model="tiny-qwen3", prompt=[4, 5, 6], max_tokens=3, **GREEDY)
+    text = get(server.url + "/metrics")[1]
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("hetero_num_requests_running", "hetero_num_requests_waiting", "hetero_kv_cache_usage_perc",
+                 "hetero_num_preemptions", "hetero_time_to_first_token_seconds",
+                 "hetero_time_per_output_token_seconds"):
+        assert name in families, sorted(families)
+    ttft = {s.name: s.value for s in families["hetero_time_to_first_token_seconds"].samples}
+    assert ttft["hetero_time_to_first_token_seconds_count"] >= 1
+
+
+def test_the_serve_command_answers_and_stops(path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "hetero.cli", "serve", "--model", path, "--backend", "cpu_ref", "--dtype", "float32",
+           "--port", str(port), "--served-model-name", "tiny"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "hetero serve did not come up"
+            try:
+                if get(f"http://127.0.0.1:{port}/health")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+        out = c.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=5, **GREEDY)
+        assert out.choices[0].token_ids == offline(path, [[5, 6, 7]], 5)[0]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_bench_serve_reports_percentiles_goodput_and_baselines(served, tmp_path, capsys):
+    from hetero.cli import main
+
+    url = served[0].url
+    base = ["bench-serve", "--url", url, "--num-prompts", "8", "--request-rate", "50", "--max-concurrency", "4",
+            "--random-input-len", "8", "--random-output-len", "4", "--ignore-eos", "--seed", "3"]
+    out, saved = tmp_path / "run.json", tmp_path / "base.json"
+    assert main([*base, "--slo", "ttft=600000,tpot=600000", "--json", str(out), "--save", str(saved)]) == 0
+    text = capsys.readouterr().out
+    assert "8 requests done, 0 failed" in text and "TTFT" in text and "p99" in text and "goodput" in text
+    doc = json.loads(out.read_text())
+    summary = doc["summary"]
+    assert summary["completed"] == 8 and summary["total_output_tokens"] == 32
+    assert summary["ttft_ms"]["p50"] > 0 and summary["tpot_ms"]["p90"] > 0 and summary["itl_ms"]["mean"] > 0
+    assert summary["goodput"] == pytest.approx(8 / summary["duration_s"])
+    assert len(doc["requests"]) == 8 and all(r["output_tokens"] == 4 for r in doc["requests"])
+    assert main([*base, "--compare", str(saved), "--threshold", "100"]) == 0
+    assert "against the baseline" in capsys.readouterr().out
+    assert main([*base[:2], url.replace("127.0.0.1", "localhost"), *base[3:], "--compare", str(saved)]) == 2
+    assert "--compare" in capsys.readouterr().err
+
+
+def test_bench_serve_arrivals():
+    from hetero.serve.bench import arrival_gaps
+
+    assert arrival_gaps(3, math.inf, 1.0, 0) == [0.0] * 3
+    assert arrival_gaps(4, 10.0, math.inf, 0) == [0.1] * 4
+    poisson = arrival_gaps(4000, 10.0, 1.0, 0)
+    assert abs(sum(poisson) / len(poisson) - 0.1) < 0.01 and poisson != arrival_gaps(4000, 10.0, 1.0, 1)
