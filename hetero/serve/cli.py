@@ -31,6 +31,9 @@ def _add_serve_parser(sub: Any) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="ranks; launch with torchrun --nproc-per-node N (rank 0 serves)")
+    p.add_argument("--expert-parallel", action="store_true", help="split MoE experts over the ranks")
     compile_arg(p)
     p.set_defaults(func=_cmd_serve)
 
@@ -40,11 +43,16 @@ def _cmd_serve(args: argparse.Namespace, registry: Any, console: Any) -> int:
 
     from hetero.engine import LLM
     from hetero.serve.app import build_app
+    from hetero.serve.engine_loop import follow
 
     extra = {"max_model_len": args.max_model_len} if args.max_model_len else {}
     llm = LLM(args.model, backend=args.backend, dtype=args.dtype or "auto", block_size=args.block_size,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed,
-              compile=args.compile, **extra)
+              compile=args.compile, tensor_parallel_size=args.tensor_parallel_size,
+              expert_parallel=args.expert_parallel, **extra)
+    if llm.rank != 0:
+        follow(llm)
+        return EXIT_OK
     name = args.served_model_name or Path(args.model).resolve().name
     console.print(f"serving {name} (backend {args.backend or 'auto'}) on http://{args.host}:{args.port}/v1", highlight=False)
     uvicorn.run(build_app(llm, name), host=args.host, port=args.port, log_level="warning")

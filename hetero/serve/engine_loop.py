@@ -4,6 +4,10 @@ The engine's ``step`` is blocking compute, so it runs on one worker thread that 
 ``LLM``; request handlers on the event loop hand it commands (add, abort) through a queue and
 receive each request's outputs through an ``asyncio.Queue``. Between steps the thread applies the
 commands, so a request added or aborted mid-step takes effect at the next step boundary.
+
+Under tensor or expert parallelism (torchrun) rank 0 serves and every other rank runs ``follow``:
+before each step rank 0 broadcasts what the ranks do next ("step", "idle" or "stop"), so they step
+together and an idle server still meets its followers every ``IDLE_S`` seconds.
 """
 from __future__ import annotations
 
@@ -17,7 +21,10 @@ from typing import AsyncIterator, Callable, Sequence
 from hetero.engine import LLM, SamplingParams
 from hetero.engine.outputs import RequestOutput
 
-__all__ = ["EngineLoop"]
+__all__ = ["EngineLoop", "follow", "IDLE_S"]
+
+#: how long an idle loop waits for a request before it checks in (and tells the followers) again
+IDLE_S = 0.5
 
 
 @dataclass
@@ -76,10 +83,15 @@ class EngineLoop:
         self._wake.set()
 
     def _run(self) -> None:
-        while not self._stopping.is_set():
+        while True:
             self._apply_commands()
-            if not self.llm.has_unfinished():
-                self._wake.wait(0.5)
+            stopping = self._stopping.is_set()
+            busy = not stopping and self.llm.scheduler.has_unfinished()
+            _tell(self.llm, "stop" if stopping else "step" if busy else "idle")
+            if stopping:
+                break
+            if not busy:
+                self._wake.wait(IDLE_S)
                 self._wake.clear()
                 continue
             try:
@@ -121,6 +133,21 @@ class EngineLoop:
         for request_id in list(self._streams):
             self.llm.abort(request_id)
             self._deliver(request_id, error, True)
+
+
+def _tell(llm: LLM, what: str) -> None:
+    if llm.runner.parallel.size > 1:
+        llm.runner.parallel.broadcast_object(what, llm.runner.device)
+
+
+def follow(llm: LLM) -> None:
+    """A rank other than 0 of a served engine: step when rank 0 says so, until it says stop."""
+    while True:
+        what = llm.runner.parallel.broadcast_object(None, llm.runner.device)
+        if what == "stop":
+            return
+        if what == "step":
+            llm.step()
 
 
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:

@@ -260,3 +260,41 @@ def test_bench_serve_arrivals():
     assert arrival_gaps(4, 10.0, math.inf, 0) == [0.1] * 4
     poisson = arrival_gaps(4000, 10.0, 1.0, 0)
     assert abs(sum(poisson) / len(poisson) - 0.1) < 0.01 and poisson != arrival_gaps(4000, 10.0, 1.0, 1)
+
+
+def test_tp2_under_torchrun_rank0_serves_and_the_ranks_step_together(path):
+    """Two ranks over gloo: rank 0 answers, rank 1 follows; tokens equal one process's."""
+    import os
+    import subprocess
+    import sys
+
+    from hetero.distributed import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "-m", "hetero.cli", "serve", "--model", path, "--backend", "cpu_ref",
+           "--dtype", "float32", "--tensor-parallel-size", "2", "--port", str(port), "--served-model-name", "tiny"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, proc.stdout.read()[-4000:]
+            assert time.monotonic() < deadline, "the TP server did not come up"
+            try:
+                if get(f"http://127.0.0.1:{port}/health")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.3)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+        ps = prompts(3, seed=5)
+        want = offline(path, ps, 6)
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            got = list(pool.map(lambda p: c.completions.create(model="tiny", prompt=p, max_tokens=6,
+                                                                **GREEDY).choices[0].token_ids, ps, timeout=TIMEOUT))
+        assert got == want
+        time.sleep(2 * 0.5)  # idle: rank 0 keeps meeting rank 1, and the next request is served still
+        assert c.completions.create(model="tiny", prompt=ps[0], max_tokens=6, **GREEDY).choices[0].token_ids == want[0]
+    finally:
+        proc.terminate()
+        proc.wait(60)
