@@ -38,7 +38,9 @@ class Choice:
         return (text[: min(cuts)], True) if cuts else (text, False)
 
     def token(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"
+        """The token's text, or ``token_id:N`` (vLLM's spelling) where it has none to show."""
+        text = self.tokenizer.decode([token_id]) if self.tokenizer is not None else ""
+        return text or f"token_id:{token_id}"
 
 
 class ChoiceStream:
@@ -60,8 +62,10 @@ class ChoiceStream:
         text, stopped = self.choice.text(self.ids)
         if stopped or out.finished:
             self.done, self.finish_reason = True, "stop" if stopped else out.finish_reason
-        elif text.endswith("\ufffd"):
-            text = text[: len(self.sent)]  # a character not complete yet: sent with the next token
+        else:
+            # held back: a character not complete yet, and what could be the start of a stop string
+            keep = len(text.rstrip("\ufffd")) - max((len(s) - 1 for s in self.choice.stop), default=0)
+            text = text[: max(keep, len(self.sent))]
         new_text = text[len(self.sent):] if text.startswith(self.sent) else ""
         self.sent += new_text
         if not (new_text or new_ids or self.done):

@@ -23,7 +23,8 @@ from typing import Any, Sequence
 from hetero.engine.bench import percentiles
 from hetero.errors import UsageError
 
-__all__ = ["RequestSpec", "RequestResult", "random_requests", "file_requests", "arrival_gaps", "run_load", "summarize"]
+__all__ = ["RequestSpec", "RequestResult", "random_requests", "file_requests", "arrival_gaps", "run_load", "summarize",
+           "results_json"]
 
 
 @dataclass(frozen=True)

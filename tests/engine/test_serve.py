@@ -298,3 +298,20 @@ def test_tp2_under_torchrun_rank0_serves_and_the_ranks_step_together(path):
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_a_stop_string_cuts_the_text_and_logprobs_come_back(client):
+    # seeded sampling: the random model's greedy picks are mostly ids the char-level tokenizer lacks
+    base = dict(model="tiny-qwen3", prompt="abc", max_tokens=32, temperature=1.0, seed=7,
+                extra_body={"ignore_eos": True})
+    full = client.completions.create(**base).choices[0].text
+    assert len(full) >= 6, full
+    stop = full[3:5]
+    cut = client.completions.create(**base, stop=[stop]).choices[0]
+    assert cut.text == full[: full.find(stop)] and cut.finish_reason == "stop"
+    streamed = list(client.completions.create(**base, stop=[stop], stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == cut.text
+    assert streamed[-1].choices[0].finish_reason == "stop"
+    lp = client.completions.create(**{**base, "max_tokens": 4}, logprobs=2).choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert all(v <= 0 for v in lp.token_logprobs) and all(2 <= len(t) <= 3 for t in lp.top_logprobs)
