@@ -1,9 +1,11 @@
-// hetero-torch's CPU paged attention, float32 (hetero.spec.attention's paged_attention). The keys are read in place through the block table: no gathered copy of the
-// cache, no padded batch, no mask tensor. Gathering a decode batch's keys cost more than the
-// attention itself (1.1 ms of 4.3 ms per layer for 64 sequences on the 2-core build machine).
+// hetero-torch's CPU paged attention, float32 (hetero.spec.attention's paged_attention). The keys
+// are read in place through the block table: no gathered copy of the cache, no padded batch, no
+// mask tensor (the torch path's gather of a decode batch's keys cost more than its attention;
+// benchmarks/attention_cpu.py times both paths).
 //
-// Work: one task per (sequence, KV head, chunk of query rows); a task's query vectors (its rows
-// times the query heads of that KV head) share every key and value they load. Keys go by tiles
+// Work: tasks of (sequence, chunk of query rows), one KV head or all of them in turn (tasks_of);
+// a chunk's query vectors (its rows times a KV head's query heads) share every key and value
+// row they load. Keys go by tiles
 // of KT with an online softmax, so memory stays bounded at any length.
 //
 // Metadata values are not trusted: query_start_loc is clamped monotone into [0, T], seq_lens into
@@ -138,7 +140,7 @@ void scores(const Problem& pr, const Task& t, Scratch& w, int64_t nq, int64_t j0
 
 void tile(const Problem& pr, const Task& t, Scratch& w, int64_t nq, int64_t j0, int64_t nk) {
   // every row of the tile is asked for at once, so the memory fetches overlap (the cache rarely
-  // holds them: a step reads each layer's cache once); 1.35x on a 64-sequence decode layer
+  // holds them: a step reads each layer's cache once)
   pr.rows(t.b, j0, nk, t.kvh, pr.k, pr.D, w.kv);
   pr.rows(t.b, j0, nk, t.kvh, pr.v, pr.Dv, w.vv);
   for (int64_t jj = 0; jj < nk; ++jj) {
@@ -201,7 +203,7 @@ void run_task(const Problem& pr, const Task& t, int64_t len, Scratch& w) {
 
 // One task per (sequence, row chunk) doing every KV head in turn when that leaves enough tasks
 // to share out: a cache row holds all KV heads of a position, so one task then uses each cache
-// line it loads whole (a decode layer read from memory 1.2x faster so on the build machine).
+// line it loads whole.
 // Else one task per (sequence, KV head, row chunk).
 std::vector<Task> tasks_of(const Layout& lay, int64_t Hkv, int64_t G) {
   const int64_t rows_per = std::max<int64_t>(1, QMAX / G);
