@@ -5,8 +5,12 @@ request is bounded in count and time."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import math
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -21,6 +25,7 @@ import uvicorn  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
+from hetero.distributed import free_port  # noqa: E402
 from hetero.engine import LLM, SamplingParams  # noqa: E402
 from hetero.serve import build_app  # noqa: E402
 
@@ -202,33 +207,35 @@ def test_models_health_and_metrics(client, served):
     assert ttft["hetero_time_to_first_token_seconds_count"] >= 1
 
 
-def test_the_serve_command_answers_and_stops(path):
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "hetero.cli", "serve", "--model", path, "--backend", "cpu_ref", "--dtype", "float32",
-           "--port", str(port), "--served-model-name", "tiny"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+@contextlib.contextmanager
+def command_server(launcher: list[str], args: list[str], seconds: float, stop_s: float, env: dict | None = None):
+    """``hetero serve`` started by ``launcher`` on a free port; an openai client once /health answers
+    within ``seconds``. The process is terminated on exit and must end within ``stop_s``."""
+    port = free_port()
+    cmd = [*launcher, "-m", "hetero.cli", "serve", *args, "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
     try:
-        deadline = time.monotonic() + TIMEOUT
+        deadline = time.monotonic() + seconds
         while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "hetero serve did not come up"
+            assert proc.poll() is None, proc.stdout.read()[-4000:]
+            assert time.monotonic() < deadline, f"{' '.join(cmd)} did not come up"
             try:
                 if get(f"http://127.0.0.1:{port}/health")[0] == 200:
                     break
             except OSError:
                 time.sleep(0.2)
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
-        out = c.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=5, **GREEDY)
-        assert out.choices[0].token_ids == offline(path, [[5, 6, 7]], 5)[0]
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
     finally:
         proc.terminate()
-        proc.wait(30)
+        proc.wait(stop_s)
+
+
+def test_the_serve_command_answers_and_stops(path):
+    args = ["--model", path, "--backend", "cpu_ref", "--dtype", "float32", "--served-model-name", "tiny"]
+    with command_server([sys.executable], args, TIMEOUT, 30) as c:
+        out = c.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=5, **GREEDY)
+        assert out.choices[0].token_ids == offline(path, [[5, 6, 7]], 5)[0]
 
 
 def test_bench_serve_reports_percentiles_goodput_and_baselines(served, tmp_path, capsys):
@@ -264,29 +271,11 @@ def test_bench_serve_arrivals():
 
 def test_tp2_under_torchrun_rank0_serves_and_the_ranks_step_together(path):
     """Two ranks over gloo: rank 0 answers, rank 1 follows; tokens equal one process's."""
-    import os
-    import subprocess
-    import sys
-
-    from hetero.distributed import free_port
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), "-m", "hetero.cli", "serve", "--model", path, "--backend", "cpu_ref",
-           "--dtype", "float32", "--tensor-parallel-size", "2", "--port", str(port), "--served-model-name", "tiny"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, proc.stdout.read()[-4000:]
-            assert time.monotonic() < deadline, "the TP server did not come up"
-            try:
-                if get(f"http://127.0.0.1:{port}/health")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.3)
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                "--master-port", str(free_port())]
+    args = ["--model", path, "--backend", "cpu_ref", "--dtype", "float32", "--tensor-parallel-size", "2",
+            "--served-model-name", "tiny"]
+    with command_server(launcher, args, 300, 60, env={"OMP_NUM_THREADS": "1"}) as c:
         ps = prompts(3, seed=5)
         want = offline(path, ps, 6)
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
@@ -295,9 +284,6 @@ def test_tp2_under_torchrun_rank0_serves_and_the_ranks_step_together(path):
         assert got == want
         time.sleep(2 * 0.5)  # idle: rank 0 keeps meeting rank 1, and the next request is served still
         assert c.completions.create(model="tiny", prompt=ps[0], max_tokens=6, **GREEDY).choices[0].token_ids == want[0]
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 def test_a_stop_string_cuts_the_text_and_logprobs_come_back(client):
