@@ -21,12 +21,11 @@ __all__ = ["applies", "paged_attention", "write_kv"]
 
 
 @functools.cache
-def _ops():
-    """torch.ops.hetero_torch_native once its library is loaded and its fake kernels registered, else None."""
+def _registered() -> bool:
+    """Whether the ``hetero_torch_native`` ops are loaded (the extension built) and their fake kernels registered."""
     module, _ = extension()
     if module is None:
-        return None
-    ns = torch.ops.hetero_torch_native
+        return False
 
     @torch.library.register_fake("hetero_torch_native::paged_attention")
     def _(query, k_cache, v_cache, query_start_loc, seq_lens, block_table, scale, causal, window_left,
@@ -38,7 +37,7 @@ def _ops():
     def _(key, value, k_cache, v_cache, slot_mapping):
         return None
 
-    return ns
+    return True
 
 
 def applies(k_cache: torch.Tensor, v_cache: torch.Tensor, *others: torch.Tensor | None) -> bool:
@@ -52,7 +51,7 @@ def applies(k_cache: torch.Tensor, v_cache: torch.Tensor, *others: torch.Tensor 
 # traced, the answer is a constant of the graph: the build is read once, not traced into
 @torch.compiler.assume_constant_result
 def _built() -> bool:
-    return _ops() is not None
+    return _registered()
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
