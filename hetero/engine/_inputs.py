@@ -59,8 +59,10 @@ def params_list(params: Any, n: int) -> list[SamplingParams]:
     return params
 
 
-def check_import(cache: Any, num_prompt_tokens: int, index: int) -> None:
-    """An imported cache must be a ``SequenceCache`` of fewer tokens than the prompt (one is left to compute)."""
+def check_import(cache: Any, prompt: list[int], index: int) -> None:
+    """An imported cache must be a ``SequenceCache`` of fewer tokens than the prompt (one is left to compute),
+    computed from the prompt's first tokens when it records them."""
+    num_prompt_tokens = len(prompt)
     if not isinstance(cache, SequenceCache):
         raise UsageError(f"request {index}: argument 'cache': expected a SequenceCache, got {type(cache).__name__}",
                          arg="cache", expected="a SequenceCache", got=type(cache).__name__)
@@ -69,3 +71,9 @@ def check_import(cache: Any, num_prompt_tokens: int, index: int) -> None:
                          f"{num_prompt_tokens}; it must cover between 1 and {num_prompt_tokens - 1} tokens (the last "
                          f"prompt token is computed here)", arg="cache",
                          expected=f"1 to {num_prompt_tokens - 1} tokens", got=cache.num_tokens)
+    if cache.token_ids is not None and list(cache.token_ids) != prompt[:cache.num_tokens]:
+        at = next((i for i, (a, b) in enumerate(zip(cache.token_ids, prompt)) if a != b), len(cache.token_ids))
+        raise UsageError(f"request {index}: argument 'cache': the cache was computed from other tokens than this "
+                         f"prompt's (they differ at position {at}); a cache is only valid for the tokens it was "
+                         f"computed from", arg="cache", expected="the prompt's first tokens",
+                         got=f"token ids differing at position {at}")

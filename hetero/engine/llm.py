@@ -91,7 +91,7 @@ class LLM:
                 raise UsageError(f"request {index}: argument 'cache': importing a cache under tensor parallelism "
                                  f"is not supported (each rank holds its own shard)", arg="cache",
                                  expected="tensor_parallel_size 1", got=self.runner.parallel.size)
-            check_import(cache, seq.num_prompt_tokens, index)
+            check_import(cache, seq.prompt_token_ids, index)
             check_fits(self.runner.cache, cache)
             seq.imported = cache
         if self.rank == 0:
@@ -105,9 +105,14 @@ class LLM:
         """The cache of a running request's computed tokens, on the CPU in a layout another engine imports."""
         for seq in self.scheduler.running:
             if seq.request_id == request_id:
-                return export_sequence_cache(self.runner.cache, seq.block_table, seq.state_slot, seq.num_computed_tokens)
+                return export_sequence_cache(self.runner.cache, seq.block_table, seq.state_slot, seq.num_computed_tokens,
+                                             seq.token_ids)
         raise UsageError(f"export_cache: argument 'request_id': no running request {request_id!r}",
                          arg="request_id", expected="a running request", got=request_id)
+
+    def encode(self, prompt: str | Seq[int]) -> list[int]:
+        """The token ids ``add_request`` would queue for ``prompt``, checked as it checks them."""
+        return self._encode(prompt, self._num_requests)
 
     @property
     def rank(self) -> int:

@@ -145,3 +145,16 @@ def test_an_import_that_does_not_fit_is_refused(toy, checkpoints):
         llm.add_request(PROMPTS[3][:3], GREEDY, cache=cache)  # more cached tokens than the prompt
     with pytest.raises(ValueError, match="state entries"):
         engine(str(checkpoints("qwen3"))).add_request(PROMPTS[3] + [5], GREEDY, cache=cache)
+
+
+def test_a_cache_of_other_tokens_is_refused(toy):
+    llm = engine(toy)
+    rid = _first_token(llm, PROMPTS[3], GREEDY)
+    cache = llm.export_cache(rid)
+    assert cache.token_ids == PROMPTS[3]
+    other = list(PROMPTS[3]) + [5]
+    other[2] = (other[2] + 1) % 50 + 1
+    with pytest.raises(ValueError, match="other tokens than this prompt's .*position 2"):
+        llm.add_request(other, GREEDY, cache=cache)
+    cache.token_ids = None  # a cache that does not record its tokens is taken on trust
+    llm.add_request(other, GREEDY, cache=cache)

@@ -23,12 +23,15 @@ class SequenceCache:
 
     ``paged[name]`` is ``[num_tokens, *shape]``, token-major, for every per-token entry
     (``name`` = ``"{layer path}.{entry}"``); ``state[name]`` is the per-sequence state
-    after those tokens. Every tensor is on the CPU, in the pool's dtype.
+    after those tokens. Every tensor is on the CPU, in the pool's dtype. ``token_ids``, when
+    set, are the tokens the cache was computed from: an importer refuses the cache for a
+    prompt that does not start with them.
     """
 
     num_tokens: int
     paged: dict[str, torch.Tensor] = field(default_factory=dict)
     state: dict[str, torch.Tensor] = field(default_factory=dict)
+    token_ids: list[int] | None = None
 
 
 def _slots(block_table: Seq[int], num_tokens: int, block_size: int, device: torch.device) -> torch.Tensor:
@@ -40,9 +43,11 @@ def _slots(block_table: Seq[int], num_tokens: int, block_size: int, device: torc
     return table[pos // block_size] * block_size + pos % block_size
 
 
-def export_sequence_cache(pools: "CachePools", block_table: Seq[int], slot: int | None, num_tokens: int) -> SequenceCache:
-    """Copy the entries of tokens ``[0, num_tokens)`` (in ``block_table``'s blocks) and of state ``slot`` to the CPU."""
-    out = SequenceCache(num_tokens)
+def export_sequence_cache(pools: "CachePools", block_table: Seq[int], slot: int | None, num_tokens: int,
+                          token_ids: Seq[int] | None = None) -> SequenceCache:
+    """Copy the entries of tokens ``[0, num_tokens)`` (in ``block_table``'s blocks) and of state ``slot`` to the CPU;
+    ``token_ids``: those tokens, recorded with them."""
+    out = SequenceCache(num_tokens, token_ids=list(token_ids[:num_tokens]) if token_ids is not None else None)
     for name, t in pools.paged.items():
         slots = _slots(block_table, num_tokens, pools.block_size, t.device)
         out.paged[name] = t.flatten(0, 1).index_select(0, slots).cpu()
