@@ -2,12 +2,14 @@
 streamed as server-sent events on ``stream=true``), models (with ``max_model_len`` and
 ``vocab_size``), health and Prometheus metrics.
 
-One ``EngineLoop`` serves every request; a client that disconnects mid-stream has its request
-aborted and its blocks freed. A bad request gets OpenAI's error body with status 400 and the
-server goes on serving.
+One ``EngineLoop`` serves every request; a client that disconnects, streamed or not, has its
+request aborted and its blocks freed. A bad request gets OpenAI's error body with status 400 and
+the server goes on serving. With a ``pd`` role the endpoints also take ``kv_transfer_params``
+(prefill/decode disaggregation, ``hetero.serve.pd``).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -20,9 +22,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from hetero.engine import LLM
 from hetero.errors import UsageError
+from hetero.serve._disconnect import ClientGone, unless_gone
 from hetero.serve._choices import Choice, ChoiceStream, sampling_params, usage
 from hetero.serve.engine_loop import EngineLoop
 from hetero.serve.metrics import ServerMetrics
+from hetero.serve.pd.roles import DecodeRole, PrefillRole, Unavailable
 from hetero.serve.protocol import ChatCompletionRequest, CompletionRequest, error_body
 
 __all__ = ["build_app"]
@@ -34,13 +38,17 @@ class BadRequest(Exception):
         self.param = param
 
 
-def build_app(llm: LLM, model_name: str) -> FastAPI:
-    """The app serving ``llm`` as ``model_name``; its engine thread runs while the app is up (lifespan)."""
-    metrics = ServerMetrics(model_name)
+def build_app(llm: LLM, model_name: str, pd: PrefillRole | DecodeRole | None = None,
+              metrics: ServerMetrics | None = None) -> FastAPI:
+    """The app serving ``llm`` as ``model_name``; its engine thread runs while the app is up (lifespan).
+    ``pd``: this instance's side of prefill/decode disaggregation (its counters in ``metrics``)."""
+    metrics = metrics or ServerMetrics(model_name)
     engine = EngineLoop(llm, on_step=metrics.on_step)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
+        if isinstance(pd, DecodeRole):
+            pd.receiver.bind(asyncio.get_running_loop())
         engine.start()
         yield
         engine.stop()
@@ -48,7 +56,7 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
     app = FastAPI(title="hetero", lifespan=lifespan)
     app.state.engine, app.state.metrics, app.state.model_name = engine, metrics, model_name
     _errors(app)
-    _routes(app, llm, engine, metrics, model_name)
+    _routes(app, llm, engine, metrics, model_name, pd)
     return app
 
 
@@ -64,17 +72,24 @@ def _errors(app: FastAPI) -> None:
     async def bad(_: Request, exc: BadRequest) -> JSONResponse:
         return JSONResponse(error_body(str(exc), 400, exc.param), status_code=400)
 
+    @app.exception_handler(Unavailable)
+    async def unavailable(_: Request, exc: Unavailable) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), 503, "kv_transfer_params", "ServiceUnavailableError"), status_code=503)
+
     @app.exception_handler(UsageError)
     async def usage(_: Request, exc: UsageError) -> JSONResponse:
         return JSONResponse(error_body(str(exc), 400, getattr(exc, "arg", None)), status_code=400)
 
 
-def _routes(app: FastAPI, llm: LLM, engine: EngineLoop, metrics: ServerMetrics, model_name: str) -> None:
+def _routes(app: FastAPI, llm: LLM, engine: EngineLoop, metrics: ServerMetrics, model_name: str,
+            pd: PrefillRole | DecodeRole | None) -> None:
     max_model_len = llm.config.max_model_len
     vocab = getattr(llm.config.hf_config, "vocab_size", None)
 
     @app.get("/health")
     async def health() -> Response:
+        if pd is not None and pd.error is not None:
+            return Response(f"the KV link failed: {pd.error}", status_code=503)
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -88,25 +103,51 @@ def _routes(app: FastAPI, llm: LLM, engine: EngineLoop, metrics: ServerMetrics, 
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, request: Request):
         _check_common(body, llm, model_name)
         if isinstance(body.prompt, str) and llm.tokenizer is None:
             raise BadRequest("this checkpoint has no tokenizer: send the prompt as a list of token ids", "prompt")
+        if _prefill_only(body, pd):
+            return await pd.prefill(engine, llm, body.prompt)
         params = sampling_params(body, body.max_tokens or 16, body.logprobs)
         choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs is not None)
-        return await _respond(engine, body.prompt, params, choice, _Shape("cmpl", "text_completion", model_name,
-                                                                          chat=False), body.stream)
+        shape = _Shape("cmpl", "text_completion", model_name, chat=False)
+        return await _respond(engine, body.prompt, params, choice, shape, body.stream, request,
+                              await _imported(body, pd))
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest):
+    async def chat(body: ChatCompletionRequest, request: Request):
         _check_common(body, llm, model_name)
         prompt = _render_chat(llm, body)
+        if _prefill_only(body, pd):
+            return await pd.prefill(engine, llm, prompt)
         limit = body.max_completion_tokens or body.max_tokens or max(1, max_model_len - len(prompt))
         top = (body.top_logprobs or 0) if body.logprobs else None
         params = sampling_params(body, limit, top)
         choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs)
-        return await _respond(engine, prompt, params, choice, _Shape("chatcmpl", "chat.completion", model_name,
-                                                                     chat=True), body.stream)
+        shape = _Shape("chatcmpl", "chat.completion", model_name, chat=True)
+        return await _respond(engine, prompt, params, choice, shape, body.stream, request, await _imported(body, pd))
+
+
+def _prefill_only(body, pd) -> bool:
+    """A prefill request of a disaggregated pair (answered with ``kv_transfer_params``, not tokens)."""
+    if not (body.kv_transfer_params or {}).get("do_remote_decode"):
+        return False
+    if not isinstance(pd, PrefillRole):
+        raise BadRequest("kv_transfer_params.do_remote_decode: this server is not a prefill instance "
+                         "(hetero serve --role prefill)", "kv_transfer_params")
+    return True
+
+
+async def _imported(body, pd):
+    """The cache a decode request's ``kv_transfer_params`` names, taken from the KV link (None: none)."""
+    params = body.kv_transfer_params or {}
+    if params.get("transfer_id") is None:
+        return None
+    if not isinstance(pd, DecodeRole):
+        raise BadRequest("kv_transfer_params.transfer_id: this server is not a decode instance "
+                         "(hetero serve --role decode)", "kv_transfer_params")
+    return await pd.cache(params)
 
 
 def _check_common(body, llm: LLM, model_name: str) -> None:
@@ -142,23 +183,29 @@ class _Shape:
         return body
 
 
-async def _respond(engine: EngineLoop, prompt, params, choice: Choice, shape: _Shape, stream: bool):
-    outputs = engine.generate(prompt, params)
+async def _respond(engine: EngineLoop, prompt, params, choice: Choice, shape: _Shape, stream: bool,
+                   request: Request, cache=None):
+    outputs = engine.generate(prompt, params, cache)
     first = await anext(outputs)  # raises UsageError for a request the engine refuses: a 400 before any byte
     if stream:
         return StreamingResponse(_events(first, outputs, ChoiceStream(choice, shape.chat), shape),
                                  media_type="text/event-stream")
-    state = ChoiceStream(choice, shape.chat)
     try:
-        out = first
+        state, out = await unless_gone(request, _whole(first, outputs, ChoiceStream(choice, shape.chat)))
+    except ClientGone:  # cancelled, which aborted the request and freed its blocks
+        return Response(status_code=499)
+    return shape.envelope([state.result()], usage=usage(out))
+
+
+async def _whole(out, outputs: AsyncIterator, state: ChoiceStream):
+    try:
         while True:
             state.delta(out)
             if state.done:
-                break
+                return state, out
             out = await anext(outputs)
     finally:
-        await outputs.aclose()  # stopped by a stop string: the request is aborted
-    return shape.envelope([state.result()], usage=usage(out))
+        await outputs.aclose()  # stopped by a stop string, or cancelled: the request is aborted
 
 
 async def _events(out, outputs: AsyncIterator, state: ChoiceStream, shape: _Shape) -> AsyncIterator[str]:

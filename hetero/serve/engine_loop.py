@@ -3,7 +3,9 @@
 The engine's ``step`` is blocking compute, so it runs on one worker thread that alone touches the
 ``LLM``; request handlers on the event loop hand it commands (add, abort) through a queue and
 receive each request's outputs through an ``asyncio.Queue``. Between steps the thread applies the
-commands, so a request added or aborted mid-step takes effect at the next step boundary.
+commands, so a request added or aborted mid-step takes effect at the next step boundary. ``export``
+runs a prompt only until it is computed and hands back its cache (the prefill side of
+disaggregation).
 
 Under tensor or expert parallelism (torchrun) rank 0 serves and every other rank runs ``follow``:
 before each step rank 0 broadcasts what the ranks do next ("step", "idle" or "stop"), so they step
@@ -20,6 +22,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 from hetero.engine import LLM, SamplingParams
 from hetero.engine.outputs import RequestOutput
+from hetero.engine.runtime.cache_io import SequenceCache
 
 __all__ = ["EngineLoop", "follow", "IDLE_S"]
 
@@ -33,6 +36,17 @@ class _Stream:
     outputs: asyncio.Queue
 
 
+@dataclass
+class _Add:
+    request_id: str
+    prompt: str | Sequence[int]
+    params: SamplingParams
+    stream: _Stream
+    added: asyncio.Future
+    cache: SequenceCache | None = None
+    export: bool = False  # deliver the cache once the prompt is computed, not tokens
+
+
 class EngineLoop:
     """Serve ``llm`` from a worker thread. ``on_step(llm, outputs)`` runs on that thread after every
     step (the server's metrics); ``start`` / ``stop`` bound the thread's life."""
@@ -42,6 +56,7 @@ class EngineLoop:
         self._on_step = on_step
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
+        self._exports: set[str] = set()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._ids = itertools.count()
@@ -55,28 +70,47 @@ class EngineLoop:
         self._wake.set()
         self._thread.join(timeout)
 
-    async def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Add a request and yield its outputs as steps produce them, the last one finished.
+    async def generate(self, prompt: str | Sequence[int], params: SamplingParams,
+                       cache: SequenceCache | None = None) -> AsyncIterator[RequestOutput]:
+        """Add a request (its first ``cache.num_tokens`` prompt tokens imported from ``cache``) and
+        yield its outputs as steps produce them, the last one finished.
 
         Raises what ``LLM.add_request`` raises for a bad request. Closing the iterator early (a
         client that went away) aborts the request, which frees its blocks."""
-        loop = asyncio.get_running_loop()
-        request_id = f"req-{next(self._ids)}"
-        added: asyncio.Future = loop.create_future()
-        stream = _Stream(loop, asyncio.Queue())
-        self._send(("add", request_id, prompt, params, stream, added))
-        await added
+        add = self._add(prompt, params, cache)
+        self._send(add)
+        await add.added
         finished = False
         try:
             while not finished:
-                out = await stream.outputs.get()
+                out = await add.stream.outputs.get()
                 if isinstance(out, BaseException):
                     raise out
                 finished = out.finished
                 yield out
         finally:
             if not finished:
-                self._send(("abort", request_id))
+                self._send(("abort", add.request_id))
+
+    async def export(self, prompt_ids: Sequence[int]) -> SequenceCache:
+        """Compute ``prompt_ids``' cache (the prefill side of disaggregation): the request runs until
+        its prompt is computed, its cache is exported and the request is aborted."""
+        add = self._add(list(prompt_ids), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), export=True)
+        self._send(add)
+        await add.added
+        try:
+            got = await add.stream.outputs.get()
+        except BaseException:
+            self._send(("abort", add.request_id))
+            raise
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def _add(self, prompt, params: SamplingParams, cache: SequenceCache | None = None, export: bool = False) -> _Add:
+        loop = asyncio.get_running_loop()
+        return _Add(f"req-{next(self._ids)}", prompt, params, _Stream(loop, asyncio.Queue()), loop.create_future(),
+                    cache, export)
 
     def _send(self, command: tuple) -> None:
         self._commands.put(command)
@@ -100,7 +134,10 @@ class EngineLoop:
                 self._fail_all(e)
                 continue
             for out in outputs:
-                self._deliver(out.request_id, out, out.finished)
+                if out.request_id in self._exports:
+                    self._export(out)
+                else:
+                    self._deliver(out.request_id, out, out.finished)
             if self._on_step is not None:
                 self._on_step(self.llm, outputs)
         self._fail_all(RuntimeError("the server is shutting down"))
@@ -111,18 +148,33 @@ class EngineLoop:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if command[0] == "abort":
+            if isinstance(command, tuple):  # ("abort", request_id)
                 if self._streams.pop(command[1], None) is not None:
+                    self._exports.discard(command[1])
                     self.llm.abort(command[1])
                 continue
-            _, request_id, prompt, params, stream, added = command
             try:
-                self.llm.add_request(prompt, params, request_id)
+                self.llm.add_request(command.prompt, command.params, command.request_id, cache=command.cache)
             except Exception as e:  # noqa: BLE001  (a bad request is the caller's error, raised there)
-                stream.loop.call_soon_threadsafe(_settle, added, e)
+                command.stream.loop.call_soon_threadsafe(_settle, command.added, e)
                 continue
-            self._streams[request_id] = stream
-            stream.loop.call_soon_threadsafe(_settle, added, None)
+            self._streams[command.request_id] = command.stream
+            if command.export:
+                self._exports.add(command.request_id)
+            command.stream.loop.call_soon_threadsafe(_settle, command.added, None)
+
+    def _export(self, out: RequestOutput) -> None:
+        """An exporting request computed its prompt: hand over its cache and end it."""
+        self._exports.discard(out.request_id)
+        try:
+            if out.finished:
+                raise RuntimeError(f"request {out.request_id} finished ({out.finish_reason}) before its cache was "
+                                   f"exported")
+            item: object = self.llm.export_cache(out.request_id)
+            self.llm.abort(out.request_id)
+        except Exception as e:  # noqa: BLE001  (the exporter learns why)
+            item = e
+        self._deliver(out.request_id, item, True)
 
     def _deliver(self, request_id: str, item: object, last: bool) -> None:
         stream = self._streams.pop(request_id, None) if last else self._streams.get(request_id)
@@ -130,6 +182,7 @@ class EngineLoop:
             stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, item)
 
     def _fail_all(self, error: BaseException) -> None:
+        self._exports.clear()
         for request_id in list(self._streams):
             self.llm.abort(request_id)
             self._deliver(request_id, error, True)

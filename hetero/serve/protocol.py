@@ -2,7 +2,8 @@
 
 Fields follow OpenAI's completions and chat completions APIs; vLLM's extras where they fit:
 ``ignore_eos``, ``stop_token_ids``, ``top_k`` and ``return_token_ids`` (each choice then carries its
-generated ``token_ids``, and the prompt's as ``prompt_token_ids``). Unknown fields are ignored, as
+generated ``token_ids``, and the prompt's as ``prompt_token_ids``), and ``kv_transfer_params``, which
+a disaggregated pair's router sets (``hetero.serve.pd``). Unknown fields are ignored, as
 OpenAI's own server does with fields it does not know.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] = Field(default_factory=list)
     return_token_ids: bool = False
+    kv_transfer_params: dict | None = None  # prefill/decode disaggregation, between hetero's own servers
 
 
 class CompletionRequest(SamplingFields):

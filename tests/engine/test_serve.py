@@ -8,20 +8,13 @@ import concurrent.futures
 import contextlib
 import json
 import math
-import os
-import subprocess
 import sys
-import threading
 import time
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
-import urllib.request  # noqa: E402
-
-import uvicorn  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
@@ -29,9 +22,11 @@ from hetero.distributed import free_port  # noqa: E402
 from hetero.engine import LLM, SamplingParams  # noqa: E402
 from hetero.serve import build_app  # noqa: E402
 
+from _serving import TIMEOUT, Server, command_servers, get, prompts  # noqa: E402
+from _serving import client as serving_client  # noqa: E402
+
 CHAT_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: "
 ENGINE = dict(backend="cpu_ref", dtype="float32", block_size=8, max_num_seqs=16)
-TIMEOUT = 120
 
 
 def engine(path) -> LLM:
@@ -51,27 +46,6 @@ def path(checkpoints, tmp_path_factory):
     return str(root)
 
 
-class Server:
-    """uvicorn serving ``app`` on a free localhost port, in a thread, until ``stop``."""
-
-    def __init__(self, app):
-        self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
-            time.sleep(0.05)
-        self.port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        assert not self.thread.is_alive()
-
-
 @pytest.fixture(scope="module")
 def served(path):
     llm = engine(path)
@@ -82,17 +56,7 @@ def served(path):
 
 @pytest.fixture
 def client(served):
-    return openai.OpenAI(base_url=served[0].url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
-
-
-def get(url: str) -> tuple[int, str]:
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return r.status, r.read().decode()
-
-
-def prompts(n: int, seed: int = 0) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 256, (4 + 3 * i,), generator=gen).tolist() for i in range(n)]
+    return serving_client(served[0].url)
 
 
 def offline(path, prompt_list, max_tokens: int) -> list[list[int]]:
@@ -179,6 +143,27 @@ def test_a_client_gone_mid_stream_aborts_its_request(client, served):
     assert llm.block_manager.num_used_blocks == 0
 
 
+def test_a_client_gone_from_a_whole_request_aborts_it(served):
+    """Not streamed: the server still sees the connection close, and aborts."""
+    import socket
+
+    llm, port = served[1], served[0].port
+    before = llm.stats["generated_tokens"]
+    body = json.dumps({"prompt": [9, 8, 7, 6], "max_tokens": 400, "temperature": 0.0, "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 60
+        while not llm.scheduler.running:
+            assert time.monotonic() < deadline, "the request never ran"
+            time.sleep(0.01)
+    deadline = time.monotonic() + 60
+    while llm.scheduler.has_unfinished():
+        assert time.monotonic() < deadline, "the request was not aborted"
+        time.sleep(0.05)
+    assert llm.block_manager.num_used_blocks == 0 and llm.stats["generated_tokens"] - before < 400
+
+
 def test_32_concurrent_streams_equal_offline_generate(client, path):
     ps = prompts(32, seed=1)
     want = offline(path, ps, 6)
@@ -209,26 +194,9 @@ def test_models_health_and_metrics(client, served):
 
 @contextlib.contextmanager
 def command_server(launcher: list[str], args: list[str], seconds: float, stop_s: float, env: dict | None = None):
-    """``hetero serve`` started by ``launcher`` on a free port; an openai client once /health answers
-    within ``seconds``. The process is terminated on exit and must end within ``stop_s``."""
-    port = free_port()
-    cmd = [*launcher, "-m", "hetero.cli", "serve", *args, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})})
-    try:
-        deadline = time.monotonic() + seconds
-        while True:
-            assert proc.poll() is None, proc.stdout.read()[-4000:]
-            assert time.monotonic() < deadline, f"{' '.join(cmd)} did not come up"
-            try:
-                if get(f"http://127.0.0.1:{port}/health")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.2)
-        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
-    finally:
-        proc.terminate()
-        proc.wait(stop_s)
+    """One ``hetero serve`` process (``command_servers``) and an openai client of it."""
+    with command_servers([(launcher, args)], seconds, stop_s, env) as urls:
+        yield serving_client(urls[0])
 
 
 def test_the_serve_command_answers_and_stops(path):

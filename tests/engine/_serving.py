@@ -1,0 +1,88 @@
+"""What the serving tests share: uvicorn in a thread, ``hetero serve`` processes, small HTTP helpers."""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import threading
+import time
+import urllib.request
+from typing import Iterator, Sequence
+
+import openai
+import torch
+import uvicorn
+
+from hetero.distributed import free_port
+
+TIMEOUT = 120
+
+
+class Server:
+    """uvicorn serving ``app`` on a free localhost port, in a thread, until ``stop``."""
+
+    def __init__(self, app):
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.05)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+
+
+def get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.status, r.read().decode()
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 256, (4 + 3 * i,), generator=gen).tolist() for i in range(n)]
+
+
+def healthy(url: str) -> bool:
+    try:
+        return get(url + "/health")[0] == 200
+    except OSError:  # not listening yet, or a 503
+        return False
+
+
+@contextlib.contextmanager
+def command_servers(commands: Sequence[tuple[list[str], list[str]]], seconds: float, stop_s: float,
+                    env: dict | None = None) -> Iterator[list[str]]:
+    """``hetero serve`` processes, one per ``(launcher, args)``, all started at once on free ports; their
+    URLs once every /health answers within ``seconds``. Each is terminated on exit and must end
+    within ``stop_s``."""
+    ports = [free_port() for _ in commands]
+    procs = []
+    try:
+        for (launcher, args), port in zip(commands, ports):
+            cmd = [*launcher, "-m", "hetero.cli", "serve", *args, "--port", str(port)]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          env={**os.environ, **(env or {})}))
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        deadline = time.monotonic() + seconds
+        for proc, url in zip(procs, urls):
+            while not healthy(url):
+                assert proc.poll() is None, proc.stdout.read()[-4000:]
+                assert time.monotonic() < deadline, f"{' '.join(proc.args)} did not come up"
+                time.sleep(0.2)
+        yield urls
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(stop_s)
