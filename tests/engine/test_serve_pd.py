@@ -163,9 +163,10 @@ def test_the_link_keeps_in_step_past_a_refused_transfer():
         assert torch.equal(got[i].state["b.s"], caches[i].state["b.s"])
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "deepseek_v3", "qwen3_5"])
+@pytest.mark.parametrize("arch", ["qwen3", "deepseek_v3", "deepseek_v32", "qwen3_5"])
 def test_caches_cross_backends_over_the_link_with_equal_tokens(arch, checkpoints):
-    """Dense KV, the MLA latent and the linear-attention state, exported on cpu_ref, imported on torch."""
+    """Dense KV, the MLA latent (with DSA's indexer keys) and the linear-attention state, exported on
+    cpu_ref, imported on torch."""
     import asyncio
 
     from hetero.serve.engine_loop import EngineLoop
@@ -184,6 +185,7 @@ def test_caches_cross_backends_over_the_link_with_equal_tokens(arch, checkpoints
         receiver.bind(asyncio.get_running_loop())
         for i, p in enumerate(ps):
             cache = await exporter.export(p[:-1])
+            assert bool(cache.state) == (arch == "qwen3_5") and cache.num_tokens == len(p) - 1
             await sender.send(f"t{i}", cache)
             decode.add_request(p, params, f"r{i}", cache=await receiver.take(f"t{i}", 30))
 

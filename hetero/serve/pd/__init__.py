@@ -29,6 +29,7 @@ def open_role(llm: "LLM", role: str, addr: str, timeout_s: float, registry: "Col
     from hetero.serve.pd.link import connect
     from hetero.serve.pd.roles import DecodeRole, PrefillRole
     from hetero.serve.pd.transfer import KVReceiver, KVSender
+    from hetero.serve.pd.wire import tokens_per_payload
 
     if llm.runner.parallel.size > 1:
         raise UsageError(f"hetero serve --role {role}: disaggregation needs tensor_parallel_size 1 on both instances "
@@ -36,5 +37,5 @@ def open_role(llm: "LLM", role: str, addr: str, timeout_s: float, registry: "Col
                          arg="--tensor-parallel-size", expected=1, got=llm.runner.parallel.size)
     link = connect(role, addr, Identity.of(llm, role), timeout_s)
     if role == "prefill":
-        return PrefillRole(KVSender(link, llm.config.block_size), registry)
+        return PrefillRole(KVSender(link, tokens_per_payload(link.identity, llm.config.block_size)), registry)
     return DecodeRole(KVReceiver(link, llm.config.max_model_len), registry)

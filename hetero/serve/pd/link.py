@@ -56,15 +56,16 @@ class KVLink:
         self._data = ProcessGroupGloo(PrefixStore("data", store), rank, 2, timeout)
 
     def send(self, header: Header, payloads: Iterator[torch.Tensor]) -> int:
-        """Announce ``header`` and send it and its payloads; the bytes sent."""
+        """Announce ``header`` and send it and its payloads; the bytes sent. Every send is posted
+        before any is waited on, so the transfer costs one hand-off, not one per payload."""
         data = encode_header(header)
-        self._ctrl.send([torch.tensor([data.numel()], dtype=torch.int64)], 1 - self.rank, 0).wait()
-        self._data.send([data], 1 - self.rank, 0).wait()
-        sent = data.numel()
-        for payload in payloads:
-            self._data.send([payload], 1 - self.rank, 0).wait()
-            sent += payload.numel()
-        return sent
+        length = torch.tensor([data.numel()], dtype=torch.int64)
+        tensors = [data, *payloads]
+        works = [self._ctrl.send([length], 1 - self.rank, 0)]
+        works += [self._data.send([t], 1 - self.rank, 0) for t in tensors]
+        for work in works:
+            work.wait()
+        return sum(t.numel() for t in tensors)
 
     def recv_header(self) -> Header:
         """Wait for the next transfer (as long as it takes) and take its header."""
@@ -77,12 +78,13 @@ class KVLink:
         self._data.recv([data], 1 - self.rank, 0).wait()
         return decode_header(data)
 
-    def recv_payloads(self, header: Header) -> Iterator[torch.Tensor]:
-        """The payloads after ``header``, as uint8 tensors of the sizes it claims."""
-        for size in sizes(header):
-            buf = torch.empty(size, dtype=torch.uint8)
-            self._data.recv([buf], 1 - self.rank, 0).wait()
-            yield buf
+    def recv_payloads(self, header: Header) -> list[torch.Tensor]:
+        """The payloads after ``header``, as uint8 tensors of the sizes it claims (all posted, then waited)."""
+        bufs = [torch.empty(size, dtype=torch.uint8) for size in sizes(header)]
+        works = [self._data.recv([buf], 1 - self.rank, 0) for buf in bufs]
+        for work in works:
+            work.wait()
+        return bufs
 
 
 def connect(role: str, addr: str, identity: Identity, timeout_s: float, op_timeout_s: float = 120.0) -> KVLink:

@@ -35,8 +35,9 @@ class _Counters:
                                  ("role",), registry=registry).labels(role)
         self.bytes = Counter("hetero_kv_transfer_bytes", "Bytes of KV caches sent or received", ("role",),
                              registry=registry).labels(role)
-        self.seconds = Histogram("hetero_kv_transfer_seconds", "Prefill: computing and sending a cache; "
-                                 "decode: waiting for it", ("role",), buckets=_BUCKETS, registry=registry).labels(role)
+        self.seconds = Histogram("hetero_kv_transfer_seconds", "Prefill: sending a cache over the link (from the "
+                                 "queue of the link's thread); decode: waiting for it", ("role",), buckets=_BUCKETS,
+                                 registry=registry).labels(role)
 
 
 class PrefillRole:
@@ -56,9 +57,9 @@ class PrefillRole:
         ids = llm.encode(prompt)
         if len(ids) < 2:
             return {"kv_transfer_params": {"transfer_id": None, "num_tokens": 0}}
-        start = time.perf_counter()
         cache = await engine.export(ids[:-1])
         transfer_id = uuid.uuid4().hex
+        start = time.perf_counter()
         try:
             sent = await self.sender.send(transfer_id, cache)
         except RuntimeError as e:

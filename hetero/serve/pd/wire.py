@@ -6,7 +6,8 @@ block size, block ids or device is baked in. For a cache of ``n`` tokens sent in
 - header: ``{"transfer_id", "fingerprint", "num_tokens", "tokens_per_block", "token_ids", "paged",
   "state"}``, where ``paged`` / ``state`` list ``[name, dtype, shape]`` in the order the payloads use;
 - one payload per block ``k`` of tokens ``[kB, min((k+1)B, n))``: every paged entry's rows for those
-  tokens, entry after entry, each row-major;
+  tokens, entry after entry, each row-major (the sender picks ``B``: whole blocks of its own, about
+  ``PAYLOAD_BYTES`` a payload);
 - one payload of every state entry, entry after entry, when the model has state.
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch
 from hetero.engine.runtime.cache_io import SequenceCache
 from hetero.serve.pd.identity import Identity
 
-__all__ = ["Header", "header_of", "payloads", "encode_header", "decode_header", "sizes", "Assembly", "MAX_HEADER_BYTES"]
+__all__ = ["Header", "header_of", "payloads", "encode_header", "decode_header", "sizes", "Assembly", "MAX_HEADER_BYTES",
+           "tokens_per_payload"]
 
 #: a header longer than this is a broken peer, not a long prompt (a million token ids fit)
 MAX_HEADER_BYTES = 1 << 24
@@ -33,6 +35,16 @@ def _dtype(name: str) -> torch.dtype:
     if not isinstance(dt, torch.dtype):
         raise ValueError(f"KV transfer header: unknown dtype {name!r}")
     return dt
+
+
+#: payloads are whole blocks of about this many bytes: few messages, and none of them huge
+PAYLOAD_BYTES = 8 << 20
+
+
+def tokens_per_payload(identity: Identity, block_size: int) -> int:
+    """The most whole blocks of ``block_size`` tokens that fit ``PAYLOAD_BYTES`` (at least one block)."""
+    row = sum(math.prod(s) * _dtype(dt).itemsize for _, dt, s in identity.paged) or 1
+    return block_size * max(1, PAYLOAD_BYTES // (row * block_size))
 
 
 def header_of(cache: SequenceCache, transfer_id: str, identity: Identity, tokens_per_block: int) -> Header:
