@@ -16,6 +16,20 @@ import uvicorn
 from hetero.distributed import free_port
 
 TIMEOUT = 120
+CHAT_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: "
+
+
+def with_chat_template(checkpoint, root) -> str:
+    """A copy of ``checkpoint`` at ``root`` whose tokenizer has a plain chat template."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shutil.copytree(checkpoint, root)
+    tok = AutoTokenizer.from_pretrained(root)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(root)
+    return str(root)
 
 
 class Server:
@@ -51,6 +65,19 @@ def get(url: str) -> tuple[int, str]:
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(3, 256, (4 + 3 * i,), generator=gen).tolist() for i in range(n)]
+
+
+def concurrent_streams(c: openai.OpenAI, model: str, prompt_list: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Every prompt streamed at once (greedy, EOS ignored); each one's generated token ids."""
+    import concurrent.futures
+
+    def one(p):
+        chunks = c.completions.create(model=model, prompt=p, max_tokens=max_tokens, stream=True, temperature=0.0,
+                                      extra_body={"ignore_eos": True, "return_token_ids": True})
+        return [t for ch in chunks for t in ch.choices[0].token_ids]
+
+    with concurrent.futures.ThreadPoolExecutor(len(prompt_list)) as pool:
+        return list(pool.map(one, prompt_list, timeout=TIMEOUT))
 
 
 def healthy(url: str) -> bool:

@@ -16,16 +16,14 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
 
 from hetero.distributed import free_port  # noqa: E402
 from hetero.engine import LLM, SamplingParams  # noqa: E402
 from hetero.serve import build_app  # noqa: E402
 
-from _serving import TIMEOUT, Server, command_servers, get, prompts  # noqa: E402
+from _serving import TIMEOUT, Server, command_servers, concurrent_streams, get, prompts, with_chat_template  # noqa: E402
 from _serving import client as serving_client  # noqa: E402
 
-CHAT_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: "
 ENGINE = dict(backend="cpu_ref", dtype="float32", block_size=8, max_num_seqs=16)
 
 
@@ -36,14 +34,7 @@ def engine(path) -> LLM:
 @pytest.fixture(scope="module")
 def path(checkpoints, tmp_path_factory):
     """The tiny Qwen3 with its char-level tokenizer and a plain chat template."""
-    import shutil
-
-    root = tmp_path_factory.mktemp("served") / "tiny-qwen3"
-    shutil.copytree(checkpoints("qwen3"), root)
-    tok = AutoTokenizer.from_pretrained(root)
-    tok.chat_template = CHAT_TEMPLATE
-    tok.save_pretrained(root)
-    return str(root)
+    return with_chat_template(checkpoints("qwen3"), tmp_path_factory.mktemp("served") / "tiny-qwen3")
 
 
 @pytest.fixture(scope="module")
@@ -166,15 +157,7 @@ def test_a_client_gone_from_a_whole_request_aborts_it(served):
 
 def test_32_concurrent_streams_equal_offline_generate(client, path):
     ps = prompts(32, seed=1)
-    want = offline(path, ps, 6)
-
-    def one(p):
-        chunks = client.completions.create(model="tiny-qwen3", prompt=p, max_tokens=6, stream=True, **GREEDY)
-        return [t for c in chunks for t in c.choices[0].token_ids]
-
-    with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        got = list(pool.map(one, ps, timeout=TIMEOUT))
-    assert got == want
+    assert concurrent_streams(client, "tiny-qwen3", ps, 6) == offline(path, ps, 6)
 
 
 def test_models_health_and_metrics(client, served):

@@ -7,7 +7,6 @@ and the three ``hetero serve`` roles answer the openai client like one server, w
 different models is refused at start. Every server is stopped and every wait is bounded."""
 from __future__ import annotations
 
-import concurrent.futures
 import shutil
 import subprocess
 import sys
@@ -19,9 +18,8 @@ import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
-from transformers import AutoTokenizer  # noqa: E402
 
-from _serving import TIMEOUT, Server, client, command_servers, get, prompts  # noqa: E402
+from _serving import TIMEOUT, Server, client, command_servers, concurrent_streams, get, prompts, with_chat_template  # noqa: E402
 from hetero.distributed import free_port  # noqa: E402
 from hetero.engine import LLM, SamplingParams  # noqa: E402
 from hetero.engine.runtime.cache_io import SequenceCache  # noqa: E402
@@ -29,7 +27,6 @@ from hetero.serve.pd.identity import Identity, fingerprint, refusal  # noqa: E40
 from hetero.serve.pd.link import KVLinkRefused, connect  # noqa: E402
 from hetero.serve.pd.wire import Assembly, header_of, payloads, sizes  # noqa: E402
 
-CHAT_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: "
 PREFILL = dict(backend="cpu_ref", dtype="float32", block_size=8, max_num_seqs=16)
 DECODE = dict(backend="torch", dtype="float32", block_size=16, max_num_seqs=16)
 GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
@@ -37,12 +34,8 @@ GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids
 
 @pytest.fixture(scope="module")
 def path(checkpoints, tmp_path_factory):
-    root = tmp_path_factory.mktemp("pd") / "tiny-qwen3"
-    shutil.copytree(checkpoints("qwen3"), root)
-    tok = AutoTokenizer.from_pretrained(root)
-    tok.chat_template = CHAT_TEMPLATE
-    tok.save_pretrained(root)
-    return str(root)
+    """The tiny Qwen3 with its char-level tokenizer and a plain chat template."""
+    return with_chat_template(checkpoints("qwen3"), tmp_path_factory.mktemp("pd") / "tiny-qwen3")
 
 
 def offline(path, prompt_list, max_tokens: int, **engine) -> list[list[int]]:
@@ -250,14 +243,7 @@ def test_the_router_answers_like_one_server(pair, path):
 def test_the_router_serves_concurrent_streams(pair, path):
     c = client(pair[0].url)
     ps = prompts(12, seed=4)
-    want = offline(path, ps, 6)
-
-    def one(p):
-        chunks = c.completions.create(model="tiny", prompt=p, max_tokens=6, stream=True, **GREEDY)
-        return [t for ch in chunks for t in ch.choices[0].token_ids]
-
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        assert list(pool.map(one, ps, timeout=TIMEOUT)) == want
+    assert concurrent_streams(c, "tiny", ps, 6) == offline(path, ps, 6)
 
 
 def test_a_bad_request_through_the_router_is_the_instances_400(pair):
