@@ -104,29 +104,30 @@ def _routes(app: FastAPI, llm: LLM, engine: EngineLoop, metrics: ServerMetrics, 
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
+        cache = await _imported(body, pd)
         _check_common(body, llm, model_name)
         if isinstance(body.prompt, str) and llm.tokenizer is None:
             raise BadRequest("this checkpoint has no tokenizer: send the prompt as a list of token ids", "prompt")
-        if _prefill_only(body, pd):
-            return await pd.prefill(engine, llm, body.prompt)
         params = sampling_params(body, body.max_tokens or 16, body.logprobs)
+        if _prefill_only(body, pd):
+            return await _prefill(pd, engine, llm, body.prompt, request)
         choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs is not None)
         shape = _Shape("cmpl", "text_completion", model_name, chat=False)
-        return await _respond(engine, body.prompt, params, choice, shape, body.stream, request,
-                              await _imported(body, pd))
+        return await _respond(engine, body.prompt, params, choice, shape, body.stream, request, cache)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
+        cache = await _imported(body, pd)
         _check_common(body, llm, model_name)
         prompt = _render_chat(llm, body)
-        if _prefill_only(body, pd):
-            return await pd.prefill(engine, llm, prompt)
         limit = body.max_completion_tokens or body.max_tokens or max(1, max_model_len - len(prompt))
         top = (body.top_logprobs or 0) if body.logprobs else None
         params = sampling_params(body, limit, top)
+        if _prefill_only(body, pd):
+            return await _prefill(pd, engine, llm, prompt, request)
         choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs)
         shape = _Shape("chatcmpl", "chat.completion", model_name, chat=True)
-        return await _respond(engine, prompt, params, choice, shape, body.stream, request, await _imported(body, pd))
+        return await _respond(engine, prompt, params, choice, shape, body.stream, request, cache)
 
 
 def _prefill_only(body, pd) -> bool:
@@ -139,8 +140,16 @@ def _prefill_only(body, pd) -> bool:
     return True
 
 
+async def _prefill(pd: PrefillRole, engine: EngineLoop, llm: LLM, prompt, request: Request):
+    try:
+        return await unless_gone(request, pd.prefill(engine, llm, prompt))
+    except ClientGone:  # the router gave up: the export is aborted (a cache already on its way is dropped there)
+        return Response(status_code=499)
+
+
 async def _imported(body, pd):
-    """The cache a decode request's ``kv_transfer_params`` names, taken from the KV link (None: none)."""
+    """The cache a decode request's ``kv_transfer_params`` names, taken from the KV link (None: none).
+    Taken before the request is checked, so a refused request leaves no cache behind."""
     params = body.kv_transfer_params or {}
     if params.get("transfer_id") is None:
         return None

@@ -113,3 +113,23 @@ def command_servers(commands: Sequence[tuple[list[str], list[str]]], seconds: fl
             proc.terminate()
         for proc in procs:
             proc.wait(stop_s)
+
+
+def linked(ident_prefill, ident_decode, timeout_s: float = 60):
+    """Both ends of a link at a free port, connected from two threads: (prefill, decode), or their errors."""
+    from hetero.serve.pd.link import connect
+
+    addr, ends = f"127.0.0.1:{free_port()}", {}
+
+    def join(role, ident):
+        try:
+            ends[role] = connect(role, addr, ident, timeout_s)
+        except Exception as e:  # noqa: BLE001
+            ends[role] = e
+
+    threads = [threading.Thread(target=join, args=a) for a in (("decode", ident_decode), ("prefill", ident_prefill))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s + 30)
+    return ends["prefill"], ends["decode"]

@@ -15,7 +15,9 @@ common device runtime. A device-to-device transport (NCCL, HCCL, NIXL) would ski
 """
 from __future__ import annotations
 
+import collections
 import datetime
+import gc
 import socket
 import time
 from typing import Iterator
@@ -51,21 +53,34 @@ class KVLink:
     ``recv`` on the decode side, each from one thread."""
 
     def __init__(self, store: TCPStore, rank: int, identity: Identity, peer: Identity, timeout: datetime.timedelta):
-        self.store, self.rank, self.identity, self.peer = store, rank, identity, peer
+        self.store, self.rank, self.identity, self.peer, self.timeout = store, rank, identity, peer, timeout
         self._ctrl = ProcessGroupGloo(PrefixStore("ctrl", store), rank, 2, _IDLE)
         self._data = ProcessGroupGloo(PrefixStore("data", store), rank, 2, timeout)
 
     def send(self, header: Header, payloads: Iterator[torch.Tensor]) -> int:
         """Announce ``header`` and send it and its payloads; the bytes sent. Every send is posted
-        before any is waited on, so the transfer costs one hand-off, not one per payload."""
+        before any is waited on, so the transfer costs one hand-off, not one per payload; each is
+        waited on for the operation timeout at most (a peer that stopped receiving breaks the link)."""
         data = encode_header(header)
         length = torch.tensor([data.numel()], dtype=torch.int64)
         tensors = [data, *payloads]
         works = [self._ctrl.send([length], 1 - self.rank, 0)]
         works += [self._data.send([t], 1 - self.rank, 0) for t in tensors]
         for work in works:
-            work.wait()
+            work.wait(self.timeout)
         return sum(t.numel() for t in tensors)
+
+    def close(self) -> None:
+        """Drop both groups, which closes their connections: a peer blocked on this side learns at
+        once that the link is gone (``abort`` alone leaves the peer to its timeout, measured)."""
+        for group in (self._ctrl, self._data):
+            if group is not None:
+                try:
+                    group.abort()
+                except Exception:  # noqa: BLE001  (a group that already broke)
+                    pass
+        self._ctrl = self._data = None
+        gc.collect()
 
     def recv_header(self) -> Header:
         """Wait for the next transfer (as long as it takes) and take its header."""
@@ -78,13 +93,22 @@ class KVLink:
         self._data.recv([data], 1 - self.rank, 0).wait()
         return decode_header(data)
 
-    def recv_payloads(self, header: Header) -> list[torch.Tensor]:
-        """The payloads after ``header``, as uint8 tensors of the sizes it claims (all posted, then waited)."""
-        bufs = [torch.empty(size, dtype=torch.uint8) for size in sizes(header)]
-        works = [self._data.recv([buf], 1 - self.rank, 0) for buf in bufs]
-        for work in works:
-            work.wait()
-        return bufs
+    def recv_payloads(self, header: Header, window: int = 4) -> Iterator[torch.Tensor]:
+        """The payloads after ``header``, uint8 tensors of the sizes it claims, in order. Up to
+        ``window`` receives are posted ahead, so few hand-offs are needed and little memory waits."""
+        pending: collections.deque = collections.deque()
+        for size in sizes(header):
+            buf = torch.empty(size, dtype=torch.uint8)
+            pending.append((buf, self._data.recv([buf], 1 - self.rank, 0)))
+            if len(pending) >= window:
+                yield _done(*pending.popleft())
+        while pending:
+            yield _done(*pending.popleft())
+
+
+def _done(buf: torch.Tensor, work) -> torch.Tensor:
+    work.wait()
+    return buf
 
 
 def connect(role: str, addr: str, identity: Identity, timeout_s: float, op_timeout_s: float = 120.0) -> KVLink:

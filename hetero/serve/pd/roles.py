@@ -55,9 +55,14 @@ class PrefillRole:
     async def prefill(self, engine: EngineLoop, llm: LLM, prompt: str | list[int]) -> dict[str, Any]:
         """The ``kv_transfer_params`` the decode instance needs for ``prompt``."""
         ids = llm.encode(prompt)
-        if len(ids) < 2:
+        if not 2 <= len(ids) < llm.config.max_model_len:
+            # nothing to ship, or no room to run the prompt but its last token and stop after one
+            # token: the decode instance computes it all, and answers as one server would
             return {"kv_transfer_params": {"transfer_id": None, "num_tokens": 0}}
-        cache = await engine.export(ids[:-1])
+        try:
+            cache = await engine.export(ids[:-1])
+        except RuntimeError as e:  # a bad request is a UsageError (a ValueError): the client's 400
+            raise Unavailable(f"the prefill instance could not compute the prompt's cache: {e}") from None
         transfer_id = uuid.uuid4().hex
         start = time.perf_counter()
         try:
@@ -90,7 +95,7 @@ class DecodeRole:
         start = time.perf_counter()
         try:
             cache = await self.receiver.take(str(transfer_id), self.timeout_s)
-        except (RuntimeError, TimeoutError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001  (a lost or refused transfer: the pair's fault, not the client's)
             raise Unavailable(str(e)) from None
         self.counters.transfers.inc()
         self.counters.bytes.inc(sum(t.numel() * t.element_size() for t in (*cache.paged.values(),

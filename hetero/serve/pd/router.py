@@ -92,6 +92,14 @@ async def _route(http: httpx2.AsyncClient, urls: dict[str, str], endpoint: str, 
         return JSONResponse(error_body(f"the request body is not JSON: {e}", 400), status_code=400)
     if not isinstance(body, dict):
         return JSONResponse(error_body("the request body must be a JSON object", 400), status_code=400)
+    try:
+        return await unless_gone(request, _forward(http, urls, endpoint, body, metrics))
+    except ClientGone:  # the instance's request was closed, which aborts it there
+        return Response(status_code=499)
+
+
+async def _forward(http: httpx2.AsyncClient, urls: dict[str, str], endpoint: str, body: dict,
+                   metrics: _Metrics) -> Response:
     ask = {k: v for k, v in body.items() if k not in ("model", "stream", "stream_options")}
     ask["kv_transfer_params"] = {"do_remote_decode": True}
     start = time.perf_counter()
@@ -108,15 +116,13 @@ async def _route(http: httpx2.AsyncClient, urls: dict[str, str], endpoint: str, 
     except httpx2.HTTPError as e:
         return _unreachable("decode", urls["decode"], e)
     kind = upstream.headers.get("content-type")
-    if not body.get("stream") or upstream.status_code != 200:
-        try:
-            content = await unless_gone(request, upstream.aread())
-        except ClientGone:  # closing the decode request aborts it there
-            return Response(status_code=499)
-        finally:
-            await upstream.aclose()
-        return Response(content, status_code=upstream.status_code, media_type=kind)
-    return StreamingResponse(_relay(upstream), status_code=200, media_type=kind)
+    if body.get("stream") and upstream.status_code == 200:
+        return StreamingResponse(_relay(upstream), status_code=200, media_type=kind)
+    try:
+        content = await upstream.aread()
+    finally:
+        await upstream.aclose()
+    return Response(content, status_code=upstream.status_code, media_type=kind)
 
 
 async def _relay(upstream: httpx2.Response):

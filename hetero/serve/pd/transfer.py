@@ -18,7 +18,7 @@ __all__ = ["KVSender", "KVReceiver"]
 
 log = logging.getLogger("hetero.serve")
 
-#: a received cache no request claimed in this long is dropped (its router gave up on it)
+#: by default, a received cache no request claimed in this long is dropped (its router gave up on it)
 UNCLAIMED_S = 120.0
 
 
@@ -43,23 +43,36 @@ class KVSender:
         while True:
             transfer_id, cache, done = self._jobs.get()
             if self.error is not None:
-                done.set_exception(RuntimeError(f"the KV link to the decode instance is down: {self.error}"))
+                _resolve(done, error=RuntimeError(f"the KV link to the decode instance is down: {self.error}"))
                 continue
             header = header_of(cache, transfer_id, self.link.identity, self.tokens_per_block)
             try:
-                done.set_result(self.link.send(header, payloads(cache, header)))
+                sent = self.link.send(header, payloads(cache, header))
             except Exception as e:  # noqa: BLE001  (a broken link fails this and every later transfer)
                 self.error = e
                 log.error("KV link to the decode instance failed: %s", e)
-                done.set_exception(RuntimeError(f"the KV link to the decode instance failed: {e}"))
+                self.link.close()
+                _resolve(done, error=RuntimeError(f"the KV link to the decode instance failed: {e}"))
+                continue
+            _resolve(done, sent)  # its waiter may be gone (cancelled): the cache went all the same
+
+
+def _resolve(done: concurrent.futures.Future, result: object = None, error: BaseException | None = None) -> None:
+    if done.cancelled():
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)
 
 
 class KVReceiver:
     """Receives every transfer on ``link``; ``take(transfer_id)`` waits for one. ``bind`` gives it
-    the event loop its takers run on, before the first transfer can arrive."""
+    the event loop its takers run on, before the first transfer can arrive. A cache nobody takes
+    within ``unclaimed_s`` is dropped."""
 
-    def __init__(self, link: KVLink, max_tokens: int):
-        self.link, self.max_tokens = link, max_tokens
+    def __init__(self, link: KVLink, max_tokens: int, unclaimed_s: float = UNCLAIMED_S):
+        self.link, self.max_tokens, self.unclaimed_s = link, max_tokens, unclaimed_s
         self.error: BaseException | None = None
         self._lock = threading.Lock()
         self._ready: dict[str, tuple[float, SequenceCache | Exception]] = {}
@@ -69,6 +82,7 @@ class KVReceiver:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         threading.Thread(target=self._run, name="hetero-kv-receiver", daemon=True).start()
+        self._sweep()
 
     async def take(self, transfer_id: str, timeout_s: float = 60.0) -> SequenceCache:
         """The cache sent as ``transfer_id`` (ValueError if it was refused, TimeoutError if it never came)."""
@@ -77,6 +91,8 @@ class KVReceiver:
             if item is None:
                 if self.error is not None:
                     raise RuntimeError(f"the KV link to the prefill instance is down: {self.error}")
+                if transfer_id in self._waiting:
+                    raise ValueError(f"KV transfer {transfer_id!r} is already being waited for by another request")
                 future = self._waiting[transfer_id] = asyncio.get_running_loop().create_future()
         if item is None:
             try:
@@ -85,10 +101,22 @@ class KVReceiver:
                 raise TimeoutError(f"KV transfer {transfer_id!r} did not arrive within {timeout_s:g} s") from None
             finally:
                 with self._lock:
-                    self._waiting.pop(transfer_id, None)
+                    if self._waiting.get(transfer_id) is future:
+                        del self._waiting[transfer_id]
         if isinstance(item[1], Exception):
             raise item[1]
         return item[1]
+
+    def _sweep(self) -> None:
+        """Drop the caches nobody claimed in time (their router gave up); again in a while."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [k for k, (at, _) in self._ready.items() if now - at > self.unclaimed_s]
+            for k in stale:
+                del self._ready[k]
+        for k in stale:
+            log.warning("KV transfer %r was never claimed; dropped", k)
+        self._loop.call_later(self.unclaimed_s / 4, self._sweep)
 
     def _run(self) -> None:
         try:
@@ -97,6 +125,7 @@ class KVReceiver:
                 self._arrive(str(header.get("transfer_id")), self._receive(header))
         except Exception as e:  # noqa: BLE001  (the peer is gone or broke the protocol: every taker learns it)
             log.error("KV link to the prefill instance failed: %s", e)
+            self.link.close()  # a prefill instance still sending learns it too, rather than wait
             with self._lock:
                 self.error = e
                 waiting, self._waiting = list(self._waiting.values()), {}
@@ -104,28 +133,33 @@ class KVReceiver:
                 self._loop.call_soon_threadsafe(_fail, future, RuntimeError(f"the KV link failed: {e}"))
 
     def _receive(self, header: dict) -> SequenceCache | Exception:
-        """The transfer's cache, or why it was refused (its payloads drained, so the link stays in step)."""
+        """The transfer's cache, or why it was refused. Every payload is received either way, so the
+        link stays in step; only a failure of the link itself escapes."""
         try:
-            assembly = Assembly(header, self.link.identity, self.max_tokens)
+            assembly: Assembly | None = Assembly(header, self.link.identity, self.max_tokens)
+            problem: Exception | None = None
         except ValueError as e:
-            for _ in self.link.recv_payloads(header):
-                pass
+            assembly, problem = None, e
+        for index, data in enumerate(self.link.recv_payloads(header, window=4 if assembly else 1)):
+            if assembly is not None:
+                try:
+                    assembly.take(index, data)
+                except Exception as e:  # noqa: BLE001  (this transfer is lost, the link is not)
+                    assembly, problem = None, e
+        if assembly is None:
+            return problem
+        try:
+            return assembly.result()
+        except Exception as e:  # noqa: BLE001
             return e
-        for index, data in enumerate(self.link.recv_payloads(header)):
-            assembly.take(index, data)
-        return assembly.result()
 
     def _arrive(self, transfer_id: str, item: SequenceCache | Exception) -> None:
-        now = time.monotonic()
         with self._lock:
-            for stale in [k for k, (at, _) in self._ready.items() if now - at > UNCLAIMED_S]:
-                log.warning("KV transfer %r was never claimed; dropped", stale)
-                del self._ready[stale]
             future = self._waiting.pop(transfer_id, None)
             if future is None:
-                self._ready[transfer_id] = (now, item)
+                self._ready[transfer_id] = (time.monotonic(), item)
         if future is not None:
-            self._loop.call_soon_threadsafe(_settle, future, (now, item))
+            self._loop.call_soon_threadsafe(_settle, future, (time.monotonic(), item))
 
 
 def _settle(future: asyncio.Future, item) -> None:
