@@ -42,6 +42,8 @@ class KVSender:
     def _run(self) -> None:
         while True:
             transfer_id, cache, done = self._jobs.get()
+            if not done.set_running_or_notify_cancel():  # its waiter gave up before it was sent
+                continue
             if self.error is not None:
                 _resolve(done, error=RuntimeError(f"the KV link to the decode instance is down: {self.error}"))
                 continue
@@ -54,12 +56,11 @@ class KVSender:
                 self.link.close()
                 _resolve(done, error=RuntimeError(f"the KV link to the decode instance failed: {e}"))
                 continue
-            _resolve(done, sent)  # its waiter may be gone (cancelled): the cache went all the same
+            _resolve(done, sent)
 
 
 def _resolve(done: concurrent.futures.Future, result: object = None, error: BaseException | None = None) -> None:
-    if done.cancelled():
-        return
+    """Settle a running job's future (a running future cannot be cancelled any more)."""
     if error is not None:
         done.set_exception(error)
     else:
