@@ -17,11 +17,15 @@ class ClientGone(Exception):
 
 
 async def unless_gone(request: Request, work: Awaitable[T]) -> T:
-    """``work``'s result; if the client leaves first, ``work`` is cancelled and ``ClientGone`` raised."""
+    """``work``'s result; if the client leaves first, ``work`` is cancelled and ``ClientGone`` raised.
+    Call it after the request's body is read."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_disconnect(request))
     try:
         await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the handler itself is cancelled (shutdown): so is the work
+        task.cancel()
+        raise
     finally:
         gone.cancel()
     if not task.done():
@@ -33,6 +37,10 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
 
 
 async def _disconnect(request: Request) -> None:
-    # the body is read, so the only message left to come is the disconnect
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    # callers have read the body, so the only message left to come is the disconnect; a receive
+    # channel that fails counts as one
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # noqa: BLE001
+        return

@@ -160,7 +160,8 @@ async def _imported(body, pd):
 
 
 def _check_common(body, llm: LLM, model_name: str) -> None:
-    if body.model is not None and body.model != model_name:
+    prefill_only = (body.kv_transfer_params or {}).get("do_remote_decode")  # the decode instance names the model
+    if body.model is not None and body.model != model_name and not prefill_only:
         raise BadRequest(f"model {body.model!r} is not served here; this server serves {model_name!r}", "model")
     if body.n != 1:
         raise BadRequest(f"n must be 1 (got {body.n})", "n")

@@ -79,9 +79,9 @@ class EngineLoop:
         client that went away) aborts the request, which frees its blocks."""
         add = self._add(prompt, params, cache)
         self._send(add)
-        await add.added
         finished = False
         try:
+            await add.added  # inside: cancelled here, the request is aborted once it is added
             while not finished:
                 out = await add.stream.outputs.get()
                 if isinstance(out, BaseException):
@@ -97,8 +97,8 @@ class EngineLoop:
         its prompt is computed, its cache is exported and the request is aborted."""
         add = self._add(list(prompt_ids), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), export=True)
         self._send(add)
-        await add.added
         try:
+            await add.added
             got = await add.stream.outputs.get()
         except BaseException:
             self._send(("abort", add.request_id))

@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -100,6 +102,13 @@ def test_a_bad_request_through_the_router_is_the_instances_400_and_leaves_nothin
     assert prefill.stats["prompt_tokens"] == computed, "the prefill instance computed a refused request"
     with pytest.raises(openai.BadRequestError, match="not served here"):  # the decode instance refuses this one
         c.completions.create(model="nope", prompt=[5, 6, 7], max_tokens=3)
+    for odd in ({"model": 123}, {"stream": "sometimes"}):  # the schema: both instances refuse these alike
+        req = urllib.request.Request(router.url + "/v1/completions", method="POST",
+                                     data=json.dumps({"prompt": [5, 6, 7], "max_tokens": 3, **odd}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=30)
+        assert refused.value.code == 400
     assert not receiver._ready, "a refused request left its cache on the decode instance"
     assert get(router.url + "/health")[0] == 200
 

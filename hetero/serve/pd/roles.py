@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from hetero.engine import LLM
 from hetero.engine.runtime.cache_io import SequenceCache
+from hetero.errors import UsageError
 from hetero.serve.engine_loop import EngineLoop
 from hetero.serve.pd.transfer import KVReceiver, KVSender
 
@@ -61,7 +62,9 @@ class PrefillRole:
             return {"kv_transfer_params": {"transfer_id": None, "num_tokens": 0}}
         try:
             cache = await engine.export(ids[:-1])
-        except RuntimeError as e:  # a bad request is a UsageError (a ValueError): the client's 400
+        except UsageError:  # a bad request: the client's 400
+            raise
+        except Exception as e:  # noqa: BLE001  (the instance's fault, not the request's)
             raise Unavailable(f"the prefill instance could not compute the prompt's cache: {e}") from None
         transfer_id = uuid.uuid4().hex
         start = time.perf_counter()

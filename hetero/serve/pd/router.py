@@ -100,8 +100,9 @@ async def _route(http: httpx2.AsyncClient, urls: dict[str, str], endpoint: str, 
 
 async def _forward(http: httpx2.AsyncClient, urls: dict[str, str], endpoint: str, body: dict,
                    metrics: _Metrics) -> Response:
-    ask = {k: v for k, v in body.items() if k not in ("model", "stream", "stream_options")}
-    ask["kv_transfer_params"] = {"do_remote_decode": True}
+    # the whole body, so the prefill instance refuses what the decode instance's schema would
+    # (a request refused before the decode instance takes its cache would leave it there)
+    ask = dict(body, kv_transfer_params={"do_remote_decode": True})
     start = time.perf_counter()
     try:
         pre = await http.post(urls["prefill"] + endpoint, json=ask)

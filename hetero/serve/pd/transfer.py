@@ -47,8 +47,8 @@ class KVSender:
             if self.error is not None:
                 _resolve(done, error=RuntimeError(f"the KV link to the decode instance is down: {self.error}"))
                 continue
-            header = header_of(cache, transfer_id, self.link.identity, self.tokens_per_block)
             try:
+                header = header_of(cache, transfer_id, self.link.identity, self.tokens_per_block)
                 sent = self.link.send(header, payloads(cache, header))
             except Exception as e:  # noqa: BLE001  (a broken link fails this and every later transfer)
                 self.error = e
