@@ -105,11 +105,12 @@ def _routes(app: FastAPI, llm: LLM, engine: EngineLoop, metrics: ServerMetrics, 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         cache = await _imported(body, pd)
-        _check_common(body, llm, model_name)
+        prefill_only = _prefill_only(body, pd)
+        _check_common(body, llm, model_name, prefill_only)
         if isinstance(body.prompt, str) and llm.tokenizer is None:
             raise BadRequest("this checkpoint has no tokenizer: send the prompt as a list of token ids", "prompt")
         params = sampling_params(body, body.max_tokens or 16, body.logprobs)
-        if _prefill_only(body, pd):
+        if prefill_only:
             return await _prefill(pd, engine, llm, body.prompt, request)
         choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs is not None)
         shape = _Shape("cmpl", "text_completion", model_name, chat=False)
@@ -118,12 +119,13 @@ def _routes(app: FastAPI, llm: LLM, engine: EngineLoop, metrics: ServerMetrics, 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         cache = await _imported(body, pd)
-        _check_common(body, llm, model_name)
+        prefill_only = _prefill_only(body, pd)
+        _check_common(body, llm, model_name, prefill_only)
         prompt = _render_chat(llm, body)
         limit = body.max_completion_tokens or body.max_tokens or max(1, max_model_len - len(prompt))
         top = (body.top_logprobs or 0) if body.logprobs else None
         params = sampling_params(body, limit, top)
-        if _prefill_only(body, pd):
+        if prefill_only:
             return await _prefill(pd, engine, llm, prompt, request)
         choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs)
         shape = _Shape("chatcmpl", "chat.completion", model_name, chat=True)
@@ -159,8 +161,8 @@ async def _imported(body, pd):
     return await pd.cache(params)
 
 
-def _check_common(body, llm: LLM, model_name: str) -> None:
-    prefill_only = (body.kv_transfer_params or {}).get("do_remote_decode")  # the decode instance names the model
+def _check_common(body, llm: LLM, model_name: str, prefill_only: bool) -> None:
+    # a prefill request's model name is the decode instance's to check (the two may be served under others)
     if body.model is not None and body.model != model_name and not prefill_only:
         raise BadRequest(f"model {body.model!r} is not served here; this server serves {model_name!r}", "model")
     if body.n != 1:

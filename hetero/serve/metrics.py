@@ -6,9 +6,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from hetero.engine import LLM
 from hetero.engine.outputs import RequestOutput
 
-__all__ = ["ServerMetrics"]
+__all__ = ["ServerMetrics", "LATENCY_BUCKETS"]
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: the latency buckets of every hetero serve histogram (seconds)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class ServerMetrics:
@@ -28,10 +29,10 @@ class ServerMetrics:
                                 registry=self.registry)
         self.prompt_tokens = Counter("hetero_prompt_tokens", "Prompt tokens of finished requests", **label).labels(model)
         self.generation_tokens = Counter("hetero_generation_tokens", "Generated tokens", **label).labels(model)
-        self.ttft = Histogram("hetero_time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS,
+        self.ttft = Histogram("hetero_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS,
                               **label).labels(model)
         self.tpot = Histogram("hetero_time_per_output_token_seconds", "Mean time per output token after the first",
-                              buckets=_LATENCY_BUCKETS, **label).labels(model)
+                              buckets=LATENCY_BUCKETS, **label).labels(model)
         self._model = model
         self._preempted = 0
 

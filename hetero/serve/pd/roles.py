@@ -19,11 +19,10 @@ from hetero.engine import LLM
 from hetero.engine.runtime.cache_io import SequenceCache
 from hetero.errors import UsageError
 from hetero.serve.engine_loop import EngineLoop
+from hetero.serve.metrics import LATENCY_BUCKETS
 from hetero.serve.pd.transfer import KVReceiver, KVSender
 
 __all__ = ["PrefillRole", "DecodeRole", "Unavailable"]
-
-_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class Unavailable(Exception):
@@ -37,14 +36,12 @@ class _Counters:
         self.bytes = Counter("hetero_kv_transfer_bytes", "Bytes of KV caches sent or received", ("role",),
                              registry=registry).labels(role)
         self.seconds = Histogram("hetero_kv_transfer_seconds", "Prefill: sending a cache over the link (from the "
-                                 "queue of the link's thread); decode: waiting for it", ("role",), buckets=_BUCKETS,
+                                 "queue of the link's thread); decode: waiting for it", ("role",), buckets=LATENCY_BUCKETS,
                                  registry=registry).labels(role)
 
 
 class PrefillRole:
     """Computes prompts' caches on this instance and sends them over ``sender``."""
-
-    role = "prefill"
 
     def __init__(self, sender: KVSender, registry: CollectorRegistry):
         self.sender, self.counters = sender, _Counters(registry, "prefill")
@@ -81,8 +78,6 @@ class PrefillRole:
 class DecodeRole:
     """Takes the caches ``receiver`` got for the requests that name them."""
 
-    role = "decode"
-
     def __init__(self, receiver: KVReceiver, registry: CollectorRegistry, timeout_s: float = 60.0):
         self.receiver, self.timeout_s, self.counters = receiver, timeout_s, _Counters(registry, "decode")
 
@@ -101,7 +96,6 @@ class DecodeRole:
         except Exception as e:  # noqa: BLE001  (a lost or refused transfer: the pair's fault, not the client's)
             raise Unavailable(str(e)) from None
         self.counters.transfers.inc()
-        self.counters.bytes.inc(sum(t.numel() * t.element_size() for t in (*cache.paged.values(),
-                                                                             *cache.state.values())))
+        self.counters.bytes.inc(sum(t.nbytes for t in (*cache.paged.values(), *cache.state.values())))
         self.counters.seconds.observe(time.perf_counter() - start)
         return cache

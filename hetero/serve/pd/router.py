@@ -18,11 +18,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from hetero.serve._disconnect import ClientGone, unless_gone
+from hetero.serve.metrics import LATENCY_BUCKETS
 from hetero.serve.protocol import error_body
 
 __all__ = ["build_router"]
-
-_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class _Metrics:
@@ -31,7 +30,7 @@ class _Metrics:
         self.requests = Counter("hetero_router_requests", "Requests routed, by endpoint and the client's status",
                                 ("endpoint", "status"), registry=self.registry)
         self.prefill = Histogram("hetero_router_prefill_seconds", "Prefill instance: computing and shipping a "
-                                 "prompt's cache", buckets=_BUCKETS, registry=self.registry)
+                                 "prompt's cache", buckets=LATENCY_BUCKETS, registry=self.registry)
 
 
 def build_router(prefill_url: str, decode_url: str, timeout_s: float = 600.0) -> FastAPI:

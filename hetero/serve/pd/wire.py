@@ -41,9 +41,14 @@ def _dtype(name: str) -> torch.dtype:
 PAYLOAD_BYTES = 8 << 20
 
 
+def _entry_bytes(entries) -> int:
+    """Bytes of one of each ``[name, dtype, shape]`` entry: a token's row of paged entries, or the state."""
+    return sum(math.prod(s) * _dtype(dt).itemsize for _, dt, s in entries)
+
+
 def tokens_per_payload(identity: Identity, block_size: int) -> int:
     """The most whole blocks of ``block_size`` tokens that fit ``PAYLOAD_BYTES`` (at least one block)."""
-    row = sum(math.prod(s) * _dtype(dt).itemsize for _, dt, s in identity.paged) or 1
+    row = _entry_bytes(identity.paged) or 1
     return block_size * max(1, PAYLOAD_BYTES // (row * block_size))
 
 
@@ -81,8 +86,7 @@ def sizes(header: Header) -> list[int]:
     """Bytes of each payload after ``header``, from its own claims (ValueError when they do not parse)."""
     try:
         n, per = int(header["num_tokens"]), int(header["tokens_per_block"])
-        row = sum(math.prod(s) * _dtype(dt).itemsize for _, dt, s in header["paged"])
-        state = sum(math.prod(s) * _dtype(dt).itemsize for _, dt, s in header["state"])
+        row, state = _entry_bytes(header["paged"]), _entry_bytes(header["state"])
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"KV transfer header does not parse: {e}") from None
     if per < 1 or n < 0:
@@ -110,9 +114,8 @@ class Assembly:
             [t for _, t in self.state]
         at = 0
         for t in targets:
-            size = t.numel() * t.element_size()
-            _bytes(t).copy_(data[at:at + size])
-            at += size
+            _bytes(t).copy_(data[at:at + t.nbytes])
+            at += t.nbytes
 
     def result(self) -> SequenceCache:
         return SequenceCache(self.header["num_tokens"], dict(self.paged), dict(self.state),
