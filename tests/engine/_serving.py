@@ -80,6 +80,29 @@ def concurrent_streams(c: openai.OpenAI, model: str, prompt_list: list[list[int]
         return list(pool.map(one, prompt_list, timeout=TIMEOUT))
 
 
+def wait_aborted(llm, message: str = "the request was not aborted") -> None:
+    """Wait (60 s at most) until ``llm`` has no unfinished request."""
+    deadline = time.monotonic() + 60
+    while llm.scheduler.has_unfinished():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.05)
+
+
+def leave_a_whole_request(port: int, llm, message: str = "the request never ran") -> None:
+    """POST a long completion, not streamed, to ``port``; close the connection once ``llm`` runs it."""
+    import json
+    import socket
+
+    body = json.dumps({"prompt": [9, 8, 7, 6], "max_tokens": 400, "temperature": 0.0, "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 60
+        while not llm.scheduler.running:
+            assert time.monotonic() < deadline, message
+            time.sleep(0.01)
+
+
 def healthy(url: str) -> bool:
     try:
         return get(url + "/health")[0] == 200

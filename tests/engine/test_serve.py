@@ -21,7 +21,8 @@ from hetero.distributed import free_port  # noqa: E402
 from hetero.engine import LLM, SamplingParams  # noqa: E402
 from hetero.serve import build_app  # noqa: E402
 
-from _serving import TIMEOUT, Server, command_servers, concurrent_streams, get, prompts, with_chat_template  # noqa: E402
+from _serving import (TIMEOUT, Server, command_servers, concurrent_streams, get, leave_a_whole_request,  # noqa: E402
+                      prompts, wait_aborted, with_chat_template)  # noqa: E402
 from _serving import client as serving_client  # noqa: E402
 
 ENGINE = dict(backend="cpu_ref", dtype="float32", block_size=8, max_num_seqs=16)
@@ -127,31 +128,16 @@ def test_a_client_gone_mid_stream_aborts_its_request(client, served):
                                        temperature=0.0, extra_body={"ignore_eos": True})
     next(iter(stream))
     stream.close()
-    deadline = time.monotonic() + 60
-    while llm.scheduler.has_unfinished():
-        assert time.monotonic() < deadline, "the request was not aborted"
-        time.sleep(0.05)
+    wait_aborted(llm)
     assert llm.block_manager.num_used_blocks == 0
 
 
 def test_a_client_gone_from_a_whole_request_aborts_it(served):
     """Not streamed: the server still sees the connection close, and aborts."""
-    import socket
-
     llm, port = served[1], served[0].port
     before = llm.stats["generated_tokens"]
-    body = json.dumps({"prompt": [9, 8, 7, 6], "max_tokens": 400, "temperature": 0.0, "ignore_eos": True}).encode()
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        deadline = time.monotonic() + 60
-        while not llm.scheduler.running:
-            assert time.monotonic() < deadline, "the request never ran"
-            time.sleep(0.01)
-    deadline = time.monotonic() + 60
-    while llm.scheduler.has_unfinished():
-        assert time.monotonic() < deadline, "the request was not aborted"
-        time.sleep(0.05)
+    leave_a_whole_request(port, llm)
+    wait_aborted(llm)
     assert llm.block_manager.num_used_blocks == 0 and llm.stats["generated_tokens"] - before < 400
 
 

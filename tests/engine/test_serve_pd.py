@@ -7,10 +7,8 @@ server is stopped and every wait is bounded. (The link itself: ``test_pd_link.py
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -19,8 +17,8 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from _serving import (Server, client, command_servers, concurrent_streams, get, linked, prompts,  # noqa: E402
-                      with_chat_template)
+from _serving import (Server, client, command_servers, concurrent_streams, get, leave_a_whole_request,  # noqa: E402
+                      linked, prompts, wait_aborted, with_chat_template)
 from hetero.distributed import free_port  # noqa: E402
 from hetero.engine import LLM, SamplingParams  # noqa: E402
 from hetero.serve.pd.identity import Identity  # noqa: E402
@@ -133,10 +131,7 @@ def test_a_client_gone_from_the_router_aborts_the_decode(pair):
                                                    temperature=0.0, extra_body={"ignore_eos": True})
     next(iter(stream))
     stream.close()
-    deadline = time.monotonic() + 60
-    while decode.scheduler.has_unfinished():
-        assert time.monotonic() < deadline, "the decode request was not aborted"
-        time.sleep(0.05)
+    wait_aborted(decode, "the decode request was not aborted")
     assert decode.block_manager.num_used_blocks == 0
 
 
@@ -177,16 +172,6 @@ def test_the_serve_roles_pair_up_and_a_mismatched_pair_is_refused(path, tmp_path
 def test_a_client_gone_from_a_whole_request_through_the_router_aborts_the_decode(pair):
     router, prefill, decode, _ = pair
     before = decode.stats["generated_tokens"]
-    body = json.dumps({"prompt": [9, 8, 7, 6], "max_tokens": 400, "temperature": 0.0, "ignore_eos": True}).encode()
-    with socket.create_connection(("127.0.0.1", router.port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        deadline = time.monotonic() + 60
-        while not decode.scheduler.running:
-            assert time.monotonic() < deadline, "the request never reached the decode instance"
-            time.sleep(0.01)
-    deadline = time.monotonic() + 60
-    while decode.scheduler.has_unfinished():
-        assert time.monotonic() < deadline, "the decode request was not aborted"
-        time.sleep(0.05)
+    leave_a_whole_request(router.port, decode, "the request never reached the decode instance")
+    wait_aborted(decode, "the decode request was not aborted")
     assert decode.block_manager.num_used_blocks == 0 and decode.stats["generated_tokens"] - before < 400
