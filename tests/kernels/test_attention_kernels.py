@@ -154,8 +154,10 @@ def test_mla_decode_and_prefill(attn):
 def test_tile_table_covers_every_row_once(attn):
     """The device-side tile table: each (sequence, flattened row) in exactly one tile; spare
     grid slots are -1; empty sequences get no tile."""
+    from hetero.kernels._attention_launch import tile_table
+
     cu = torch.tensor([0, 5, 5, 6, 40], dtype=torch.int32)
-    seq, start = attn._tile_table(cu, batch=4, total=40, group=3, block_m=16, longest=34)
+    seq, start = tile_table(cu, batch=4, total=40, group=3, block_m=16, longest=34)
     covered = {}
     for s, a in zip(seq.tolist(), start.tolist()):
         if s < 0:
