@@ -1,4 +1,4 @@
-"""The reference engine: Hugging Face checkpoints through hetero ops (see DESIGN.md section 8).
+"""The reference engine: Hugging Face checkpoints through hetero ops (see docs/engine.md and docs/architecture.md).
 
 ``from hetero.engine import LLM, SamplingParams`` (and ``RequestOutput``, ``Logprob``,
 ``EngineConfig``); those names load on first use, so
