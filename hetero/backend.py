@@ -117,7 +117,7 @@ class Backend:
         as it is, so a descriptor (``TritonBackend``'s kernels) binds to each instance itself. On an
         instance, in ``__init__`` (``self.bind_from({"gemm": cublas_gemm})``), they replace ops of that
         instance only: vendor paths chosen for its device; the class must already have those ops.
-        ``hetero explain`` names each function bound, and the spec's signature check applies to it.
+        ``hetero explain`` names each function bound; conformance checks its signature against the spec.
         """
         ops = spec_ops(*sources)
         if isinstance(target, type):
