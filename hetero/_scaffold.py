@@ -127,6 +127,10 @@ class $cls(hetero.Backend):
     #     acc = x.to(torch.promote_types(x.dtype, torch.float32))
     #     gate, up = acc.chunk(2, dim=-1)
     #     return (torch.nn.functional.silu(gate) * up).to(x.dtype)
+
+
+# Many ops: keep each family in a module of functions listed in its __all__ and bind them all,
+# as hetero's own backends do: from $pkg import layers; $cls.bind_from(layers)
 ''' + _HOOK
 
 _TRITON_PLUGIN = '''\
@@ -207,10 +211,12 @@ class $cls(TritonBackend):
         Put your architecture's limits in front of the portable kernels' own."""
         return super().supports(op, **static)
 
-    # Override an op with a vendor library where it is faster, e.g.:
-    # def gemm(self, a, b, *, bias=None, out_dtype=None):
-    #     import torch_$name
-    #     return torch_$name.gemm(a, b, bias=bias, out_dtype=out_dtype)
+    # A vendor library op where it is faster: bind it in __init__ over the Triton op it replaces
+    # (cuda and rocm do), handing it the inputs it cannot serve, e.g. with a fast_gemm(triton_gemm):
+    # def __init__(self, device=None):
+    #     super().__init__(device)
+    #     if not self.interpreted:
+    #         self.bind_from({"gemm": fast_gemm(self.gemm)})
 ''' + _HOOK
 
 _TEST = '''\

@@ -2,16 +2,54 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from functools import partial
+from types import FunctionType, MethodType, ModuleType
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 import torch
 
-from hetero.spec import OP_NAMES
+from hetero.spec import OP_NAMES, OPS
 
 if TYPE_CHECKING:
     from hetero.spec.comm import Communicator
 
-__all__ = ["Backend", "Availability"]
+__all__ = ["Backend", "Availability", "spec_ops"]
+
+OpSource = ModuleType | Mapping[str, Callable]
+
+
+def spec_ops(*sources: OpSource) -> dict[str, Callable]:
+    """The op implementations ``sources`` provide, by op name; a later source wins.
+
+    A module provides each name in its ``__all__`` that is a spec op (its helpers are ignored);
+    a mapping provides its items, and a key that is not a spec op is a ValueError.
+    """
+    found: dict[str, Callable] = {}
+    for source in sources:
+        if isinstance(source, ModuleType):
+            found.update((n, getattr(source, n)) for n in getattr(source, "__all__", ()) if n in OPS)
+            continue
+        unknown = [n for n in source if n not in OPS]
+        if unknown:
+            raise ValueError(f"not spec ops: {', '.join(map(repr, unknown))}")
+        found.update(source)
+    return found
+
+
+def _class_attribute(fn: Callable) -> Any:
+    """``fn`` as a class attribute that is called without ``self``: a descriptor other than a function
+    (or a partial, which is one from Python 3.14) binds as it defines."""
+    return staticmethod(fn) if isinstance(fn, (FunctionType, partial)) or not hasattr(type(fn), "__get__") else fn
+
+
+class _ClassOrInstanceMethod:
+    """A method bound to the instance it is called on, or to the class when called on the class."""
+
+    def __init__(self, fn: Callable):
+        self.__func__, self.__doc__, self.__name__ = fn, fn.__doc__, fn.__name__
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Callable:
+        return MethodType(self.__func__, owner if obj is None else obj)
 
 
 @dataclass(frozen=True)
@@ -28,8 +66,9 @@ class Backend:
     """One implementation of the operator interface for one kind of device.
 
     A subclass sets the class attributes below and defines a method per op it
-    implements, named and typed as in ``hetero.spec``; every op it does not define
-    resolves to the reference backend (``cpu_ref``) and is reported as fallback.
+    implements, named and typed as in ``hetero.spec``, or binds functions kept in family
+    modules with :meth:`bind_from`; every op it does not define resolves to the reference
+    backend (``cpu_ref``) and is reported as fallback.
     """
 
     #: The name users select it by (``hetero.load(name)``, ``HETERO_BACKEND``).
@@ -67,6 +106,29 @@ class Backend:
     def op_notes(cls) -> Mapping[str, str]:
         """Notes ``hetero explain`` shows per native op (e.g. "never run on an NPU"); none by default."""
         return {}
+
+    @_ClassOrInstanceMethod
+    def bind_from(target: "type[Backend] | Backend", *sources: OpSource) -> None:
+        """Make the ops ``sources`` provide (see :func:`spec_ops`: a family module's ``__all__``, or a
+        mapping ``{op: function}``) ops of this backend; the one way to bind functions as ops.
+
+        On the class, after its body (``MyBackend.bind_from(layers, gemm)``), they are ops of every
+        instance: a function becomes a static method (it takes no ``self``); any other callable is set
+        as it is, so a descriptor (``TritonBackend``'s kernels) binds to each instance itself. On an
+        instance, in ``__init__`` (``self.bind_from({"gemm": cublas_gemm})``), they replace ops of that
+        instance only: vendor paths chosen for its device; the class must already have those ops.
+        ``hetero explain`` names each function bound; conformance checks its signature against the spec.
+        """
+        ops = spec_ops(*sources)
+        if isinstance(target, type):
+            for op, fn in ops.items():
+                setattr(target, op, _class_attribute(fn))
+            return
+        missing = [op for op in ops if op not in type(target).native_ops()]
+        if missing:
+            raise ValueError(f"{type(target).__name__} has no {', '.join(missing)} to replace on an instance")
+        for op, fn in ops.items():
+            setattr(target, op, fn)
 
     @classmethod
     def native_ops(cls) -> tuple[str, ...]:

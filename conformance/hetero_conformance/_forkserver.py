@@ -52,7 +52,7 @@ def _preload(config: dict[str, Any]) -> tuple[Any, dict[str, Malformed]]:
     cls = registry.entry(config["backend"].split(":")[0]).cls
     if cls is not None and issubclass(cls, TritonBackend):
         try:
-            from hetero.kernels._triton import triton_modules
+            from hetero.kernels import triton_modules
 
             triton_modules()
             for family in ("attention", "cache", "gemm", "moe", "layers"):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -18,14 +19,60 @@ from hetero.backend import Availability, Backend
 from hetero.kernels._triton import interpreter_requested, triton_missing_reason
 from hetero.kernels.limits import kernel_reason
 from hetero.kernels.tuning import Tuning, TuningTable
-from hetero.spec import SPEC_VERSION, AttentionMeta
+from hetero.spec import OPS, SPEC_VERSION
 
-__all__ = ["TritonBackend"]
+__all__ = ["TritonBackend", "KERNEL_OPS", "KernelOp"]
+
+#: The spec ops of each module that implements them: a kernel family (``hetero.kernels.<family>``,
+#: whose functions take ``tuning=``; ``route`` stays in torch and takes none) or the portable EP ops.
+KERNEL_OPS: dict[str, tuple[str, ...]] = {
+    "hetero.kernels.cache": ("write_kv", "write_mla_kv", "merge_attention", "write_index_k"),
+    "hetero.kernels.attention": ("paged_attention", "varlen_attention", "mla_attention"),
+    "hetero.kernels.dsa": ("indexer_topk",),
+    "hetero.kernels.gemm": ("gemm", "scaled_gemm", "grouped_gemm"),
+    "hetero.kernels.quant": ("quantize_activation", "scaled_grouped_gemm"),
+    "hetero.kernels.moe": ("route", "moe_permute", "moe_unpermute", "fused_moe"),
+    "hetero.kernels.layers": ("rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"),
+    "hetero.kernels.recurrent": ("causal_conv1d", "gated_delta_rule"),
+    # collectives and index bookkeeping: device-agnostic torch, shared with the reference
+    "hetero._ep": ("ep_dispatch", "ep_combine"),
+}
+_UNTUNED = frozenset({"route", "ep_dispatch", "ep_combine"})
 
 
 @functools.cache
-def _family(name: str) -> ModuleType:
-    return importlib.import_module(f"hetero.kernels.{name}")
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(name)
+
+
+def _run(module: str, op: str, *args: Any, **kwargs: Any) -> Any:
+    # the module is imported on the first call, not at bind time: a kernel module imports Triton
+    return getattr(_module(module), op)(*args, **kwargs)
+
+
+class KernelOp:
+    """A portable implementation as a TritonBackend op. On a backend it is
+    ``partial(module.op, tuning=backend.tune)`` (no ``tuning`` for route and the EP ops), carrying the
+    spec's signature and the name ``TritonBackend.<op>``, which ``hetero explain`` shows."""
+
+    def __init__(self, module: str, op: str):
+        self.module, self.op, self.tuned = module, op, op not in _UNTUNED
+        self.__name__, self.__qualname__, self.__module__ = op, f"TritonBackend.{op}", __name__
+        self.__doc__ = f"``{module}.{op}``" + (" with this backend's tuning." if self.tuned else ".")
+        spec = OPS[op].signature
+        self.__signature__ = spec.replace(parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
+                                                      *spec.parameters.values()])
+
+    def __get__(self, backend: Any, owner: type | None = None) -> Callable:
+        if backend is None:
+            return self
+        bound = functools.partial(_run, self.module, self.op, **({"tuning": backend.tune} if self.tuned else {}))
+        bound.__name__, bound.__qualname__, bound.__module__ = self.__name__, self.__qualname__, self.__module__
+        bound.__doc__, bound.__signature__ = self.__doc__, OPS[self.op].signature
+        return bound
+
+    def __call__(self, backend: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.__get__(backend)(*args, **kwargs)
 
 
 class TritonBackend(Backend):
@@ -72,100 +119,5 @@ class TritonBackend(Backend):
     def probe(cls) -> Availability:
         return cls.probe_interpreter() or Availability(ok=False, reason="the portable Triton backend needs a subclass for a device")
 
-    # -- attention -----------------------------------------------------------------------
-    def write_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
-        return _family("cache").write_kv(key, value, k_cache, v_cache, slot_mapping, tuning=self.tune)
 
-    def paged_attention(self, query, k_cache, v_cache, meta: AttentionMeta, *, scale, causal=True, window=(-1, -1), softcap=0.0, sinks=None, out=None, return_lse=False) -> Any:
-        return _family("attention").paged_attention(query, k_cache, v_cache, meta, scale=scale, causal=causal, window=window,
-                                                    softcap=softcap, sinks=sinks, out=out, return_lse=return_lse, tuning=self.tune)
-
-    def varlen_attention(self, query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, scale, causal=True, window=(-1, -1), softcap=0.0, return_lse=False) -> Any:
-        return _family("attention").varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale=scale,
-                                                     causal=causal, window=window, softcap=softcap, return_lse=return_lse, tuning=self.tune)
-
-    def write_mla_kv(self, kv_c, k_pe, ckv_cache, kpe_cache, slot_mapping) -> None:
-        return _family("cache").write_mla_kv(kv_c, k_pe, ckv_cache, kpe_cache, slot_mapping, tuning=self.tune)
-
-    def mla_attention(self, q_nope, q_pe, ckv_cache, kpe_cache, meta: AttentionMeta, *, scale, causal=True, return_lse=False,
-                      topk_indices=None) -> Any:
-        return _family("attention").mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, scale=scale, causal=causal,
-                                                  return_lse=return_lse, topk_indices=topk_indices, tuning=self.tune)
-
-    def merge_attention(self, out_a, lse_a, out_b, lse_b) -> Any:
-        return _family("cache").merge_attention(out_a, lse_a, out_b, lse_b, tuning=self.tune)
-
-    def write_index_k(self, k, index_cache, slot_mapping, *, index_scale=None) -> None:
-        return _family("cache").write_index_k(k, index_cache, slot_mapping, index_scale=index_scale, tuning=self.tune)
-
-    def indexer_topk(self, q, weights, index_cache, meta: AttentionMeta, *, topk, index_scale=None) -> torch.Tensor:
-        return _family("dsa").indexer_topk(q, weights, index_cache, meta, topk=topk, index_scale=index_scale, tuning=self.tune)
-
-    # -- gemm ----------------------------------------------------------------------------
-    def gemm(self, a, b, *, bias=None, out_dtype=None) -> torch.Tensor:
-        return _family("gemm").gemm(a, b, bias=bias, out_dtype=out_dtype, tuning=self.tune)
-
-    def scaled_gemm(self, a, b, a_scale, b_scale, *, bias=None, out_dtype=torch.bfloat16) -> torch.Tensor:
-        return _family("gemm").scaled_gemm(a, b, a_scale, b_scale, bias=bias, out_dtype=out_dtype, tuning=self.tune)
-
-    def grouped_gemm(self, a, b, group_ends, *, out_dtype=None) -> torch.Tensor:
-        return _family("gemm").grouped_gemm(a, b, group_ends, out_dtype=out_dtype, tuning=self.tune)
-
-    def quantize_activation(self, x, *, dtype, group_size=128, scale_fmt="float", asymmetric=False) -> Any:
-        return _family("quant").quantize_activation(x, dtype=dtype, group_size=group_size, scale_fmt=scale_fmt,
-                                                    asymmetric=asymmetric, tuning=self.tune)
-
-    def scaled_grouped_gemm(self, a, b, a_scale, b_scale, group_ends, *, a_zero_point=None,
-                            out_dtype=torch.bfloat16) -> torch.Tensor:
-        return _family("quant").scaled_grouped_gemm(a, b, a_scale, b_scale, group_ends, a_zero_point=a_zero_point,
-                                                    out_dtype=out_dtype, tuning=self.tune)
-
-    # -- moe -----------------------------------------------------------------------------
-    def route(self, router_logits, *, top_k, scoring="softmax", renormalize=True, n_group=1, topk_group=1, correction_bias=None, routed_scaling_factor=1.0) -> Any:
-        return _family("moe").route(router_logits, top_k=top_k, scoring=scoring, renormalize=renormalize, n_group=n_group, topk_group=topk_group,
-                                    correction_bias=correction_bias, routed_scaling_factor=routed_scaling_factor)
-
-    def moe_permute(self, x, ids, num_experts) -> Any:
-        return _family("moe").moe_permute(x, ids, num_experts, tuning=self.tune)
-
-    def moe_unpermute(self, y_sorted, perm, weights) -> torch.Tensor:
-        return _family("moe").moe_unpermute(y_sorted, perm, weights, tuning=self.tune)
-
-    def fused_moe(self, x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit=None, w13_bias=None,
-                  w2_bias=None, w13_scale=None, w2_scale=None, act_quant=None, act_scale_fmt="float") -> torch.Tensor:
-        return _family("moe").fused_moe(x, w13, w2, weights, ids, activation=activation, alpha=alpha, limit=limit,
-                                        w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale, w2_scale=w2_scale,
-                                        act_quant=act_quant, act_scale_fmt=act_scale_fmt, tuning=self.tune)
-
-    def ep_dispatch(self, x, ids, weights, *, num_experts, comm) -> Any:
-        from hetero import _ep  # collectives and index bookkeeping: device-agnostic torch, shared with the reference
-
-        return _ep.ep_dispatch(x, ids, weights, num_experts=num_experts, comm=comm)
-
-    def ep_combine(self, y_local, dispatch) -> torch.Tensor:
-        from hetero import _ep
-
-        return _ep.ep_combine(y_local, dispatch)
-
-    # -- layers --------------------------------------------------------------------------
-    def rms_norm(self, x, weight, eps, *, residual=None, weight_offset=0.0, gate=None, gate_act="silu") -> Any:
-        return _family("layers").rms_norm(x, weight, eps, residual=residual, weight_offset=weight_offset, gate=gate,
-                                          gate_act=gate_act, tuning=self.tune)
-
-    def layer_norm(self, x, weight, bias, eps) -> torch.Tensor:
-        return _family("layers").layer_norm(x, weight, bias, eps, tuning=self.tune)
-
-    def rotary_embedding(self, positions, q, k, cos_sin_cache, *, is_neox=True) -> Any:
-        return _family("layers").rotary_embedding(positions, q, k, cos_sin_cache, is_neox=is_neox, tuning=self.tune)
-
-    def silu_and_mul(self, x) -> torch.Tensor:
-        return _family("layers").silu_and_mul(x, tuning=self.tune)
-
-    # -- recurrent (linear attention) -----------------------------------------------------
-    def causal_conv1d(self, x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, *, activation="silu") -> torch.Tensor:
-        return _family("recurrent").causal_conv1d(x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state,
-                                                  activation=activation, tuning=self.tune)
-
-    def gated_delta_rule(self, q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state, *, scale, use_qk_l2norm=True) -> torch.Tensor:
-        return _family("recurrent").gated_delta_rule(q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state,
-                                                     scale=scale, use_qk_l2norm=use_qk_l2norm, tuning=self.tune)
+TritonBackend.bind_from({op: KernelOp(module, op) for module, ops in KERNEL_OPS.items() for op in ops})

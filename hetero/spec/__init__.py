@@ -31,8 +31,9 @@ __all__ = [
     "Communicator", "REDUCE_OPS", "FLOAT_DTYPES",
 ]
 
-#: Semver of the interface. Major: an op's meaning or signature changed. Minor: ops were added.
-SPEC_VERSION = "1.4.0"
+#: Semver of the interface and of its checks API (``hetero.spec.checks``). Major: an op's meaning or signature
+#: changed, or a check was changed or removed. Minor: ops or checks were added.
+SPEC_VERSION = "1.5.0"
 
 _FAMILY_MODULES: tuple[ModuleType, ...] = (attention, gemm, moe, layers, recurrent)
 

@@ -13,7 +13,7 @@ import torch
 from hetero.errors import OpError
 from hetero.spec._checks_dsa import check_topk_indices
 from hetero.spec._checks_meta import check_meta
-from hetero.spec.checks import (
+from hetero.spec._checks_core import (
     check_cu_seqlens,
     check_mla_inputs,
     check_same_device,

@@ -17,7 +17,7 @@ import torch
 
 from hetero.spec.attention import INDEX_SCALE_GROUP
 from hetero.errors import OpError
-from hetero.spec.checks import INDEX_DTYPES, check_at_least_1d, check_same_device, check_tensor, meta_tensors
+from hetero.spec._checks_core import INDEX_DTYPES, check_at_least_1d, check_same_device, check_tensor, meta_tensors
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
 
 __all__ = [

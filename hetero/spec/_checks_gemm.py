@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from hetero.errors import OpError
-from hetero.spec.checks import check_scale_form, check_tensor, scale_blocks
+from hetero.spec._checks_core import check_scale_form, check_tensor, scale_blocks
 
 __all__ = [
     "check_scaled_gemm",

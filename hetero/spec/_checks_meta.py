@@ -7,7 +7,7 @@ import numbers
 import torch
 
 from hetero.errors import OpError
-from hetero.spec.checks import INDEX_DTYPES, _first, check_cu_seqlens, check_tensor
+from hetero.spec._checks_core import INDEX_DTYPES, _first, check_cu_seqlens, check_tensor
 from hetero.spec.types import AttentionMeta
 
 __all__ = ["check_meta_shapes", "check_meta"]
@@ -59,8 +59,7 @@ def check_meta(op: str, meta: AttentionMeta, num_tokens: int, num_blocks: int, b
     bad = _first(in_use & ((table < 0) | (table >= num_blocks)))
     if bad is not None:
         row, col = divmod(bad, cols)
-        if not False:
-            raise OpError(op, "meta.block_table", f"block ids in [0, {num_blocks})", f"{int(table[row, col])} at [{row}, {col}]")
+        raise OpError(op, "meta.block_table", f"block ids in [0, {num_blocks})", f"{int(table[row, col])} at [{row}, {col}]")
     for arg, value, need, what in (("max_query_len", meta.max_query_len, qlen, "query"), ("max_seq_len", meta.max_seq_len, seq, "sequence")):
         longest = int(need.max()) if batch else 0
         ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= longest

@@ -7,7 +7,7 @@ import numbers
 import torch
 
 from hetero.errors import OpError
-from hetero.spec.checks import check_tensor
+from hetero.spec._checks_core import check_tensor
 from hetero.spec.moe import ACTIVATIONS
 from hetero.spec.types import FLOAT_DTYPES
 

@@ -13,7 +13,7 @@ import torch
 from hetero.spec._checks_moe import check_fused_moe_options, check_fused_moe_weights
 from hetero.spec._checks_quant import check_fused_moe_quant
 from hetero.errors import OpError
-from hetero.spec.checks import check_ids, check_same_device, check_tensor
+from hetero.spec._checks_core import check_ids, check_same_device, check_tensor
 from hetero.spec.moe import SCORING
 from hetero.spec.types import FLOAT_DTYPES
 

@@ -10,7 +10,7 @@ import numbers
 import torch
 
 from hetero.errors import OpError
-from hetero.spec.checks import check_same_device, check_tensor, scale_blocks
+from hetero.spec._checks_core import check_same_device, check_tensor, scale_blocks
 from hetero.spec.gemm import QMAX, SCALE_FORMATS
 from hetero.spec.moe import ACT_QUANT
 from hetero.spec.types import FLOAT_DTYPES
@@ -88,9 +88,7 @@ def check_a_scale(op: str, a_scale: object, m: int, k: int, device: torch.device
         return "tensor"
     if shape == (m, kb):
         return "block"
-    if not False:
-        raise OpError(op, "a_scale", accepted, f"shape {list(shape)}")
-    return ""
+    raise OpError(op, "a_scale", accepted, f"shape {list(shape)}")
 
 
 def check_b_scale(op: str, arg: str, b_scale: object, groups: int, n: int, k: int, device: torch.device,

@@ -15,7 +15,7 @@ import numbers
 import torch
 
 from hetero.errors import OpError
-from hetero.spec.checks import INDEX_DTYPES, check_cu_seqlens, check_same_device, check_tensor
+from hetero.spec._checks_core import INDEX_DTYPES, check_cu_seqlens, check_same_device, check_tensor
 from hetero.spec.types import FLOAT_DTYPES
 
 __all__ = [

@@ -8,7 +8,7 @@ import torch
 
 from hetero.errors import OpError
 from hetero.spec._op import Output, spec_op
-from hetero.spec.checks import check_same_device, check_tensor
+from hetero.spec._checks_core import check_same_device, check_tensor
 
 __all__ = ["rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"]
 

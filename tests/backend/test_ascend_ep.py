@@ -11,7 +11,7 @@ import pytest
 import torch
 
 pytest.importorskip("hetero_ascend.plugin", reason="hetero-ascend is not installed (pip install -e backends/ascend)")
-from hetero import _ep  # noqa: E402
+from hetero import ep as _ep  # noqa: E402
 from hetero.spec.comm import Communicator  # noqa: E402
 from hetero_ascend import ep  # noqa: E402
 from hetero_ascend.plugin import AscendBackend  # noqa: E402

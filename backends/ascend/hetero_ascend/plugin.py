@@ -17,10 +17,10 @@ import torch
 
 import hetero
 from hetero.kernels import TritonBackend
-from hetero.spec._checks_meta import check_meta_shapes
-from hetero.spec._checks_dsa import check_indexer_inputs, check_layer_norm, check_topk_indices
-from hetero.spec._checks_quant import check_scaled_grouped
-from hetero.spec.checks import check_mla_inputs, check_tensor
+from hetero.spec.checks import (
+    check_indexer_inputs, check_layer_norm, check_meta_shapes, check_mla_inputs, check_scaled_grouped, check_tensor,
+    check_topk_indices,
+)
 from hetero.spec.types import FLOAT_DTYPES
 from hetero_ascend import convert, ep, quant, sparse, support
 
@@ -220,10 +220,10 @@ class AscendBackend(TritonBackend):
     def ep_dispatch(self, x, ids, weights, *, num_experts, comm):
         """torch_npu.npu_moe_distribute_dispatch where its documented limits hold (checked on all ranks with one
         small all_reduce), else the portable hetero._ep path; never run on an NPU (conversions tested on CPU)."""
-        from hetero import _ep
+        from hetero import ep as portable
         group = self._hccl_group(x, comm)
         if group is None:
-            return _ep.ep_dispatch(x, ids, weights, num_experts=num_experts, comm=comm)
+            return portable.ep_dispatch(x, ids, weights, num_experts=num_experts, comm=comm)
         stats = comm.all_reduce(ep.rank_stats(x.shape[0], ep.duplicate_ids(ids), x.device), "max").tolist()
         max_bs, min_bs, dup = int(stats[0]), -int(stats[1]), bool(stats[2])
         torch_npu = _npu()
@@ -232,7 +232,7 @@ class AscendBackend(TritonBackend):
                                        top_k=ids.shape[1], hidden=x.shape[1], min_bs=min_bs, max_bs=max_bs,
                                        dtype=x.dtype, duplicates=dup, buffsize_mb=ep.hccl_buffsize_mb())
         if why is not None:  # the same on every rank: all inputs to it are rank-uniform
-            return _ep.ep_dispatch(x, ids, weights, num_experts=num_experts, comm=comm)
+            return portable.ep_dispatch(x, ids, weights, num_experts=num_experts, comm=comm)
         import torch.distributed as dist
         name = group._get_backend(torch.device("npu")).get_hccl_comm_name(dist.get_rank())
         args = ep.dispatch_args(comm_name=name, world=comm.world_size, rank=comm.rank, num_experts=num_experts,
@@ -247,8 +247,8 @@ class AscendBackend(TritonBackend):
         portable hetero._ep path; never run on an NPU (conversions tested on CPU)."""
         if isinstance(dispatch, ep.NpuEPDispatch):
             return _npu().npu_moe_distribute_combine(**ep.combine_args(y_local, dispatch)).to(y_local.dtype)
-        from hetero import _ep
-        return _ep.ep_combine(y_local, dispatch)
+        from hetero import ep as portable
+        return portable.ep_combine(y_local, dispatch)
 
     # -- layers ---------------------------------------------------------------------------
     def rms_norm(self, x, weight, eps, *, residual=None, weight_offset=0.0, gate=None, gate_act="silu"):

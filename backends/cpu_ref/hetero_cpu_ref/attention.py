@@ -10,18 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec._checks_attention import (
-    STAT_DTYPES,
-    check_mla,
-    check_mla_kv_write,
-    check_options,
-    check_out,
-    check_paged_cache,
-    check_sinks,
-    check_varlen,
+from hetero.spec.checks import (
+    STAT_DTYPES, check_kv_write, check_meta, check_mla, check_mla_kv_write, check_options, check_out,
+    check_paged_cache, check_same_device, check_sinks, check_slot_mapping, check_tensor, check_varlen, meta_tensors,
 )
-from hetero.spec._checks_meta import check_meta
-from hetero.spec.checks import check_kv_write, check_same_device, check_slot_mapping, check_tensor, meta_tensors
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
 
 from hetero_cpu_ref._attend import NEG_INF, attend_all, gather, scatter, used_blocks

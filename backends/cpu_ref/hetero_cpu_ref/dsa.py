@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec._checks_dsa import INDEX_FP8, check_index_k_write, check_indexer_inputs
+from hetero.spec.checks import INDEX_FP8, check_index_k_write, check_indexer_inputs, check_meta, check_slot_mapping
 from hetero.spec.attention import FP8_E4M3_MAX, INDEX_AMAX_FLOOR, INDEX_SCALE_GROUP
-from hetero.spec._checks_meta import check_meta
-from hetero.spec.checks import check_slot_mapping
 from hetero.spec.types import AttentionMeta
 
 from hetero_cpu_ref._attend import NEG_INF, gather, scatter, used_blocks

@@ -1,9 +1,9 @@
-"""Reference expert parallelism: the core's device-agnostic implementation (``hetero._ep``), bound as the oracle."""
+"""Reference expert parallelism: the core's device-agnostic implementation (``hetero.ep``), bound as the oracle."""
 from __future__ import annotations
 
 import torch
 
-from hetero import _ep
+from hetero import ep as portable
 from hetero.spec import validate
 from hetero.spec.comm import Communicator
 from hetero.spec.types import EPDispatch
@@ -19,10 +19,10 @@ def ep_dispatch(
     num_experts: int,
     comm: Communicator,
 ) -> EPDispatch:
-    _ep.check_dispatch(x, ids, weights, num_experts, comm)  # shapes first, then the ids' values
+    portable.check_dispatch(x, ids, weights, num_experts, comm)  # shapes first, then the ids' values
     validate.ep_dispatch(x, ids, weights, num_experts=num_experts)
-    return _ep.ep_dispatch(x, ids, weights, num_experts=num_experts, comm=comm)
+    return portable.ep_dispatch(x, ids, weights, num_experts=num_experts, comm=comm)
 
 
 def ep_combine(y_local: torch.Tensor, dispatch: EPDispatch) -> torch.Tensor:
-    return _ep.ep_combine(y_local, dispatch)
+    return portable.ep_combine(y_local, dispatch)

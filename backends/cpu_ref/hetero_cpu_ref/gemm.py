@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec.checks import check_group_ends, check_same_device, check_tensor, scale_blocks
+from hetero.spec.checks import (
+    check_bias, check_group_ends, check_operands, check_out_dtype, check_same_device, check_scaled_gemm,
+    check_tensor, scale_blocks,
+)
 from hetero.spec.gemm import SCALE_BLOCK
 from hetero.spec.types import FLOAT_DTYPES
 
-from hetero.spec._checks_gemm import (
-    check_bias,
-    check_operands,
-    check_out_dtype,
-    check_scaled_gemm,
-)
 from hetero_cpu_ref._util import acc_dtype, up
 
 __all__ = ["gemm", "scaled_gemm", "grouped_gemm"]

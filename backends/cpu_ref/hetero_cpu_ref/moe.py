@@ -11,10 +11,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hetero.spec.checks import check_ids, check_perm, check_same_device, check_tensor, expect
+from hetero.spec.checks import (
+    check_fused_moe, check_ids, check_int, check_perm, check_route, check_same_device, check_tensor, check_weights,
+    expect,
+)
 from hetero.spec.types import FLOAT_DTYPES
 
-from hetero.spec._checks_moe_ops import check_fused_moe, check_int, check_route, check_weights
 from hetero_cpu_ref._moe_quant import quant_expert_linear
 from hetero_cpu_ref._util import acc_dtype, up
 from hetero_cpu_ref.gemm import grouped_linear

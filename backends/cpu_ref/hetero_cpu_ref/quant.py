@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec._checks_quant import check_quantize_inputs, check_scaled_grouped
-from hetero.spec.checks import check_group_ends, scale_blocks
+from hetero.spec.checks import check_group_ends, check_quantize_inputs, check_scaled_grouped, scale_blocks
 from hetero.spec.gemm import AMAX_FLOOR, QMAX, SCALE_BLOCK
 
 __all__ = ["quantize_activation", "scaled_grouped_gemm", "scaled_grouped_product", "expand_b_scale", "ue8m0"]

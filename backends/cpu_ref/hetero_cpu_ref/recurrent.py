@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hetero.spec._checks_recurrent import L2NORM_EPS, check_causal_conv1d, check_gated_delta_rule, check_state_batch
+from hetero.spec.checks import L2NORM_EPS, check_causal_conv1d, check_gated_delta_rule, check_state_batch
 
 from hetero_cpu_ref._util import acc_dtype, one_intra_op_thread, up
 

@@ -1,7 +1,7 @@
 """Vendor paths that beat the portable Triton kernels on NVIDIA GPUs, chosen once per backend.
 
-:func:`bind` returns ``{op: implementation}`` for the backend to set as instance
-attributes (``hetero.Ops`` binds ``getattr(backend, op)``, so ``hetero explain``
+:func:`bind` returns ``{op: implementation}``, which the backend binds on itself with
+``Backend.bind_from`` (``hetero.Ops`` binds ``getattr(backend, op)``, so ``hetero explain``
 shows e.g. ``hetero_cuda.vendor.cublas_gemm``). Each implementation takes the
 vendor library for the inputs it is built for and hands every other input to the
 Triton kernel it replaces, with the same arguments: a Python-level check of

@@ -65,10 +65,9 @@ class RocmBackend(TritonBackend):
         #: The gfx architecture ("gfx942"); None under the interpreter or on the meta device.
         self.gfx: str | None = self.tune.arch if real_gpu else None
         self.vendor_off = vendor.off_reason(self.interpreted, self.device)
-        #: op -> vendor implementation bound over the Triton method (empty when the vendor paths are off).
+        #: op -> vendor implementation bound over the Triton op (empty when the vendor paths are off).
         self.vendor_paths = vendor.bind(self) if self.vendor_off is None else {}
-        for op, fn in self.vendor_paths.items():
-            setattr(self, op, fn)
+        self.bind_from(self.vendor_paths)
 
     @classmethod
     def arch(cls, device: torch.device) -> str:

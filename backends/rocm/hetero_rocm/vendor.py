@@ -1,7 +1,7 @@
 """Vendor paths that beat the portable Triton kernels on AMD GPUs, chosen once per backend.
 
-:func:`bind` returns ``{op: implementation}`` for the backend to set as instance
-attributes, so ``hetero explain rocm`` names them (``hetero_rocm.vendor.hipblaslt_gemm``).
+:func:`bind` returns ``{op: implementation}``, which the backend binds on itself with
+``Backend.bind_from``, so ``hetero explain rocm`` names them (``hetero_rocm.vendor.hipblaslt_gemm``).
 Each takes its library for the inputs it is built for and hands every other input
 to the Triton kernel it replaces: a Python-level check, no device synchronisation.
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec._checks_attention import STAT_DTYPES, check_options, check_varlen
-from hetero.spec.checks import check_same_device, check_tensor
+from hetero.spec.checks import STAT_DTYPES, check_options, check_same_device, check_tensor, check_varlen
 from hetero.spec.types import FLOAT_DTYPES
 
 from hetero_torch._attention_core import NEG_INF, acc_dtype, compute, run, visible

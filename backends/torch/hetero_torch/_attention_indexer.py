@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec._checks_dsa import INDEX_FP8, check_indexer_inputs
+from hetero.spec.checks import INDEX_FP8, check_indexer_inputs, check_meta
 from hetero.spec.attention import INDEX_SCALE_GROUP
-from hetero.spec._checks_meta import check_meta
 from hetero.spec.types import AttentionMeta
 
 from hetero_torch._attention_core import NEG_INF, acc_dtype

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec._checks_attention import check_mla, check_options
+from hetero.spec.checks import check_mla, check_options
 from hetero.spec.types import AttentionMeta
 
 from hetero_torch._attention_core import compute, listed, run, visible

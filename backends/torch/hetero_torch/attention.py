@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec._checks_dsa import INDEX_FP8, check_index_k_write
+from hetero.spec.checks import (
+    INDEX_FP8, check_index_k_write, check_kv_write, check_meta, check_meta_shapes, check_mla_kv_write,
+    check_options, check_out, check_paged_cache, check_same_device, check_sinks, check_slot_mapping, check_tensor,
+    meta_tensors,
+)
 from hetero.spec.attention import FP8_E4M3_MAX, INDEX_AMAX_FLOOR, INDEX_SCALE_GROUP
-from hetero.spec._checks_attention import check_mla_kv_write, check_options, check_out, check_paged_cache, check_sinks
-from hetero.spec._checks_meta import check_meta, check_meta_shapes
-from hetero.spec.checks import check_kv_write, check_same_device, check_slot_mapping, check_tensor, meta_tensors
 from hetero.spec.types import AttentionMeta
 
 from hetero_torch import _attention_native as native

@@ -11,11 +11,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hetero.spec._checks_quant import check_quantize_inputs, check_scaled_grouped
-from hetero.spec.checks import check_group_ends, check_same_device, check_tensor
+from hetero.spec.checks import (
+    check_bias, check_group_ends, check_operands, check_out_dtype, check_quantize_inputs, check_same_device,
+    check_scaled_gemm, check_scaled_grouped, check_tensor,
+)
 from hetero.spec.types import FLOAT_DTYPES
 
-from hetero.spec._checks_gemm import check_bias, check_operands, check_out_dtype, check_scaled_gemm
 from hetero_torch._gemm_packed import packed_linear
 from hetero_torch._gemm_quant import quantize, scaled_grouped_product, scaled_product
 from hetero_torch._gemm_grouped import grouped_matmul

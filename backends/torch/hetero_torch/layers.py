@@ -10,8 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hetero.errors import OpError
-from hetero.spec._checks_dsa import check_layer_norm
-from hetero.spec.checks import check_at_least_1d, check_rms_norm, check_rotary
+from hetero.spec.checks import check_at_least_1d, check_layer_norm, check_rms_norm, check_rotary
 from hetero.spec.layers import check_rms_norm_options
 from hetero.spec.types import FLOAT_DTYPES
 

@@ -14,13 +14,14 @@ import torch
 import torch.nn.functional as F
 
 from hetero.errors import OpError
-from hetero.spec.checks import check_ids, check_perm, check_same_device, check_tensor
+from hetero.spec.checks import (
+    check_fused_moe, check_ids, check_int, check_perm, check_route, check_same_device, check_tensor, check_weights,
+)
 from hetero.spec.types import FLOAT_DTYPES
 
 from hetero_torch._gemm_grouped import grouped_matmul
 from hetero_torch._layers_util import acc_dtype
 from hetero_torch._moe_native import native_fused_moe
-from hetero.spec._checks_moe_ops import check_fused_moe, check_int, check_route, check_weights
 
 __all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe"]
 

@@ -8,12 +8,13 @@ implements, and every other op resolves to the reference and is reported as fall
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import Any
 
 import torch
 
 import hetero
-from hetero.spec import OP_NAMES, SPEC_VERSION
+from hetero.spec import SPEC_VERSION
 
 __all__ = ["TorchBackend", "hetero_backends", "FAMILIES"]
 
@@ -49,20 +50,19 @@ class TorchBackend(hetero.Backend):
         return _support.reason(op, static, self.device)
 
 
-def _bind_families() -> None:
+def _families() -> list[ModuleType]:
+    """The family modules of FAMILIES that are present."""
+    modules = []
     for family in FAMILIES:
         try:
-            module = importlib.import_module(f"hetero_torch.{family}")
+            modules.append(importlib.import_module(f"hetero_torch.{family}"))
         except ModuleNotFoundError as e:
             if e.name != f"hetero_torch.{family}":
                 raise
-            continue
-        for op in getattr(module, "__all__", ()):
-            if op in OP_NAMES:
-                setattr(TorchBackend, op, staticmethod(getattr(module, op)))
+    return modules
 
 
-_bind_families()
+TorchBackend.bind_from(*_families())
 
 
 @hetero.hookimpl
