@@ -7,11 +7,12 @@ does not apply (its original text is not in its file exactly once), its tests ca
 (pytest exit 3-5), they time out, or they fail on the unmutated tree too.
 
 Each mutant runs only its own ``tests`` (those of its package, the catching one first, with -x), and
-only once the unmutated tree has passed them: a test path is proven green once per run, the first
-time a mutant lists it, and every later mutant listing it reuses that result (a node id is covered
-by its proven file). A failing baseline would make every mutant of it look caught, so those mutants
-are errors instead and the run exits 2. Subsets are proven lazily, so with -j N the baselines of
-different packages run side by side with mutants of packages already proven.
+only once the unmutated tree has passed them. The union of the selected mutants' tests runs first,
+in one pytest call: when it passes, every mutant's tests are proven. When it fails, each test path
+is proven apart, once per run, the first time a mutant lists it (a node id is covered by its proven
+file), and every later mutant listing it reuses that result: a failing baseline would make every
+mutant of it look caught, so those mutants are errors and the run exits 2, while the mutants of
+the packages whose tests pass still run.
 
 Each run works in a temporary copy of one snapshot of the working tree, taken at the start
 (tracked files plus untracked ones git does not ignore, so tests not yet committed count), never
@@ -171,11 +172,12 @@ def run_mutant(m: dict, snapshot: Path, timeout: float) -> Result:
 
 
 class Baselines:
-    """The unmutated tree's verdict on each test path, proven once per run and only when first needed.
+    """The unmutated tree's verdict on each test path, proven at most once per run.
 
-    ``prove(paths)`` runs, in one pytest call, the paths of the list no earlier call proved or is
-    proving, waits for those another thread is proving, and returns None when all passed, else why
-    not. A node id counts as proven by its file's run; a file is never covered by one of its nodes.
+    ``prove_all`` proves every path at once when their union passes. ``prove(paths)`` runs, in one
+    pytest call, the paths of the list no earlier call proved or is proving, waits for those another
+    thread is proving, and returns None when all passed, else why not. A node id counts as proven by
+    its file's run; a file is never covered by one of its nodes.
     """
 
     def __init__(self, snapshot: Path, timeout: float):
@@ -183,6 +185,21 @@ class Baselines:
         self.runs: list[tuple[list[str], float, str | None]] = []  # (paths, seconds, why not green)
         self._lock = threading.Lock()
         self._proofs: dict[str, Future] = {}
+
+    def prove_all(self, paths: list[str]) -> bool:
+        """Run the union of ``paths`` once; when it passes every path is proven (the usual case: one
+        pytest start-up instead of one per package). When it fails nothing is proven, so each mutant's
+        own paths are proven apart and only the mutants of the failing ones are lost."""
+        paths = union(paths)
+        if self._run(paths) is not None:
+            print("mutants: proving each mutant's tests apart, to find the ones that fail", flush=True)
+            return False
+        with self._lock:
+            proof: Future = Future()
+            proof.set_result(None)
+            for p in paths:
+                self._proofs[p] = proof
+        return True
 
     def _known(self, path: str) -> Future | None:
         return self._proofs.get(path) or self._proofs.get(file_of(path))
@@ -210,7 +227,7 @@ class Baselines:
         if rc != 0:
             why = "timeout" if rc is None else f"exit {rc}: {first_failure(output)}"
             print(output[-4000:])
-            print(f"mutants: the unmutated tree fails {' '.join(paths)} ({why}); its mutants are not run", flush=True)
+            print(f"mutants: the unmutated tree fails {' '.join(paths)} ({why})", flush=True)
         seconds = time.monotonic() - start
         self.runs.append((paths, seconds, why))
         print(f"baseline  {'green' if why is None else 'FAILS':9} {seconds:6.1f} s  {' '.join(paths)}", flush=True)
@@ -315,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         copy_tree(Path(snapshot))
         shadowing_checked(Path(snapshot))
         baselines = Baselines(Path(snapshot), args.timeout)
+        union_green = args.no_baseline or baselines.prove_all([t for m in selected for t in m["tests"]])
 
         def one(m: dict) -> Result:
             why = None if args.no_baseline else baselines.prove(m["tests"])
@@ -333,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r.id for r in results.values() if r.status != "caught"]
     print(f"{len(selected) - len(bad)} of {len(selected)} caught in {wall / 60:.1f} min"
           + (f"; not caught: {', '.join(bad)}" if bad else ""))
-    if any(why is not None for _, _, why in baselines.runs):
+    if not union_green and any(r.status == "error" and "unmutated" in r.detail for r in results.values()):
         return 2
     return 1 if bad else 0
 
