@@ -16,7 +16,8 @@ def test_int8_is_symmetric_at_127():
     q, scale = quantize_channels(w, torch.int8)
     assert qmax(torch.int8) == 127.0
     assert torch.equal(scale.squeeze(1), torch.tensor([1 / 127, 3 / 127, 1.0]))
-    assert q.dtype == torch.int8 and torch.equal(q, torch.tensor([[127, -127, 64, 32], [-127, 0, 64, 127], [0, 0, 0, 0]], dtype=torch.int8))
+    want = torch.tensor([[127, -127, 64, 32], [-127, 0, 64, 127], [0, 0, 0, 0]], dtype=torch.int8)
+    assert q.dtype == torch.int8 and torch.equal(q, want)
     assert (dequantize(q, scale) - w).abs().max() <= scale.max() / 2
 
 

@@ -266,8 +266,8 @@ def test_instances_of_other_block_sizes_and_pool_sizes_accept_each_other(tmp_pat
     model = _checkpoint(tmp_path / "m", torch.zeros(4))
 
     def identity(role, blocks, block_size):
-        cache = SimpleNamespace(paged={"k": torch.empty(blocks, block_size, 2, 8), "v": torch.empty(blocks, block_size, 2, 8)},
-                                state={"s": torch.empty(3, 4, 4)})
+        paged = {name: torch.empty(blocks, block_size, 2, 8) for name in ("k", "v")}
+        cache = SimpleNamespace(paged=paged, state={"s": torch.empty(3, 4, 4)})
         llm = SimpleNamespace(runner=SimpleNamespace(cache=cache), config=SimpleNamespace(model=str(model)))
         return Identity.of(llm, role)
 
