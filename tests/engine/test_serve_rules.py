@@ -110,6 +110,7 @@ class _FakeLLM:
         self.requests[request_id] = [list(prompt), [], params.max_tokens]
 
     def step(self):
+        time.sleep(0.002)  # a step takes time: a long request is still running when its abort comes
         outs = []
         for rid, (prompt, tokens, limit) in list(self.requests.items()):
             tokens.append(len(tokens) + 100)
@@ -140,7 +141,7 @@ def _serving(body):
 def test_a_stream_closed_early_aborts_its_request_and_a_finished_one_is_not_aborted():
     async def body(loop, llm):
         whole = [o async for o in loop.generate([1, 2], SamplingParams(max_tokens=3, ignore_eos=True))]
-        stream = loop.generate([1, 2], SamplingParams(max_tokens=1000, ignore_eos=True))
+        stream = loop.generate([1, 2], SamplingParams(max_tokens=10**6, ignore_eos=True))
         first = await anext(stream)
         await stream.aclose()
         for _ in range(200):
