@@ -43,3 +43,15 @@ def test_another_major_either_way_is_refused_naming_both(declared):
 def test_a_missing_or_garbled_version_is_refused(declared):
     status, message = _status(declared)
     assert status == "incompatible" and "spec_version" in message
+
+
+@pytest.mark.parametrize("declared, status, warned", [("3.4.0", "ok", False), ("3.5.0", "ok", True),
+                                                      ("3.3.0", "ok", True), ("4.4.1", "incompatible", False)])
+def test_a_backend_of_another_minor_is_kept_with_its_warning_and_of_another_major_is_marked(declared, status, warned):
+    loader = _plugins.PluginLoader.__new__(_plugins.PluginLoader)
+    loader.backends = {}
+    cls = type("Declaring", (), {"name": "declaring", "spec_version": declared})
+    loader._add_backend(cls, _plugins.PluginRecord("plugin", "dist", "1.0"))
+    entry = loader.backends["declaring"]
+    assert (entry.status, bool(entry.warnings)) == (status, warned)
+    assert entry.cls is cls and bool(entry.problem) == (status == "incompatible")
