@@ -4,8 +4,15 @@
 
 A mutant is *caught* when its tests fail, *survived* when they pass, and *error* when it
 does not apply (its original text is not in its file exactly once), its tests cannot run
-(pytest exit 3-5), or they time out. The unmutated tree first runs the union of the selected
-tests: if that fails, every mutant would look caught, so nothing else runs (exit 2).
+(pytest exit 3-5), they time out, or they fail on the unmutated tree too.
+
+Each mutant runs only its own ``tests`` (those of its package, the catching one first, with -x), and
+only once the unmutated tree has passed them. The union of the selected mutants' tests runs first,
+in one pytest call: when it passes, every mutant's tests are proven. When it fails, each test path
+is proven apart, once per run, the first time a mutant lists it (a node id is covered by its proven
+file), and every later mutant listing it reuses that result: a failing baseline would make every
+mutant of it look caught, so those mutants are errors and the run exits 2, while the mutants of
+the packages whose tests pass still run.
 
 Each run works in a temporary copy of one snapshot of the working tree, taken at the start
 (tracked files plus untracked ones git does not ignore, so tests not yet committed count), never
@@ -22,9 +29,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -163,17 +171,73 @@ def run_mutant(m: dict, snapshot: Path, timeout: float) -> Result:
     return Result(m["id"], "error", seconds, f"pytest exit {rc}: {first_failure(output)}")
 
 
-def baseline(selected: list[dict], snapshot: Path, timeout: float) -> None:
-    paths = union([t for m in selected for t in m["tests"]])
-    with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as tmp:
+class Baselines:
+    """The unmutated tree's verdict on each test path, proven at most once per run.
+
+    ``prove_all`` proves every path at once when their union passes. ``prove(paths)`` runs, in one
+    pytest call, the paths of the list no earlier call proved or is proving, waits for those another
+    thread is proving, and returns None when all passed, else why not. A node id counts as proven by
+    its file's run; a file is never covered by one of its nodes.
+    """
+
+    def __init__(self, snapshot: Path, timeout: float):
+        self.snapshot, self.timeout = snapshot, timeout
+        self.runs: list[tuple[list[str], float, str | None]] = []  # (paths, seconds, why not green)
+        self._lock = threading.Lock()
+        self._proofs: dict[str, Future] = {}
+
+    def prove_all(self, paths: list[str]) -> bool:
+        """Run the union of ``paths`` once; when it passes every path is proven (the usual case: one
+        pytest start-up instead of one per package). When it fails nothing is proven, so each mutant's
+        own paths are proven apart and only the mutants of the failing ones are lost."""
+        paths = union(paths)
+        if self._run(paths) is not None:
+            print("mutants: proving each mutant's tests apart, to find the ones that fail", flush=True)
+            return False
+        with self._lock:
+            proof: Future = Future()
+            proof.set_result(None)
+            for p in paths:
+                self._proofs[p] = proof
+        return True
+
+    def _known(self, path: str) -> Future | None:
+        return self._proofs.get(path) or self._proofs.get(file_of(path))
+
+    def prove(self, paths: list[str]) -> str | None:
+        with self._lock:
+            mine = union([p for p in paths if self._known(p) is None])
+            proof: Future = Future()
+            for p in mine:
+                self._proofs[p] = proof
+            waits = {id(f): f for f in (self._known(p) for p in paths) if f is not proof}
+        if mine:
+            proof.set_result(self._run(mine))
+        for why in [proof.result() if mine else None, *(f.result() for f in waits.values())]:
+            if why is not None:
+                return why
+        return None
+
+    def _run(self, paths: list[str]) -> str | None:
+        start = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as tmp:
+            shutil.copytree(self.snapshot, tmp, dirs_exist_ok=True)
+            rc, output = pytest(Path(tmp), paths, self.timeout * 3)
+        why = None
+        if rc != 0:
+            why = "timeout" if rc is None else f"exit {rc}: {first_failure(output)}"
+            print(output[-4000:])
+            print(f"mutants: the unmutated tree fails {' '.join(paths)} ({why})", flush=True)
+        seconds = time.monotonic() - start
+        self.runs.append((paths, seconds, why))
+        print(f"baseline  {'green' if why is None else 'FAILS':9} {seconds:6.1f} s  {' '.join(paths)}", flush=True)
+        return why
+
+
+def shadowing_checked(snapshot: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="mutant-probe-") as tmp:
         shutil.copytree(snapshot, tmp, dirs_exist_ok=True)
         check_shadowing(Path(tmp))
-        print(f"unmutated tree: {len(paths)} test paths ...", flush=True)
-        rc, output = pytest(Path(tmp), paths, timeout * 3)
-    if rc != 0:
-        print(output[-4000:])
-        print(f"mutants: the unmutated tree fails its tests (exit {rc}); fix that first")
-        sys.exit(2)
 
 
 def tree_state() -> str:
@@ -181,7 +245,26 @@ def tree_state() -> str:
     return f"commit {git('rev-parse', '--short', 'HEAD')}" + (" plus uncommitted changes" if git("status", "--porcelain") else "")
 
 
-def write_report(path: Path, selected: list[dict], results: dict[str, Result], command: str, wall: float) -> None:
+def package_of(m: dict) -> str:
+    """The package a mutant lives in: its file's folder (``hetero/serve/pd``, ``backends/torch/hetero_torch``)."""
+    return str(Path(m["file"]).parent)
+
+
+def package_rows(selected: list[dict], results: dict[str, Result]) -> list[str]:
+    """One Markdown row per package: its mutants, and how many were caught."""
+    by: dict[str, list[dict]] = {}
+    for m in selected:
+        by.setdefault(package_of(m), []).append(m)
+    rows = []
+    for pkg, ms in sorted(by.items()):
+        caught = sum(results[m["id"]].status == "caught" for m in ms)
+        ids = ", ".join(f"`{m['id']}`" for m in ms)
+        rows.append(f"| `{pkg}` | {len(ms)} | {caught} | {ids} |")
+    return rows
+
+
+def write_report(path: Path, selected: list[dict], results: dict[str, Result], command: str, wall: float,
+                 baseline_s: float = 0.0) -> None:
     counts = {s: sum(r.status == s for r in results.values()) for s in ("caught", "survived", "error")}
     rows = []
     for m in selected:
@@ -197,9 +280,17 @@ def write_report(path: Path, selected: list[dict], results: dict[str, Result], c
         "",
         f"- command: `{command}`",
         f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}, tree: {tree_state()}",
-        f"- wall time: {wall / 60:.1f} min",
+        f"- wall time: {wall / 60:.1f} min ({baseline_s / 60:.1f} min of it proving the unmutated tree green)",
         f"- score: {counts['caught']} caught, {counts['survived']} survived, {counts['error']} error "
         f"of {len(selected)} mutants",
+        "",
+        "## Per package",
+        "",
+        "| package | mutants | caught | ids |",
+        "|---|---|---|---|",
+        *package_rows(selected, results),
+        "",
+        "## Mutants",
         "",
         "| id | area | description | catching test (or tests run) | result |",
         "|---|---|---|---|---|",
@@ -239,19 +330,29 @@ def main(argv: list[str] | None = None) -> int:
     # one snapshot of the shared working tree: the baseline and every mutant see the same files
     with tempfile.TemporaryDirectory(prefix="mutant-snapshot-") as snapshot, ThreadPoolExecutor(max(1, args.jobs)) as pool:
         copy_tree(Path(snapshot))
-        if not args.no_baseline:
-            baseline(selected, Path(snapshot), args.timeout)
-        for r in pool.map(lambda m: run_mutant(m, Path(snapshot), args.timeout), selected):
+        shadowing_checked(Path(snapshot))
+        baselines = Baselines(Path(snapshot), args.timeout)
+        union_green = args.no_baseline or baselines.prove_all([t for m in selected for t in m["tests"]])
+
+        def one(m: dict) -> Result:
+            why = None if args.no_baseline else baselines.prove(m["tests"])
+            if why is not None:
+                return Result(m["id"], "error", 0.0, f"its tests fail on the unmutated tree ({why})")
+            return run_mutant(m, Path(snapshot), args.timeout)
+
+        for r in pool.map(one, selected):
             results[r.id] = r
             print(f"{r.status:9} {r.id:32} {r.seconds:6.1f} s  {r.detail}", flush=True)
     wall = time.monotonic() - start
     report = args.report or (None if args.only else REPORT)
     if report is not None:
         command = "python scripts/mutants.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        write_report(report, selected, results, command.strip(), wall)
+        write_report(report, selected, results, command.strip(), wall, sum(r[1] for r in baselines.runs))
     bad = [r.id for r in results.values() if r.status != "caught"]
     print(f"{len(selected) - len(bad)} of {len(selected)} caught in {wall / 60:.1f} min"
           + (f"; not caught: {', '.join(bad)}" if bad else ""))
+    if not union_green and any(r.status == "error" and "unmutated" in r.detail for r in results.values()):
+        return 2
     return 1 if bad else 0
 
 

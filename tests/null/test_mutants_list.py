@@ -47,3 +47,48 @@ def test_problems_names_a_stale_mutant(tmp_path):
 
 def test_node_ids_of_the_same_file_fold_into_it():
     assert runner.union(["a.py::t", "a.py", "b.py::t", "b.py::t"]) == ["a.py", "b.py::t"]
+
+
+def _baselines(monkeypatch, failing: set[str]):
+    runs: list[list[str]] = []
+
+    def fake_run(self, paths):
+        runs.append(paths)
+        bad = sorted(set(paths) & failing)
+        return f"exit 1: {bad[0]}" if bad else None
+
+    monkeypatch.setattr(runner.Baselines, "_run", fake_run)
+    return runner.Baselines(Path("."), 1.0), runs
+
+
+def test_each_test_path_is_proven_once_and_a_node_by_its_file(monkeypatch):
+    b, runs = _baselines(monkeypatch, failing={"c.py"})
+    assert b.prove(["a.py"]) is None
+    assert b.prove(["a.py::t", "b.py::u"]) is None
+    assert b.prove(["b.py::u", "a.py"]) is None
+    assert b.prove(["c.py"]) == "exit 1: c.py"
+    assert b.prove(["a.py", "c.py::v"]) == "exit 1: c.py", "a node of a failing file fails without a rerun"
+    assert runs == [["a.py"], ["b.py::u"], ["c.py"]]
+
+
+def test_a_green_union_proves_every_path_in_one_run(monkeypatch):
+    b, runs = _baselines(monkeypatch, failing=set())
+    assert b.prove_all(["a.py::t", "b.py", "a.py"])
+    assert b.prove(["a.py::x"]) is None and b.prove(["b.py"]) is None
+    assert runs == [["b.py", "a.py"]]
+
+
+def test_a_failing_union_leaves_each_path_to_be_proven_apart(monkeypatch):
+    b, runs = _baselines(monkeypatch, failing={"b.py"})
+    assert not b.prove_all(["a.py", "b.py"])
+    assert b.prove(["a.py"]) is None and b.prove(["b.py"]) is not None
+    assert runs == [["a.py", "b.py"], ["a.py"], ["b.py"]]
+
+
+def test_the_report_counts_per_package():
+    mutants = [{"id": "x", "file": "hetero/serve/app.py"}, {"id": "y", "file": "hetero/serve/metrics.py"},
+               {"id": "z", "file": "hetero/_plugins.py"}]
+    results = {"x": runner.Result("x", "caught", 1.0), "y": runner.Result("y", "survived", 1.0),
+               "z": runner.Result("z", "caught", 1.0)}
+    assert runner.package_rows(mutants, results) == ["| `hetero` | 1 | 1 | `z` |",
+                                                     "| `hetero/serve` | 2 | 1 | `x`, `y` |"]
