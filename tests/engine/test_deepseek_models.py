@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 import hetero
-from hetero.engine import tiny
+from hetero.tools import tiny
 from hetero.engine.forward import build_model, prefill
 from hetero.engine.loader import INDEX, UnexpectedWeightsError, load_weights, process_weights_after_loading
 from hetero.engine.runtime.kv_cache import allocate_kv_cache

@@ -13,7 +13,7 @@ import torch
 
 from hetero.spec import OPS
 
-from hetero_conformance.cases import _draw
+from hetero.verify.inputs import draw as _draw
 
 __all__ = ["Malformed", "Draw", "Base", "Corrupt", "put", "swap", "meta_field", "altered"]
 
