@@ -58,8 +58,8 @@ print(json.dumps({"codes": codes, "outputs": outputs, "hidden": hidden,
 
 def test_check_model_per_op_bench_and_profile_run_without_the_conformance_suite(checkpoints, tmp_path):
     (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               COLUMNS="200")
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, COLUMNS="200")
     run = subprocess.run([sys.executable, "-c", CHILD, str(checkpoints("qwen3"))], capture_output=True, text=True,
                          env=env, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from hetero.verify.case import Case
+
 from hetero_conformance.cases import attention, dsa, gemm, layers, mla, moe, quant, recurrent
 
 __all__ = ["catalog"]

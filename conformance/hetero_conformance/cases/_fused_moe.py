@@ -1,4 +1,5 @@
-"""fused_moe's cases, and the expert ids and routing weights the MoE data cases share.
+"""fused_moe's cases (their inputs, and the expert ids and routing weights the MoE data cases share, are
+drawn by ``hetero.verify.inputs.fused_moe``).
 
 Qwen3 / DeepSeek (silu), gpt-oss-20b and -120b (swigluoai, alpha 1.702, limit 7, expert
 biases on both projections; transformers' GptOssExperts after the gate/up columns are
@@ -15,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from hetero.verify.case import Case
-from hetero.verify.shapes import MODELS
 from hetero.verify.inputs import fused_moe as draw
+from hetero.verify.shapes import MODELS
 
 __all__ = ["fused_cases", "quant_cases"]
 

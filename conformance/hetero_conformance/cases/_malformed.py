@@ -12,7 +12,6 @@ from typing import Any, Callable
 import torch
 
 from hetero.spec import OPS
-
 from hetero.verify.inputs import draw as _draw
 
 __all__ = ["Malformed", "Draw", "Base", "Corrupt", "put", "swap", "meta_field", "altered"]

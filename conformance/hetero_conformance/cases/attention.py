@@ -13,9 +13,9 @@ rows, softcap, sinks, large logits, non-contiguous views, -1 slots.
 from __future__ import annotations
 
 from hetero.verify.case import Case
+from hetero.verify.inputs import attention as draw
 from hetero.verify.inputs.paged import FLOATS, QUICK_DTYPES, Heads, heads, mla_scale
 from hetero.verify.shapes import MODELS
-from hetero.verify.inputs import attention as draw
 
 __all__ = ["cases"]
 

@@ -1,11 +1,11 @@
 """Cases of the DSA ops (spec 1.3): write_index_k, indexer_topk and sparse mla_attention.
 
-Geometry is DeepSeek-V3.2's and GLM-5's (``_dsa_draw.DSA``): indexer Hi 64 / 32 heads of D 128,
+Geometry is DeepSeek-V3.2's and GLM-5's (``hetero.verify.inputs.dsa_draw.DSA``): indexer Hi 64 / 32 heads of D 128,
 top-k 2048; absorbed MLA with Lkv 512, R 64 and 128 / 64 heads (``tp8``: one rank's heads of
 an 8-way tensor-parallel deployment, as the quick tier uses). Only the token counts are scaled
 down: contexts run from a handful of keys to 3000, so some rows keep fewer keys than top-k
 (-1 padding), some exactly top-k and some choose among more. indexer_topk's inputs are on the
-grid of ``_dsa_draw`` (every evaluation computes the same scores: a unique answer), its caches
+grid of ``hetero.verify.inputs.dsa_draw`` (every evaluation computes the same scores: a unique answer), its caches
 random everywhere, its sequences' blocks random permutations (``_paged``).
 
 Edge cases are cases of their own: decode, chunked prefill (the query rows are the last n of a
@@ -18,8 +18,8 @@ strided k, no tokens.
 from __future__ import annotations
 
 from hetero.verify.case import Case
-from hetero.verify.inputs.paged import FLOATS
 from hetero.verify.inputs import dsa as draw
+from hetero.verify.inputs.paged import FLOATS
 
 __all__ = ["cases"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from hetero.verify.case import Case
-from hetero.verify.shapes import MODELS
 from hetero.verify.inputs import gemm as draw
+from hetero.verify.shapes import MODELS
 
 __all__ = ["cases"]
 

@@ -3,8 +3,8 @@ layer_norm (spec 1.3), rotary_embedding, silu_and_mul."""
 from __future__ import annotations
 
 from hetero.verify.case import Case
-from hetero.verify.shapes import MODELS
 from hetero.verify.inputs import layers as draw
+from hetero.verify.shapes import MODELS
 
 __all__ = ["cases"]
 

@@ -10,8 +10,8 @@ logits, non-contiguous views, -1 slots.
 from __future__ import annotations
 
 from hetero.verify.case import Case
-from hetero.verify.inputs.paged import FLOATS, QUICK_DTYPES
 from hetero.verify.inputs import mla as draw
+from hetero.verify.inputs.paged import FLOATS, QUICK_DTYPES
 
 __all__ = ["cases"]
 

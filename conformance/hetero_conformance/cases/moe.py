@@ -16,9 +16,10 @@ DeepSeek-V4's swiglu_clamp) are in ``_fused_moe``.
 from __future__ import annotations
 
 from hetero.verify.case import Case
-from hetero_conformance.cases._fused_moe import fused_cases, quant_cases
-from hetero.verify.shapes import MODELS
 from hetero.verify.inputs import moe as draw
+from hetero.verify.shapes import MODELS
+
+from hetero_conformance.cases._fused_moe import fused_cases, quant_cases
 
 __all__ = ["cases"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from hetero.verify.case import Case, dtype_name
-from hetero.verify.shapes import MODELS
 from hetero.verify.inputs import quant as draw
+from hetero.verify.shapes import MODELS
 
 __all__ = ["cases"]
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from hetero.verify.case import Case
-from hetero.verify.inputs.recurrent_draw import LINEAR, Linear, Seq
 from hetero.verify.inputs import recurrent as draw
+from hetero.verify.inputs.recurrent_draw import LINEAR, Linear, Seq
 
 __all__ = ["cases"]
 

@@ -1,4 +1,5 @@
-"""Inputs of the attention cases (write_kv, paged_attention, varlen_attention, merge_attention), and their static options."""
+"""Inputs of the attention cases (write_kv, paged_attention, varlen_attention, merge_attention),
+and their static options."""
 from __future__ import annotations
 
 from typing import Any

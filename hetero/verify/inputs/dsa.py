@@ -6,7 +6,8 @@ from typing import Any
 import torch
 
 from hetero.verify.inputs.draw import randn
-from hetero.verify.inputs.dsa_draw import DSA, Dsa, fp8_edge_keys, fp8_exact_keys, fp8_format, grid, index_weights, key_pool, sparse_rows
+from hetero.verify.inputs.dsa_draw import (DSA, Dsa, fp8_edge_keys, fp8_exact_keys, fp8_format, grid, index_weights,
+                                           key_pool, sparse_rows)
 from hetero.verify.inputs.paged import Seqs, blocks, meta, slots
 
 __all__ = ["GLM5", "GLM5_TP8", "V32", "V32_TP8", "indexer", "sparse", "write"]

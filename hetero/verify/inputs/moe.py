@@ -1,4 +1,5 @@
-"""Inputs of the MoE data cases: route (logits with a margin between selected and rejected experts), moe_permute, moe_unpermute."""
+"""Inputs of the MoE data cases: route (logits with a margin between selected and rejected experts),
+moe_permute and moe_unpermute."""
 from __future__ import annotations
 
 import math

@@ -9,7 +9,6 @@ from typing import Sequence
 import torch
 
 from hetero.spec.types import AttentionMeta
-
 from hetero.verify.inputs.draw import perm
 from hetero.verify.shapes import MODELS
 
