@@ -17,7 +17,7 @@ DEMO_MODEL := .demo/tiny-qwen3
 demo: $(STAMP)
 	$(BIN)/hetero backends
 	$(BIN)/hetero explain cpu_ref
-	test -f $(DEMO_MODEL)/config.json || $(BIN)/python -m hetero.engine.tiny qwen3 $(DEMO_MODEL) --layers 4
+	test -f $(DEMO_MODEL)/config.json || $(BIN)/python -m hetero.tools.tiny qwen3 $(DEMO_MODEL) --layers 4
 	$(BIN)/hetero generate --model $(DEMO_MODEL) --backend cpu_ref --dtype float32 --prompt "Hello, hetero" --prompt-ids "5 6 7 8" --max-tokens 16
 	$(BIN)/hetero check-model $(DEMO_MODEL) --backend cpu_ref
 

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from hetero.engine.check import greedy_generation_config
+from hetero.tools.check import greedy_generation_config
 
 
 def workload(n: int, vocab: int, seed: int):
@@ -61,7 +61,7 @@ def run_hf_batched(model, prompts, out_lens):
 def main() -> None:
     import transformers
 
-    from hetero.engine import tiny
+    from hetero.tools import tiny
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=64)

@@ -98,7 +98,7 @@ def hf_worker(model: str, device: str, requests: int, seed: int, inner: int, max
     import torch
     import transformers
 
-    from hetero.engine.check import greedy_generation_config
+    from hetero.tools.check import greedy_generation_config
 
     start = time.perf_counter()
     hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device).eval()

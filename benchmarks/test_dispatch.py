@@ -22,7 +22,7 @@ Variants (group "dispatch"):
 Group "seam": a layer's op call (``SiluAndMul.forward``, the identity op above) on a
 layer the op-call seam never touched, on one instrumented then restored, on one
 instrumented with a pass-through hook (what the seam costs while on), and on one
-``hetero profile`` profiled (``hetero.engine.profile.Profiler``) and then stopped:
+``hetero profile`` profiled (``hetero.tools.profile.Profiler``) and then stopped:
 profiling costs nothing once it is off.
 Group "real_op": the reference silu_and_mul on a [1, 8] float32 tensor, called
 directly from hetero_cpu_ref.layers, through the Ops of a private test backend
@@ -172,7 +172,7 @@ def seam_layer(state: str):
     ops = make_ops()
     layer = SiluAndMul(ModelContext(ops=ops, parallel=Parallel(), dtype=torch.float32, device=torch.device("cpu")))
     if state == "profiled":
-        from hetero.engine.profile import Profiler
+        from hetero.tools.profile import Profiler
 
         with Profiler(layer) as profiler:
             layer.forward(X)

@@ -5,7 +5,7 @@ Not part of the test run (pyproject's testpaths is ``tests``). Run, save and com
     .venv/bin/python -m pytest benchmarks/test_ops_cpu.py --benchmark-only --benchmark-autosave
     .venv/bin/python -m pytest benchmarks/test_ops_cpu.py --benchmark-only --benchmark-compare --benchmark-compare-fail=median:10%
 
-The shapes are ``hetero_conformance.cases.perf.perf_cases("quick")`` (the first
+The shapes are ``hetero.bench.perf.perf_cases("quick")`` (the first
 case of each op), the same ones ``hetero bench cpu_ref --shapes quick`` times;
 each benchmark's extra_info carries the op's flops and bytes from
 ``hetero.bench.model`` and the GB/s and GFLOP/s they give at the median.
@@ -17,7 +17,7 @@ import pytest
 import hetero_cpu_ref.plugin
 from hetero.bench.model import work
 from hetero.spec import OPS
-from hetero_conformance.cases.perf import perf_cases
+from hetero.bench.perf import perf_cases
 
 
 def _first_per_op() -> list:

@@ -10,6 +10,7 @@ from pathlib import Path
 from string import Template
 
 from hetero._scaffold_docs import README, README_PLAIN, README_TRITON
+from hetero.commands import backend_files
 from hetero.spec import SPEC_VERSION
 
 __all__ = ["ScaffoldError", "NAME_RE", "check_name", "create"]
@@ -219,39 +220,6 @@ class $cls(TritonBackend):
     #         self.bind_from({"gemm": fast_gemm(self.gemm)})
 ''' + _HOOK
 
-_TEST = '''\
-"""Conformance of the $name backend against hetero's float64 reference: run it in CI (`pytest tests`).
-
-The quick tier of hetero-conformance's case catalog runs against the installed
-backend; ops it does not implement are `fallback` (not executed). Any failing
-case fails the test with its id (op/shape/dtype) and what is wrong.
-HETERO_CONFORMANCE_TIER=full runs the full catalog; HETERO_CONFORMANCE_OPS=a,b limits the ops.
-"""
-from __future__ import annotations
-
-import os
-
-import hetero
-from hetero_conformance.runner import FAILING
-from hetero_conformance.suite import Selection, run_suite
-
-BACKEND = "$name"
-
-
-def test_backend_loads():
-    ops = hetero.load(BACKEND)
-    assert ops.name == BACKEND
-
-
-def test_conformance():
-    ops = tuple(o.strip() for o in os.environ.get("HETERO_CONFORMANCE_OPS", "").split(",") if o.strip())
-    selection = Selection(quick=os.environ.get("HETERO_CONFORMANCE_TIER", "quick") != "full", ops=ops)
-    suite = run_suite(hetero.default_registry(), BACKEND, selection)
-    print({status: n for status, n in suite.counts().items() if n})
-    failing = [r for r in suite.results if r.status in FAILING]
-    assert not failing, "\\n".join(f"{r.id}: {r.status}: {r.message}" for r in failing)
-'''
-
 def check_name(name: str) -> str:
     """``name`` if it is a valid backend name, else ScaffoldError saying what is allowed."""
     if not NAME_RE.match(name or ""):
@@ -277,7 +245,8 @@ def files(name: str, *, triton: bool = False) -> dict[str, str]:
         "README.md": render(README),
         f"{pkg}/__init__.py": render(_INIT),
         f"{pkg}/plugin.py": render(_TRITON_PLUGIN if triton else _PLUGIN),
-        "tests/test_conformance.py": render(_TEST),
+        # the conformance test comes from hetero-conformance (entry point group hetero.commands)
+        **backend_files({k: v for k, v in values.items() if k != "body"}),
     }
 
 

@@ -146,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="backend name, e.g. cpu_ref")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_explain)
-    _add_conformance(sub)
-    from hetero.engine.cli import add_parsers as add_engine_parsers
+    _add_plugin_commands(sub)
+    from hetero.tools.cli import add_parsers as add_engine_parsers
 
     add_engine_parsers(sub)
     from hetero.bench.cli import add_parser as add_bench_parser
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     from hetero.bench.ceilings_cli import add_parser as add_ceilings_parser
 
     add_ceilings_parser(sub)
-    from hetero.engine.profile.cli import add_parser as add_profile_parser
+    from hetero.tools.profile.cli import add_parser as add_profile_parser
 
     add_profile_parser(sub)
     from hetero.serve.cli import add_parser as add_serve_parser
@@ -187,6 +187,10 @@ def _cmd_new_backend(args: argparse.Namespace, registry: Registry | None, consol
         raise UsageError(str(e)) from e
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         console.print(f"wrote {path}", style="dim", highlight=False, markup=False)
+    if not (root / "tests").exists():
+        console.print("no conformance test written: hetero-conformance is not installed (it provides tests/ through the "
+                      "hetero.commands entry point); pip install hetero-conformance to check the backend",
+                      style="yellow", highlight=False, markup=False)
     console.print(f"next: pip install -e {root} && hetero explain {args.name} && hetero conformance {args.name} --quick",
                   highlight=False, markup=False)
     return EXIT_OK
@@ -196,18 +200,26 @@ def _cmd_conformance_missing(args: argparse.Namespace, registry: Registry, conso
     raise UsageError("the conformance suite is not installed: pip install hetero-conformance")
 
 
-def _add_conformance(sub: Any) -> None:
-    """The `conformance` subcommand comes from hetero_conformance, when it is installed."""
-    try:
-        from hetero_conformance.cli import add_parser
-    except ModuleNotFoundError as e:
-        if e.name is None or not e.name.startswith("hetero_conformance"):
-            raise
+def _add_plugin_commands(sub: Any) -> None:
+    """The subcommands of other packages (``hetero.commands``: ``conformance`` from hetero-conformance).
+
+    One that fails to load or to add its parsers is reported on stderr and left out; the others work."""
+    from hetero.commands import commands
+
+    for command in commands():
+        add = getattr(command.obj, "add_parsers", None)
+        try:
+            if command.error:
+                raise RuntimeError(command.error)
+            if add is not None:
+                add(sub)
+        except Exception as e:
+            print(f"hetero: warning: commands of {command.dist or command.name} ({command.name}) left out: {e}",
+                  file=sys.stderr)
+    if "conformance" not in sub.choices:
         p = sub.add_parser("conformance", help="check a backend against the reference (needs hetero-conformance)", add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=_cmd_conformance_missing)
-        return
-    add_parser(sub)
 
 
 def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None) -> int:

@@ -12,7 +12,7 @@ from hetero_conformance._version import __version__
 __all__ = ["Case", "CaseResult", "Runner", "catalog", "Malformed", "run_robustness"]
 
 _LAZY = {
-    "Case": "hetero_conformance.case",
+    "Case": "hetero.verify.case",
     "CaseResult": "hetero_conformance.runner",
     "Runner": "hetero_conformance.runner",
     "catalog": "hetero_conformance.cases",

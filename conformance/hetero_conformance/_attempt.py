@@ -19,7 +19,7 @@ from hetero.distributed import TorchCommunicator
 from hetero.errors import HeteroError
 
 from hetero_conformance.cases.malformed import DEFAULT, Malformed
-from hetero_conformance.runner import call as bind_call
+from hetero.verify.calls import call as bind_call
 from hetero_conformance.suite import SelectionError
 
 __all__ = ["STATUSES", "CallResult", "acceptable", "load_calls", "one_rank_comm", "attempt"]

@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 import torch
 
-from hetero_conformance.judge import judge
-from hetero_conformance.tolerances import EXACT, Tolerance
+from hetero.verify.judge import judge
+from hetero.verify.tolerances import EXACT, Tolerance
 
 __all__ = ["DistCase", "RankContext", "Skip", "EXACT", "check", "unchanged"]
 

@@ -12,7 +12,7 @@ import torch
 
 from hetero_conformance._dist_case import EXACT, DistCase, RankContext, Skip, check, unchanged
 from hetero_conformance._selectors import matches
-from hetero_conformance.tolerances import tolerance
+from hetero.verify.tolerances import tolerance
 
 __all__ = ["dist_cases", "selected_dist_cases", "EP_MODELS", "EP_HIDDEN", "EP_INTER"]
 

@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from hetero_conformance._worker import STARTUP_S, Worker, drive
-from hetero_conformance.case import Case
+from hetero.verify.case import Case
 from hetero_conformance.runner import CaseResult
 
 __all__ = ["run_isolated", "STARTUP_S"]

@@ -1,7 +1,7 @@
 """``hetero conformance NAME``: run the case catalog against a backend and write the reports.
 
-hetero's own CLI imports this module only when the package is installed and
-adds the subcommand with :func:`add_parser`.
+hetero's own CLI adds the subcommand with :func:`add_parser` through the entry point group
+``hetero.commands`` (``hetero_conformance.commands``), when this package is installed.
 """
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ from hetero_conformance._dist_rank import rank_config, run_rank
 from hetero_conformance._spawn import Child, signal_name, stop_all, watch
 from hetero_conformance.runner import CaseResult
 from hetero_conformance.suite import SelectionError, SuiteResult, build_meta
-from hetero_conformance.tolerances import EXACT, tolerance
+from hetero.verify.tolerances import EXACT, tolerance
 
 __all__ = ["DistCase", "dist_cases", "run_distributed", "run_rank", "main"]
 

@@ -15,7 +15,7 @@ from hetero.spec import OP_NAMES
 
 from hetero_conformance import robustness_report
 from hetero_conformance._markdown import cell, failure_details
-from hetero_conformance.case import DTYPES
+from hetero.verify.case import DTYPES
 from hetero_conformance.runner import FAILING, CaseResult
 from hetero_conformance.suite import SuiteResult
 

@@ -4,19 +4,18 @@ from __future__ import annotations
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, MutableMapping
+from typing import Any, MutableMapping
 
 import torch
 
 from hetero.backend import Backend
 from hetero.ops import Ops
-from hetero.spec import OPS
-
-from hetero_conformance.case import Case, dtype_name
-from hetero_conformance.judge import judge
-from hetero_conformance.oracles import clone_inputs, run_oracle, to_device
-from hetero_conformance.outputs import OutputMismatch, comparable, kind_of, outputs_of, spec_of, untouched_inputs
-from hetero_conformance.tolerances import tolerance
+from hetero.verify.calls import call
+from hetero.verify.case import Case, dtype_name
+from hetero.verify.judge import judge
+from hetero.verify.oracles import clone_inputs, run_oracle, to_device
+from hetero.verify.outputs import OutputMismatch, comparable, kind_of, outputs_of, spec_of, untouched_inputs
+from hetero.verify.tolerances import tolerance
 
 __all__ = ["CaseResult", "Expected", "Runner", "STATUSES", "FAILING"]
 
@@ -56,12 +55,6 @@ class Expected:
     oracle: dict[str, torch.Tensor]
     reference: dict[str, torch.Tensor]
     layout: dict[str, tuple[tuple[int, ...], torch.dtype]]  # each output's shape and dtype, as the reference returns it
-
-
-def call(fn: Callable, op: str, inputs: dict[str, Any]) -> Any:
-    """Invoke an implementation with the case's arguments bound to the spec signature."""
-    bound = OPS[op].signature.bind(**inputs)
-    return fn(*bound.args, **bound.kwargs)
 
 
 class Runner:

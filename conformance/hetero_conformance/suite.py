@@ -21,7 +21,7 @@ from hetero_conformance._isolate import run_isolated
 from hetero_conformance._progress import progress
 from hetero_conformance._selectors import matches
 from hetero_conformance._version import __version__
-from hetero_conformance.case import DTYPES, Case
+from hetero.verify.case import DTYPES, Case
 from hetero_conformance.runner import FAILING, STATUSES, CaseResult, Runner
 
 __all__ = ["DEFAULT_CATALOG", "Selection", "SuiteResult", "SelectionError", "load_catalog", "select", "selected_cases", "run_cases", "build_meta", "run_suite"]

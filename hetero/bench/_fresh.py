@@ -51,7 +51,7 @@ def _worker(request: dict) -> dict[str, float]:
 
     import hetero
     from hetero.bench.ops import BenchConfig, OpBench
-    from hetero_conformance.cases.perf import perf_cases
+    from hetero.bench.perf import perf_cases
 
     if request["threads"] is not None:
         torch.set_num_threads(request["threads"])

@@ -95,12 +95,8 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def _cases(tier: str, only: Sequence[str] | None) -> tuple[list[Any], list[OpResult]]:
-    try:
-        from hetero_conformance.cases.perf import UNBENCHED, perf_cases
-    except ModuleNotFoundError as e:
-        if e.name is None or not e.name.startswith("hetero_conformance"):
-            raise
-        raise UsageError("the performance shapes come with hetero-conformance: pip install hetero-conformance") from None
+    from hetero.bench.perf import UNBENCHED, perf_cases
+
     unknown = [op for op in only or () if op not in OP_NAMES]
     if unknown:
         raise UsageError(f"argument --ops: unknown op(s) {', '.join(unknown)}; expected some of {', '.join(OP_NAMES)}")

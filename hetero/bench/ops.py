@@ -123,7 +123,7 @@ class OpBench:
 
     def inputs(self, case: Any) -> dict[str, Any]:
         """The case's inputs on the backend's device."""
-        from hetero_conformance.oracles import to_device
+        from hetero.verify.oracles import to_device
 
         return to_device(case.inputs(self.config.seed), self.ops.device)
 

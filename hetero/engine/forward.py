@@ -17,7 +17,7 @@ from hetero.engine.models.base import CausalLM
 from hetero.engine.parallel import Parallel
 from hetero.engine.runtime.cache_ops import ResetSlot
 from hetero.engine.runtime.kv_cache import allocate_kv_cache
-from hetero.engine.step import Step
+from hetero.engine.step_buffers import build_step
 from hetero.ops import Ops
 
 __all__ = ["build_model", "prefill", "PrefillResult"]
@@ -66,7 +66,7 @@ def prefill(model: CausalLM, prompts: Sequence[Sequence[int]], *, block_size: in
     pools.apply([ResetSlot(i) for i in range(len(prompts))])
     # one-row prompts would be treated as decodes; they must come first
     idx = sorted(range(len(prompts)), key=lambda i: lens[i] != 1)
-    step = Step.build([lens[i] for i in idx], [lens[i] for i in idx], [tables[i] for i in idx], block_size, ctx.device,
+    step = build_step([lens[i] for i in idx], [lens[i] for i in idx], [tables[i] for i in idx], block_size, ctx.device,
                       state_slots=idx if pools.state else None)
     ids = torch.tensor([t for i in idx for t in prompts[i]], dtype=torch.int64, device=ctx.device)
     captured: list[torch.Tensor] | None = [] if capture else None

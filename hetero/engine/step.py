@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
-
 import torch
 
 from hetero.spec.types import AttentionMeta
@@ -63,30 +61,3 @@ class Step:
     @property
     def num_tokens(self) -> int:
         return int(self.positions.shape[0])
-
-    @classmethod
-    def build(
-        cls,
-        query_lens: Sequence[int],
-        seq_lens: Sequence[int],
-        block_tables: Sequence[Sequence[int]],
-        block_size: int,
-        device: torch.device | str,
-        sample: Sequence[bool] | None = None,
-        state_slots: Sequence[int] | None = None,
-    ) -> "Step":
-        """Build a step from host lists. Sequences with one query row must come first.
-
-        ``sample[b]``: whether sequence b's last row is sampled (default: all);
-        ``state_slots[b]``: its state slot (models with per-sequence state). The block
-        table is padded with 0 to the longest row. This goes through ``StepBuffers``
-        sized to this one batch, the code path of the engine's persistent buffers.
-        """
-        # imported here: step_buffers builds Step objects, so it imports this module
-        from hetero.engine.step_buffers import StepBuffers
-
-        width = max((len(b) for b in block_tables), default=0)
-        buffers = StepBuffers(sum(query_lens), len(query_lens), width * block_size, block_size, device,
-                              has_state=state_slots is not None, kv_slots_capacity=0)
-        step, _ = buffers.fill(query_lens, seq_lens, block_tables, sample=sample, state_slots=state_slots)
-        return step

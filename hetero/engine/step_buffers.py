@@ -22,7 +22,7 @@ import torch
 from hetero.engine.step import PrefillSpan, Step
 from hetero.spec.types import AttentionMeta
 
-__all__ = ["StepBuffers"]
+__all__ = ["StepBuffers", "build_step"]
 
 
 class StepBuffers:
@@ -92,7 +92,7 @@ class StepBuffers:
     ) -> tuple[Step, torch.Tensor | None]:
         """Write one step into the buffers; return its ``Step`` (views) and the ``input_ids`` view.
 
-        Same arguments and semantics as ``Step.build``: sequences with one query row come
+        Same arguments and semantics as ``build_step``: sequences with one query row come
         first; ``sample[b]`` says whether sequence b's last row is sampled (default: all);
         ``state_slots[b]`` is its state slot (requires ``has_state``); ``input_ids`` are the
         T query tokens (the second result is None without them). Block-table padding is 0.
@@ -227,3 +227,26 @@ class StepBuffers:
                     num_decodes=num_decodes, decode_meta=decode_meta, prefill=prefill,
                     logits_indices=self._view("logits_indices", used), state_slots=self._view("state_slots", used),
                     has_initial_state=self._view("has_initial_state", used))
+
+
+def build_step(
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    block_size: int,
+    device: torch.device | str,
+    sample: Sequence[bool] | None = None,
+    state_slots: Sequence[int] | None = None,
+) -> Step:
+    """Build a step from host lists. Sequences with one query row must come first.
+
+    ``sample[b]``: whether sequence b's last row is sampled (default: all);
+    ``state_slots[b]``: its state slot (models with per-sequence state). The block
+    table is padded with 0 to the longest row. This goes through ``StepBuffers``
+    sized to this one batch, the code path of the engine's persistent buffers.
+    """
+    width = max((len(b) for b in block_tables), default=0)
+    buffers = StepBuffers(sum(query_lens), len(query_lens), width * block_size, block_size, device,
+                          has_state=state_slots is not None, kv_slots_capacity=0)
+    step, _ = buffers.fill(query_lens, seq_lens, block_tables, sample=sample, state_slots=state_slots)
+    return step

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from hetero.engine._cli_common import EXIT_FAIL, EXIT_OK, compile_arg, model_args
+from hetero.tools._cli_common import EXIT_FAIL, EXIT_OK, compile_arg, model_args
 from hetero.errors import UsageError
 
 __all__ = ["add_parser"]
@@ -13,7 +13,7 @@ __all__ = ["add_parser"]
 
 def add_parser(sub: Any) -> None:
     """``serve`` and ``bench-serve``."""
-    from hetero.serve._bench_cli import add_bench_parser
+    from hetero.bench.serve_cli import add_bench_parser
 
     _add_serve_parser(sub)
     add_bench_parser(sub)

@@ -16,7 +16,7 @@ from hetero.bench.baseline import (
 from hetero.bench.devices import find_ceilings, load_ceilings, roofline
 from hetero.bench.model import Work, attention_pairs, work
 from hetero.spec import OP_NAMES, OPS, AttentionMeta
-from hetero_conformance.cases.perf import TIERS, UNBENCHED, perf_cases
+from hetero.bench.perf import TIERS, UNBENCHED, perf_cases
 
 ENV = {"backend": "cpu_ref", "device": "cpu/x", "python": "3.11.7", "platform": "p", "versions": {"torch": "2.13.0"}}
 

@@ -10,7 +10,7 @@ from hetero.cli import main
 
 
 def test_measured_ceilings_feed_the_profile_roofline(tmp_path, capsys):
-    from hetero.engine import tiny
+    from hetero.tools import tiny
 
     out = tmp_path / "cpu.json"
     assert main(["ceilings", "cpu_ref", "--out", str(out), "--size", "256", "--copy-mib", "8", "--dtypes", "float32"]) == 0

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from hetero.spec import OPS
-from hetero_conformance.case import DTYPES, Case
-from hetero_conformance.metrics import compare
+from hetero.verify.case import DTYPES, Case
+from hetero.verify.metrics import compare
 from hetero_conformance.runner import CaseResult, Expected, Runner
-from hetero_conformance.tolerances import tolerance
+from hetero.verify.tolerances import tolerance
 
 NAN, INF = float("nan"), float("inf")
 

@@ -18,7 +18,7 @@ from hetero.spec import OP_NAMES
 from hetero_conformance import report
 from hetero_conformance.cases.malformed import catalog
 from hetero_conformance.robustness import attempt, one_rank_comm
-from hetero_conformance.runner import call as bind
+from hetero.verify.calls import call as bind
 
 from broken_robustness import PLANTED, plugin_source
 

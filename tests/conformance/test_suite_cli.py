@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # A catalog for the isolation tests: two gemm cases (family gemm), then silu_and_mul (family layers).
 TEST_CATALOG = '''
 import torch
-from hetero_conformance.case import Case
+from hetero.verify.case import Case
 from hetero_conformance.cases import layers
 
 

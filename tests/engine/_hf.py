@@ -5,7 +5,7 @@ from functools import lru_cache
 
 import torch
 
-from hetero.engine.check import greedy_generation_config
+from hetero.tools.check import greedy_generation_config
 
 ARCHS = ("qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 

@@ -10,7 +10,7 @@ import sys
 
 
 def main(model: str, backend: str, out_path: str) -> None:
-    from hetero.engine.replay import per_op_check
+    from hetero.tools.replay import per_op_check
 
     report = per_op_check(model, backend, [list(range(3, 40)), [5, 6, 7]], max_tokens=3, samples=2,
                           tensor_parallel_size=2)

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 import hetero
-from hetero.engine import tiny
-from hetero.engine.quantize import dequantize_checkpoint, quantize_checkpoint
+from hetero.tools import tiny
+from hetero.tools.quantize import dequantize_checkpoint, quantize_checkpoint
 
 OVERRIDES = {
     "qwen3": dict(hidden_size=192, num_key_value_heads=4, intermediate_size=256),

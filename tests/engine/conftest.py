@@ -16,7 +16,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
     """arch -> directory of a tiny random checkpoint (sharded, with a char-level tokenizer), built on first use."""
-    from hetero.engine import tiny
+    from hetero.tools import tiny
 
     built: dict[str, object] = {}
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hetero.cli import main
-from hetero.engine.bench import Workload, parse_range, percentiles, request_latencies, summarize
+from hetero.bench.engine import Workload, parse_range, percentiles, request_latencies, summarize
 from hetero.engine.llm import RequestOutput
 
 SMALL = ["--backend", "cpu_ref", "--dtype", "float32", "--input-len", "4:40", "--output-len", "1:12", "--seed", "3",

@@ -13,7 +13,7 @@ from hetero.cli import main
 
 @pytest.fixture(scope="module")
 def four_layers(tmp_path_factory):
-    from hetero.engine import tiny
+    from hetero.tools import tiny
 
     return tiny.build("qwen3", tmp_path_factory.mktemp("qwen3_4l"), num_hidden_layers=4)
 
@@ -29,7 +29,7 @@ def _corrupt(src, dst, name: str) -> None:
 
 
 def test_sound_checkpoint_agrees_everywhere(four_layers):
-    from hetero.engine.check import ModelCheck
+    from hetero.tools.check import ModelCheck
 
     report = ModelCheck(four_layers, "cpu_ref").run(max_tokens=8)
     assert report.passed and report.first_bad is None
@@ -52,7 +52,7 @@ def test_corrupted_layer_is_named_where_the_error_starts(four_layers, tmp_path, 
 
 def test_drifting_op_is_caught_in_memory(four_layers):
     """A model perturbed after loading (as a drifting kernel would) fails from that layer on."""
-    from hetero.engine.check import ModelCheck
+    from hetero.tools.check import ModelCheck
 
     check = ModelCheck(four_layers, "cpu_ref")
     with torch.no_grad():

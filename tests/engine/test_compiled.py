@@ -35,10 +35,10 @@ def test_compiled_decode_gives_the_tokens_of_eager(checkpoints, arch):
 
 
 def test_only_decode_only_steps_fit():
-    from hetero.engine.step import Step
+    from hetero.engine.step_buffers import build_step
 
-    decode = Step.build([1, 1], [5, 9], [[0], [1, 2]], 8, "cpu")
-    mixed = Step.build([1, 4], [5, 9], [[0], [1, 2]], 8, "cpu")
+    decode = build_step([1, 1], [5, 9], [[0], [1, 2]], 8, "cpu")
+    mixed = build_step([1, 4], [5, 9], [[0], [1, 2]], 8, "cpu")
     assert CompiledForward.fits(decode) and not CompiledForward.fits(mixed)
 
 

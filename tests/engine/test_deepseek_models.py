@@ -18,11 +18,11 @@ import torch
 from safetensors.torch import save_file
 
 import hetero
-from hetero.engine import tiny
+from hetero.tools import tiny
 from hetero.engine.forward import build_model, prefill
 from hetero.engine.loader import INDEX, UnexpectedWeightsError, load_weights, process_weights_after_loading
 from hetero.engine.runtime.kv_cache import allocate_kv_cache
-from hetero.engine.step import Step
+from hetero.engine.step_buffers import build_step
 
 TOL = 1e-4
 ARCHS = ("deepseek_v2", "deepseek_v3")
@@ -103,7 +103,7 @@ def run_steps(model, steps, *, block_size: int = 4, num_blocks: int = 32):
             slens.append(end)
             btables.append(list(table))
             ids.extend(tokens[start:end])
-        step = Step.build(qlens, slens, btables, block_size, "cpu")
+        step = build_step(qlens, slens, btables, block_size, "cpu")
         hidden = model(torch.tensor(ids), step.positions, step)
         logits = model.compute_logits(hidden)
         out, row = [], 0

@@ -1,5 +1,5 @@
 """DeepSeek-V3.2 and GLM-5 (DeepSeek Sparse Attention) against transformers 5.24's own classes on tiny random
-checkpoints (``hetero.engine.tiny``: 16 index heads, index_topk 6, far below the longer prompts), on cpu_ref in
+checkpoints (``hetero.tools.tiny``: 16 index heads, index_topk 6, far below the longer prompts), on cpu_ref in
 float32: packed prefill logits and every layer's output, greedy tokens, batching with chunked prefill and prefix
 caching, preemption, check-model, and TP=2 of all three new families (gpt-oss included) over gloo.
 
@@ -125,7 +125,7 @@ def test_sixteen_requests_chunked_cached_and_preempted_equal_one_at_a_time(check
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_check_model_passes(arch, checkpoints):
-    from hetero.engine.check import ModelCheck
+    from hetero.tools.check import ModelCheck
 
     report = ModelCheck(checkpoints(arch), "cpu_ref").run(prompts(256, (7, 19)), max_tokens=4)
     assert report.passed, report.as_dict()

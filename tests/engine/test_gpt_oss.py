@@ -1,4 +1,4 @@
-"""gpt-oss against transformers 5.24's own class on a tiny random checkpoint (``hetero.engine.tiny``: four layers
+"""gpt-oss against transformers 5.24's own class on a tiny random checkpoint (``hetero.tools.tiny``: four layers
 [sliding, full, sliding, full] with window 4, sinks, q/k/v/o biases, yarn rope, eight experts with biases and a
 swiglu_limit of 1.5 so the clamps bite), on cpu_ref in float32: packed prefill logits and every layer, greedy
 tokens, batching with chunked prefill, preemption, check-model, and MXFP4 expert weights dequantized at load.
@@ -99,7 +99,7 @@ def test_sixteen_requests_chunked_and_preempted_equal_one_at_a_time(path):
 
 
 def test_check_model_passes(path):
-    from hetero.engine.check import ModelCheck
+    from hetero.tools.check import ModelCheck
 
     report = ModelCheck(path, "cpu_ref").run(prompts(256, (7, 19)), max_tokens=4)
     assert report.passed, report.as_dict()

@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("transformers")
 
 import hetero
-from hetero.engine import tiny
+from hetero.tools import tiny
 from hetero.engine.context import ModelContext, op_slots
 from hetero.engine.forward import build_model, prefill
 from hetero.engine.instrument import OpCounter, instrument, op_sites

@@ -169,7 +169,7 @@ def test_sampler_ties_ranks_and_no_log_softmax_when_off():
 def test_check_model_takes_heteros_top_k_from_the_engine_logprobs():
     from types import SimpleNamespace
 
-    from hetero.engine.check import ModelCheck
+    from hetero.tools.check import ModelCheck
 
     reference = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 4.0, 1.0, 0.0, 3.0]])
     stub = SimpleNamespace(reference_states=lambda prefix: ([], reference))

@@ -28,7 +28,7 @@ pytest.importorskip("transformers")
 from _hf import hf_model, prompts
 
 from hetero.distributed import free_port
-from hetero.engine import tiny
+from hetero.tools import tiny
 
 WORKER = Path(__file__).with_name("_logits_worker.py")
 TOL = 1e-4

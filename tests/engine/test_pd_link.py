@@ -64,7 +64,7 @@ def test_a_header_that_does_not_fit_this_instance_is_refused(change, words):
 
 
 def test_the_fingerprint_sees_other_weights_and_refusal_names_the_difference(checkpoints, tmp_path):
-    from hetero.engine import tiny
+    from hetero.tools import tiny
 
     a = checkpoints("qwen3")
     copy = tmp_path / "copy"

@@ -11,9 +11,9 @@ import hetero
 import hetero.registry
 import hetero_cpu_ref.plugin
 
-from hetero.engine.check import ModelCheck
-from hetero.engine.replay import per_op_check
-from hetero.engine.tiny import ARCHS
+from hetero.tools.check import ModelCheck
+from hetero.tools.replay import per_op_check
+from hetero.tools.tiny import ARCHS
 
 #: prompts long enough to reach positions past 64 (the tiny checkpoints hold 512)
 LONG = [list(range(3, 83)), list(range(100, 121))]
@@ -47,7 +47,7 @@ def planted(monkeypatch):
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    from hetero.engine import tiny
+    from hetero.tools import tiny
 
     return tiny.build("qwen3", tmp_path_factory.mktemp("qwen3"))
 
@@ -104,7 +104,7 @@ def test_a_bug_only_late_in_decode_is_still_sampled(planted, qwen3):
 def test_weights_are_stored_once_and_a_replay_failure_is_not_a_fault(qwen3, monkeypatch):
     from hetero.engine import LLM, SamplingParams
     from hetero.engine.instrument import instrument
-    from hetero.engine.replay import OpRecorder, Replayer, TensorStore
+    from hetero.tools.replay import OpRecorder, Replayer, TensorStore
 
     llm = LLM(str(qwen3), backend="cpu_ref", dtype="float32")
     with TensorStore(1 << 30) as store:
@@ -127,7 +127,7 @@ def test_weights_are_stored_once_and_a_replay_failure_is_not_a_fault(qwen3, monk
 
 def test_compaction_keeps_what_a_call_reads_and_writes():
     """A paged call on the blocks it names only (renumbered) computes what it computes on the whole cache."""
-    from hetero.engine.replay._compact import compaction
+    from hetero.tools.replay._compact import compaction
     from hetero.spec.types import AttentionMeta
 
     gen = torch.Generator().manual_seed(0)
@@ -146,7 +146,7 @@ def test_compaction_keeps_what_a_call_reads_and_writes():
 
 
 def test_store_round_trips_every_dtype_bit_for_bit(tmp_path):
-    from hetero.engine.replay import TensorStore
+    from hetero.tools.replay import TensorStore
 
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(5, 3, generator=gen)
@@ -216,7 +216,7 @@ def test_bad_per_op_options_are_usage_errors(qwen3, capsys, option, value):
 def test_every_architecture_replays_within_bounds(arch, tmp_path):
     """Each architecture's op calls (MLA, DSA's indexer, linear attention's recurrent state, gpt-oss's sinks and
     windows, MoE) record and replay; the reference backend agrees with itself in float64's eyes."""
-    from hetero.engine import tiny
+    from hetero.tools import tiny
     from hetero.engine.instrument import OpCounter, instrument
     from hetero.engine import LLM, SamplingParams
 

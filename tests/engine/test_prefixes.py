@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 import hetero
-from hetero.engine import tiny
+from hetero.tools import tiny
 from hetero.engine.context import ModelContext
 from hetero.engine.layers.linear import Linear
 from hetero.engine.layers.moe import FusedMoE

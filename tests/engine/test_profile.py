@@ -1,4 +1,4 @@
-"""``hetero profile`` (hetero.engine.profile) on tiny Qwen3, Qwen3-MoE and DeepSeek-V3 checkpoints, cpu_ref, float32.
+"""``hetero profile`` (hetero.tools.profile) on tiny Qwen3, Qwen3-MoE and DeepSeek-V3 checkpoints, cpu_ref, float32.
 
 The op table is checked against an ``OpCounter`` run of the same workload on a second,
 identical engine: the same calls per (module path, op), so every op of the run is in it.
@@ -15,9 +15,9 @@ pytest.importorskip("transformers")
 from hetero.bench.devices import Ceilings
 from hetero.cli import main
 from hetero.engine import LLM
-from hetero.engine.bench import Workload, run_workload
+from hetero.bench.engine import Workload, run_workload
 from hetero.engine.instrument import OpCounter, instrument, op_sites
-from hetero.engine.profile import ALL, HOST_PARTS, Profiler, profile_run
+from hetero.tools.profile import ALL, HOST_PARTS, Profiler, profile_run
 
 WORKLOAD = Workload(3, (5, 20), (3, 5), seed=0)
 #: a made-up device: 1 TFLOP/s float32, 0.1 TB/s

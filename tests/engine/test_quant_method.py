@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import hetero
-from hetero.engine import tiny
+from hetero.tools import tiny
 from hetero.engine.context import ModelContext
 from hetero.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from hetero.engine.layers.moe import FusedMoE, Routing

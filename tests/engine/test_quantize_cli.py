@@ -12,7 +12,7 @@ from torch import nn
 
 import hetero
 from hetero.cli import main
-from hetero.engine import tiny
+from hetero.tools import tiny
 from hetero.engine.context import ModelContext
 from hetero.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from hetero.engine.layers.moe import FusedMoE, Routing
@@ -222,7 +222,7 @@ def test_e4m3fn_to_fnuz_keeps_the_values():
 def test_check_model_compares_a_quantized_checkpoint_with_its_emulation(src, tmp_path, capsys):
     """check-model on an fp8 checkpoint: transformers on the dequantized copy with emulated activation
     quantization, at the quantized tolerance; a wrong scale in the engine is named by layer."""
-    from hetero.engine.check import QUANTIZED_TOLERANCE, ModelCheck
+    from hetero.tools.check import QUANTIZED_TOLERANCE, ModelCheck
 
     dst = tmp_path / "fp8"
     assert main(["quantize", str(src), str(dst), "--scheme", "fp8-block"]) == 0

@@ -1,5 +1,5 @@
 """Qwen3-Next, Qwen3.5 and Qwen3.5-MoE (hybrid Gated DeltaNet + gated full attention) against transformers 5.24's
-own classes on tiny random checkpoints (``hetero.engine.tiny``), on cpu_ref in float32: packed prefill logits and
+own classes on tiny random checkpoints (``hetero.tools.tiny``), on cpu_ref in float32: packed prefill logits and
 every layer's output, greedy tokens, batching with chunked prefill, preemption, prefix caching over the state
 snapshots, check-model, and the cuda backend's Triton kernels under the interpreter.
 
@@ -155,7 +155,7 @@ def test_a_prefix_hit_gives_the_tokens_of_no_prefix_caching(checkpoints):
 
 
 def test_check_model_passes(checkpoints):
-    from hetero.engine.check import ModelCheck
+    from hetero.tools.check import ModelCheck
 
     report = ModelCheck(checkpoints("qwen3_5_moe"), "cpu_ref").run(prompts(256, (7, 19)), max_tokens=4)
     assert report.passed, report.as_dict()

@@ -20,7 +20,7 @@ import torch
 pytest.importorskip("transformers")
 
 import hetero
-from hetero.engine import tiny
+from hetero.tools import tiny
 from hetero.engine.forward import build_model, prefill
 
 TOL = 1e-4

@@ -198,7 +198,7 @@ def test_bench_serve_reports_percentiles_goodput_and_baselines(served, tmp_path,
 
 
 def test_bench_serve_arrivals():
-    from hetero.serve.bench import arrival_gaps
+    from hetero.bench.serve import arrival_gaps
 
     assert arrival_gaps(3, math.inf, 1.0, 0) == [0.0] * 3
     assert arrival_gaps(4, 10.0, math.inf, 0) == [0.1] * 4

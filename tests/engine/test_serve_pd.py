@@ -136,7 +136,7 @@ def test_a_client_gone_from_the_router_aborts_the_decode(pair):
 
 
 def test_the_serve_roles_pair_up_and_a_mismatched_pair_is_refused(path, tmp_path):
-    from hetero.engine import tiny
+    from hetero.tools import tiny
 
     addr = f"127.0.0.1:{free_port()}"
     base = [sys.executable]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hetero.engine.step import Step
-from hetero.engine.step_buffers import StepBuffers
+from hetero.engine.step_buffers import StepBuffers, build_step
 
 BS = 4
 
@@ -122,11 +122,11 @@ def test_no_stale_data_from_a_bigger_batch():
 
 def test_decode_only_and_build_agree_with_reference():
     qlens, slens, tables = [1, 1, 1], [5, 1, 8], [[2, 9], [4], [1, 7]]
-    step = Step.build(qlens, slens, tables, BS, "cpu", sample=[True, False, True])
+    step = build_step(qlens, slens, tables, BS, "cpu", sample=[True, False, True])
     _assert_matches(step, _reference(qlens, slens, tables, 2, [True, False, True]), qlens, slens)
     assert step.prefill is None and step.decode_meta.num_seqs == 3
-    # Step.build keeps its old per-batch block-table width
-    step = Step.build(BIG["query_lens"], BIG["seq_lens"], BIG["tables"], BS, "cpu", state_slots=BIG["state_slots"])
+    # build_step keeps its old per-batch block-table width
+    step = build_step(BIG["query_lens"], BIG["seq_lens"], BIG["tables"], BS, "cpu", state_slots=BIG["state_slots"])
     ref = _reference(BIG["query_lens"], BIG["seq_lens"], BIG["tables"], 4, None, BIG["state_slots"])
     _assert_matches(step, ref, BIG["query_lens"], BIG["seq_lens"])
 

@@ -31,7 +31,7 @@ def no_debug(monkeypatch):
 def model(tmp_path_factory) -> str:
     """A one-layer random qwen3 checkpoint (vocabulary 256, max_position_embeddings 512)."""
     pytest.importorskip("transformers")
-    from hetero.engine import tiny
+    from hetero.tools import tiny
 
     return str(tiny.build("qwen3", tmp_path_factory.mktemp("qwen3"), shard_size=None, num_hidden_layers=1))
 

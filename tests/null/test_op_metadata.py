@@ -10,13 +10,16 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
-import hetero_conformance.outputs as outputs_mod
+import hetero.verify.outputs as outputs_mod
 from hetero.spec import OPS, AttentionMeta, EPDispatch
 from hetero.spec._op import COMPARISONS, Output, spec_op
-from hetero_conformance.case import Case
+from hetero.verify.case import Case
+import hetero_conformance.runner as runner_mod
 from hetero_conformance.runner import Expected, Runner
 
-CONFORMANCE = Path(outputs_mod.__file__).parent
+#: the comparison core is hetero.verify's; the runner stays in hetero_conformance
+VERIFY = Path(outputs_mod.__file__).parent
+SOURCES = {"runner": Path(runner_mod.__file__), **{m: VERIFY / f"{m}.py" for m in ("oracles", "outputs", "case", "metrics")}}
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -126,6 +129,6 @@ def test_optional_outputs_follow_their_argument():
 
 @pytest.mark.parametrize("module", ["runner", "oracles", "outputs", "case", "metrics"])
 def test_no_private_per_op_table_in_conformance(module):
-    source = (CONFORMANCE / f"{module}.py").read_text()
+    source = SOURCES[module].read_text()
     keyed = [op for op in OPS if re.search(rf"""(^|[{{(,])\s*["']{op}["']\s*[:,)]""", source, re.M)]
     assert not keyed, f"{module}.py keys a table by op: {keyed}"

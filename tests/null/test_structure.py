@@ -1,4 +1,4 @@
-"""The shape of the source tree: no module-level import cycle, no overlong file.
+"""The shape of the source tree: no import cycle, no overlong file, no import of the conformance suite by hetero.
 
 Both checks cover the packages ``hetero`` (``hetero/``) and ``hetero_conformance``
 (``conformance/hetero_conformance/``), read with ``ast`` (nothing is imported).
@@ -16,6 +16,9 @@ Which imports count as an edge of the import graph:
 * the implicit import of a module's parent packages is not an edge: every submodule
   of ``hetero`` would otherwise depend on ``hetero/__init__.py``, which imports them;
 * imports of modules outside the two packages are ignored.
+
+Inside ``hetero`` a second check counts every import, at any level (functions, classes,
+TYPE_CHECKING blocks): no cycle there either.
 """
 from __future__ import annotations
 
@@ -72,11 +75,17 @@ def _base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(package + ([node.module] if node.module else []))
 
 
-def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
-    """The modules of ``known`` that ``module`` (at ``path``) imports when it is imported."""
+def _all_imports(tree: ast.Module):
+    """Every import statement of ``tree``: at module level, in functions and classes, under TYPE_CHECKING."""
+    return (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
+def imports_of(module: str, path: Path, known: set[str], *, anywhere: bool = False) -> set[str]:
+    """The modules of ``known`` that ``module`` (at ``path``) imports when it is imported
+    (``anywhere``: or in any function, class or TYPE_CHECKING block of it)."""
     tree = ast.parse(path.read_text(), str(path))
     edges = set()
-    for node in _runtime_imports(tree.body):
+    for node in _all_imports(tree) if anywhere else _runtime_imports(tree.body):
         if isinstance(node, ast.Import):
             edges.update(alias.name for alias in node.names)
             continue
@@ -122,10 +131,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def import_graph(packages: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the modules of ``packages`` it imports at module level."""
+def import_graph(packages: dict[str, Path], *, anywhere: bool = False) -> dict[str, set[str]]:
+    """Module -> the modules of ``packages`` it imports at module level (``anywhere``: at any level)."""
     found = modules(packages)
-    return {name: imports_of(name, path, set(found)) for name, path in found.items()}
+    return {name: imports_of(name, path, set(found), anywhere=anywhere) for name, path in found.items()}
 
 
 def long_files(packages: dict[str, Path], limit: int = MAX_LINES) -> dict[str, int]:
@@ -137,6 +146,53 @@ def long_files(packages: dict[str, Path], limit: int = MAX_LINES) -> dict[str, i
 def test_no_module_level_import_cycle():
     found = cycles(import_graph(PACKAGES))
     assert not found, f"module-level import cycles: {found}"
+
+
+def test_no_import_cycle_in_hetero_at_any_level():
+    """Function-level and TYPE_CHECKING imports count too: a cycle hidden in a function is still two
+    modules that cannot be understood, tested or moved apart."""
+    found = cycles(import_graph({"hetero": PACKAGES["hetero"]}, anywhere=True))
+    assert not found, f"import cycles (imports at any level counted): {found}"
+
+
+def _names_conformance(node: ast.AST) -> bool:
+    if isinstance(node, ast.Import):
+        return any(a.name.split(".")[0] == "hetero_conformance" for a in node.names)
+    if isinstance(node, ast.ImportFrom):
+        return not node.level and (node.module or "").split(".")[0] == "hetero_conformance"
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        arg = node.args[0].value
+        return fn in ("import_module", "__import__") and isinstance(arg, str) and arg.split(".")[0] == "hetero_conformance"
+    return False
+
+
+def conformance_imports(root: Path) -> list[str]:
+    """``file:line`` of every import of hetero_conformance under ``root``, at any level (importlib included)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        found += [f"{path.relative_to(root.parent)}:{n.lineno}" for n in ast.walk(tree) if _names_conformance(n)]
+    return found
+
+
+def test_hetero_never_imports_hetero_conformance():
+    """hetero works without the conformance suite (``pip install hetero`` alone runs check-model --per-op,
+    bench and profile); the suite adds its commands through the ``hetero.commands`` entry points."""
+    found = conformance_imports(PACKAGES["hetero"])
+    assert not found, f"hetero imports hetero_conformance: {found}"
+
+
+@pytest.mark.parametrize("source, found", [
+    ("import hetero_conformance\n", True),
+    ("def f():\n    from hetero_conformance.runner import call\n", True),
+    ("import importlib\nimportlib.import_module('hetero_conformance.cli')\n", True),
+    ("from hetero.verify import judge\nTEXT = 'from hetero_conformance import x'\n", False),
+])
+def test_the_conformance_import_finder(tmp_path, source, found):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text(source)
+    assert bool(conformance_imports(tmp_path / "pkg")) == found
 
 
 def test_no_file_over_300_lines():
@@ -160,6 +216,18 @@ def test_the_cycle_finder(tmp_path, source, expected):
     (tmp_path / "a.py").write_text(source + "thing = 1\n")
     (tmp_path / "b.py").write_text("")
     assert cycles(import_graph({"pkg": tmp_path})) == expected
+
+
+@pytest.mark.parametrize("source", [
+    "def f():\n    from pkg import thing\n",
+    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import thing\n",
+    "class C:\n    def m(self):\n        import pkg\n",
+])
+def test_the_cycle_finder_at_any_level(tmp_path, source):
+    (tmp_path / "__init__.py").write_text("from pkg.a import thing\n")
+    (tmp_path / "a.py").write_text(source + "thing = 1\n")
+    assert cycles(import_graph({"pkg": tmp_path})) == []
+    assert cycles(import_graph({"pkg": tmp_path}, anywhere=True)) == [["pkg", "pkg.a"]]
 
 
 def test_importing_plugins_engine_and_conformance_loads_no_triton_kernel_module():

@@ -1,4 +1,5 @@
-"""fused_moe's cases, and the expert ids and routing weights the MoE data cases share.
+"""fused_moe's cases (their inputs, and the expert ids and routing weights the MoE data cases share, are
+drawn by ``hetero.verify.inputs.fused_moe``).
 
 Qwen3 / DeepSeek (silu), gpt-oss-20b and -120b (swigluoai, alpha 1.702, limit 7, expert
 biases on both projections; transformers' GptOssExperts after the gate/up columns are
@@ -12,104 +13,19 @@ raises, so every such case tests its clamp.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from hetero_conformance.case import Case
-from hetero_conformance.cases._draw import randn
-from hetero_conformance.cases._quant_draw import quantize_weights
-from hetero_conformance.shapes import MODELS
+from hetero.verify.case import Case
+from hetero.verify.inputs import fused_moe as draw
+from hetero.verify.shapes import MODELS
 
-__all__ = ["fused_cases", "quant_cases", "expert_ids", "expert_pool", "routing_weights", "CLAMPED"]
+__all__ = ["fused_cases", "quant_cases"]
 
 FLOATS = ("float32", "float16", "bfloat16")
-#: The least share of gate values above the limit, and of up values beyond +-limit, a clamped case draws.
-CLAMPED = 0.02
 #: gpt-oss-120b (not in shapes.MODELS: its attention is gpt-oss-20b's): 128 experts, top-4, H = I = 2880.
 GPT_OSS_120B_EXPERTS = 128
 #: DeepSeek-V4 (transformers' DeepseekV4Config defaults): 256 experts, top-6, H 4096, moe_intermediate 2048.
 V4_EXPERTS, V4_TOP_K, V4_HIDDEN, V4_INTER = 256, 6, 4096, 2048
-#: activation -> (options, w13 gain): the gain puts gate/up std near 5 (limit 7) and 7 (limit 10).
-ACTS = {
-    "silu": ({"activation": "silu"}, 1.0),
-    "swigluoai": ({"activation": "swigluoai", "alpha": 1.702, "limit": 7.0}, 5.0),
-    "swiglu_clamp": ({"activation": "swiglu_clamp", "limit": 10.0}, 7.0),
-    "swigluoai-alpha1": ({"activation": "swigluoai", "alpha": 1.0, "limit": 7.0}, 5.0),  # no model: alpha must be read
-}
-
-
-def expert_ids(gen: torch.Generator, m: int, k: int, pool: torch.Tensor) -> torch.Tensor:
-    """int32 [m, k]: k distinct experts per token from ``pool``."""
-    pick = torch.rand(m, len(pool), generator=gen).argsort(dim=1)[:, :k]
-    return pool[pick].to(torch.int32)
-
-
-def expert_pool(e: int, unused: tuple[int, ...]) -> torch.Tensor:
-    """The experts tokens may pick: all but ``unused`` (negative: from the end), which stay empty."""
-    drop = {u % e for u in unused}
-    return torch.tensor([x for x in range(e) if x not in drop], dtype=torch.int64)
-
-
-def routing_weights(gen: torch.Generator, m: int, k: int, scoring: str = "softmax", factor: float = 1.0) -> torch.Tensor:
-    """float32 [m, k] routing weights as a router returns them: renormalized softmax or sigmoid scores."""
-    logits = torch.randn(m, k, generator=gen) * 1.5
-    w = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
-    return (w / w.sum(dim=-1, keepdim=True) * factor).float()
-
-
-def _check_clamped(args: dict) -> None:
-    """Raise unless enough of the pairs' gate / up values (float64, bias included) pass the limit."""
-    limit, w13, b13, x, ids = args.get("limit"), args["w13"], args.get("w13_bias"), args["x"], args["ids"]
-    if limit is None or x.shape[0] == 0:
-        return
-    inter, above, beyond, n = w13.shape[1] // 2, 0, 0, 0
-    for e in ids.unique().tolist():
-        rows = (ids == e).any(dim=1)
-        gu = x[rows].double() @ w13[e].double().T + (0 if b13 is None else b13[e].double())
-        above += int((gu[:, :inter] > limit).sum())
-        beyond += int((gu[:, inter:].abs() > limit).sum())
-        n += gu.shape[0] * inter
-    if min(above, beyond) < CLAMPED * n:
-        raise RuntimeError(f"fused_moe case: only {above} gate and {beyond} up values of {n} pass the limit {limit}")
-
-
-def _fused(m: int, e: int, k: int, h: int, inter: int, unused: tuple[int, ...], act: str = "silu", bias: bool = False,
-           scoring: str = "softmax", factor: float = 1.0):
-    options, gain = ACTS[act]
-
-    def build(gen: torch.Generator, dtype: torch.dtype):
-        args = {
-            "x": randn(gen, (m, h), dtype),
-            "w13": randn(gen, (e, 2 * inter, h), dtype, gain / math.sqrt(h)),
-            "w2": randn(gen, (e, h, inter), dtype, 1 / math.sqrt(inter)),
-            "weights": routing_weights(gen, m, k, scoring, factor),
-            "ids": expert_ids(gen, m, k, expert_pool(e, unused)),
-            **options,
-        }
-        if bias:
-            args["w13_bias"], args["w2_bias"] = randn(gen, (e, 2 * inter), dtype), randn(gen, (e, h), dtype)
-        _check_clamped(args)
-        return args
-
-    return build
-
-
-def _fused_quant(m: int, e: int, k: int, h: int, inter: int, unused: tuple[int, ...], qdtype: torch.dtype, form: str,
-                 act_quant: str | None, fmt: str = "float", bias: bool = False):
-    """Quantized experts (spec 1.4): weights drawn as trained ones, quantized per scale ``form``."""
-
-    def build(gen: torch.Generator, dtype: torch.dtype):
-        w13, s13 = quantize_weights(gen, e, 2 * inter, h, qdtype, form)
-        w2, s2 = quantize_weights(gen, e, h, inter, qdtype, form)
-        args = {"x": randn(gen, (m, h), dtype), "w13": w13, "w2": w2, "weights": routing_weights(gen, m, k),
-                "ids": expert_ids(gen, m, k, expert_pool(e, unused)), "w13_scale": s13, "w2_scale": s2,
-                "act_quant": act_quant, "act_scale_fmt": fmt}
-        if bias:
-            args["w13_bias"], args["w2_bias"] = randn(gen, (e, 2 * inter), dtype, 0.5), randn(gen, (e, h), dtype, 0.1)
-        return args
-
-    return build
 
 
 def quant_cases(dt: str) -> list[Case]:
@@ -123,7 +39,7 @@ def quant_cases(dt: str) -> list[Case]:
                   "activation": "silu", "weight_dtype": str(qdtype).replace("torch.", ""), "w13_scale": form,
                   "w2_scale": form, "act_quant": act_quant, "act_scale_fmt": opt.get("fmt", "float"),
                   **({"w13_bias": True, "w2_bias": True} if opt.get("bias") else {})}
-        build = _fused_quant(m, e, model.top_k, model.hidden, inter, unused, qdtype, form, act_quant, **opt)
+        build = draw.fused_quant(m, e, model.top_k, model.hidden, inter, unused, qdtype, form, act_quant, **opt)
         out.append(Case("fused_moe", shape, dt, build, static, quick, note))
 
     fp8, fnuz, i8 = torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.int8
@@ -179,10 +95,10 @@ def fused_cases(dt: str) -> list[Case]:
     out: list[Case] = []
 
     def case(shape, m, e, k, h, inter, unused, quick=False, note="", act="silu", bias=False, **route):
-        static = {"dtype": dt, "num_experts": e, "top_k": k, "hidden": h, "intermediate": inter, **ACTS[act][0]}
+        static = {"dtype": dt, "num_experts": e, "top_k": k, "hidden": h, "intermediate": inter, **draw.ACTS[act][0]}
         if bias:
             static.update(w13_bias=True, w2_bias=True)
-        out.append(Case("fused_moe", shape, dt, _fused(m, e, k, h, inter, unused, act, bias, **route), static, quick, note))
+        out.append(Case("fused_moe", shape, dt, draw.fused(m, e, k, h, inter, unused, act, bias, **route), static, quick, note))
 
     case("qwen3-30b-a3b.i16.t5", 5, qm.experts, qm.top_k, qm.hidden, 16, (0, 64, -1), dt in ("float32", "bfloat16"),
          note=f"128 experts, H = 2048, moe_intermediate shrunk from {qm.moe_intermediate} to 16; empty experts")

@@ -12,8 +12,7 @@ from typing import Any, Callable
 import torch
 
 from hetero.spec import OPS
-
-from hetero_conformance.cases import _draw
+from hetero.verify.inputs import draw as _draw
 
 __all__ = ["Malformed", "Draw", "Base", "Corrupt", "put", "swap", "meta_field", "altered"]
 

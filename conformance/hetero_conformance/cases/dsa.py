@@ -1,11 +1,11 @@
 """Cases of the DSA ops (spec 1.3): write_index_k, indexer_topk and sparse mla_attention.
 
-Geometry is DeepSeek-V3.2's and GLM-5's (``_dsa_draw.DSA``): indexer Hi 64 / 32 heads of D 128,
+Geometry is DeepSeek-V3.2's and GLM-5's (``hetero.verify.inputs.dsa_draw.DSA``): indexer Hi 64 / 32 heads of D 128,
 top-k 2048; absorbed MLA with Lkv 512, R 64 and 128 / 64 heads (``tp8``: one rank's heads of
 an 8-way tensor-parallel deployment, as the quick tier uses). Only the token counts are scaled
 down: contexts run from a handful of keys to 3000, so some rows keep fewer keys than top-k
 (-1 padding), some exactly top-k and some choose among more. indexer_topk's inputs are on the
-grid of ``_dsa_draw`` (every evaluation computes the same scores: a unique answer), its caches
+grid of ``hetero.verify.inputs.dsa_draw`` (every evaluation computes the same scores: a unique answer), its caches
 random everywhere, its sequences' blocks random permutations (``_paged``).
 
 Edge cases are cases of their own: decode, chunked prefill (the query rows are the last n of a
@@ -17,76 +17,11 @@ strided k, no tokens.
 """
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
-from hetero_conformance.case import Case
-from hetero_conformance.cases._draw import randn
-from hetero_conformance.cases._dsa_draw import (DSA, Dsa, fp8_edge_keys, fp8_exact_keys, fp8_format, grid, index_weights,
-                                                key_pool, sparse_rows)
-from hetero_conformance.cases._paged import FLOATS, Seqs, blocks, meta, slots
+from hetero.verify.case import Case
+from hetero.verify.inputs import dsa as draw
+from hetero.verify.inputs.paged import FLOATS
 
 __all__ = ["cases"]
-
-V32, GLM5 = DSA["deepseek-v3.2"], DSA["glm-5"]
-V32_TP8, GLM5_TP8 = V32.shard(8), GLM5.shard(8)
-
-
-def _write(m: Dsa, bs: int, seqs: Seqs, skipped: int, *, fp8: bool = False, edges: bool = False, view: bool = False):
-    """write_index_k. ``edges``: k at the fp8 format's edges; ``view``: k a slice of a wider projection."""
-
-    def build(gen: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
-        nb, slot_mapping = slots(gen, seqs, bs, skipped)
-        t = slot_mapping.shape[0]
-        if edges:
-            k = fp8_edge_keys(gen, t, m.d, dtype)
-        else:
-            k = randn(gen, (t, m.d + (64 if view else 0)), dtype)[:, : m.d]
-        args: dict[str, Any] = {"k": k, "slot_mapping": slot_mapping}
-        if fp8:
-            q8, scale = fp8_format(randn(gen, (nb, bs, m.d), torch.float32))  # other tokens' keys
-            args.update(index_cache=q8, index_scale=scale)
-        else:
-            args["index_cache"] = randn(gen, (nb, bs, m.d), dtype)
-        return args
-
-    return build
-
-
-def _indexer(m: Dsa, bs: int, seqs: Seqs, *, topk: int | None = None, fp8: bool = False, signed: bool = False,
-             pool: int = 0):
-    """indexer_topk on grid values. ``pool``: keys drawn from that many vectors (exact ties)."""
-
-    def build(gen: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
-        nb, table = blocks(gen, [L for _, L in seqs], bs)
-        t = sum(n for n, _ in seqs)
-        args: dict[str, Any] = {"q": grid(gen, (t, m.hi, m.d), dtype)}
-        if fp8:
-            q8, scale = fp8_format(fp8_exact_keys(gen, (nb, bs, m.d)))
-            args.update(index_cache=q8, index_scale=scale)
-        elif pool:
-            args["index_cache"] = key_pool(gen, (nb, bs, m.d), pool, dtype)
-        else:
-            args["index_cache"] = grid(gen, (nb, bs, m.d), dtype)
-        return {**args, "weights": index_weights(gen, t, m.hi, signed), "meta": meta(seqs, table),
-                "topk": topk or m.topk}
-
-    return build
-
-
-def _sparse(m: Dsa, bs: int, seqs: Seqs, k: int, *, beyond: int = 0, empty: int = 0, idx64: bool = False):
-    """Sparse mla_attention over top-k rows as indexer_topk returns them (see ``sparse_rows``)."""
-
-    def build(gen: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
-        nb, table = blocks(gen, [L for _, L in seqs], bs)
-        t = sum(n for n, _ in seqs)
-        rows = sparse_rows(gen, seqs, k, beyond=beyond, empty=empty, dtype=torch.int64 if idx64 else torch.int32)
-        return {"q_nope": randn(gen, (t, m.heads, m.lkv), dtype), "q_pe": randn(gen, (t, m.heads, m.rope), dtype),
-                "ckv_cache": randn(gen, (nb, bs, m.lkv), dtype), "kpe_cache": randn(gen, (nb, bs, m.rope), dtype),
-                "meta": meta(seqs, table), "scale": m.scale, "causal": True, "return_lse": True, "topk_indices": rows}
-
-    return build
 
 
 def _write_cases(dt: str) -> list[Case]:
@@ -101,8 +36,8 @@ def _write_cases(dt: str) -> list[Case]:
         ("deepseek-v3.2.t1", 64, [(1, 1)], 0, {}, False),
         ("deepseek-v3.2.t0", 64, [], 0, {"fp8": True}, False),
     ]
-    return [Case("write_index_k", shape, dt, _write(V32, bs, seqs, skipped, **opts),
-                 {"dtype": dt, "head_dim": V32.d, "block_size": bs, "index_scale": bool(opts.get("fp8"))}, q)
+    return [Case("write_index_k", shape, dt, draw.write(draw.V32, bs, seqs, skipped, **opts),
+                 {"dtype": dt, "head_dim": draw.V32.d, "block_size": bs, "index_scale": bool(opts.get("fp8"))}, q)
             for shape, bs, seqs, skipped, opts, q in rows]
 
 
@@ -110,51 +45,51 @@ def _indexer_cases(dt: str) -> list[Case]:
     quick = dt in ("float32", "bfloat16")
     decode = [(1, 3000), (1, 2048), (1, 2049), (1, 700)]
     rows = [
-        ("deepseek-v3.2.decode.b4.ctx700-3000", V32, 64, decode, {}, dt == "bfloat16"),
-        ("deepseek-v3.2.prefill.short", V32, 64, [(160, 160), (1, 90)], {}, dt == "float32"),
-        ("deepseek-v3.2.ties.decode.b2", V32, 64, [(1, 2500), (1, 2300)], {"pool": 16}, quick),
-        ("deepseek-v3.2.topk1.mixed", V32, 64, [(6, 40), (1, 77), (3, 3)], {"topk": 1}, dt == "float32"),
-        ("deepseek-v3.2.fp8.decode.b3", V32, 64, [(1, 2600), (1, 2100), (1, 500)], {"fp8": True}, dt == "bfloat16"),
-        ("deepseek-v3.2.chunked-prefill", V32, 64, [(40, 2070), (16, 2600)], {}, False),
-        ("deepseek-v3.2.mixed", V32, 64, [(1, 2500), (24, 24), (0, 500), (1, 1), (8, 2300)], {}, False),
-        ("deepseek-v3.2.fp8.chunked-prefill", V32, 64, [(24, 2080)], {"fp8": True}, False),
-        ("deepseek-v3.2.ties.chunked-prefill", V32, 64, [(32, 2300)], {"pool": 24}, False),
-        ("deepseek-v3.2.signed-weights.decode.b2", V32, 64, [(1, 2400), (1, 2200)], {"signed": True}, False),
-        ("deepseek-v3.2.bs16.mixed", V32, 16, [(1, 2200), (5, 300)], {}, False),
-        ("deepseek-v3.2.bs1.mixed", V32, 1, [(1, 70), (4, 4)], {"topk": 32}, False),
-        ("glm-5.decode.b3", GLM5, 64, [(1, 2600), (1, 2050), (1, 300)], {}, False),
-        ("glm-5.chunked-prefill", GLM5, 64, [(20, 2060), (1, 3000)], {}, False),
-        ("deepseek-v3.2.t0", V32, 64, [], {}, False),
+        ("deepseek-v3.2.decode.b4.ctx700-3000", draw.V32, 64, decode, {}, dt == "bfloat16"),
+        ("deepseek-v3.2.prefill.short", draw.V32, 64, [(160, 160), (1, 90)], {}, dt == "float32"),
+        ("deepseek-v3.2.ties.decode.b2", draw.V32, 64, [(1, 2500), (1, 2300)], {"pool": 16}, quick),
+        ("deepseek-v3.2.topk1.mixed", draw.V32, 64, [(6, 40), (1, 77), (3, 3)], {"topk": 1}, dt == "float32"),
+        ("deepseek-v3.2.fp8.decode.b3", draw.V32, 64, [(1, 2600), (1, 2100), (1, 500)], {"fp8": True}, dt == "bfloat16"),
+        ("deepseek-v3.2.chunked-prefill", draw.V32, 64, [(40, 2070), (16, 2600)], {}, False),
+        ("deepseek-v3.2.mixed", draw.V32, 64, [(1, 2500), (24, 24), (0, 500), (1, 1), (8, 2300)], {}, False),
+        ("deepseek-v3.2.fp8.chunked-prefill", draw.V32, 64, [(24, 2080)], {"fp8": True}, False),
+        ("deepseek-v3.2.ties.chunked-prefill", draw.V32, 64, [(32, 2300)], {"pool": 24}, False),
+        ("deepseek-v3.2.signed-weights.decode.b2", draw.V32, 64, [(1, 2400), (1, 2200)], {"signed": True}, False),
+        ("deepseek-v3.2.bs16.mixed", draw.V32, 16, [(1, 2200), (5, 300)], {}, False),
+        ("deepseek-v3.2.bs1.mixed", draw.V32, 1, [(1, 70), (4, 4)], {"topk": 32}, False),
+        ("glm-5.decode.b3", draw.GLM5, 64, [(1, 2600), (1, 2050), (1, 300)], {}, False),
+        ("glm-5.chunked-prefill", draw.GLM5, 64, [(20, 2060), (1, 3000)], {}, False),
+        ("deepseek-v3.2.t0", draw.V32, 64, [], {}, False),
     ]
     out = []
     for shape, m, bs, seqs, opts, q in rows:
         static = {"dtype": dt, "num_heads": m.hi, "head_dim": m.d, "block_size": bs, "topk": opts.get("topk", m.topk),
                   "index_scale": bool(opts.get("fp8"))}
-        out.append(Case("indexer_topk", shape, dt, _indexer(m, bs, seqs, **opts), static, q))
+        out.append(Case("indexer_topk", shape, dt, draw.indexer(m, bs, seqs, **opts), static, q))
     return out
 
 
 def _sparse_cases(dt: str) -> list[Case]:
     rows = [
-        ("deepseek-v3.2.tp8.sparse.decode.b3.k2048", V32_TP8, 64, [(1, 2600), (1, 2048), (1, 900)], 2048, {},
+        ("deepseek-v3.2.tp8.sparse.decode.b3.k2048", draw.V32_TP8, 64, [(1, 2600), (1, 2048), (1, 900)], 2048, {},
          dt == "bfloat16"),
-        ("deepseek-v3.2.tp8.sparse.skipped-entries", V32_TP8, 64, [(6, 300), (1, 2100), (2, 2)], 2048,
+        ("deepseek-v3.2.tp8.sparse.skipped-entries", draw.V32_TP8, 64, [(6, 300), (1, 2100), (2, 2)], 2048,
          {"beyond": 4, "empty": 1}, dt == "float32"),
-        ("deepseek-v3.2.tp8.sparse.topk1", V32_TP8, 64, [(3, 500), (1, 1)], 1, {}, dt == "float32"),
-        ("deepseek-v3.2.sparse.decode.b2.k2048", V32, 64, [(1, 2500), (1, 2200)], 2048, {}, False),
-        ("glm-5.sparse.decode.b2.k2048", GLM5, 64, [(1, 2300), (1, 2100)], 2048, {}, False),
-        ("deepseek-v3.2.tp8.sparse.chunked-prefill", V32_TP8, 64, [(16, 2100)], 2048, {"beyond": 3}, False),
-        ("deepseek-v3.2.tp8.sparse.mtp.q2.int64", V32_TP8, 64, [(2, 2300), (2, 40)], 2048, {"idx64": True}, False),
-        ("deepseek-v3.2.tp8.sparse.prefill.short", V32_TP8, 64, [(64, 64)], 2048, {}, False),
-        ("glm-5.tp8.sparse.bs16.mixed", GLM5_TP8, 16, [(1, 2200), (7, 90), (1, 1)], 2048, {"beyond": 2}, False),
-        ("deepseek-v3.2.tp8.sparse.t0", V32_TP8, 64, [], 2048, {}, False),
+        ("deepseek-v3.2.tp8.sparse.topk1", draw.V32_TP8, 64, [(3, 500), (1, 1)], 1, {}, dt == "float32"),
+        ("deepseek-v3.2.sparse.decode.b2.k2048", draw.V32, 64, [(1, 2500), (1, 2200)], 2048, {}, False),
+        ("glm-5.sparse.decode.b2.k2048", draw.GLM5, 64, [(1, 2300), (1, 2100)], 2048, {}, False),
+        ("deepseek-v3.2.tp8.sparse.chunked-prefill", draw.V32_TP8, 64, [(16, 2100)], 2048, {"beyond": 3}, False),
+        ("deepseek-v3.2.tp8.sparse.mtp.q2.int64", draw.V32_TP8, 64, [(2, 2300), (2, 40)], 2048, {"idx64": True}, False),
+        ("deepseek-v3.2.tp8.sparse.prefill.short", draw.V32_TP8, 64, [(64, 64)], 2048, {}, False),
+        ("glm-5.tp8.sparse.bs16.mixed", draw.GLM5_TP8, 16, [(1, 2200), (7, 90), (1, 1)], 2048, {"beyond": 2}, False),
+        ("deepseek-v3.2.tp8.sparse.t0", draw.V32_TP8, 64, [], 2048, {}, False),
     ]
     out = []
     for shape, m, bs, seqs, k, opts, q in rows:
         static = {"dtype": dt, "head_dim": m.lkv + m.rope, "head_dim_v": m.lkv, "kv_lora_rank": m.lkv,
                   "qk_rope_head_dim": m.rope, "num_heads": m.heads, "block_size": bs, "topk_indices": True, "topk": k,
                   "return_lse": True}
-        out.append(Case("mla_attention", shape, dt, _sparse(m, bs, seqs, k, **opts), static, q))
+        out.append(Case("mla_attention", shape, dt, draw.sparse(m, bs, seqs, k, **opts), static, q))
     return out
 
 

@@ -8,45 +8,16 @@ too large for a CPU oracle (the shape name gives the N used).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from hetero_conformance.case import Case
-from hetero_conformance.cases._draw import randn
-from hetero_conformance.shapes import MODELS
+from hetero.verify.case import Case
+from hetero.verify.inputs import gemm as draw
+from hetero.verify.shapes import MODELS
 
 __all__ = ["cases"]
 
 FLOATS = ("float32", "float16", "bfloat16")
 QUANTS = ("float8_e4m3fn", "float8_e4m3fnuz", "int8")
-BLOCK = 128  # hetero.spec.gemm.SCALE_BLOCK
-
-
-# ---------------------------------------------------------------- gemm
-
-def _gemm(m: int, n: int, k: int, *, bias: bool = False, view: str = "", out_dtype: torch.dtype | None = None):
-    """a [m, k] activations, b [n, k] weights scaled like a trained layer (outputs of order 1).
-
-    view: "" (contiguous a), "rows" (a is the first k columns of a wider packed
-    buffer: row stride > k), "cols" (every second column: element stride 2).
-    """
-
-    def build(gen: torch.Generator, dtype: torch.dtype):
-        if view == "rows":
-            a = randn(gen, (m, k + 384), dtype)[:, :k]
-        elif view == "cols":
-            a = randn(gen, (m, 2 * k), dtype)[:, ::2]
-        else:
-            a = randn(gen, (m, k), dtype)
-        args = {"a": a, "b": randn(gen, (n, k), dtype, 1 / math.sqrt(k))}
-        if bias:
-            args["bias"] = randn(gen, (n,), dtype, 0.5)
-        if out_dtype is not None:
-            args["out_dtype"] = out_dtype
-        return args
-
-    return build
 
 
 def _gemm_cases() -> list[Case]:
@@ -61,98 +32,25 @@ def _gemm_cases() -> list[Case]:
             static = {"dtype": dt, "n": n, "k": k, "bias": False, **extra}
             out.append(Case("gemm", shape, dt, build, static, quick, note))
 
-        case("qwen3-8b.qkv_proj.n1024.bias.t7", _gemm(7, 1024, h8, bias=True), 1024, h8, quick=dt in ("float32", "bfloat16"),
+        case("qwen3-8b.qkv_proj.n1024.bias.t7", draw.gemm(7, 1024, h8, bias=True), 1024, h8, quick=dt in ("float32", "bfloat16"),
              bias=True, note=f"QKV projection with a bias (Qwen2-style), N shrunk from {qkv}")
-        case("qwen3-8b.o_proj.n512.t1", _gemm(1, 512, q8.heads * hd), 512, q8.heads * hd, note="decode: one token")
-        case("qwen3-8b.down_proj.n256.t33", _gemm(33, 256, q8.intermediate), 256, q8.intermediate, quick=dt == "float16",
+        case("qwen3-8b.o_proj.n512.t1", draw.gemm(1, 512, q8.heads * hd), 512, q8.heads * hd, note="decode: one token")
+        case("qwen3-8b.down_proj.n256.t33", draw.gemm(33, 256, q8.intermediate), 256, q8.intermediate, quick=dt == "float16",
              note="K = 12288: the longest real reduction; fp16 accumulation over it exceeds the fp16 bound")
-        case("deepseek-v3.kv_a_proj.n576.t5", _gemm(5, ds.kv_lora_rank + ds.qk_rope_head_dim, ds.hidden),
+        case("deepseek-v3.kv_a_proj.n576.t5", draw.gemm(5, ds.kv_lora_rank + ds.qk_rope_head_dim, ds.hidden),
              ds.kv_lora_rank + ds.qk_rope_head_dim, ds.hidden, note="real N = 576 (not a multiple of 128), K = 7168")
-        case("qwen3-8b.gate_up.n512.rowstride.t9", _gemm(9, 512, h8, view="rows"), 512, h8,
+        case("qwen3-8b.gate_up.n512.rowstride.t9", draw.gemm(9, 512, h8, view="rows"), 512, h8,
              note="a is a column slice of a wider buffer (row stride 4480)")
-        case("qwen3-8b.o_proj.n256.colstride.t4", _gemm(4, 256, h8, view="cols"), 256, h8,
+        case("qwen3-8b.o_proj.n256.colstride.t4", draw.gemm(4, 256, h8, view="cols"), 256, h8,
              note="a is a strided view (every second column)")
-        case("qwen3-8b.qkv_proj.n256.t0", _gemm(0, 256, h8, bias=True), 256, h8, bias=True, note="no tokens")
+        case("qwen3-8b.qkv_proj.n256.t0", draw.gemm(0, 256, h8, bias=True), 256, h8, bias=True, note="no tokens")
         if half:
             e, gate_k = ds.experts, ds.hidden
-            case("deepseek-v3.router_gate.out_f32.t7", _gemm(7, e, gate_k, out_dtype=torch.float32), e, gate_k,
+            case("deepseek-v3.router_gate.out_f32.t7", draw.gemm(7, e, gate_k, out_dtype=torch.float32), e, gate_k,
                  quick=dt == "bfloat16", out_dtype="float32", note="the MoE router: half inputs, float32 logits out")
-            case("qwen3-8b.qkv_proj.n512.bias.out_f32.t3", _gemm(3, 512, h8, bias=True, out_dtype=torch.float32), 512, h8,
+            case("qwen3-8b.qkv_proj.n512.bias.out_f32.t3", draw.gemm(3, 512, h8, bias=True, out_dtype=torch.float32), 512, h8,
                  bias=True, out_dtype="float32", note="bias in the input dtype, float32 output")
     return out
-
-
-# ---------------------------------------------------------------- scaled_gemm
-
-def _qmax(qdtype: torch.dtype) -> float:
-    return 127.0 if qdtype == torch.int8 else float(torch.finfo(qdtype).max)
-
-
-def _blocks(n: int) -> int:
-    return -(-n // BLOCK)
-
-
-def _quantize(x: torch.Tensor, qdtype: torch.dtype, form: str, weight: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize float32 x [R, K] to qdtype with scales of ``form`` (amax / qmax per tensor, row or block).
-
-    form: "tensor" (scale shape [1] for activations, [] for weights), "row"
-    ([R, 1]) or "block" (activations [R, ceil(K/128)], weights [ceil(R/128), ceil(K/128)]).
-    """
-    rows, k = x.shape
-    qmax = _qmax(qdtype)
-    if form == "tensor":
-        amax = x.abs().amax().clamp_min(1e-12)
-        scale = (amax / qmax).reshape(()) if weight else (amax / qmax).reshape(1)
-        full = scale.reshape(1, 1).expand(rows, k)
-    elif form == "row":
-        scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / qmax
-        full = scale.expand(rows, k)
-    else:
-        kb = _blocks(k)
-        rb = _blocks(rows) if weight else rows
-        rpad = rb * BLOCK - rows if weight else 0
-        padded = torch.nn.functional.pad(x.abs(), (0, kb * BLOCK - k, 0, rpad))
-        if weight:
-            amax = padded.reshape(rb, BLOCK, kb, BLOCK).amax(dim=(1, 3))
-        else:
-            amax = padded.reshape(rows, kb, BLOCK).amax(dim=2)
-        scale = amax.clamp_min(1e-12) / qmax
-        full = scale.repeat_interleave(BLOCK, dim=1)[:, :k]
-        if weight:
-            full = full.repeat_interleave(BLOCK, dim=0)[:rows]
-    y = (x / full).clamp(-qmax, qmax)
-    if qdtype == torch.int8:
-        y = y.round()
-    return y.to(qdtype), scale.float().contiguous()
-
-
-def _activations(gen: torch.Generator, m: int, k: int) -> torch.Tensor:
-    """LLM-like activations: per-channel magnitudes vary (log-normal) and a few channels are 10x outliers."""
-    chan = torch.exp(0.6 * torch.randn(k, generator=gen))
-    chan[torch.randperm(k, generator=gen)[: max(1, k // 256)]] *= 10
-    return randn(gen, (m, k), torch.float32) * chan
-
-
-def _weights(gen: torch.Generator, n: int, k: int) -> torch.Tensor:
-    """Weights of a trained layer: std ~ 1/sqrt(k), varying per output channel and per input column block."""
-    rowmag = torch.exp(0.4 * torch.randn(n, 1, generator=gen))
-    colmag = torch.exp(0.4 * torch.randn(1, k, generator=gen))
-    return randn(gen, (n, k), torch.float32, 1 / math.sqrt(k)) * rowmag * colmag
-
-
-def _scaled(m: int, n: int, k: int, a_form: str, b_form: str, *, bias: torch.dtype | None = None,
-            out_dtype: torch.dtype | None = None):
-    def build(gen: torch.Generator, qdtype: torch.dtype):
-        a, a_scale = _quantize(_activations(gen, m, k), qdtype, a_form, weight=False)
-        b, b_scale = _quantize(_weights(gen, n, k), qdtype, b_form, weight=True)
-        args = {"a": a, "b": b, "a_scale": a_scale, "b_scale": b_scale}
-        if bias is not None:
-            args["bias"] = randn(gen, (n,), bias, 0.5)
-        if out_dtype is not None:
-            args["out_dtype"] = out_dtype
-        return args
-
-    return build
 
 
 def _scaled_cases() -> list[Case]:
@@ -166,7 +64,7 @@ def _scaled_cases() -> list[Case]:
             static = {"dtype": dt, "quant": quant, "n": n, "k": k, "a_scale": a_form, "b_scale": b_form,
                       "block_scale": "block" in (a_form, b_form), "bias": bias is not None,
                       "out_dtype": str(out_dtype or torch.bfloat16).replace("torch.", "")}
-            build = _scaled(m, n, k, a_form, b_form, bias=bias, out_dtype=out_dtype)
+            build = draw.scaled(m, n, k, a_form, b_form, bias=bias, out_dtype=out_dtype)
             out.append(Case("scaled_gemm", shape, dt, build, static, quick, note))
 
         case("deepseek-v3.kv_a_proj.block.n576.t7", 7, kv_a, ds.hidden, "block", "block", quick=dt == "float8_e4m3fn",
@@ -188,44 +86,6 @@ def _scaled_cases() -> list[Case]:
     return out
 
 
-# ---------------------------------------------------------------- grouped_gemm
-
-def _group_ends(gen: torch.Generator, rows: int, groups: int, empty: tuple[int, ...], only: int | None) -> torch.Tensor:
-    """Cumulative row counts of ``rows`` rows spread at random over the groups not in ``empty``
-    (or all in group ``only``); every group allowed to hold rows gets at least one when rows suffice."""
-    if only is not None:
-        counts = torch.zeros(groups, dtype=torch.int64)
-        counts[only] = rows
-    else:
-        allowed = torch.tensor([g for g in range(groups) if g not in empty])
-        counts = torch.zeros(groups, dtype=torch.int64)
-        base = min(1, rows // len(allowed))
-        counts[allowed] = base
-        rest = rows - base * len(allowed)
-        if rest:
-            pick = allowed[torch.randint(0, len(allowed), (rest,), generator=gen)]
-            counts += torch.bincount(pick, minlength=groups)
-    return counts.cumsum(0).to(torch.int32)
-
-
-def _grouped(rows: int, groups: int, n: int, k: int, *, tail: int = 0, empty: tuple[int, ...] = (), only: int | None = None,
-             out_dtype: torch.dtype | None = None):
-    """a [rows + tail, k]: ``rows`` rows in groups, then ``tail`` rows past group_ends[-1] (zero in the output)."""
-
-    def build(gen: torch.Generator, dtype: torch.dtype):
-        ends = _group_ends(gen, rows, groups, tuple(g % groups for g in empty), only)
-        args = {
-            "a": randn(gen, (rows + tail, k), dtype),
-            "b": randn(gen, (groups, n, k), dtype, 1 / math.sqrt(k)),
-            "group_ends": ends,
-        }
-        if out_dtype is not None:
-            args["out_dtype"] = out_dtype
-        return args
-
-    return build
-
-
 def _grouped_cases() -> list[Case]:
     qm, ds = MODELS["qwen3-30b-a3b"], MODELS["deepseek-v3"]
     out: list[Case] = []
@@ -238,25 +98,25 @@ def _grouped_cases() -> list[Case]:
 
         g = qm.experts // 8  # expert parallel over 8 ranks: 16 local experts
         case(f"qwen3-30b-a3b.gate_up.ep8.g{g}.n256.t5", g, 256, qm.hidden,
-             _grouped(5 * qm.top_k, g, 256, qm.hidden, tail=3, empty=(0, 1, 7, -1)), quick=dt in ("float32", "bfloat16"),
+             draw.grouped(5 * qm.top_k, g, 256, qm.hidden, tail=3, empty=(0, 1, 7, -1)), quick=dt in ("float32", "bfloat16"),
              note="16 local experts (EP 8 of 128); empty groups leading, middle and trailing; 3 padding rows past the last group")
         case(f"qwen3-30b-a3b.down.g{qm.experts}.n128.t16", qm.experts, 128, qm.moe_intermediate,
-             _grouped(16 * qm.top_k, qm.experts, 128, qm.moe_intermediate, empty=(0, 1, 64)),
+             draw.grouped(16 * qm.top_k, qm.experts, 128, qm.moe_intermediate, empty=(0, 1, 64)),
              note="all 128 experts, K = moe_intermediate 768; the last group is not empty and ends exactly at M")
         case("deepseek-v3.gate_up.ep8.g32.n64.t7", ds.experts // 8, 64, ds.hidden,
-             _grouped(7 * ds.top_k, ds.experts // 8, 64, ds.hidden, tail=9, empty=(0, 13, 14, -2, -1),
+             draw.grouped(7 * ds.top_k, ds.experts // 8, 64, ds.hidden, tail=9, empty=(0, 13, 14, -2, -1),
                       out_dtype=torch.float32 if half else None),
              quick=dt == "bfloat16", out_dtype="float32" if half else dt,
              note="K = 7168, 32 local experts (EP 8 of 256), rows past the last group; half inputs give a float32 output")
         case(f"deepseek-v3.down.g{ds.experts}.n32.t4", ds.experts, 32, ds.moe_intermediate,
-             _grouped(4 * ds.top_k, ds.experts, 32, ds.moe_intermediate, empty=(0,)),
+             draw.grouped(4 * ds.top_k, ds.experts, 32, ds.moe_intermediate, empty=(0,)),
              note="all 256 experts, K = moe_intermediate 2048, most groups empty")
-        case("qwen3-30b-a3b.one-group.g8.n128.t24", 8, 128, qm.hidden, _grouped(24, 8, 128, qm.hidden, only=3),
+        case("qwen3-30b-a3b.one-group.g8.n128.t24", 8, 128, qm.hidden, draw.grouped(24, 8, 128, qm.hidden, only=3),
              note="every row in one middle group")
-        case("qwen3-30b-a3b.one-group-last.g8.n128.t6", 8, 128, qm.hidden, _grouped(6, 8, 128, qm.hidden, only=7),
+        case("qwen3-30b-a3b.one-group-last.g8.n128.t6", 8, 128, qm.hidden, draw.grouped(6, 8, 128, qm.hidden, only=7),
              note="every row in the last group, which ends exactly at M")
-        case("qwen3-30b-a3b.g8.n128.t1", 8, 128, qm.hidden, _grouped(1, 8, 128, qm.hidden, only=5), note="one row")
-        case("qwen3-30b-a3b.g8.n128.t0", 8, 128, qm.hidden, _grouped(0, 8, 128, qm.hidden), note="no rows")
+        case("qwen3-30b-a3b.g8.n128.t1", 8, 128, qm.hidden, draw.grouped(1, 8, 128, qm.hidden, only=5), note="one row")
+        case("qwen3-30b-a3b.g8.n128.t0", 8, 128, qm.hidden, draw.grouped(0, 8, 128, qm.hidden), note="no rows")
     return out
 
 

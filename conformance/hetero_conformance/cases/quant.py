@@ -14,34 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from hetero_conformance.case import Case, dtype_name
-from hetero_conformance.cases._fused_moe import expert_pool
-from hetero_conformance.cases._quant_draw import activations, quantize_rows, quantize_weights, ties
-from hetero_conformance.shapes import MODELS
+from hetero.verify.case import Case, dtype_name
+from hetero.verify.inputs import quant as draw
+from hetero.verify.shapes import MODELS
 
 __all__ = ["cases"]
 
-FP8, FNUZ, INT8 = torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.int8
-_SHORT = {FP8: "fp8", FNUZ: "fnuz", INT8: "int8"}
-
-
-# ---------------------------------------------------------------- quantize_activation
-
-def _quantize(m: int, k: int, qdtype: torch.dtype, group: int | None, *, fmt: str = "float", asym: bool = False,
-              edge: str = "", view: bool = False):
-    def build(gen: torch.Generator, dtype: torch.dtype):
-        if edge == "ties":
-            x = ties(gen, m, k, qdtype, dtype)
-        elif view:
-            x = activations(gen, m, k + 64, dtype)[:, 64:]
-        else:
-            x = activations(gen, m, k, dtype, edge)
-        args = {"x": x, "dtype": qdtype, "group_size": group, "scale_fmt": fmt}
-        if asym:
-            args["asymmetric"] = True
-        return args
-
-    return build
+_SHORT = {draw.FP8: "fp8", draw.FNUZ: "fnuz", draw.INT8: "int8"}
 
 
 def _quantize_cases() -> list[Case]:
@@ -53,71 +32,48 @@ def _quantize_cases() -> list[Case]:
         static = {"dtype": dt, "quant_dtype": dtype_name(qdtype), "k": k, "group_size": group,
                   "scale_fmt": opt.get("fmt", "float"), "asymmetric": opt.get("asym", False)}
         name = f"{shape}.{_SHORT[qdtype]}"
-        out.append(Case("quantize_activation", name, dt, _quantize(m, k, qdtype, group, **opt), static, quick, note))
+        out.append(Case("quantize_activation", name, dt, draw.quantize(m, k, qdtype, group, **opt), static, quick, note))
 
     for dt in ("bfloat16", "float16", "float32"):
         bf = dt == "bfloat16"
-        case(dt, f"deepseek-v3.hidden.g128.k{ds.hidden}.t7", 7, ds.hidden, FP8, 128, quick=bf,
+        case(dt, f"deepseek-v3.hidden.g128.k{ds.hidden}.t7", 7, ds.hidden, draw.FP8, 128, quick=bf,
              note="DeepSeek-V3 fp8: 1x128 groups of the hidden state (56 groups)")
-        case(dt, f"deepseek-v3.kv_a.g128.k{kv_a}.t5", 5, kv_a, FP8, 128, quick=dt == "float16",
+        case(dt, f"deepseek-v3.kv_a.g128.k{kv_a}.t5", 5, kv_a, draw.FP8, 128, quick=dt == "float16",
              note="K = 576: 5 groups, the last one partial (64 columns)")
-        case(dt, f"qwen3-8b.token.k{q8.hidden}.t9", 9, q8.hidden, INT8, None, quick=bf,
+        case(dt, f"qwen3-8b.token.k{q8.hidden}.t9", 9, q8.hidden, draw.INT8, None, quick=bf,
              note="W8A8 per-token int8 (one group per row)")
-        case(dt, "edge.zero-row.g128.k576.t4", 4, kv_a, FP8, 128, quick=dt == "float32", edge="zero_row",
+        case(dt, "edge.zero-row.g128.k576.t4", 4, kv_a, draw.FP8, 128, quick=dt == "float32", edge="zero_row",
              note="an all-zero row: the amax floor 1e-10 makes its scale 1e-10/448 and its values 0")
     for dt in ("bfloat16", "float32"):
         bf = dt == "bfloat16"
-        case(dt, f"deepseek-v3.hidden.ue8m0.g128.k{ds.hidden}.t6", 6, ds.hidden, FP8, 128, quick=bf, fmt="ue8m0",
+        case(dt, f"deepseek-v3.hidden.ue8m0.g128.k{ds.hidden}.t6", 6, ds.hidden, draw.FP8, 128, quick=bf, fmt="ue8m0",
              note="DeepSeek-V3.1+ ue8m0 scales: the smallest power of two >= amax / 448")
-        case(dt, f"deepseek-v3.hidden.g128.k{ds.hidden}.t5", 5, ds.hidden, FNUZ, 128, quick=bf,
+        case(dt, f"deepseek-v3.hidden.g128.k{ds.hidden}.t5", 5, ds.hidden, draw.FNUZ, 128, quick=bf,
              note="AMD MI300 e4m3fnuz: qmax 224 (not 240)")
-        case(dt, f"qwen3-30b-a3b.asym.token.k{qm.hidden}.t6", 6, qm.hidden, INT8, None, quick=bf, asym=True,
+        case(dt, f"qwen3-30b-a3b.asym.token.k{qm.hidden}.t6", 6, qm.hidden, draw.INT8, None, quick=bf, asym=True,
              note="compressed-tensors asymmetric int8 per token: scale and zero point")
-        case(dt, "asym.g128.k576.t5", 5, kv_a, INT8, 128, asym=True, edge="constant",
+        case(dt, "asym.g128.k576.t5", 5, kv_a, draw.INT8, 128, asym=True, edge="constant",
              note="asymmetric int8 per 1x128 group, a constant row (hi == lo: the range floor)")
-        case(dt, "edge.ties.g128.k576.t6", 6, kv_a, FP8, 128, quick=bf, edge="ties",
+        case(dt, "edge.ties.g128.k576.t6", 6, kv_a, draw.FP8, 128, quick=bf, edge="ties",
              note="every x / s exactly halfway between two e4m3 values: ties to even")
-        case(dt, "edge.ties.token.k512.t6", 6, 512, INT8, None, quick=bf, edge="ties",
+        case(dt, "edge.ties.token.k512.t6", 6, 512, draw.INT8, None, quick=bf, edge="ties",
              note="every x / s exactly n + 0.5: int8 ties to even (torch.round), not half away from zero")
-        case(dt, "edge.ties.ue8m0.g128.k384.t3", 3, 384, FNUZ, 128, edge="ties", fmt="ue8m0",
+        case(dt, "edge.ties.ue8m0.g128.k384.t3", 3, 384, draw.FNUZ, 128, edge="ties", fmt="ue8m0",
              note="ties with e4m3fnuz and ue8m0 scales")
-        case(dt, "edge.huge-tiny.g128.k576.t4", 4, kv_a, FP8, 128, quick=dt == "float32", edge="huge",
+        case(dt, "edge.huge-tiny.g128.k576.t4", 4, kv_a, draw.FP8, 128, quick=dt == "float32", edge="huge",
              note="a row of magnitude 1e30 (1e4 in fp16) and one of 1e-12, below the amax floor")
-        case(dt, "edge.huge-tiny.ue8m0.token.k576.t4", 4, kv_a, INT8, None, edge="huge", fmt="ue8m0",
+        case(dt, "edge.huge-tiny.ue8m0.token.k576.t4", 4, kv_a, draw.INT8, None, edge="huge", fmt="ue8m0",
              note="huge and tiny rows with power-of-two scales, int8")
-        case(dt, "view.g64.k512.t5", 5, 512, FP8, 64, view=True, note="group size 64; x a column slice (row stride 576)")
-        case(dt, "g128.k7168.t0", 0, ds.hidden, FP8, 128, quick=bf, note="no rows")
-        case(dt, "asym.g100.k300.t0", 0, 300, INT8, 100, asym=True, note="no rows, asymmetric")
+        case(dt, "view.g64.k512.t5", 5, 512, draw.FP8, 64, view=True, note="group size 64; x a column slice (row stride 576)")
+        case(dt, "g128.k7168.t0", 0, ds.hidden, draw.FP8, 128, quick=bf, note="no rows")
+        case(dt, "asym.g100.k300.t0", 0, 300, draw.INT8, 100, asym=True, note="no rows, asymmetric")
     return out
-
-
-# ---------------------------------------------------------------- scaled_grouped_gemm
-
-def _group_ends(gen: torch.Generator, rows: int, groups: int, empty: tuple[int, ...]) -> torch.Tensor:
-    pool = expert_pool(groups, empty)
-    counts = torch.bincount(pool[torch.randint(0, len(pool), (rows,), generator=gen)], minlength=groups)
-    return counts.cumsum(0).to(torch.int32)
-
-
-def _grouped(rows: int, groups: int, n: int, k: int, a_form: str, b_form: str, *, tail: int = 0,
-             empty: tuple[int, ...] = (), zp: bool = False, out_dtype: torch.dtype | None = None):
-    def build(gen: torch.Generator, qdtype: torch.dtype):
-        a, a_scale, a_zp = quantize_rows(activations(gen, rows + tail, k, torch.float32), qdtype, a_form, zp)
-        b, b_scale = quantize_weights(gen, groups, n, k, qdtype, b_form)
-        args = {"a": a, "b": b, "a_scale": a_scale, "b_scale": b_scale, "group_ends": _group_ends(gen, rows, groups, empty)}
-        if a_zp is not None:
-            args["a_zero_point"] = a_zp
-        if out_dtype is not None:
-            args["out_dtype"] = out_dtype
-        return args
-
-    return build
 
 
 def _grouped_cases() -> list[Case]:
     ds, qm = MODELS["deepseek-v3"], MODELS["qwen3-30b-a3b"]
     h, di = ds.hidden, ds.moe_intermediate
-    qi = qm.moe_intermediate // 4  # Qwen3-30B-A3B-FP8 at TP 4: I = 192, 1.5 blocks of 128
+    qi = qm.moe_intermediate // 4  # Qwen3-30B-A3B-draw.FP8 at TP 4: I = 192, 1.5 blocks of 128
     out: list[Case] = []
     for dt in ("float8_e4m3fn", "float8_e4m3fnuz", "int8"):
         fn, i8 = dt == "float8_e4m3fn", dt == "int8"
@@ -126,7 +82,7 @@ def _grouped_cases() -> list[Case]:
             static = {"dtype": dt, "num_experts": groups, "n": n, "k": k, "a_scale": a_form, "b_scale": b_form,
                       "a_zero_point": opt.get("zp", False),
                       "out_dtype": dtype_name(opt.get("out_dtype") or torch.bfloat16)}
-            out.append(Case("scaled_grouped_gemm", shape, dt, _grouped(rows, groups, n, k, a_form, b_form, **opt), static, quick, note))
+            out.append(Case("scaled_grouped_gemm", shape, dt, draw.grouped(rows, groups, n, k, a_form, b_form, **opt), static, quick, note))
 
         case(f"deepseek-v3.gate_up.block.g8.n448.k{h}.t24", 24, 8, 448, h, "block", "block", quick=not i8, empty=(2,),
              note="1x128 / 128x128 scales, K = 7168 real, N shrunk from 4096 to 448 (a partial last N block), 8 of 256 experts")

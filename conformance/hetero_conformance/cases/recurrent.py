@@ -20,11 +20,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
-
-from hetero_conformance.case import Case
-from hetero_conformance.cases._draw import randn
-from hetero_conformance.cases._recurrent_draw import LINEAR, Linear, Seq, batch, gates, nan_fill, qkv
+from hetero.verify.case import Case
+from hetero.verify.inputs import recurrent as draw
+from hetero.verify.inputs.recurrent_draw import LINEAR, Linear, Seq
 
 __all__ = ["cases"]
 
@@ -47,54 +45,6 @@ NAN_SLOTS: Sequence[Seq] = ((5, "nan"), (1, "nan"), (3, "init"), (0, "nan"), (2,
 NO_TOKENS: Sequence[Seq] = ((0, "init"), (0, "fresh"))
 
 
-def _tokens(index: dict[str, torch.Tensor]) -> int:
-    return int(index["query_start_loc"][-1])
-
-
-def _conv(lin: Linear, seqs: Sequence[Seq], *, width: int | None = None, bias: bool = False,
-          activation: str | None = "silu", view: bool = False):
-    """causal_conv1d over [T, C] with C = 2*H*K + HV*V. ``view``: x is the q|k|v columns of a
-    q|k|v|z projection (Qwen3-Next's fused in_proj_qkvz), rows strided."""
-    w, c = width or lin.width, lin.channels
-
-    def build(gen: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
-        index, num_slots, nan = batch(gen, seqs)
-        t = _tokens(index)
-        x = randn(gen, (t, c + (lin.hv * lin.v if view else 0)), dtype)[:, :c]
-        return {"x": x if view else x.contiguous(), "weight": randn(gen, (c, w), dtype, 0.5),
-                "bias": randn(gen, (c,), dtype) if bias else None,
-                "conv_state": nan_fill(randn(gen, (num_slots, w - 1, c), dtype), nan), **index, "activation": activation}
-
-    return build
-
-
-def _gdr(lin: Linear, seqs: Sequence[Seq], *, views: bool = True, beta_f32: bool = False, l2norm: bool = True):
-    """gated_delta_rule. ``views``: q, k, v strided views of the conv output; ``beta_f32``: beta in
-    float32 (Kimi computes it there) instead of the case dtype (Qwen3-Next's sigmoid(b)). With
-    whole-model heads (a slot of 0.5-1M floats) no spare slot is added: the sequences' own slots,
-    in random order, already show a write to the wrong one."""
-    spare = 1 if lin.hv * lin.k * lin.v <= 1 << 17 else 0
-
-    def build(gen: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
-        index, num_slots, nan = batch(gen, seqs, spare)
-        t = _tokens(index)
-        q, k, v = qkv(gen, lin, t, dtype, views, normalized=not l2norm)
-        state = nan_fill(randn(gen, (num_slots, lin.hv, lin.k, lin.v), torch.float32, 0.1), nan)
-        return {"q": q, "k": k, "v": v, **gates(gen, lin, t, torch.float32 if beta_f32 else dtype),
-                "ssm_state": state, **index, "scale": lin.k ** -0.5, "use_qk_l2norm": l2norm}
-
-    return build
-
-
-def _conv_static(dt: str, lin: Linear, width: int | None = None, bias: bool = False, activation: str | None = "silu"):
-    return {"dtype": dt, "channels": lin.channels, "width": width or lin.width, "bias": bias, "activation": activation}
-
-
-def _gdr_static(dt: str, lin: Linear, l2norm: bool = True):
-    return {"dtype": dt, "num_heads": lin.h, "head_dim": lin.k, "num_v_heads": lin.hv, "head_dim_v": lin.v,
-            "g_per_key": lin.kda, "use_qk_l2norm": l2norm}
-
-
 def _conv_cases(dt: str) -> list[Case]:
     names = ("qwen3-next-80b-a3b", "qwen3.5-27b", "qwen3.5-397b-a17b", "qwen3.5-0.8b", "kimi-linear-48b-a3b")
     qn, q27, q397, q08, kimi = (LINEAR[m] for m in names)
@@ -102,8 +52,8 @@ def _conv_cases(dt: str) -> list[Case]:
     quick = dt in ("float32", "bfloat16")
 
     def case(shape: str, lin: Linear, seqs: Sequence[Seq], quick_case: bool = False, **kw: Any) -> Case:
-        static = _conv_static(dt, lin, kw.get("width"), kw.get("bias", False), kw.get("activation", "silu"))
-        return Case("causal_conv1d", shape, dt, _conv(lin, seqs, **kw), static, quick_case)
+        static = draw.conv_static(dt, lin, kw.get("width"), kw.get("bias", False), kw.get("activation", "silu"))
+        return Case("causal_conv1d", shape, dt, draw.conv(lin, seqs, **kw), static, quick_case)
 
     return [
         case("qwen3-next-80b-a3b.mixed", qn, MIXED, quick),
@@ -130,8 +80,8 @@ def _gdr_cases(dt: str) -> list[Case]:
     qn8, kimi8 = qn.shard(8), kimi.shard(8)
 
     def case(shape: str, lin: Linear, seqs: Sequence[Seq], quick_case: bool = False, **kw: Any) -> Case:
-        static = _gdr_static(dt, lin, kw.get("l2norm", True))
-        return Case("gated_delta_rule", shape, dt, _gdr(lin, seqs, **kw), static, quick_case)
+        static = draw.gdr_static(dt, lin, kw.get("l2norm", True))
+        return Case("gated_delta_rule", shape, dt, draw.gdr(lin, seqs, **kw), static, quick_case)
 
     whole = [  # whole-model heads: float32 and bfloat16 (the dtype these models ship in); float16 on the tp8 cases
         case("qwen3-next-80b-a3b.mixed", qn, MIXED_FEW, dt == "bfloat16"),

@@ -7,14 +7,20 @@ them into blocks and a slot of its own, which may be numbered and sized otherwis
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence as Seq
+from typing import Protocol, Sequence as Seq
 
 import torch
 
-if TYPE_CHECKING:
-    from hetero.engine.runtime.kv_cache import CachePools
+__all__ = ["SequenceCache", "Pools", "export_sequence_cache", "write_sequence_cache", "check_fits"]
 
-__all__ = ["SequenceCache", "export_sequence_cache", "write_sequence_cache", "check_fits"]
+
+class Pools(Protocol):
+    """What this module reads of a model's cache pools (``kv_cache.CachePools`` is one): named here
+    rather than imported, as ``CachePools`` applies a cache import through this module."""
+
+    block_size: int
+    paged: dict[str, torch.Tensor]
+    state: dict[str, torch.Tensor]
 
 
 @dataclass
@@ -43,7 +49,7 @@ def _slots(block_table: Seq[int], num_tokens: int, block_size: int, device: torc
     return table[pos // block_size] * block_size + pos % block_size
 
 
-def export_sequence_cache(pools: "CachePools", block_table: Seq[int], slot: int | None, num_tokens: int,
+def export_sequence_cache(pools: Pools, block_table: Seq[int], slot: int | None, num_tokens: int,
                           token_ids: Seq[int] | None = None) -> SequenceCache:
     """Copy the entries of tokens ``[0, num_tokens)`` (in ``block_table``'s blocks) and of state ``slot`` to the CPU;
     ``token_ids``: those tokens, recorded with them."""
@@ -68,13 +74,13 @@ def _check(kind: str, have: dict[str, torch.Tensor], got: dict[str, torch.Tensor
                              f"the cache to import has {got[name].dtype} {list(got[name].shape)}")
 
 
-def check_fits(pools: "CachePools", cache: SequenceCache) -> None:
+def check_fits(pools: Pools, cache: SequenceCache) -> None:
     """ValueError unless ``cache`` has exactly the pools' entries, each of the right shape and dtype."""
     _check("paged", pools.paged, cache.paged, (cache.num_tokens,), 2)
     _check("state", pools.state, cache.state, (), 1)
 
 
-def write_sequence_cache(pools: "CachePools", block_table: Seq[int], slot: int | None, cache: SequenceCache) -> None:
+def write_sequence_cache(pools: Pools, block_table: Seq[int], slot: int | None, cache: SequenceCache) -> None:
     """Write ``cache`` into ``block_table``'s blocks and state ``slot`` (ValueError when it does not fit the model)."""
     check_fits(pools, cache)
     for name, t in pools.paged.items():

@@ -42,7 +42,7 @@ class ScheduledBatch:
 
     @property
     def num_decodes(self) -> int:
-        """Leading sequences with one query row (as ``Step.build`` counts them)."""
+        """Leading sequences with one query row (as ``build_step`` counts them)."""
         n = 0
         while n < len(self.query_lens) and self.query_lens[n] == 1:
             n += 1
