@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import numbers
 import operator
-from typing import Any
+from typing import Any, Sequence
 
+from hetero.engine._setup import TOKENIZER_FILES
+from hetero.engine.config import EngineConfig
 from hetero.engine.runtime.cache_io import SequenceCache
 from hetero.engine.runtime.sequence import SamplingParams
 from hetero.errors import UsageError
 
-__all__ = ["token_ids", "check_params", "check_import", "prompt_list", "params_list"]
+__all__ = ["token_ids", "check_params", "check_logprobs", "check_import", "encode_prompt", "prompt_list",
+           "params_list"]
 
 
 def token_ids(prompt: list[Any], vocab: int | None, index: int) -> list[int]:
@@ -77,3 +80,25 @@ def check_import(cache: Any, prompt: list[int], index: int) -> None:
                          f"prompt's (they differ at position {at}); a cache is only valid for the tokens it was "
                          f"computed from", arg="cache", expected="the prompt's first tokens",
                          got=f"token ids differing at position {at}")
+
+
+def check_logprobs(params: SamplingParams, vocab: int | None, index: int) -> None:
+    """UsageError unless ``params.logprobs`` is at most the vocabulary size (when the config names one)."""
+    if params.logprobs is not None and vocab is not None and params.logprobs > vocab:
+        raise UsageError(f"request {index}: argument 'sampling_params': SamplingParams.logprobs must be at most the "
+                         f"vocabulary size {vocab}, got {params.logprobs}", arg="logprobs",
+                         expected=f"an integer in [0, {vocab}]", got=params.logprobs)
+
+
+def encode_prompt(prompt: str | Sequence[int], tokenizer: Any, config: EngineConfig, index: int) -> list[int]:
+    """The token ids of request ``index``'s prompt: text through ``tokenizer``, ids checked by ``token_ids``."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise UsageError(f"request {index}: argument 'prompt': prompt {prompt[:40]!r} is text, but "
+                             f"{config.model} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
+                             f"pass token ids instead", arg="prompt", expected="token ids", got=prompt[:40])
+        return list(tokenizer.encode(prompt))
+    if not hasattr(prompt, "__iter__"):
+        raise UsageError(f"request {index}: argument 'prompt': expected a string or a list of token ids, "
+                         f"got {prompt!r:.60}", arg="prompt", expected="a string or token ids", got=prompt)
+    return token_ids(list(prompt), getattr(config.hf_config, "vocab_size", None), index)

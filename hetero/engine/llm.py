@@ -1,15 +1,14 @@
 """``LLM``: the offline serving loop (scheduler, block manager and model runner) behind one ``generate`` call."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any, Sequence as Seq
 
-from hetero.engine._inputs import check_import, check_params, params_list, prompt_list, token_ids
+from hetero.engine._inputs import check_import, check_logprobs, check_params, encode_prompt, params_list, prompt_list
 from hetero.engine._progress import progress_bar
+from hetero.engine._setup import communicator, eos_token_ids, load_tokenizer
 from hetero.engine.config import EngineConfig
 from hetero.engine.outputs import RequestOutput, request_output
 from hetero.engine.runtime.block_manager import BlockManager
@@ -21,8 +20,6 @@ from hetero.engine.runtime.step_plan import StepPlan
 from hetero.errors import UsageError
 
 __all__ = ["LLM", "Logprob", "RequestOutput"]
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 class LLM:
@@ -49,9 +46,9 @@ class LLM:
         cfg = EngineConfig(model=model, backend=backend, dtype=dtype, block_size=block_size, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, tensor_parallel_size=tensor_parallel_size,
                            expert_parallel=expert_parallel, seed=seed, **config)
-        comm = _communicator(cfg)
+        comm = communicator(cfg)
         self.config = cfg.resolve()
-        self.tokenizer = _tokenizer(self.config.model)
+        self.tokenizer = load_tokenizer(self.config.model)
         self.runner = ModelRunner(self.config, comm)
         self.block_manager = BlockManager(self.runner.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching,
                                           num_state_slots=self.runner.num_state_slots,
@@ -59,7 +56,7 @@ class LLM:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=cfg.max_num_seqs,
                                    max_num_batched_tokens=cfg.max_num_batched_tokens,
                                    max_model_len=self.config.max_model_len,
-                                   eos_token_ids=_eos_token_ids(self.config, self.tokenizer))
+                                   eos_token_ids=eos_token_ids(self.config, self.tokenizer))
         self.stats: dict[str, Any] = dict(num_kv_blocks=self.runner.num_kv_blocks, block_size=cfg.block_size, steps=0,
                                           preemptions=0, prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0,
                                           kv_blocks_in_use=[], step_tokens=[], step_seconds=[])
@@ -84,7 +81,7 @@ class LLM:
         """
         index = self._num_requests
         params = check_params(sampling_params, index)
-        _check_logprobs(params, getattr(self.config.hf_config, "vocab_size", None), index)
+        check_logprobs(params, getattr(self.config.hf_config, "vocab_size", None), index)
         seq = Sequence(request_id if request_id is not None else str(index), self._encode(prompt, index), params, index)
         if cache is not None:
             if self.runner.parallel.size > 1:
@@ -210,59 +207,4 @@ class LLM:
             self.scheduler.finish(seq, "abort")
 
     def _encode(self, prompt: str | Seq[int], index: int) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise UsageError(f"request {index}: argument 'prompt': prompt {prompt[:40]!r} is text, but "
-                                 f"{self.config.model} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); "
-                                 f"pass token ids instead", arg="prompt", expected="token ids", got=prompt[:40])
-            return list(self.tokenizer.encode(prompt))
-        if not hasattr(prompt, "__iter__"):
-            raise UsageError(f"request {index}: argument 'prompt': expected a string or a list of token ids, "
-                             f"got {prompt!r:.60}", arg="prompt", expected="a string or token ids", got=prompt)
-        return token_ids(list(prompt), getattr(self.config.hf_config, "vocab_size", None), index)
-
-
-def _check_logprobs(params: SamplingParams, vocab: int | None, index: int) -> None:
-    if params.logprobs is not None and vocab is not None and params.logprobs > vocab:
-        raise UsageError(f"request {index}: argument 'sampling_params': SamplingParams.logprobs must be at most the "
-                         f"vocabulary size {vocab}, got {params.logprobs}", arg="logprobs",
-                         expected=f"an integer in [0, {vocab}]", got=params.logprobs)
-
-
-def _communicator(cfg: EngineConfig):
-    """torchrun's process group when WORLD_SIZE > 1 (checked against tensor_parallel_size), else None."""
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world == 1:
-        if cfg.tensor_parallel_size > 1:
-            raise UsageError(f"tensor_parallel_size={cfg.tensor_parallel_size} needs one process per rank: launch with "
-                             f"`torchrun --nproc-per-node {cfg.tensor_parallel_size} your_script.py`")
-        return None
-    if world != cfg.tensor_parallel_size:
-        raise UsageError(f"torchrun started {world} processes (WORLD_SIZE) but tensor_parallel_size="
-                         f"{cfg.tensor_parallel_size}; they must be equal")
-    from hetero.distributed import init
-
-    return init(cfg.backend)
-
-
-def _tokenizer(model_dir: str | os.PathLike):
-    if not any((Path(model_dir) / name).is_file() for name in _TOKENIZER_FILES):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir))
-
-
-def _eos_token_ids(config: EngineConfig, tokenizer) -> set[int]:
-    """EOS ids of config.json and generation_config.json; the tokenizer's only when neither names one."""
-    ids: set[int] = set()
-    sources = [getattr(config.hf_config, "eos_token_id", None)]
-    gen = Path(config.model) / "generation_config.json"
-    if gen.is_file():
-        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
-    for value in sources:
-        if value is not None:
-            ids.update(value if isinstance(value, (list, tuple)) else [value])
-    if not ids and tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return {int(i) for i in ids}
+        return encode_prompt(prompt, self.tokenizer, self.config, index)

@@ -1,0 +1,54 @@
+"""What ``LLM`` reads before it builds its runtime: the process group, the tokenizer and the EOS ids."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from hetero.engine.config import EngineConfig
+from hetero.errors import UsageError
+
+__all__ = ["TOKENIZER_FILES", "communicator", "load_tokenizer", "eos_token_ids"]
+
+#: The files whose presence in a checkpoint directory means it has a tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def communicator(cfg: EngineConfig):
+    """torchrun's process group when WORLD_SIZE > 1 (checked against tensor_parallel_size), else None."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world == 1:
+        if cfg.tensor_parallel_size > 1:
+            raise UsageError(f"tensor_parallel_size={cfg.tensor_parallel_size} needs one process per rank: launch with "
+                             f"`torchrun --nproc-per-node {cfg.tensor_parallel_size} your_script.py`")
+        return None
+    if world != cfg.tensor_parallel_size:
+        raise UsageError(f"torchrun started {world} processes (WORLD_SIZE) but tensor_parallel_size="
+                         f"{cfg.tensor_parallel_size}; they must be equal")
+    from hetero.distributed import init
+
+    return init(cfg.backend)
+
+
+def load_tokenizer(model_dir: str | os.PathLike):
+    """The checkpoint's tokenizer (transformers' AutoTokenizer), or None when it has no tokenizer files."""
+    if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def eos_token_ids(config: EngineConfig, tokenizer) -> set[int]:
+    """EOS ids of config.json and generation_config.json; the tokenizer's only when neither names one."""
+    ids: set[int] = set()
+    sources = [getattr(config.hf_config, "eos_token_id", None)]
+    gen = Path(config.model) / "generation_config.json"
+    if gen.is_file():
+        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+    for value in sources:
+        if value is not None:
+            ids.update(value if isinstance(value, (list, tuple)) else [value])
+    if not ids and tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return {int(i) for i in ids}
