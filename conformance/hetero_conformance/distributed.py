@@ -26,12 +26,12 @@ Under torchrun (``torchrun --nproc-per-node 2 -m hetero_conformance.distributed 
 the ranks use torchrun's environment instead, and rank 0 gathers the results and
 prints the summary.
 
-The cases live in ``_dist_case`` / ``_dist_checks``, the rank's side in ``_dist_rank``.
+The cases live in ``_dist_case`` / ``_dist_checks``, the rank's side in ``_dist_rank``, the merge of
+the ranks' records into verdicts in ``_dist_merge``.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -49,84 +49,17 @@ from hetero.spec import OPS
 
 from hetero_conformance._dist_case import DistCase
 from hetero_conformance._dist_checks import dist_cases, selected_dist_cases
+from hetero_conformance._dist_merge import ended, merge, read_records
 from hetero_conformance._dist_rank import rank_config, run_rank
-from hetero_conformance._spawn import Child, signal_name, stop_all, watch
+from hetero_conformance._spawn import Child, stop_all, watch
 from hetero_conformance.runner import CaseResult
 from hetero_conformance.suite import SelectionError, SuiteResult, build_meta
-from hetero.verify.tolerances import EXACT, tolerance
 
 __all__ = ["DistCase", "dist_cases", "run_distributed", "run_rank", "main"]
 
 _RANK = "hetero_conformance._dist_rank"
 #: Seconds on top of ``timeout`` before the first record: spawning the ranks and importing torch.
 _GRACE_S = 60.0
-
-
-def _result(case: DistCase, status: str, message: str = "", seed: int = 0, **kw: Any) -> CaseResult:
-    return CaseResult(case.id, case.op, case.family, case.shape, case.dtype, status, message, seed, **kw)
-
-
-def _read(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    recs = []
-    for line in path.read_text().splitlines():
-        try:
-            recs.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a crash
-            pass
-    return recs
-
-
-def _finished(case: DistCase, recs: list[dict[str, Any]], seed: int) -> CaseResult:
-    """The verdict on a case every rank finished: skipped by all, else failing if any rank did not pass."""
-    if all(rec["status"] == "skipped" for rec in recs):
-        return _result(case, "skipped", recs[0]["message"], case.seed(seed))
-    bad = [(r, rec) for r, rec in enumerate(recs) if rec["status"] != "pass"]
-    outputs = {f"rank{r}.{k}": v for r, rec in enumerate(recs) for k, v in rec["outputs"].items()}
-    seconds = max(rec["seconds"] for rec in recs)
-    tol = tolerance(case.dtype).as_dict() if outputs and any(
-        v.get("kind") == "float" for v in outputs.values()) else (EXACT.as_dict() if outputs else {})
-    if bad:
-        status = "error" if any(rec["status"] == "error" for _, rec in bad) else "fail"
-        message = "; ".join(f"rank {r}: {rec['message']}" for r, rec in bad)
-    else:
-        status, message = "pass", ""
-    return _result(case, status, message, case.seed(seed), seconds=seconds, outputs=outputs, tolerance=tol)
-
-
-def _why_missing(where: str, abort: str, exit: int | None, r: int, stderr: Sequence[str] = ()) -> str:
-    if abort:
-        return f"rank {r} aborted {where}: {abort}"
-    if exit is None:
-        return f"rank {r} did not finish {where} (killed after the timeout)"
-    if exit != 0:
-        code = signal_name(-exit) if exit < 0 else f"exit code {exit}"
-        quote = ": " + " | ".join(stderr) if stderr and where == "in this case" else ""
-        return f"rank {r} died ({code}) {where}{quote}"
-    return f"rank {r} exited {where}"
-
-
-def _merge(cases: list[DistCase], per_rank: list[list[dict[str, Any]]], exits: list[int | None], timed_out: bool,
-           seed: int, stderr: Sequence[Sequence[str]] = ()) -> list[CaseResult]:
-    """One CaseResult per case from every rank's records; ``stderr``: the gist of each rank's stderr (spawned ranks)."""
-    world = len(per_rank)
-    stderr = list(stderr) or [()] * world
-    done = [{r["id"]: r for r in recs if r.get("event") == "done"} for recs in per_rank]
-    started = [{r["id"] for r in recs if r.get("event") == "start"} for recs in per_rank]
-    aborts = [next((r["message"] for r in recs if r.get("event") == "abort"), "") for recs in per_rank]
-    results = []
-    for case in cases:
-        recs = [d.get(case.id) for d in done]
-        if all(recs):
-            results.append(_finished(case, recs, seed))
-            continue
-        missing = [r for r in range(world) if not recs[r]]
-        why = [_why_missing("in this case" if case.id in started[r] else "before this case", aborts[r], exits[r], r, stderr[r])
-               for r in missing]
-        status = "timeout" if timed_out and any(exits[r] is None for r in missing) and not any(aborts[r] for r in missing) else "crashed"
-        results.append(_result(case, status, "; ".join(why), case.seed(seed)))
-    return results
 
 
 def _run_ranks(name: str, world: int, seed: int, quick: bool, patterns: Sequence[str], scratch: str,
@@ -146,7 +79,7 @@ def _run_ranks(name: str, world: int, seed: int, quick: bool, patterns: Sequence
         timed_out = watch(ranks, lambda: sum(f.stat().st_size for f in files if f.exists()), timeout=timeout, grace=_GRACE_S)
     finally:
         codes = stop_all(ranks)
-    exits = [None if (timed_out and code is not None and code < 0 and not _ended(files[i])) else code
+    exits = [None if (timed_out and code is not None and code < 0 and not ended(files[i])) else code
              for i, code in enumerate(codes)]
     stderr = [rank.stderr_gist() for rank in ranks]
     for rank in ranks:
@@ -163,16 +96,12 @@ def run_distributed(name: str, world: int, *, seed: int = 0, quick: bool = False
     cases = selected_dist_cases(world, quick=quick, patterns=patterns)
     with tempfile.TemporaryDirectory(prefix="hetero-conformance-world") as scratch:
         timed_out, exits, stderr = _run_ranks(name, world, seed, quick, patterns, scratch, timeout)
-        per_rank = [_read(Path(scratch) / f"rank{r}.jsonl") for r in range(world)]
-    results = _merge(cases, per_rank, exits, timed_out, seed, stderr)
+        per_rank = [read_records(Path(scratch) / f"rank{r}.jsonl") for r in range(world)]
+    results = merge(cases, per_rank, exits, timed_out, seed, stderr)
     if on_result is not None:
         for r in results:
             on_result(r)
     return results
-
-
-def _ended(path: Path) -> bool:
-    return any(r.get("event") in ("end", "abort") for r in _read(path))
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -200,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dist.all_gather_object(gathered, records)
     code = 0
     if rank == 0:
-        results = _merge(selected_dist_cases(world, quick=args.quick, patterns=args.patterns), gathered, [0] * world, False, args.seed)
+        results = merge(selected_dist_cases(world, quick=args.quick, patterns=args.patterns), gathered, [0] * world, False, args.seed)
         for r in results:
             print(f"{r.status:8} {r.id}  {r.message}")
         code = 0 if all(r.status == "pass" for r in results) else 1
