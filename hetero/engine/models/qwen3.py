@@ -1,4 +1,4 @@
-"""Qwen3: Qwen2's skeleton with per-head q/k RMSNorm before rope, an explicit head_dim and
+"""Qwen3: Qwen2's attention with per-head q/k RMSNorm before rope, an explicit head_dim and
 q/k/v/o bias only when ``attention_bias``."""
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from hetero.engine.context import ModelContext
 from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
 from hetero.engine.layers.weights import join_prefix
-from hetero.engine.models.qwen2 import Qwen2Attention, Qwen2DecoderLayer, Qwen2ForCausalLM, Qwen2Model
+from hetero.engine.models.decoder import DecoderForCausalLM, DecoderLayer
+from hetero.engine.models.qwen2 import Qwen2Attention
 from hetero.engine.quant.config import QuantConfig
 
-__all__ = ["Qwen3Attention", "Qwen3DecoderLayer", "Qwen3Model", "Qwen3ForCausalLM"]
+__all__ = ["Qwen3Attention", "Qwen3DecoderLayer", "Qwen3ForCausalLM"]
 
 
 class Qwen3Attention(Qwen2Attention):
@@ -34,15 +35,11 @@ class Qwen3Attention(Qwen2Attention):
         return self.q_norm(q), self.k_norm(k)
 
 
-class Qwen3DecoderLayer(Qwen2DecoderLayer):
+class Qwen3DecoderLayer(DecoderLayer):
     attention_cls = Qwen3Attention
 
 
-class Qwen3Model(Qwen2Model):
-    layer_cls = Qwen3DecoderLayer
-
-
-class Qwen3ForCausalLM(Qwen2ForCausalLM):
+class Qwen3ForCausalLM(DecoderForCausalLM):
     """Qwen3 dense models; same parameter names and weight mapping as Qwen2 plus q_norm / k_norm."""
 
-    model_cls = Qwen3Model
+    layer_cls = Qwen3DecoderLayer
