@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from hetero.engine.context import ModelContext
 from hetero.engine.layers.cached import CachedLayer
 from hetero.engine.step import Step
 

@@ -24,6 +24,7 @@ from torch import nn
 from hetero.engine.context import ModelContext
 from hetero.engine.layers.activation import SiluAndMul
 from hetero.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from hetero.engine.layers.gqa import head_dim_of
 from hetero.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
@@ -33,7 +34,7 @@ from hetero.engine.quant.config import QuantConfig, quant_config_of
 from hetero.engine.step import Step
 
 __all__ = ["GatedMLP", "DecoderLayer", "DecoderModel", "DecoderForCausalLM", "IGNORE", "QKV_PACKED", "GATE_UP_PACKED",
-           "every_layer", "head_dim_of"]
+           "every_layer"]
 
 #: rotary buffers some (older) checkpoints saved; no model here reads them
 IGNORE = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"model\.rotary_emb\.inv_freq")
@@ -48,11 +49,6 @@ def every_layer(config: Any, layer_idx: int) -> bool:
     return True
 
 
-def head_dim_of(config: Any) -> int:
-    """The explicit ``head_dim`` of the config, else hidden_size / num_attention_heads."""
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 class GatedMLP(nn.Module):
     """``down(silu(gate(x)) * up(x))``: gate/up packed column-parallel, down row-parallel, biased when ``bias``."""
 
@@ -64,8 +60,8 @@ class GatedMLP(nn.Module):
                                                        prefix=join_prefix(prefix, "gate_up_proj"),
                                                        quant_config=quant_config)
         self.act_fn = SiluAndMul(ctx)
-        self.down_proj = RowParallelLinear(ctx, intermediate, hidden, bias=bias, prefix=join_prefix(prefix, "down_proj"),
-                                           quant_config=quant_config)
+        self.down_proj = RowParallelLinear(ctx, intermediate, hidden, bias=bias,
+                                           prefix=join_prefix(prefix, "down_proj"), quant_config=quant_config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -101,7 +97,8 @@ class DecoderLayer(nn.Module):
         self.add_module(self.mixer, mixer)
         self.mlp = self.make_mlp(ctx, config, layer_idx, prefix=join_prefix(prefix, "mlp"), quant_config=quant_config)
         eps = config.rms_norm_eps
-        self.input_layernorm = self.norm_cls(ctx, config.hidden_size, eps, prefix=join_prefix(prefix, "input_layernorm"))
+        self.input_layernorm = self.norm_cls(ctx, config.hidden_size, eps,
+                                             prefix=join_prefix(prefix, "input_layernorm"))
         self.post_attention_layernorm = self.norm_cls(ctx, config.hidden_size, eps,
                                                       prefix=join_prefix(prefix, "post_attention_layernorm"))
 
@@ -120,7 +117,8 @@ class DecoderLayer(nn.Module):
 
     def make_mixer(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str,
                    quant_config: QuantConfig | None) -> tuple[str, nn.Module]:
-        """(attribute, module) of the token mixer; ``prefix`` is the layer's. Default: ``self_attn``, an ``attention_cls``."""
+        """(attribute, module) of the token mixer (``prefix``: the layer's); by default ``self_attn``, an
+        ``attention_cls``."""
         return "self_attn", self.attention_cls(ctx, config, layer_idx, rotary, prefix=join_prefix(prefix, "self_attn"),
                                                quant_config=quant_config)
 

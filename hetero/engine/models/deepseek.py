@@ -58,8 +58,9 @@ def deepseek_routing(hf_config: Any, v3: bool) -> Routing:
         n_group, topk_group = int(c.n_group), int(c.topk_group)
     else:
         raise ValueError(f"DeepSeek-V2 topk_method {method!r} is not supported (greedy, group_limited_greedy)")
-    return Routing(top_k=c.num_experts_per_tok, scoring="softmax", renormalize=bool(getattr(c, "norm_topk_prob", False)),
-                   n_group=n_group, topk_group=topk_group, routed_scaling_factor=float(c.routed_scaling_factor))
+    return Routing(top_k=c.num_experts_per_tok, scoring="softmax",
+                   renormalize=bool(getattr(c, "norm_topk_prob", False)), n_group=n_group, topk_group=topk_group,
+                   routed_scaling_factor=float(c.routed_scaling_factor))
 
 
 def _mlp_bias(hf_config: Any, v3: bool) -> bool:

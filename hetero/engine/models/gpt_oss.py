@@ -23,12 +23,12 @@ import torch
 from torch import nn
 
 from hetero.engine.context import ModelContext
+from hetero.engine.layers.gqa import GQAttention
 from hetero.engine.layers.linear import ReplicatedLinear
 from hetero.engine.layers.moe_oai import OaiExperts
 from hetero.engine.layers.rotary import RotaryEmbedding
 from hetero.engine.layers.weights import copy_checked, join_prefix
 from hetero.engine.models.decoder import DecoderForCausalLM, DecoderLayer
-from hetero.engine.models.qwen2 import Qwen2Attention
 from hetero.engine.quant.config import QuantConfig, quant_config_of
 
 __all__ = ["GptOssAttention", "GptOssMLP", "GptOssDecoderLayer", "GptOssForCausalLM", "is_mxfp4"]
@@ -44,8 +44,9 @@ def is_mxfp4(hf_config: Any) -> bool:
     return qc.get("quant_method") == "mxfp4"
 
 
-class GptOssAttention(Qwen2Attention):
-    """Qwen2's attention with biases on q/k/v and o, and this rank's sink logits (``sinks`` float32 [Hq/R])."""
+class GptOssAttention(GQAttention):
+    """GQA attention with biases on q/k/v and o (unless ``attention_bias`` is false), and this rank's sink
+    logits (``sinks`` float32 [Hq/R])."""
 
     with_sinks = True
 
