@@ -82,12 +82,15 @@ class DecoderLayer(nn.Module):
     - ``norm_cls``: every decoder norm's class (the model's final norm too), built ``(ctx, hidden, eps, prefix=)``;
     - ``rotary_table(ctx, config)``: the one cos/sin table of the model (each layer gets a twin of it).
 
-    A layer whose token mixer depends on its index (a hybrid model) overrides ``make_mixer``.
+    A layer whose token mixer depends on its index (a hybrid model) overrides ``make_mixer``; ``self.mixer``
+    is the attribute the layer's token mixer is under.
     """
 
     attention_cls: ClassVar[Callable[..., nn.Module]]
     moe_cls: ClassVar[Callable[..., nn.Module] | None] = None
     norm_cls: ClassVar[Callable[..., RMSNorm]] = RMSNorm
+    #: ``(config, layer_idx) -> bool``: whether that layer has ``moe_cls`` (when there is one)
+    is_moe_layer = staticmethod(every_layer)
 
     def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str = "",
                  quant_config: QuantConfig | None = None):
@@ -106,9 +109,6 @@ class DecoderLayer(nn.Module):
     def rotary_table(cls, ctx: ModelContext, config: Any) -> RotaryEmbedding:
         """The model's cos/sin table: NeoX pairs over the whole head (``head_dim_of``)."""
         return RotaryEmbedding(ctx, config, head_dim_of(config), config.max_position_embeddings, is_neox=True)
-
-    #: ``(config, layer_idx) -> bool``: whether that layer has ``moe_cls`` (when there is one)
-    is_moe_layer = staticmethod(every_layer)
 
     @staticmethod
     def mlp_bias(config: Any) -> bool:
