@@ -70,7 +70,7 @@ def prefill(model: CausalLM, prompts: Sequence[Sequence[int]], *, block_size: in
                       state_slots=idx if pools.state else None)
     ids = torch.tensor([t for i in idx for t in prompts[i]], dtype=torch.int64, device=ctx.device)
     captured: list[torch.Tensor] | None = [] if capture else None
-    hidden = model(ids, step.positions, step, capture=captured)
+    hidden = model(ids, step, capture=captured)
     logits = model.compute_logits(hidden)
     starts = [0]
     for i in idx:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from hetero.engine.layers.cached import CachedLayer, StateEntry
-from hetero.engine.models.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM, Qwen3Model
+from hetero.engine.models.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM
 from hetero.engine.step import Step
 
 ARCH = "ToyStateForCausalLM"
@@ -53,17 +53,13 @@ class ToyStateDecoderLayer(Qwen3DecoderLayer):
         super().__init__(ctx, config, *args, **kwargs)
         self.running_sum = RunningSum(config.hidden_size, getattr(config, "toy_state_init", "zeros"))
 
-    def forward(self, positions, hidden, residual, step, capture=None):
-        hidden, residual = super().forward(positions, hidden, residual, step, capture)
+    def forward(self, hidden, residual, step, capture=None):
+        hidden, residual = super().forward(hidden, residual, step, capture)
         return hidden + self.running_sum(hidden, step), residual
 
 
-class ToyStateModel(Qwen3Model):
-    layer_cls = ToyStateDecoderLayer
-
-
 class ToyStateForCausalLM(Qwen3ForCausalLM):
-    model_cls = ToyStateModel
+    layer_cls = ToyStateDecoderLayer
 
 
 def make_checkpoint(qwen3_dir: str | Path, out: Path, init: str = "zeros") -> Path:

@@ -104,7 +104,7 @@ def run_steps(model, steps, *, block_size: int = 4, num_blocks: int = 32):
             btables.append(list(table))
             ids.extend(tokens[start:end])
         step = build_step(qlens, slens, btables, block_size, "cpu")
-        hidden = model(torch.tensor(ids), step.positions, step)
+        hidden = model(torch.tensor(ids), step)
         logits = model.compute_logits(hidden)
         out, row = [], 0
         for n in qlens:

@@ -66,13 +66,14 @@ def test_prefill_and_every_layer_match_transformers(arch, checkpoints, models, p
 
 def test_structure_follows_config(models):
     from hetero.engine.layers.dsa import SparseMLAttention
-    from hetero.engine.models.deepseek import DeepseekMLP, DeepseekMoE
+    from hetero.engine.models.deepseek import DeepseekMoE
+    from hetero.engine.models.decoder import GatedMLP
 
     v32, glm = models("deepseek_v32").model.layers, models("glm_moe_dsa").model.layers
     assert all(isinstance(x.self_attn, SparseMLAttention) for x in [*v32, *glm])
     assert [x.self_attn.indexer is not None for x in v32] == [True, True, True]
     assert [x.self_attn.indexer is not None for x in glm] == [True, False, True]
-    assert [type(x.mlp) for x in v32] == [DeepseekMLP, DeepseekMoE, DeepseekMoE]  # mlp_layer_types
+    assert [type(x.mlp) for x in v32] == [GatedMLP, DeepseekMoE, DeepseekMoE]  # mlp_layer_types
     indexer = v32[0].self_attn.indexer
     assert indexer.rotary.is_neox and not glm[0].self_attn.indexer.rotary.is_neox
     assert not v32[0].self_attn.rotary.is_neox and not glm[0].self_attn.rotary.is_neox  # MLA's own rope: interleaved

@@ -67,7 +67,7 @@ def deepseek_v3_calls(config) -> Counter:
             ("kv_a_proj_with_mqa", "gemm"), ("kv_a_layernorm", "rms_norm"), ("rotary", "rotary_embedding"),
             ("", "write_mla_kv"), ("", "mla_attention"), ("", "varlen_attention"), ("kv_b_proj", "gemm"),
             ("o_proj", "gemm")]
-    mlp = [("gate_up_proj", "gemm"), ("act", "silu_and_mul"), ("down_proj", "gemm")]
+    mlp = [("gate_up_proj", "gemm"), ("act_fn", "silu_and_mul"), ("down_proj", "gemm")]
     moe = [("gate", "gemm"), ("experts", "route"), ("experts", "fused_moe")] + [(f"shared_experts.{s}", op) for s, op in mlp]
     calls: Counter = Counter()
     for i in range(config.num_hidden_layers):

@@ -63,14 +63,14 @@ def test_prefill_and_every_layer_match_transformers(arch, checkpoints, ops, prom
 def test_structure_follows_config(checkpoints, ops):
     from hetero.engine.layers.gated_attention import GatedAttention
     from hetero.engine.layers.gated_deltanet import GatedDeltaNet
-    from hetero.engine.models.qwen2 import Qwen2MLP
+    from hetero.engine.models.decoder import GatedMLP
     from hetero.engine.models.qwen3_next import HybridSparseMoeBlock
 
     def kinds(arch):
         layers = build_model(checkpoints(arch), ops, torch.float32).model.layers
         mixers = ["gdn" if isinstance(getattr(x, "linear_attn", None), GatedDeltaNet) else
                   "attn" if isinstance(getattr(x, "self_attn", None), GatedAttention) else "?" for x in layers]
-        mlps = ["moe" if isinstance(x.mlp, HybridSparseMoeBlock) else "mlp" if isinstance(x.mlp, Qwen2MLP) else "?"
+        mlps = ["moe" if isinstance(x.mlp, HybridSparseMoeBlock) else "mlp" if isinstance(x.mlp, GatedMLP) else "?"
                 for x in layers]
         return layers, mixers, mlps
 

@@ -20,38 +20,66 @@ from hetero.engine.layers.weights import join_prefix
 from hetero.engine.quant.config import QuantConfig
 from hetero.engine.step import Step
 
-__all__ = ["SparseMLAttention"]
+__all__ = ["SparseMLAttention", "SharedIndices", "INDEXER_TYPES", "indexer_types_of"]
+
+#: what a layer's indexer does (GLM-5's ``indexer_types``): run, or reuse the previous full layer's indices
+INDEXER_TYPES = ("full", "shared")
+
+
+def indexer_types_of(hf_config: Any) -> list[str]:
+    """Per layer "full" or "shared": the config's ``indexer_types`` (GLM-5), else every layer full (V3.2)."""
+    n = hf_config.num_hidden_layers
+    types = list(getattr(hf_config, "indexer_types", None) or ["full"] * n)
+    if len(types) < n or any(t not in INDEXER_TYPES for t in types[:n]):
+        raise ValueError(f"indexer_types must give one of {INDEXER_TYPES} for each of the {n} layers, got {types}")
+    if n and types[0] != "full":
+        raise ValueError("indexer_types[0] is 'shared': a shared layer reuses an earlier full layer's indices")
+    return types[:n]
+
+
+class SharedIndices:
+    """The indices the last layer with an indexer selected, for the shared layers after it in the same forward.
+
+    One per model: ``SparseMLAttention.shared`` of all its layers is the same object (the model links them).
+    """
+
+    __slots__ = ("topk",)
+
+    def __init__(self):
+        self.topk: torch.Tensor | None = None
 
 
 class SparseMLAttention(MLAttention):
-    """``forward(hidden [T, H], step, topk=None) -> (out [T, H], topk int32 [T, index_topk])``.
+    """``forward(hidden [T, H], step) -> out [T, H]``; a decoder token mixer (``models/decoder.py``).
 
-    ``has_indexer`` False: a shared layer, which needs ``topk`` from an earlier layer of the step.
-    ``indexer_rotary`` is a twin of the model's rotary table for the indexer, NeoX pairs unless
-    ``indexer_interleaved``.
+    Layer ``layer_idx`` has an indexer unless ``indexer_types_of(hf_config)`` says "shared"; a shared layer
+    reads the indices an earlier layer of the step wrote to ``shared`` (a ``SharedIndices`` the model gives
+    all its layers). The indexer rotates with a twin of ``rotary``, NeoX pairs unless ``indexer_interleaved``.
     """
 
     # topk_indices is a 1.3 option: an implementation without it declines and the reference serves it
     mla_options = {"topk_indices": True}
     expanded_prefill = False
 
-    def __init__(self, ctx: ModelContext, hf_config: Any, rotary: RotaryEmbedding, indexer_rotary: RotaryEmbedding,
-                 *, has_indexer: bool = True, indexer_interleaved: bool = False, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
-        super().__init__(ctx, hf_config, rotary, prefix=prefix, quant_config=quant_config)
+    def __init__(self, ctx: ModelContext, hf_config: Any, layer_idx: int, rotary: RotaryEmbedding, *,
+                 indexer_interleaved: bool = False, prefix: str = "", quant_config: QuantConfig | None = None):
+        super().__init__(ctx, hf_config, layer_idx, rotary, prefix=prefix, quant_config=quant_config)
         if self.q_lora_rank is None:
             raise ValueError("sparse MLA (DSA) needs q_lora_rank: the indexer reads q_a_layernorm's output")
+        self.shared = SharedIndices()
         self.indexer = None
-        if has_indexer:
-            self.indexer = Indexer(ctx, hf_config, indexer_rotary, interleaved=indexer_interleaved,
+        if indexer_types_of(hf_config)[layer_idx] == "full":
+            self.indexer = Indexer(ctx, hf_config, rotary.twin(ctx), interleaved=indexer_interleaved,
                                    prefix=join_prefix(prefix, "indexer"), quant_config=quant_config)
 
-    def forward(self, hidden: torch.Tensor, step: Step, topk: torch.Tensor | None = None):  # type: ignore[override]
+    def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:  # type: ignore[override]
         t = hidden.shape[0]
         q_nope, q_pe, q_resid = self.project(hidden, step)
         if self.indexer is not None:
-            topk = self.indexer(hidden, q_resid, step)
-        elif topk is None:
-            raise RuntimeError(f"{self.prefix}: a shared DSA layer needs the indices of an earlier full layer")
+            topk = self.shared.topk = self.indexer(hidden, q_resid, step)
+        else:
+            topk = self.shared.topk
+            if topk is None or topk.shape[0] != t:
+                raise RuntimeError(f"{self.prefix}: a shared DSA layer needs the indices of an earlier full layer")
         out = self.absorbed(q_nope, q_pe, step.meta, topk_indices=topk)
-        return self.o_proj(out.reshape(t, self.num_heads * self.v_dim)), topk
+        return self.o_proj(out.reshape(t, self.num_heads * self.v_dim))

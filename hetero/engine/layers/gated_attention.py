@@ -42,13 +42,14 @@ class ZeroCenteredRMSNorm(RMSNorm):
 
 
 class GatedAttention(nn.Module):
-    """``forward(positions, hidden [T, H], step) -> [T, H]``; heads split over ranks.
+    """``forward(hidden [T, H], step) -> [T, H]``; heads split over ranks.
 
     Parameters: ``qkv_proj`` (q_proj [2*H*D] packed with k_proj, v_proj), ``q_norm``, ``k_norm``
-    (zero-centred, over D), ``o_proj``; q/k/v/o biases when ``attention_bias``.
+    (zero-centred, over D), ``o_proj``; q/k/v/o biases when ``attention_bias``. Built like every
+    decoder token mixer (``models/decoder.py``); every layer is alike, so ``layer_idx`` is not used.
     """
 
-    def __init__(self, ctx: ModelContext, config: Any, rotary: RotaryEmbedding, *, prefix: str = "",
+    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str = "",
                  quant_config: QuantConfig | None = None):
         super().__init__()
         self.prefix = prefix
@@ -68,13 +69,13 @@ class GatedAttention(nn.Module):
         self.rotary_emb = rotary
         self.attn = Attention(ctx, self.num_heads, self.num_kv_heads, d, d ** -0.5)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, step: Step) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:
         tokens = hidden.shape[0]
         qg, k, v = self.qkv_proj(hidden).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, gate = qg.reshape(tokens, self.num_heads, 2, self.head_dim).unbind(2)
         q = self.q_norm(q.contiguous())
         k = self.k_norm(k.reshape(tokens, self.num_kv_heads, self.head_dim))
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self.rotary_emb(step.positions, q, k)
         out = self.attn(q, k, v.reshape(tokens, self.num_kv_heads, self.head_dim), step)
         out = out * torch.sigmoid(gate)
         return self.o_proj(out.reshape(tokens, self.q_size))

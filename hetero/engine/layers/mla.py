@@ -70,19 +70,25 @@ def mla_softmax_scale(hf_config: Any) -> float:
 class MLAttention(CachedLayer):
     """``forward(hidden [T, H], step) -> [T, H]`` (after o_proj and its all-reduce).
 
-    ``rotary``'s cos/sin table is shared by all layers (it can be large; pass ``rotary.twin(ctx)``); build it with
-    ``rotary_dim = qk_rope_head_dim`` and ``is_neox = not interleaved``. ``prefix`` is the checkpoint
-    name ("model.layers.0.self_attn"); ``quant_config`` picks the projections' methods.
+    Built like every decoder token mixer (``models/decoder.py``; every MLA layer is alike, so ``layer_idx``
+    is not used here). ``rotary``'s cos/sin table is shared by all layers (it can be large; pass
+    ``rotary.twin(ctx)``); build it with ``rotary_dim = qk_rope_head_dim`` and ``is_neox = not interleaved``.
+    ``prefix`` is the checkpoint name ("model.layers.0.self_attn"); ``quant_config`` picks the projections'
+    methods. MLA has one latent KV per token for all heads: ``num_key_value_heads``, when set, must equal
+    ``num_attention_heads``.
     """
 
     #: static options of mla_attention (sparse MLA: ``topk_indices``); whether prefill rows take the expanded path
     mla_options: dict[str, Any] = {}
     expanded_prefill = True
 
-    def __init__(self, ctx: ModelContext, hf_config: Any, rotary: RotaryEmbedding, *, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
+    def __init__(self, ctx: ModelContext, hf_config: Any, layer_idx: int, rotary: RotaryEmbedding, *,
+                 prefix: str = "", quant_config: QuantConfig | None = None):
         super().__init__()
         c = hf_config
+        if getattr(c, "num_key_value_heads", None) not in (None, c.num_attention_heads):
+            raise ValueError(f"{prefix or 'MLAttention'}: MLA needs num_key_value_heads == num_attention_heads, "
+                             f"the config has {c.num_key_value_heads} and {c.num_attention_heads}")
         self.ctx, self.prefix = ctx, prefix
         self.hidden = c.hidden_size
         self.num_heads = divide(c.num_attention_heads, ctx.parallel.size, "attention heads")

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from hetero.engine.context import ModelContext
 from hetero.engine.layers.cached import CachedLayer
 from hetero.engine.step import Step
 
@@ -63,19 +62,18 @@ class WeightMapping:
 
 
 class CausalLM(nn.Module):
-    """A decoder-only model built from hetero layers.
+    """A decoder-only model built from hetero layers (the families here: ``decoder.DecoderForCausalLM``).
 
-    ``__init__(hf_config, ctx)`` (keeps ``self.ctx``, the ModelContext); ``forward(input_ids int64 [T], positions int64 [T],
-    step, capture=None) -> hidden [T, H]`` (after the final norm); when ``capture`` is a
-    list, the embedding output and then each decoder layer's output (the full residual
+    ``__init__(hf_config, ctx)`` (keeps ``self.ctx``, the ModelContext); ``forward(input_ids int64 [T], step,
+    capture=None) -> hidden [T, H]`` (after the final norm; the positions are ``step.positions``); when
+    ``capture`` is a list, the embedding output and then each decoder layer's output (the full residual
     stream, as transformers' ``output_hidden_states``) are appended to it, in order.
     ``compute_logits(hidden [N, H]) -> float32 [N, vocab]`` (whole vocabulary on every rank).
     """
 
     mapping: ClassVar[WeightMapping] = WeightMapping()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: Step,
-                capture: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, step: Step, capture: list[torch.Tensor] | None = None) -> torch.Tensor:
         raise NotImplementedError
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -18,36 +18,30 @@ Mirrors transformers' modeling_deepseek_v2.py / modeling_deepseek_v3.py:
 - rope: interleaved pairs for V2 always and for V3 when ``rope_interleave``.
 
 Checkpoint layers at index >= ``num_hidden_layers`` (the multi-token-prediction
-layers, ``num_nextn_predict_layers`` of them) are ignored. Every module gets its
-checkpoint ``prefix`` and the model's ``quant_config`` (which picks each Linear's and
-FusedMoE's method by prefix).
+layers, ``num_nextn_predict_layers`` of them) are ignored. The rest is the decoder
+skeleton (``decoder.py``): pre-norm layers, the residual fused into the next norm.
 """
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
 from hetero.engine.context import ModelContext
-from hetero.engine.layers.activation import SiluAndMul
-from hetero.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from hetero.engine.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from hetero.engine.layers.linear import ReplicatedLinear
 from hetero.engine.layers.mla import MLAttention
 from hetero.engine.layers.moe import FusedMoE, Routing
-from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
 from hetero.engine.layers.weights import join_prefix
-from hetero.engine.models.base import CausalLM, WeightMapping
-from hetero.engine.quant.config import QuantConfig, quant_config_of
-from hetero.engine.step import Step
+from hetero.engine.models.base import WeightMapping
+from hetero.engine.models.decoder import GATE_UP_PACKED, IGNORE, DecoderForCausalLM, DecoderLayer, GatedMLP
+from hetero.engine.quant.config import QuantConfig
 
-__all__ = ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "deepseek_routing"]
-
-_EXPERTS = WeightMapping.stacked_experts()
-_PACKED = (("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 1))
-_IGNORE = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"model\.rotary_emb\.inv_freq")
+__all__ = ["DeepseekMoE", "DeepseekV2DecoderLayer", "DeepseekV3DecoderLayer", "DeepseekV2ForCausalLM",
+           "DeepseekV3ForCausalLM", "deepseek_routing", "mtp_ignore"]
 
 
 def deepseek_routing(hf_config: Any, v3: bool) -> Routing:
@@ -64,25 +58,14 @@ def deepseek_routing(hf_config: Any, v3: bool) -> Routing:
         n_group, topk_group = int(c.n_group), int(c.topk_group)
     else:
         raise ValueError(f"DeepSeek-V2 topk_method {method!r} is not supported (greedy, group_limited_greedy)")
-    return Routing(top_k=c.num_experts_per_tok, scoring="softmax", renormalize=bool(getattr(c, "norm_topk_prob", False)),
-                   n_group=n_group, topk_group=topk_group, routed_scaling_factor=float(c.routed_scaling_factor))
+    return Routing(top_k=c.num_experts_per_tok, scoring="softmax",
+                   renormalize=bool(getattr(c, "norm_topk_prob", False)), n_group=n_group, topk_group=topk_group,
+                   routed_scaling_factor=float(c.routed_scaling_factor))
 
 
-class DeepseekMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), gate and up packed column-parallel, down row-parallel."""
-
-    def __init__(self, ctx: ModelContext, hidden: int, intermediate: int, *, bias: bool = False, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
-        super().__init__()
-        self.prefix = prefix
-        self.gate_up_proj = MergedColumnParallelLinear(ctx, hidden, [intermediate, intermediate], bias=bias,
-                                                       prefix=join_prefix(prefix, "gate_up_proj"), quant_config=quant_config)
-        self.act = SiluAndMul(ctx)
-        self.down_proj = RowParallelLinear(ctx, intermediate, hidden, bias=bias, prefix=join_prefix(prefix, "down_proj"),
-                                           quant_config=quant_config)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+def _mlp_bias(hf_config: Any, v3: bool) -> bool:
+    """V2's ``mlp_bias`` (dense and shared-expert MLPs); V3 has none."""
+    return bool(getattr(hf_config, "mlp_bias", False)) and not v3
 
 
 class DeepseekMoE(nn.Module):
@@ -93,7 +76,7 @@ class DeepseekMoE(nn.Module):
     the loader fills it directly.
     """
 
-    def __init__(self, ctx: ModelContext, hf_config: Any, v3: bool, *, prefix: str = "",
+    def __init__(self, ctx: ModelContext, hf_config: Any, *, v3: bool, prefix: str = "",
                  quant_config: QuantConfig | None = None):
         super().__init__()
         c, self.prefix = hf_config, prefix
@@ -106,9 +89,9 @@ class DeepseekMoE(nn.Module):
             self.gate.e_score_correction_bias = self.experts.correction_bias
         self.shared_experts = None
         if c.n_shared_experts:
-            self.shared_experts = DeepseekMLP(ctx, c.hidden_size, c.moe_intermediate_size * c.n_shared_experts,
-                                              bias=bool(getattr(c, "mlp_bias", False)) and not v3,
-                                              prefix=join_prefix(prefix, "shared_experts"), quant_config=quant_config)
+            self.shared_experts = GatedMLP(ctx, c.hidden_size, c.moe_intermediate_size * c.n_shared_experts,
+                                           bias=_mlp_bias(c, v3), prefix=join_prefix(prefix, "shared_experts"),
+                                           quant_config=quant_config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.gate(x.float())
@@ -118,89 +101,53 @@ class DeepseekMoE(nn.Module):
         return out
 
 
-class DeepseekDecoderLayer(nn.Module):
-    def __init__(self, ctx: ModelContext, hf_config: Any, layer: int, rotary: RotaryEmbedding, v3: bool, *,
-                 prefix: str = "", quant_config: QuantConfig | None = None):
-        super().__init__()
-        c, self.prefix = hf_config, prefix
-        q = dict(quant_config=quant_config)
-        self.self_attn = MLAttention(ctx, c, rotary, prefix=join_prefix(prefix, "self_attn"), **q)
-        if layer >= c.first_k_dense_replace:
-            self.mlp = DeepseekMoE(ctx, c, v3, prefix=join_prefix(prefix, "mlp"), **q)
-        else:
-            bias = bool(getattr(c, "mlp_bias", False)) and not v3
-            self.mlp = DeepseekMLP(ctx, c.hidden_size, c.intermediate_size, bias=bias, prefix=join_prefix(prefix, "mlp"), **q)
-        self.input_layernorm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps, prefix=join_prefix(prefix, "input_layernorm"))
-        self.post_attention_layernorm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps,
-                                                prefix=join_prefix(prefix, "post_attention_layernorm"))
+class DeepseekV2DecoderLayer(DecoderLayer):
+    """MLA, then a dense MLP in layers ``[0, first_k_dense_replace)`` and the MoE block after."""
 
-    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        """x: the residual stream in; returns the residual stream out."""
-        attn = self.self_attn(self.input_layernorm(x), step)
-        h, x = self.post_attention_layernorm(attn, residual=x)
-        return x + self.mlp(h)
-
-
-_MAPPING = WeightMapping(packed=_PACKED, experts=_EXPERTS, ignore=_IGNORE)
-
-
-class _DeepseekForCausalLM(CausalLM):
-    #: the mapping without MTP layers; an instance carries its config's (``weight_mapping``)
-    mapping = _MAPPING
-    v3: bool = True
-
-    def __init__(self, hf_config: Any, ctx: ModelContext, *, quant_config: QuantConfig | None = None):
-        super().__init__()
-        c = hf_config
-        if c.num_key_value_heads not in (None, c.num_attention_heads):
-            raise ValueError(f"{type(self).__name__}: MLA needs num_key_value_heads == num_attention_heads, "
-                             f"the config has {c.num_key_value_heads} and {c.num_attention_heads}")
-        self.ctx, self.config = ctx, c
-        self.quant_config = quant = quant_config or quant_config_of(c)
-        interleaved = bool(getattr(c, "rope_interleave", True)) if self.v3 else True
-        rotary = RotaryEmbedding(ctx, c, c.qk_rope_head_dim, c.max_position_embeddings, is_neox=not interleaved)
-        self.model = nn.Module()
-        self.model.embed_tokens = VocabParallelEmbedding(ctx, c.vocab_size, c.hidden_size, prefix="model.embed_tokens")
-        self.model.layers = nn.ModuleList(self.make_layer(ctx, c, i, rotary, quant) for i in range(c.num_hidden_layers))
-        self.model.norm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps, prefix="model.norm")
-        self.lm_head = ParallelLMHead(ctx, c.vocab_size, c.hidden_size, prefix="lm_head")
-        if getattr(c, "tie_word_embeddings", False):
-            self.lm_head.tie(self.model.embed_tokens)
-        self.mapping = self.weight_mapping(c)
-
-    def make_layer(self, ctx: ModelContext, hf_config: Any, layer: int, rotary: RotaryEmbedding,
-                   quant_config: QuantConfig) -> nn.Module:
-        """Decoder layer ``layer``; ``rotary`` is the model's table (a layer takes twins of it)."""
-        return DeepseekDecoderLayer(ctx, hf_config, layer, rotary.twin(ctx), self.v3, prefix=f"model.layers.{layer}",
-                                    quant_config=quant_config)
+    v3 = False
+    attention_cls = MLAttention
+    moe_cls = partial(DeepseekMoE, v3=False)
 
     @staticmethod
-    def weight_mapping(hf_config: Any) -> WeightMapping:
-        """Packed gate/up, stacked experts, and the MTP layers past num_hidden_layers ignored."""
-        n = hf_config.num_hidden_layers
-        extra = int(getattr(hf_config, "num_nextn_predict_layers", None) or getattr(hf_config, "num_mtp_layers", 0) or 0)
-        ignore = _IGNORE + tuple(rf"model\.layers\.{i}\..*" for i in range(n, n + extra))
-        return WeightMapping(packed=_PACKED, experts=_EXPERTS, ignore=ignore)
+    def is_moe_layer(config: Any, layer_idx: int) -> bool:
+        return layer_idx >= config.first_k_dense_replace
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: Step,
-                capture: list[torch.Tensor] | None = None) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
-        if capture is not None:
-            capture.append(x)
-        for layer in self.model.layers:
-            x = layer(x, step)
-            if capture is not None:
-                capture.append(x)
-        return self.model.norm(x)
+    @classmethod
+    def mlp_bias(cls, config: Any) -> bool:  # type: ignore[override]
+        return _mlp_bias(config, cls.v3)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    @classmethod
+    def rotary_table(cls, ctx: ModelContext, config: Any) -> RotaryEmbedding:
+        """Rope on MLA's ``qk_rope_head_dim`` dims: interleaved pairs for V2, and for V3 when ``rope_interleave``."""
+        interleaved = bool(getattr(config, "rope_interleave", True)) if cls.v3 else True
+        return RotaryEmbedding(ctx, config, config.qk_rope_head_dim, config.max_position_embeddings,
+                               is_neox=not interleaved)
 
 
-class DeepseekV2ForCausalLM(_DeepseekForCausalLM):
-    v3 = False
-
-
-class DeepseekV3ForCausalLM(_DeepseekForCausalLM):
+class DeepseekV3DecoderLayer(DeepseekV2DecoderLayer):
     v3 = True
+    moe_cls = partial(DeepseekMoE, v3=True)
 
+
+def mtp_ignore(hf_config: Any) -> tuple[str, ...]:
+    """The checkpoint's multi-token-prediction layers: every layer index past ``num_hidden_layers``."""
+    n = hf_config.num_hidden_layers
+    extra = int(getattr(hf_config, "num_nextn_predict_layers", None) or getattr(hf_config, "num_mtp_layers", 0) or 0)
+    return tuple(rf"model\.layers\.{i}\..*" for i in range(n, n + extra))
+
+
+class DeepseekV2ForCausalLM(DecoderForCausalLM):
+    """DeepSeek-V2 (and V2-Lite); the class ``mapping`` has no MTP layers, an instance's has its config's."""
+
+    layer_cls = DeepseekV2DecoderLayer
+    mapping = WeightMapping(packed=GATE_UP_PACKED, experts=WeightMapping.stacked_experts(), ignore=IGNORE)
+
+    def weight_mapping(self, hf_config: Any) -> WeightMapping:
+        """Packed gate/up, stacked experts, and the MTP layers past num_hidden_layers ignored."""
+        return dataclasses.replace(type(self).mapping, ignore=IGNORE + mtp_ignore(hf_config))
+
+
+class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
+    """DeepSeek-V3 and R1 (and V3-architecture checkpoints)."""
+
+    layer_cls = DeepseekV3DecoderLayer

@@ -12,38 +12,22 @@ Mirrors transformers 5.24's modeling_deepseek_v32.py / modeling_glm_moe_dsa.py:
   correction bias and group limits, shared experts), by default the first ``first_k_dense_replace``
   dense;
 - layers past ``num_hidden_layers`` (MTP) ignored, as for V3.
+
+The layers share one ``SharedIndices`` (``layers/dsa.py``): each full layer writes its indices there, a
+shared layer reads them.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-import torch
-from torch import nn
-
 from hetero.engine.context import ModelContext
-from hetero.engine.layers.dsa import SparseMLAttention
-from hetero.engine.layers.norm import RMSNorm
-from hetero.engine.layers.rotary import RotaryEmbedding
-from hetero.engine.layers.weights import join_prefix
-from hetero.engine.models.deepseek import DeepseekMLP, DeepseekMoE, _DeepseekForCausalLM
+from hetero.engine.layers.dsa import INDEXER_TYPES, SharedIndices, SparseMLAttention, indexer_types_of
+from hetero.engine.models.deepseek import DeepseekV3DecoderLayer, DeepseekV3ForCausalLM
 from hetero.engine.quant.config import QuantConfig
-from hetero.engine.step import Step
 
-__all__ = ["DsaDecoderLayer", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "indexer_types_of", "INDEXER_TYPES"]
-
-#: what a layer's indexer does (GLM-5's ``indexer_types``): run, or reuse the previous full layer's indices
-INDEXER_TYPES = ("full", "shared")
-
-
-def indexer_types_of(hf_config: Any) -> list[str]:
-    """Per layer "full" or "shared": the config's ``indexer_types`` (GLM-5), else every layer full (V3.2)."""
-    n = hf_config.num_hidden_layers
-    types = list(getattr(hf_config, "indexer_types", None) or ["full"] * n)
-    if len(types) < n or any(t not in INDEXER_TYPES for t in types[:n]):
-        raise ValueError(f"indexer_types must give one of {INDEXER_TYPES} for each of the {n} layers, got {types}")
-    if n and types[0] != "full":
-        raise ValueError("indexer_types[0] is 'shared': a shared layer reuses an earlier full layer's indices")
-    return types[:n]
+__all__ = ["DsaDecoderLayer", "GlmMoeDsaDecoderLayer", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
+           "indexer_types_of", "INDEXER_TYPES"]
 
 
 def _is_moe_layer(hf_config: Any, layer: int) -> bool:
@@ -53,63 +37,32 @@ def _is_moe_layer(hf_config: Any, layer: int) -> bool:
     return layer >= hf_config.first_k_dense_replace
 
 
-class DsaDecoderLayer(nn.Module):
-    """Pre-norm sparse MLA then the MLP; ``forward(x, step, topk) -> (x, topk)`` (the residual stream, the indices)."""
+class DsaDecoderLayer(DeepseekV3DecoderLayer):
+    """DeepSeek-V3's layer with sparse MLA (NeoX indexer rope) and the ``mlp_layer_types`` schedule."""
 
-    def __init__(self, ctx: ModelContext, hf_config: Any, layer: int, rotary: RotaryEmbedding, *,
-                 indexer_interleaved: bool, prefix: str = "", quant_config: QuantConfig | None = None):
-        super().__init__()
-        c, self.prefix = hf_config, prefix
-        q = dict(quant_config=quant_config)
-        self.self_attn = SparseMLAttention(ctx, c, rotary.twin(ctx), rotary.twin(ctx),
-                                           has_indexer=indexer_types_of(c)[layer] == "full",
-                                           indexer_interleaved=indexer_interleaved,
-                                           prefix=join_prefix(prefix, "self_attn"), **q)
-        if _is_moe_layer(c, layer):
-            self.mlp = DeepseekMoE(ctx, c, True, prefix=join_prefix(prefix, "mlp"), **q)
-        else:
-            self.mlp = DeepseekMLP(ctx, c.hidden_size, c.intermediate_size, prefix=join_prefix(prefix, "mlp"), **q)
-        self.input_layernorm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps,
-                                       prefix=join_prefix(prefix, "input_layernorm"))
-        self.post_attention_layernorm = RMSNorm(ctx, c.hidden_size, c.rms_norm_eps,
-                                                prefix=join_prefix(prefix, "post_attention_layernorm"))
-
-    def forward(self, x: torch.Tensor, step: Step, topk: torch.Tensor | None = None):
-        attn, topk = self.self_attn(self.input_layernorm(x), step, topk)
-        h, x = self.post_attention_layernorm(attn, residual=x)
-        return x + self.mlp(h), topk
+    attention_cls = SparseMLAttention
+    is_moe_layer = staticmethod(_is_moe_layer)
 
 
-class _DsaForCausalLM(_DeepseekForCausalLM):
-    v3 = True
-    #: the indexer's rope pairs: NeoX for DeepSeek-V3.2, interleaved for GLM-5
-    indexer_interleaved = False
+class GlmMoeDsaDecoderLayer(DsaDecoderLayer):
+    """GLM-5's: the indexer's rope pairs interleaved."""
 
-    def make_layer(self, ctx: ModelContext, hf_config: Any, layer: int, rotary: RotaryEmbedding,
-                   quant_config: QuantConfig) -> nn.Module:
-        return DsaDecoderLayer(ctx, hf_config, layer, rotary, indexer_interleaved=self.indexer_interleaved,
-                               prefix=f"model.layers.{layer}", quant_config=quant_config)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: Step,
-                capture: list[torch.Tensor] | None = None) -> torch.Tensor:
-        x = self.model.embed_tokens(input_ids)
-        if capture is not None:
-            capture.append(x)
-        topk = None
-        for layer in self.model.layers:
-            x, topk = layer(x, step, topk)
-            if capture is not None:
-                capture.append(x)
-        return self.model.norm(x)
+    attention_cls = partial(SparseMLAttention, indexer_interleaved=True)
 
 
-class DeepseekV32ForCausalLM(_DsaForCausalLM):
+class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
     """DeepSeek-V3.2(-Exp): every layer runs its own indexer (NeoX rope)."""
 
-    indexer_interleaved = False
+    layer_cls = DsaDecoderLayer
+
+    def __init__(self, hf_config: Any, ctx: ModelContext, *, quant_config: QuantConfig | None = None):
+        super().__init__(hf_config, ctx, quant_config=quant_config)
+        shared = SharedIndices()  # one per model: a shared layer reads what the full layer before it wrote
+        for layer in self.model.layers:
+            layer.self_attn.shared = shared
 
 
-class GlmMoeDsaForCausalLM(_DsaForCausalLM):
+class GlmMoeDsaForCausalLM(DeepseekV32ForCausalLM):
     """GLM-5: interleaved indexer rope, "shared" layers by ``indexer_types``."""
 
-    indexer_interleaved = True
+    layer_cls = GlmMoeDsaDecoderLayer

@@ -23,18 +23,15 @@ import torch
 from torch import nn
 
 from hetero.engine.context import ModelContext
-from hetero.engine.layers.attention import Attention
+from hetero.engine.layers.gqa import GQAttention
 from hetero.engine.layers.linear import ReplicatedLinear
 from hetero.engine.layers.moe_oai import OaiExperts
 from hetero.engine.layers.rotary import RotaryEmbedding
 from hetero.engine.layers.weights import copy_checked, join_prefix
-from hetero.engine.models.base import WeightMapping
-from hetero.engine.models.qwen2 import (QWEN_IGNORE, QWEN_PACKED, Qwen2Attention, Qwen2DecoderLayer, Qwen2ForCausalLM,
-                                       Qwen2Model, sliding_window_of)
+from hetero.engine.models.decoder import DecoderForCausalLM, DecoderLayer
 from hetero.engine.quant.config import QuantConfig, quant_config_of
-from hetero.engine.step import Step
 
-__all__ = ["GptOssAttention", "GptOssMLP", "GptOssDecoderLayer", "GptOssModel", "GptOssForCausalLM", "is_mxfp4"]
+__all__ = ["GptOssAttention", "GptOssMLP", "GptOssDecoderLayer", "GptOssForCausalLM", "is_mxfp4"]
 
 
 def is_mxfp4(hf_config: Any) -> bool:
@@ -47,14 +44,15 @@ def is_mxfp4(hf_config: Any) -> bool:
     return qc.get("quant_method") == "mxfp4"
 
 
-class GptOssAttention(Qwen2Attention):
-    """Qwen2's attention with biases on q/k/v and o, and this rank's sink logits (``sinks`` float32 [Hq/R])."""
+class GptOssAttention(GQAttention):
+    """GQA attention with biases on q/k/v and o (unless ``attention_bias`` is false), and this rank's sink
+    logits (``sinks`` float32 [Hq/R])."""
+
+    with_sinks = True
 
     def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str = "",
                  quant_config: QuantConfig | None = None):
         super().__init__(ctx, config, layer_idx, rotary, prefix=prefix, quant_config=quant_config)
-        self.attn = Attention(ctx, self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5,
-                              window=sliding_window_of(config, layer_idx), sinks=True)
         self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32, device=ctx.device),
                                   requires_grad=False)
         self.sinks.weight_loader, self.sinks.shards = self._load_sinks, (None,)
@@ -71,14 +69,6 @@ class GptOssAttention(Qwen2Attention):
             raise ValueError(f"sinks: expected one value per attention head ({n * ranks},), the checkpoint has "
                              f"{tuple(tensor.shape)}")
         copy_checked(param, tensor.narrow(0, rank * n, n), "sinks")
-
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, step: Step) -> torch.Tensor:
-        tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary_emb(positions, q.view(tokens, self.num_heads, self.head_dim),
-                               k.view(tokens, self.num_kv_heads, self.head_dim))
-        out = self.attn(q, k, v.view(tokens, self.num_kv_heads, self.head_dim), step, sinks=self.sinks)
-        return self.o_proj(out.reshape(tokens, self.q_size))
 
 
 class GptOssMLP(nn.Module):
@@ -97,23 +87,15 @@ class GptOssMLP(nn.Module):
         return self.experts(x, self.router(x))
 
 
-class GptOssDecoderLayer(Qwen2DecoderLayer):
+class GptOssDecoderLayer(DecoderLayer):
     attention_cls = GptOssAttention
-
-    def make_mlp(self, ctx: ModelContext, config: Any, layer_idx: int, *, prefix: str = "",
-                 quant_config: QuantConfig | None = None) -> nn.Module:
-        return GptOssMLP(ctx, config, prefix=prefix, quant_config=quant_config)
+    moe_cls = GptOssMLP
 
 
-class GptOssModel(Qwen2Model):
-    layer_cls = GptOssDecoderLayer
-
-
-class GptOssForCausalLM(Qwen2ForCausalLM):
+class GptOssForCausalLM(DecoderForCausalLM):
     """gpt-oss-20b / 120b (bf16, or MXFP4 experts dequantized at load) and their tiny versions."""
 
-    model_cls = GptOssModel  # type: ignore[assignment]
-    mapping = WeightMapping(packed=QWEN_PACKED, ignore=QWEN_IGNORE)
+    layer_cls = GptOssDecoderLayer
 
     def __init__(self, hf_config: Any, ctx: ModelContext, *, quant_config: QuantConfig | None = None):
         if quant_config is None:  # MXFP4 touches the experts only, which handle it themselves

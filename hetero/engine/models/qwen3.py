@@ -1,4 +1,4 @@
-"""Qwen3: Qwen2's skeleton with per-head q/k RMSNorm before rope, an explicit head_dim and
+"""Qwen3: GQA attention with per-head q/k RMSNorm before rope, an explicit head_dim and
 q/k/v/o bias only when ``attention_bias``."""
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from hetero.engine.context import ModelContext
 from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
 from hetero.engine.layers.weights import join_prefix
-from hetero.engine.models.qwen2 import Qwen2Attention, Qwen2DecoderLayer, Qwen2ForCausalLM, Qwen2Model
+from hetero.engine.layers.gqa import GQAttention
+from hetero.engine.models.decoder import DecoderForCausalLM, DecoderLayer
 from hetero.engine.quant.config import QuantConfig
 
-__all__ = ["Qwen3Attention", "Qwen3DecoderLayer", "Qwen3Model", "Qwen3ForCausalLM"]
+__all__ = ["Qwen3Attention", "Qwen3DecoderLayer", "Qwen3ForCausalLM"]
 
 
-class Qwen3Attention(Qwen2Attention):
-    """Qwen2 attention plus ``q_norm`` / ``k_norm`` (RMSNorm over head_dim, one weight shared by all heads)."""
+class Qwen3Attention(GQAttention):
+    """GQA attention plus ``q_norm`` / ``k_norm`` (RMSNorm over head_dim, one weight shared by all heads)."""
 
     def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str = "",
                  quant_config: QuantConfig | None = None):
@@ -25,24 +26,15 @@ class Qwen3Attention(Qwen2Attention):
         self.q_norm = RMSNorm(ctx, self.head_dim, config.rms_norm_eps, prefix=join_prefix(prefix, "q_norm"))
         self.k_norm = RMSNorm(ctx, self.head_dim, config.rms_norm_eps, prefix=join_prefix(prefix, "k_norm"))
 
-    @staticmethod
-    def biases(config: Any) -> tuple[bool, bool]:
-        bias = bool(getattr(config, "attention_bias", False))
-        return bias, bias
-
     def qk_transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.q_norm(q), self.k_norm(k)
 
 
-class Qwen3DecoderLayer(Qwen2DecoderLayer):
+class Qwen3DecoderLayer(DecoderLayer):
     attention_cls = Qwen3Attention
 
 
-class Qwen3Model(Qwen2Model):
-    layer_cls = Qwen3DecoderLayer
-
-
-class Qwen3ForCausalLM(Qwen2ForCausalLM):
+class Qwen3ForCausalLM(DecoderForCausalLM):
     """Qwen3 dense models; same parameter names and weight mapping as Qwen2 plus q_norm / k_norm."""
 
-    model_cls = Qwen3Model
+    layer_cls = Qwen3DecoderLayer

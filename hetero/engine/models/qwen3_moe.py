@@ -18,13 +18,11 @@ from hetero.engine.layers.linear import ReplicatedLinear
 from hetero.engine.layers.moe import FusedMoE, Routing
 from hetero.engine.layers.weights import join_prefix
 from hetero.engine.models.base import WeightMapping
-from hetero.engine.models.qwen2 import QWEN_IGNORE, QWEN_PACKED, Qwen2MLP
-from hetero.engine.models.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM, Qwen3Model
+from hetero.engine.models.decoder import GATE_UP_PACKED, IGNORE, QKV_PACKED, DecoderForCausalLM, DecoderLayer
+from hetero.engine.models.qwen3 import Qwen3Attention
 from hetero.engine.quant.config import QuantConfig
 
-__all__ = ["Qwen3MoeSparseMoeBlock", "Qwen3MoeDecoderLayer", "Qwen3MoeModel", "Qwen3MoeForCausalLM", "is_sparse_layer"]
-
-_EXPERTS = WeightMapping.stacked_experts()
+__all__ = ["Qwen3MoeSparseMoeBlock", "Qwen3MoeDecoderLayer", "Qwen3MoeForCausalLM", "is_sparse_layer"]
 
 
 def is_sparse_layer(config: Any, layer_idx: int) -> bool:
@@ -50,20 +48,14 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
         return self.experts(x, self.gate(x))
 
 
-class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
-    def make_mlp(self, ctx: ModelContext, config: Any, layer_idx: int, *, prefix: str = "",
-                 quant_config: QuantConfig | None = None) -> nn.Module:
-        if is_sparse_layer(config, layer_idx):
-            return Qwen3MoeSparseMoeBlock(ctx, config, prefix=prefix, quant_config=quant_config)
-        return Qwen2MLP(ctx, config.hidden_size, config.intermediate_size, prefix=prefix, quant_config=quant_config)
+class Qwen3MoeDecoderLayer(DecoderLayer):
+    attention_cls = Qwen3Attention
+    moe_cls = Qwen3MoeSparseMoeBlock
+    is_moe_layer = staticmethod(is_sparse_layer)
 
 
-class Qwen3MoeModel(Qwen3Model):
-    layer_cls = Qwen3MoeDecoderLayer
-
-
-class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+class Qwen3MoeForCausalLM(DecoderForCausalLM):
     """Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B and their tiny versions)."""
 
-    model_cls = Qwen3MoeModel
-    mapping = WeightMapping(packed=QWEN_PACKED, experts=_EXPERTS, ignore=QWEN_IGNORE)
+    layer_cls = Qwen3MoeDecoderLayer
+    mapping = WeightMapping(packed=QKV_PACKED + GATE_UP_PACKED, experts=WeightMapping.stacked_experts(), ignore=IGNORE)

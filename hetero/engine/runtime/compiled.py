@@ -62,12 +62,12 @@ class CompiledForward:
         """Whether ``step`` is decode-only (the compiled graph's kind)."""
         return step.prefill is None and step.num_decodes == step.num_tokens > 0
 
-    def __call__(self, input_ids: torch.Tensor | None, positions: torch.Tensor, step: Step) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor | None, step: Step) -> torch.Tensor:
         if not self.fits(step):
             self.eager_steps += 1
-            return self.model(input_ids, positions, step)
+            return self.model(input_ids, step)
         for t in _batch_tensors(step, input_ids):
             torch._dynamo.maybe_mark_dynamic(t, 0)
         self.compiled_steps += 1
         with self._compiling():
-            return self._compiled(input_ids, positions, step)
+            return self._compiled(input_ids, step)

@@ -72,7 +72,7 @@ class ModelRunner:
                 return []
             step, input_ids = self.buffers.fill(plan.query_lens, plan.seq_lens, plan.block_tables, plan.sample,
                                                 plan.state_slots, plan.input_ids)
-            hidden = self.forward(input_ids, step.positions, step)
+            hidden = self.forward(input_ids, step)
             if step.logits_indices.numel() == 0:
                 return []
             logits = self.model.compute_logits(hidden[step.logits_indices])
