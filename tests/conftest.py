@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -10,6 +11,24 @@ from pathlib import Path
 import pytest
 
 _counter = itertools.count()
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker takes its share of the cores instead of a thread per core.
+
+    Workers at full intra-op width would oversubscribe the machine. OMP/MKL_NUM_THREADS reach the
+    subprocesses tests start (CLIs, servers, torchrun ranks); a value set by the caller is kept.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not os.environ.get("PYTEST_XDIST_WORKER") or workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cores // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ.setdefault("MKL_NUM_THREADS", str(threads))
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 class DistMaker:
