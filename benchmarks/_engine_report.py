@@ -1,4 +1,5 @@
 """engine_vs_vllm.py's report: the rows of one run per model and config, their Markdown tables and verdicts."""
+
 from __future__ import annotations
 
 import statistics
@@ -19,20 +20,29 @@ def model_rows(model: str, configs: list[Any], runs: dict[str, list[dict]]) -> l
     rows = []
     for c in configs:
         rs = runs[c.name]
-        row = {"model": model, **asdict(c), "status": "ok" if c.name in ok else
-               "unavailable" if "unavailable" in rs[0] else "FAILED"}
+        row = {
+            "model": model,
+            **asdict(c),
+            "status": "ok" if c.name in ok else "unavailable" if "unavailable" in rs[0] else "FAILED",
+        }
         if c.name not in ok:
             row["reason"] = rs[0].get("unavailable") or rs[0].get("failed")
         else:
             rates = [t for r in rs for t in r["rates"]]
             ref_tokens = ok[reference][0]["tokens"]
-            row.update(tok_s=max(rates), median_tok_s=statistics.median(rates), timed=len(rates),
-                       seconds=[round(t, 3) for r in rs for t in r["seconds"]],
-                       init_s=[round(r["init_s"], 1) for r in rs],
-                       load=max(x for r in rs for x in r["load"]), torch_threads=rs[0]["torch_threads"],
-                       reference=reference, requests=len(ref_tokens),
-                       identical=sum(a == b for a, b in zip(rs[0]["tokens"], ref_tokens)),
-                       runs_identical=all(r["tokens"] == rs[0]["tokens"] for r in rs))
+            row.update(
+                tok_s=max(rates),
+                median_tok_s=statistics.median(rates),
+                timed=len(rates),
+                seconds=[round(t, 3) for r in rs for t in r["seconds"]],
+                init_s=[round(r["init_s"], 1) for r in rs],
+                load=max(x for r in rs for x in r["load"]),
+                torch_threads=rs[0]["torch_threads"],
+                reference=reference,
+                requests=len(ref_tokens),
+                identical=sum(a == b for a, b in zip(rs[0]["tokens"], ref_tokens)),
+                runs_identical=all(r["tokens"] == rs[0]["tokens"] for r in rs),
+            )
         rows.append(row)
     for row in rows:
         for vllm in ("vllm-eager", "vllm-compiled"):
@@ -45,17 +55,24 @@ def model_rows(model: str, configs: list[Any], runs: dict[str, list[dict]]) -> l
 
 def table(rows: list[dict], model: str) -> str:
     """One model's rows as Markdown: tok/s best (median), that rate over vLLM's (>1: faster), identical requests."""
-    lines = ["| config | output tok/s best (median) | x vLLM eager (medians) | x vLLM compiled (medians) "
-             "| identical requests | start s |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| config | output tok/s best (median) | x vLLM eager (medians) | x vLLM compiled (medians) "
+        "| identical requests | start s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in (r for r in rows if r["model"] == model):
         if r["status"] != "ok":
             lines.append(f"| {r['name']} | {r['status']}: {r['reason'].replace('|', '/')} | | | | |")
             continue
-        ratios = [f"{r[f'x_{v}']:.2f}x ({r[f'median_x_{v}']:.2f}x)" if f"x_{v}" in r else "-"
-                  for v in ("vllm-eager", "vllm-compiled")]
+        ratios = [
+            f"{r[f'x_{v}']:.2f}x ({r[f'median_x_{v}']:.2f}x)" if f"x_{v}" in r else "-"
+            for v in ("vllm-eager", "vllm-compiled")
+        ]
         same = f"{r['identical']}/{r['requests']}" + ("" if r["name"] != r["reference"] else " (reference)")
-        lines.append(f"| {r['name']} | {_rate(r['tok_s'])} ({_rate(r['median_tok_s'])}) | {ratios[0]} | {ratios[1]} "
-                     f"| {same} | {max(r['init_s']):.1f} |")
+        lines.append(
+            f"| {r['name']} | {_rate(r['tok_s'])} ({_rate(r['median_tok_s'])}) | {ratios[0]} | {ratios[1]} "
+            f"| {same} | {max(r['init_s']):.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -70,16 +87,20 @@ def verdict(rows: list[dict], model: str) -> str:
         return f"{model}: no hetero config ran"
     best = max(hetero, key=lambda r: r["tok_s"])
     ratios = ", ".join(f"{r[f'x_{v}']:.2f}x {v}" for v in ("vllm-eager", "vllm-compiled") if f"x_{v}" in (r := best))
-    return (f"{model}: fastest hetero config {best['name']} {_rate(best['tok_s'])} tok/s = "
-            f"{ratios or 'no vLLM to compare'}; tokens identical to {best['reference']} "
-            f"on {best['identical']}/{best['requests']} requests")
+    return (
+        f"{model}: fastest hetero config {best['name']} {_rate(best['tok_s'])} tok/s = "
+        f"{ratios or 'no vLLM to compare'}; tokens identical to {best['reference']} "
+        f"on {best['identical']}/{best['requests']} requests"
+    )
 
 
 def report(rows: list[dict], models: list[str], args) -> str:
     """The Markdown result: how it was measured, then each model's table and verdict."""
-    parts = [f"{args.requests} requests; best of {args.repeats} interleaved processes x {args.inner} timed workloads "
-             f"(medians beside); x vLLM = this config's tok/s / vLLM's (above 1: faster); tokens compared per request; "
-             f"hetero runs with HETERO_VALIDATE=0."]
+    parts = [
+        f"{args.requests} requests; best of {args.repeats} interleaved processes x {args.inner} timed workloads "
+        f"(medians beside); x vLLM = this config's tok/s / vLLM's (above 1: faster); tokens compared per request; "
+        f"hetero runs with HETERO_VALIDATE=0."
+    ]
     for model in models:
         parts += [f"### {model}", table(rows, model), verdict(rows, model)]
     return "\n\n".join(parts)

@@ -8,6 +8,7 @@ same batch over eight layers' caches in turn (as a step reads them, mostly from 
 2000-token prefill. Each cell is the median of 30 timed calls (a call of the eight-layer case is
 all eight layers, reported per layer); both paths are checked against each other first.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -25,8 +26,10 @@ def _layout(query_lens: list[int], seq_lens: list[int], layers: int, gen: torch.
 
     cols = max(-(-s // BS) for s in seq_lens)
     blocks = len(seq_lens) * cols
-    caches = [(torch.randn(blocks, BS, HKV, D, generator=gen), torch.randn(blocks, BS, HKV, D, generator=gen))
-              for _ in range(layers)]
+    caches = [
+        (torch.randn(blocks, BS, HKV, D, generator=gen), torch.randn(blocks, BS, HKV, D, generator=gen))
+        for _ in range(layers)
+    ]
     table = torch.randperm(blocks, generator=gen).view(len(seq_lens), cols).int()
     q = torch.randn(sum(query_lens), HQ, D, generator=gen)
     return q, caches, AttentionMeta.build(query_lens, seq_lens, table)
@@ -53,9 +56,11 @@ def main() -> int:
     ops = hetero.load("torch", validate=False)
     gen = torch.Generator().manual_seed(0)
     decode_lens = torch.randint(16, 254, (64,), generator=gen).tolist()
-    cases = {"decode, 64 sequences, 1 layer": ([1] * 64, decode_lens, 1),
-             "decode, 64 sequences, 8 layers in turn": ([1] * 64, decode_lens, 8),
-             "prefill, 2000 tokens": ([2000], [2000], 1)}
+    cases = {
+        "decode, 64 sequences, 1 layer": ([1] * 64, decode_lens, 1),
+        "decode, 64 sequences, 8 layers in turn": ([1] * 64, decode_lens, 8),
+        "prefill, 2000 tokens": ([2000], [2000], 1),
+    }
     print("command:", " ".join([Path(sys.executable).name, *sys.argv]))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print("| case | native us per layer | torch ops us per layer | torch / native |")
@@ -65,7 +70,7 @@ def main() -> int:
         q, caches, meta = _layout(query_lens, seq_lens, layers, gen)
 
         def call():
-            return [ops.paged_attention(q, k, v, meta, scale=D ** -0.5) for k, v in caches]
+            return [ops.paged_attention(q, k, v, meta, scale=D**-0.5) for k, v in caches]
 
         times = []
         results = []

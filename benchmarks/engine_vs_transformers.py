@@ -10,6 +10,7 @@ prompt lengths in [16, 128) and output lengths in [16, 128) (seeded), and times:
   runs until its longest request is done; only each request's own tokens count).
 Greedy, EOS ignored, float32 on the CPU. Prints output tokens per second and the ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,17 +72,31 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        path = tiny.build("qwen3", d, shard_size=None, num_hidden_layers=args.layers, hidden_size=args.hidden,
-                          intermediate_size=3 * args.hidden, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-                          vocab_size=4096, max_position_embeddings=1024)
+        path = tiny.build(
+            "qwen3",
+            d,
+            shard_size=None,
+            num_hidden_layers=args.layers,
+            hidden_size=args.hidden,
+            intermediate_size=3 * args.hidden,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=64,
+            vocab_size=4096,
+            max_position_embeddings=1024,
+        )
         prompts, out_lens = workload(args.requests, 4096, args.seed)
         model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-        rows = [("hetero LLM.generate", *run_hetero(path, prompts, out_lens, args.backend)),
-                ("transformers, one at a time", *run_hf_sequential(model, prompts, out_lens)),
-                ("transformers, one padded batch", *run_hf_batched(model, prompts, out_lens))]
+        rows = [
+            ("hetero LLM.generate", *run_hetero(path, prompts, out_lens, args.backend)),
+            ("transformers, one at a time", *run_hf_sequential(model, prompts, out_lens)),
+            ("transformers, one padded batch", *run_hf_batched(model, prompts, out_lens)),
+        ]
     base = rows[0][1] / rows[0][2]
-    print(f"{args.requests} requests, {args.layers} layers, hidden {args.hidden}, torch threads {torch.get_num_threads()}")
-    print(f"| run | output tokens | seconds | tok/s | hetero / this |\n| --- | ---: | ---: | ---: | ---: |")
+    print(
+        f"{args.requests} requests, {args.layers} layers, hidden {args.hidden}, torch threads {torch.get_num_threads()}"
+    )
+    print("| run | output tokens | seconds | tok/s | hetero / this |\n| --- | ---: | ---: | ---: | ---: |")
     for name, tokens, seconds in rows:
         rate = tokens / seconds
         print(f"| {name} | {tokens} | {seconds:.1f} | {rate:.1f} | {base / rate:.2f}x |")

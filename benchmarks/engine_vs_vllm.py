@@ -21,6 +21,7 @@ the best output tok/s (median beside); tokens are compared per request with vLLM
 hetero cpu_ref's, else the first config's). A config that cannot start here is reported
 "unavailable" with the reason; exit status 1 when a config crashed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,14 +51,28 @@ class Config:
     compiled: bool = False
 
 
-CONFIGS = {"cpu": (Config("hetero-torch", "hetero", "torch"), Config("hetero-torch-compiled", "hetero", "torch", True),
-                   Config("hetero-cpu_ref", "hetero", "cpu_ref"), Config("vllm-eager", "vllm"),
-                   Config("vllm-compiled", "vllm", compiled=True), Config("hf-batched", "hf")),
-           "cuda": (Config("hetero-cuda", "hetero", "cuda"), Config("hetero-cuda-compiled", "hetero", "cuda", True),
-                    Config("hetero-torch", "hetero", "torch"), Config("vllm-eager", "vllm"),
-                    Config("vllm-compiled", "vllm", compiled=True), Config("hf-batched", "hf"))}
-QUICK = {"cpu": "hetero-torch,hetero-cpu_ref,vllm-eager,hf-batched",
-         "cuda": "hetero-cuda,hetero-torch,vllm-eager,hf-batched"}
+CONFIGS = {
+    "cpu": (
+        Config("hetero-torch", "hetero", "torch"),
+        Config("hetero-torch-compiled", "hetero", "torch", True),
+        Config("hetero-cpu_ref", "hetero", "cpu_ref"),
+        Config("vllm-eager", "vllm"),
+        Config("vllm-compiled", "vllm", compiled=True),
+        Config("hf-batched", "hf"),
+    ),
+    "cuda": (
+        Config("hetero-cuda", "hetero", "cuda"),
+        Config("hetero-cuda-compiled", "hetero", "cuda", True),
+        Config("hetero-torch", "hetero", "torch"),
+        Config("vllm-eager", "vllm"),
+        Config("vllm-compiled", "vllm", compiled=True),
+        Config("hf-batched", "hf"),
+    ),
+}
+QUICK = {
+    "cpu": "hetero-torch,hetero-cpu_ref,vllm-eager,hf-batched",
+    "cuda": "hetero-cuda,hetero-torch,vllm-eager,hf-batched",
+}
 
 
 def workload(requests: int, vocab: int, seed: int, max_tokens: int | None) -> tuple[list[list[int]], list[int]]:
@@ -66,8 +81,9 @@ def workload(requests: int, vocab: int, seed: int, max_tokens: int | None) -> tu
     return prompts, [min(m, max_tokens or m) for m in out_lens]
 
 
-def hetero_worker(config: Config, model: str, device: str, requests: int, seed: int, inner: int,
-                  max_tokens: int | None = None) -> dict:
+def hetero_worker(
+    config: Config, model: str, device: str, requests: int, seed: int, inner: int, max_tokens: int | None = None
+) -> dict:
     """Start ``hetero.engine.LLM`` on the config's backend, warm up, time ``inner`` workloads."""
     import torch
 
@@ -121,7 +137,7 @@ def _hf_batch(hf, prompts: list[list[int]], out_lens: list[int], device: str, ge
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     out = hf.generate(ids, attention_mask=mask, generation_config=generation_config(hf, max(out_lens))).tolist()
-    return [row[width:width + m] for row, m in zip(out, out_lens)]
+    return [row[width : width + m] for row, m in zip(out, out_lens)]
 
 
 def _result(init_s: float, threads: int) -> dict:
@@ -156,9 +172,24 @@ def run_once(config: Config, model: Path, args, scratch: Path) -> dict:
         cmd = vllm_route.worker_command(model, out, config.compiled, args.requests, args.seed, args.inner, args.vllm)
         env = vllm_route.engine_env("stock")
     else:
-        cmd = [sys.executable, __file__, "--worker", config.name, str(model), str(out), "--device", args.device,
-               "--configs", config.name, "--requests", str(args.requests), "--seed", str(args.seed),
-               "--inner", str(args.inner)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            config.name,
+            str(model),
+            str(out),
+            "--device",
+            args.device,
+            "--configs",
+            config.name,
+            "--requests",
+            str(args.requests),
+            "--seed",
+            str(args.seed),
+            "--inner",
+            str(args.inner),
+        ]
         cmd += ["--max-tokens", str(args.max_tokens)] if args.max_tokens else []
         env = {**vllm_route.engine_env("stock"), "HETERO_VALIDATE": "0"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=ROOT)
@@ -187,8 +218,10 @@ def _log(run: dict) -> str:
     if "seconds" not in run:
         return f"unavailable: {run['unavailable']}" if "unavailable" in run else f"FAILED: {run['failed']}"
     times = ", ".join(f"{t:.2f}" for t in run["seconds"])
-    return (f"{times} s (start {run['init_s']:.1f} s, torch threads {run['torch_threads']}, "
-            f"1-min load {max(run['load']):.1f})")
+    return (
+        f"{times} s (start {run['init_s']:.1f} s, torch threads {run['torch_threads']}, "
+        f"1-min load {max(run['load']):.1f})"
+    )
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -216,12 +249,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--configs takes names from {','.join(known)} (--device {args.device}); got {args.configs}")
     args.configs = [known[n] for n in names]
     if args.max_tokens is not None and (args.max_tokens < 1 or any(c.engine == "vllm" for c in args.configs)):
-        p.error(f"--max-tokens takes an integer >= 1 and no vllm-* config (vLLM's worker draws its own lengths); "
-                f"got {args.max_tokens} with {','.join(names)}")
+        p.error(
+            f"--max-tokens takes an integer >= 1 and no vllm-* config (vLLM's worker draws its own lengths); "
+            f"got {args.max_tokens} with {','.join(names)}"
+        )
     args.models = args.models.split(",")
     if set(args.models) - {"qwen3", "qwen3_moe"} or min(args.requests, args.repeats, args.inner) < 1:
-        p.error(f"--models takes qwen3,qwen3_moe and --requests, --repeats, --inner at least 1; "
-                f"got {','.join(args.models)}, {args.requests}, {args.repeats}, {args.inner}")
+        p.error(
+            f"--models takes qwen3,qwen3_moe and --requests, --repeats, --inner at least 1; "
+            f"got {','.join(args.models)}, {args.requests}, {args.repeats}, {args.inner}"
+        )
     return args
 
 
@@ -233,11 +270,15 @@ def main(argv: list[str] | None = None) -> int:
         result = hf_worker(*run) if config.engine == "hf" else hetero_worker(config, *run)
         Path(args.worker[2]).write_text(json.dumps(result))
         return 0
-    args.vllm, args.vllm_versions = (vllm_python(args) if any(c.engine == "vllm" for c in args.configs)
-                                     else (None, "not asked for"))
+    args.vllm, args.vllm_versions = (
+        vllm_python(args) if any(c.engine == "vllm" for c in args.configs) else (None, "not asked for")
+    )
     print("command:", " ".join([Path(sys.executable).name, *sys.argv]))
-    info = {**vllm_route.machine(), "vllm": args.vllm_versions if args.vllm else "-",
-            "1-min load at start": f"{os.getloadavg()[0]:.1f}"}
+    info = {
+        **vllm_route.machine(),
+        "vllm": args.vllm_versions if args.vllm else "-",
+        "1-min load at start": f"{os.getloadavg()[0]:.1f}",
+    }
     print("machine:", ", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
     if args.vllm is None and any(c.engine == "vllm" for c in args.configs):
         print(f"vLLM skipped: {args.vllm_versions}")
@@ -247,9 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     text = report(rows, list(models), args)
     print(text)
     if args.markdown:
-        args.markdown.write_text(f"# hetero's engine beside vLLM and transformers ({args.device})\n\nCommand: "
-                                 f"`{' '.join([Path(sys.executable).name, *sys.argv])}`\n\nMachine: "
-                                 f"{', '.join(f'{k} {v}' for k, v in info.items())}\n\n{text}\n")
+        args.markdown.write_text(
+            f"# hetero's engine beside vLLM and transformers ({args.device})\n\nCommand: "
+            f"`{' '.join([Path(sys.executable).name, *sys.argv])}`\n\nMachine: "
+            f"{', '.join(f'{k} {v}' for k, v in info.items())}\n\n{text}\n"
+        )
     if args.json:
         args.json.write_text(json.dumps({"command": sys.argv, "machine": info, "rows": rows}, indent=1))
     return 1 if any(r["status"] == "FAILED" for r in rows) else 0

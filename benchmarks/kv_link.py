@@ -5,6 +5,7 @@
 Both ends run in this process, on two threads; the time is the best of ``--repeats`` transfers,
 from packing on the sender to the last payload unpacked on the receiver.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,18 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
     shape = (args.kv_heads, args.head_dim)
-    ident = Identity("decode", "-", "0" * 32, tuple((f"layers.{i}.{k}", "torch.float32", shape)
-                                                    for i in range(args.layers) for k in ("k", "v")), ())
+    ident = Identity(
+        "decode",
+        "-",
+        "0" * 32,
+        tuple((f"layers.{i}.{k}", "torch.float32", shape) for i in range(args.layers) for k in ("k", "v")),
+        (),
+    )
     addr, ends = f"127.0.0.1:{free_port()}", {}
-    joins = [threading.Thread(target=lambda r: ends.__setitem__(r, connect(r, addr, ident, 60)), args=(r,))
-             for r in ("decode", "prefill")]
+    joins = [
+        threading.Thread(target=lambda r: ends.__setitem__(r, connect(r, addr, ident, 60)), args=(r,))
+        for r in ("decode", "prefill")
+    ]
     for t in joins:
         t.start()
     for t in joins:

@@ -8,6 +8,7 @@ intermediate 384, float32). Each cell is the mean time of one call (routing not 
 warm-up; vLLM's weights are prepacked once as its CPU MoE layer does. Both hetero paths are
 checked against the float64 reference at every size.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,8 @@ def hetero_times(tokens: list[int]) -> dict[int, tuple[float, float]]:
 
     ops, ref = hetero.load("torch", validate=False), hetero.load("cpu_ref")
     gen = torch.Generator().manual_seed(0)
-    w13 = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen) / HIDDEN ** 0.5
-    w2 = torch.randn(EXPERTS, HIDDEN, INTER, generator=gen) / INTER ** 0.5
+    w13 = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen) / HIDDEN**0.5
+    w2 = torch.randn(EXPERTS, HIDDEN, INTER, generator=gen) / INTER**0.5
     native = moe.native_fused_moe
     out = {}
     for t in tokens:

@@ -7,6 +7,7 @@ eight distinct weights per shape cycled so that, as in a forward, a weight is no
 turn comes. Each cell is the mean per product; the ratio is F.linear's time over the packed one's
 (above 1: packing is faster). The packed product is checked against F.linear at every shape.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,10 @@ def main() -> None:
             x = torch.randn(m, k, generator=gen)
             pointwise = lambda w: torch.ops.mkldnn._linear_pointwise(x, packed[id(w)], None, "none", [], "")  # noqa: E731
             torch.testing.assert_close(pointwise(weights[0]), F.linear(x, weights[0]), rtol=1e-4, atol=1e-3)
-            plain, fast = per_product(lambda w: F.linear(x, w), weights, args.repeats), per_product(pointwise, weights, args.repeats)
+            plain, fast = (
+                per_product(lambda w: F.linear(x, w), weights, args.repeats),
+                per_product(pointwise, weights, args.repeats),
+            )
             print(f"| {n} x {k} | {m} | {plain:.0f} | {fast:.0f} | {plain / fast:.2f}x |")
 
 

@@ -12,6 +12,7 @@ warm-up load:
 Beside bench-serve's summary it reads the pair's KV transfer counters from the instances' /metrics.
 The default model is the engine benchmark's dense Qwen3 (``vllm_route.write_models``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,15 @@ def _servers(commands: list[tuple[list[str], dict]], seconds: float = 600):
         for args, env in commands:
             port = free_port()
             urls.append(f"http://127.0.0.1:{port}")
-            procs.append(subprocess.Popen([sys.executable, "-m", "hetero.cli", "serve", *args, "--port", str(port)],
-                                          env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                          text=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "hetero.cli", "serve", *args, "--port", str(port)],
+                    env={**os.environ, **env},
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         deadline = time.monotonic() + seconds
         for proc, url in zip(procs, urls):
             while not _healthy(url):
@@ -63,9 +70,25 @@ def _servers(commands: list[tuple[list[str], dict]], seconds: float = 600):
 
 
 def _bench(url: str, args: argparse.Namespace, n: int, out: Path | None) -> dict | None:
-    cmd = [sys.executable, "-m", "hetero.cli", "bench-serve", "--url", url, "--num-prompts", str(n),
-           "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len), "--ignore-eos",
-           "--max-concurrency", str(args.max_concurrency), "--seed", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hetero.cli",
+        "bench-serve",
+        "--url",
+        url,
+        "--num-prompts",
+        str(n),
+        "--random-input-len",
+        str(args.input_len),
+        "--random-output-len",
+        str(args.output_len),
+        "--ignore-eos",
+        "--max-concurrency",
+        str(args.max_concurrency),
+        "--seed",
+        "1",
+    ]
     if out is not None:
         cmd += ["--json", str(out)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -78,20 +101,33 @@ def _transfer(url: str) -> dict:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         samples = {s.name: s.value for f in text_string_to_metric_families(r.read().decode()) for s in f.samples}
     n = samples.get("hetero_kv_transfer_seconds_count", 0) or 1
-    return {"ms": 1000 * samples.get("hetero_kv_transfer_seconds_sum", 0) / n,
-            "kib": samples.get("hetero_kv_transfer_bytes_total", 0) / n / 1024, "count": n}
+    return {
+        "ms": 1000 * samples.get("hetero_kv_transfer_seconds_sum", 0) / n,
+        "kib": samples.get("hetero_kv_transfer_bytes_total", 0) / n / 1024,
+        "count": n,
+    }
 
 
 def _run(name: str, args: argparse.Namespace, work: Path) -> dict:
-    model = ["--model", str(args.model), "--dtype", "float32", "--block-size", "32", "--max-model-len",
-             str(args.input_len + args.output_len + 32)]
+    model = [
+        "--model",
+        str(args.model),
+        "--dtype",
+        "float32",
+        "--block-size",
+        "32",
+        "--max-model-len",
+        str(args.input_len + args.output_len + 32),
+    ]
     if name == "single":
         commands = [([*model, "--backend", args.decode_backend], {"OMP_NUM_THREADS": str(args.threads)})]
     else:
         addr = f"127.0.0.1:{free_port()}"
         one = {"OMP_NUM_THREADS": str(args.pd_threads)}
-        commands = [([*model, "--backend", args.prefill_backend, "--role", "prefill", "--kv-transfer-addr", addr], one),
-                    ([*model, "--backend", args.decode_backend, "--role", "decode", "--kv-transfer-addr", addr], one)]
+        commands = [
+            ([*model, "--backend", args.prefill_backend, "--role", "prefill", "--kv-transfer-addr", addr], one),
+            ([*model, "--backend", args.decode_backend, "--role", "decode", "--kv-transfer-addr", addr], one),
+        ]
     with _servers(commands) as urls:
         if name == "single":
             return _measure(urls[0], args, work, name)
@@ -107,15 +143,22 @@ def _measure(url: str, args: argparse.Namespace, work: Path, name: str) -> dict:
 
 
 def _table(runs: list[tuple[str, dict]], args: argparse.Namespace) -> str:
-    rows = ["| config | output tok/s | TTFT p50 / p90 ms | TPOT p50 / p90 ms | KV transfer per request |",
-            "| --- | ---: | ---: | ---: | --- |"]
+    rows = [
+        "| config | output tok/s | TTFT p50 / p90 ms | TPOT p50 / p90 ms | KV transfer per request |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
     for name, s in runs:
         t = s.get("transfer")
         kv = f"{t['kib']:.0f} KiB, sent in {t['ms']:.1f} ms" if t else "-"
-        label = (f"single ({args.decode_backend}, {args.threads} threads)" if name == "single" else
-                 f"pd ({args.prefill_backend} -> {args.decode_backend}, {args.pd_threads} thread each)")
-        rows.append(f"| {label} | {s['output_throughput']:.0f} | {s['ttft_ms']['p50']:.0f} / {s['ttft_ms']['p90']:.0f} "
-                    f"| {s['tpot_ms']['p50']:.1f} / {s['tpot_ms']['p90']:.1f} | {kv} |")
+        label = (
+            f"single ({args.decode_backend}, {args.threads} threads)"
+            if name == "single"
+            else f"pd ({args.prefill_backend} -> {args.decode_backend}, {args.pd_threads} thread each)"
+        )
+        rows.append(
+            f"| {label} | {s['output_throughput']:.0f} | {s['ttft_ms']['p50']:.0f} / {s['ttft_ms']['p90']:.0f} "
+            f"| {s['tpot_ms']['p50']:.1f} / {s['tpot_ms']['p90']:.1f} | {kv} |"
+        )
     return "\n".join(rows)
 
 

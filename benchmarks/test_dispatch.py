@@ -28,6 +28,7 @@ Group "real_op": the reference silu_and_mul on a [1, 8] float32 tensor, called
 directly from hetero_cpu_ref.layers, through the Ops of a private test backend
 bound to it, and through hetero.load("cpu_ref") (skipped if that plugin does not load).
 """
+
 from __future__ import annotations
 
 import pluggy
@@ -185,8 +186,10 @@ def seam_layer(state: str):
     return layer
 
 
-SEAM = {state: (lambda state=state: unrolled("f(x)", f=seam_layer(state).forward, x=X))
-        for state in ("fresh", "restored", "instrumented", "profiled")}
+SEAM = {
+    state: (lambda state=state: unrolled("f(x)", f=seam_layer(state).forward, x=X))
+    for state in ("fresh", "restored", "instrumented", "profiled")
+}
 
 
 @pytest.mark.benchmark(group="seam", **OPTIONS)

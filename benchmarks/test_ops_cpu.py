@@ -10,14 +10,15 @@ case of each op), the same ones ``hetero bench cpu_ref --shapes quick`` times;
 each benchmark's extra_info carries the op's flops and bytes from
 ``hetero.bench.model`` and the GB/s and GFLOP/s they give at the median.
 """
+
 from __future__ import annotations
 
 import pytest
 
 import hetero_cpu_ref.plugin
 from hetero.bench.model import work
-from hetero.spec import OPS
 from hetero.bench.perf import perf_cases
+from hetero.spec import OPS
 
 
 def _first_per_op() -> list:

@@ -8,6 +8,7 @@ call adds a device-to-host copy and a stream sync on top (measured by
 scripts/gpu_check.sh on a GPU). The ratio of op time with validation on to off is
 in docs/perf/validation.md.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -23,9 +24,13 @@ def _decode_meta(batch: int, context: int, num_blocks: int) -> AttentionMeta:
     per = -(-context // BLOCK)
     gen = torch.Generator().manual_seed(0)
     table = torch.randint(0, num_blocks, (batch, per), dtype=torch.int32, generator=gen)
-    return AttentionMeta(query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
-                         seq_lens=torch.full((batch,), context, dtype=torch.int32), block_table=table,
-                         max_query_len=1, max_seq_len=context)
+    return AttentionMeta(
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
+        seq_lens=torch.full((batch,), context, dtype=torch.int32),
+        block_table=table,
+        max_query_len=1,
+        max_seq_len=context,
+    )
 
 
 @pytest.mark.parametrize("batch, context", [(8, 2048), (64, 2048), (256, 4096)])

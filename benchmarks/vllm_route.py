@@ -15,6 +15,7 @@ hetero... so load on a shared machine biases both alike; each process times
 output tok/s (median beside). Engine start (and compilation) is not timed; a
 2-request warm-up runs first. Hetero runs set ``HETERO_VALIDATE=0`` (index checks off).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,11 +29,28 @@ import tempfile
 import time
 from pathlib import Path
 
-_ARCH = dict(vocab_size=256, hidden_size=512, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
-             head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.1,
-             tie_word_embeddings=False, torch_dtype="float32")
-_ROUTING_ENV = ("HETERO_VLLM", "HETERO_BACKEND", "HETERO_VLLM_PLATFORM", "HETERO_VLLM_REPORT", "HETERO_VALIDATE",
-                "VLLM_PLUGINS", "VLLM_TARGET_DEVICE")
+_ARCH = dict(
+    vocab_size=256,
+    hidden_size=512,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    initializer_range=0.1,
+    tie_word_embeddings=False,
+    torch_dtype="float32",
+)
+_ROUTING_ENV = (
+    "HETERO_VLLM",
+    "HETERO_BACKEND",
+    "HETERO_VLLM_PLATFORM",
+    "HETERO_VLLM_REPORT",
+    "HETERO_VALIDATE",
+    "VLLM_PLUGINS",
+    "VLLM_TARGET_DEVICE",
+)
 _ENGINE = dict(block_size=32, max_model_len=256, max_num_seqs=64, max_num_batched_tokens=2048)
 
 
@@ -47,8 +65,16 @@ def write_models(root: Path, names: tuple[str, ...] = ("qwen3", "qwen3_moe")) ->
         dense.save_pretrained(root / "qwen3", safe_serialization=True)
     if "qwen3_moe" in names:
         torch.manual_seed(0)
-        moe = Qwen3MoeConfig(intermediate_size=1536, moe_intermediate_size=384, num_experts=8, num_experts_per_tok=2,
-                             decoder_sparse_step=1, norm_topk_prob=True, mlp_only_layers=[], **_ARCH)
+        moe = Qwen3MoeConfig(
+            intermediate_size=1536,
+            moe_intermediate_size=384,
+            num_experts=8,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            norm_topk_prob=True,
+            mlp_only_layers=[],
+            **_ARCH,
+        )
         Qwen3MoeForCausalLM(moe).float().save_pretrained(root / "qwen3_moe", safe_serialization=True)
     return {name: root / name for name in ("qwen3", "qwen3_moe") if name in names}
 
@@ -70,8 +96,14 @@ def worker(model: str, out: str, compiled: bool, requests: int, seed: int, inner
 
     start = time.perf_counter()
     llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", enforce_eager=not compiled, seed=0, **_ENGINE)
-    result = {"init_s": time.perf_counter() - start, "torch_threads": torch.get_num_threads(), "seconds": [],
-              "rates": [], "tokens": [], "load": []}
+    result = {
+        "init_s": time.perf_counter() - start,
+        "torch_threads": torch.get_num_threads(),
+        "seconds": [],
+        "rates": [],
+        "tokens": [],
+        "load": [],
+    }
     vocab = llm.llm_engine.model_config.get_vocab_size()
     warm, _ = workload(2, vocab, seed + 1000)
     llm.generate([{"prompt_token_ids": p} for p in warm], SamplingParams(max_tokens=8), use_tqdm=False)
@@ -108,11 +140,23 @@ def engine_env(variant: str) -> dict[str, str]:
     return env
 
 
-def worker_command(model: Path, out: Path, compiled: bool, requests: int, seed: int, inner: int,
-                   python: str = sys.executable) -> list[str]:
+def worker_command(
+    model: Path, out: Path, compiled: bool, requests: int, seed: int, inner: int, python: str = sys.executable
+) -> list[str]:
     """The command line of one ``--worker`` engine process run by ``python`` (a Python with vLLM)."""
-    return [python, str(Path(__file__).resolve()), "--worker", str(model), str(out), "--requests", str(requests),
-            "--seed", str(seed), "--inner", str(inner)] + (["--compiled"] if compiled else [])
+    return [
+        python,
+        str(Path(__file__).resolve()),
+        "--worker",
+        str(model),
+        str(out),
+        "--requests",
+        str(requests),
+        "--seed",
+        str(seed),
+        "--inner",
+        str(inner),
+    ] + (["--compiled"] if compiled else [])
 
 
 def run_once(model: Path, variant: str, compiled: bool, args, scratch: Path) -> dict:
@@ -121,8 +165,9 @@ def run_once(model: Path, variant: str, compiled: bool, args, scratch: Path) -> 
     cmd = worker_command(model, out, compiled, args.requests, args.seed, args.inner)
     proc = subprocess.run(cmd, env=engine_env(variant), capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
-        raise SystemExit(f"vllm_route: {variant} run on {model.name} failed (rc {proc.returncode}):\n"
-                         f"{proc.stderr[-4000:]}")
+        raise SystemExit(
+            f"vllm_route: {variant} run on {model.name} failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
+        )
     return json.loads(out.read_text())
 
 
@@ -137,18 +182,27 @@ def measure(models: dict[str, Path], args, scratch: Path) -> list[dict]:
                     runs[variant].append(run_once(model, variant, mode == "compiled", args, scratch))
                     r = runs[variant][-1]
                     times = ", ".join(f"{t:.2f}" for t in r["seconds"])
-                    print(f"  {name} {mode} {variant}: {times} s (start {r['init_s']:.1f} s, "
-                          f"1-min load {max(r['load']):.1f})", flush=True)
+                    print(
+                        f"  {name} {mode} {variant}: {times} s (start {r['init_s']:.1f} s, "
+                        f"1-min load {max(r['load']):.1f})",
+                        flush=True,
+                    )
             rows.append(_row(name, mode, runs))
     return rows
 
 
 def _row(name: str, mode: str, runs: dict[str, list[dict]]) -> dict:
     stock, hetero = runs["stock"][0]["tokens"], runs["hetero"][0]["tokens"]
-    row = {"model": name, "mode": mode, "timed": len(runs["stock"]) * len(runs["stock"][0]["seconds"]),
-           "requests": len(stock), "identical": sum(a == b for a, b in zip(stock, hetero)),
-           "runs_identical": all(r["tokens"] == stock for r in runs["stock"] + runs["hetero"]),
-           "routed": runs["hetero"][0]["routed"], "torch_threads": runs["stock"][0]["torch_threads"]}
+    row = {
+        "model": name,
+        "mode": mode,
+        "timed": len(runs["stock"]) * len(runs["stock"][0]["seconds"]),
+        "requests": len(stock),
+        "identical": sum(a == b for a, b in zip(stock, hetero)),
+        "runs_identical": all(r["tokens"] == stock for r in runs["stock"] + runs["hetero"]),
+        "routed": runs["hetero"][0]["routed"],
+        "torch_threads": runs["stock"][0]["torch_threads"],
+    }
     for variant, rs in runs.items():
         rates = [t for r in rs for t in r["rates"]]
         row[f"{variant}_seconds"] = [round(t, 3) for r in rs for t in r["seconds"]]
@@ -167,22 +221,39 @@ def machine() -> dict[str, str]:
         import vllm
     except ImportError:
         vllm = None
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "python": platform.python_version(),
-            "vllm": vllm.__version__ if vllm else "not importable here", "torch": torch.__version__, "transformers": transformers.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "python": platform.python_version(),
+        "vllm": vllm.__version__ if vllm else "not importable here",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
 
 
 def table(rows: list[dict]) -> str:
     """The results as a Markdown table: output tok/s best (median), and stock/hetero throughput = hetero's slowdown."""
-    lines = ["| model | mode | timed workloads each | stock tok/s | hetero tok/s | hetero slowdown | (medians) "
-             "| identical requests |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| model | mode | timed workloads each | stock tok/s | hetero tok/s | hetero slowdown | (medians) "
+        "| identical requests |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['mode']} | {r['timed']} "
-                     f"| {r['stock_tok_s']:.0f} ({r['stock_median_tok_s']:.0f}) "
-                     f"| {r['hetero_tok_s']:.0f} ({r['hetero_median_tok_s']:.0f}) | {r['ratio']:.2f}x "
-                     f"| {r['median_ratio']:.2f}x | {r['identical']}/{r['requests']} |")
+        lines.append(
+            f"| {r['model']} | {r['mode']} | {r['timed']} "
+            f"| {r['stock_tok_s']:.0f} ({r['stock_median_tok_s']:.0f}) "
+            f"| {r['hetero_tok_s']:.0f} ({r['hetero_median_tok_s']:.0f}) | {r['ratio']:.2f}x "
+            f"| {r['median_ratio']:.2f}x | {r['identical']}/{r['requests']} |"
+        )
     return "\n".join(lines)
 
 
@@ -206,8 +277,10 @@ def main() -> None:
         args.requests, args.repeats, args.inner, args.modes = 8, 1, 1, ["eager"]
     bad = [m for m in args.modes if m not in ("eager", "compiled")]
     if bad or min(args.requests, args.repeats, args.inner) < 1:
-        p.error(f"--modes takes eager,compiled, --requests, --repeats and --inner at least 1; got {args.modes}, "
-                f"{args.requests}, {args.repeats}, {args.inner}")
+        p.error(
+            f"--modes takes eager,compiled, --requests, --repeats and --inner at least 1; got {args.modes}, "
+            f"{args.requests}, {args.repeats}, {args.inner}"
+        )
     wanted = args.models.split(",")
     if not wanted or set(wanted) - {"qwen3", "qwen3_moe"}:
         p.error(f"--models takes qwen3,qwen3_moe; got {args.models}")
@@ -217,12 +290,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         models = {k: v for k, v in write_models(Path(d)).items() if k in wanted}
         rows = measure(models, args, Path(d))
-    print(f"torch threads in the engines: {rows[0]['torch_threads']}; best of {args.repeats} interleaved processes x "
-          f"{args.inner} timed workloads each (medians beside)")
+    print(
+        f"torch threads in the engines: {rows[0]['torch_threads']}; best of {args.repeats} interleaved processes x "
+        f"{args.inner} timed workloads each (medians beside)"
+    )
     print(table(rows))
     for r in rows:
-        print(f"{r['model']} {r['mode']}: hetero served {r['routed']}; "
-              f"every repeat gave the same tokens: {r['runs_identical']}")
+        print(
+            f"{r['model']} {r['mode']}: hetero served {r['routed']}; "
+            f"every repeat gave the same tokens: {r['runs_identical']}"
+        )
     if args.json:
         args.json.write_text(json.dumps({"command": sys.argv, "machine": info, "rows": rows}, indent=1))
 

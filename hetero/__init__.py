@@ -3,6 +3,7 @@
 ``ops = hetero.load("cuda")`` selects a backend plugin (by name, ``HETERO_BACKEND``,
 or the available one of highest priority) and returns its op table.
 """
+
 from __future__ import annotations
 
 from hetero.backend import Availability, Backend

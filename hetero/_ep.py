@@ -9,11 +9,11 @@ Expert ids are range-checked by ``hetero.spec.validate.ep_dispatch`` when valida
 is dropped on the device and no torch index sees it (on a GPU a bad index is a device-side
 assert that kills the context).
 """
+
 from __future__ import annotations
 
 import torch
 
-from hetero.errors import OpError
 from hetero.spec.checks import INDEX_DTYPES, check_same_device, check_tensor, expect
 from hetero.spec.comm import Communicator
 from hetero.spec.types import FLOAT_DTYPES, EPDispatch
@@ -38,8 +38,13 @@ def check_dispatch(x: object, ids: object, weights: object, num_experts: object,
     op = "ep_dispatch"
     expect(isinstance(comm, Communicator), op, "comm", "a hetero.spec.Communicator", type(comm).__name__)
     check_tensor(op, "x", x, ndim=2, dtypes=FLOAT_DTYPES)
-    expect(isinstance(num_experts, int) and not isinstance(num_experts, bool) and num_experts >= 1,
-           op, "num_experts", "an int >= 1", repr(num_experts))
+    expect(
+        isinstance(num_experts, int) and not isinstance(num_experts, bool) and num_experts >= 1,
+        op,
+        "num_experts",
+        "an int >= 1",
+        repr(num_experts),
+    )
     world = comm.world_size
     expect(num_experts % world == 0, op, "num_experts", f"a multiple of the world size {world}", num_experts)
     check_tensor(op, "ids", ids, shape=(x.shape[0], None), dtypes=INDEX_DTYPES)
@@ -68,8 +73,11 @@ def ep_dispatch(
     dst_rank, send_index = need.t().nonzero(as_tuple=True)  # grouped by destination rank, tokens ascending
     send_counts = torch.bincount(dst_rank, minlength=world)
     # each sent row carries the token, its k weights and its local expert ids on that rank (-1: not there)
-    lids = torch.where(dest[send_index] == dst_rank.unsqueeze(1), ids_l[send_index] - dst_rank.unsqueeze(1) * local,
-                       torch.full_like(ids_l[send_index], -1)).to(torch.int32)
+    lids = torch.where(
+        dest[send_index] == dst_rank.unsqueeze(1),
+        ids_l[send_index] - dst_rank.unsqueeze(1) * local,
+        torch.full_like(ids_l[send_index], -1),
+    ).to(torch.int32)
 
     recv_counts = comm.all_to_all(send_counts.reshape(world, 1), [1] * world, [1] * world).reshape(world)
     send_splits = tuple(int(c) for c in send_counts.tolist())
@@ -79,8 +87,8 @@ def ep_dispatch(
     got = comm.all_to_all(payload, recv_splits, send_splits)
     xb = hidden * x.element_size()
     rx = _from_bytes(got[:, :xb], x.dtype, hidden)
-    rw = _from_bytes(got[:, xb:xb + 4 * k], torch.float32, k)
-    rl = _from_bytes(got[:, xb + 4 * k:], torch.int32, k).long()
+    rw = _from_bytes(got[:, xb : xb + 4 * k], torch.float32, k)
+    rl = _from_bytes(got[:, xb + 4 * k :], torch.int32, k).long()
 
     # expand to (token, local expert) pairs, stably grouped by local expert
     flat = rl.reshape(-1)
@@ -105,7 +113,13 @@ def ep_dispatch(
 
 def ep_combine(y_local: torch.Tensor, dispatch: EPDispatch) -> torch.Tensor:
     op = "ep_combine"
-    expect(isinstance(dispatch, EPDispatch), op, "dispatch", "the EPDispatch returned by ep_dispatch", type(dispatch).__name__)
+    expect(
+        isinstance(dispatch, EPDispatch),
+        op,
+        "dispatch",
+        "the EPDispatch returned by ep_dispatch",
+        type(dispatch).__name__,
+    )
     check_tensor(op, "y_local", y_local, ndim=2, dtypes=FLOAT_DTYPES, shape=(dispatch.x.shape[0], None))
     check_same_device(op, y_local=y_local, token_index=dispatch.token_index)
     hidden = y_local.shape[1]

@@ -1,4 +1,5 @@
 """Guarded plugin loading: one plugin's failure is recorded and never reaches the others."""
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -54,9 +55,15 @@ def _version_problem(cls: type[Backend]) -> tuple[str, str]:
         return "incompatible", f"declares spec_version {declared!r}; expected a version like '{SPEC_VERSION}'"
     our_major, our_minor = (int(p) for p in SPEC_VERSION.split(".")[:2])
     if major != our_major:
-        return "incompatible", f"implements spec {declared} but this hetero provides spec {SPEC_VERSION} (major versions differ); upgrade the one that is older"
+        return (
+            "incompatible",
+            f"implements spec {declared} but this hetero provides spec {SPEC_VERSION} (major versions differ); upgrade the one that is older",
+        )
     if minor != our_minor:
-        return "warn", f"implements spec {declared}, this hetero provides {SPEC_VERSION}; ops of the newer minor version are missing on one side"
+        return (
+            "warn",
+            f"implements spec {declared}, this hetero provides {SPEC_VERSION}; ops of the newer minor version are missing on one side",
+        )
     return "ok", ""
 
 
@@ -72,11 +79,17 @@ class PluginLoader:
 
     def load_entry_point(self, ep: md.EntryPoint) -> None:
         dist = getattr(ep, "dist", None)
-        dist_name, version = (dist.metadata["Name"], dist.version) if dist is not None else (ep.value.split(".")[0], "unknown")
+        dist_name, version = (
+            (dist.metadata["Name"], dist.version) if dist is not None else (ep.value.split(".")[0], "unknown")
+        )
         if ep.name in self.records:
             return  # the same plugin seen twice (e.g. two paths on sys.path): load once
         if (self.allow and ep.name not in self.allow) or ep.name in self.block:
-            why = "not in HETERO_PLUGINS" if self.allow and ep.name not in self.allow else "listed in HETERO_DISABLE_PLUGINS"
+            why = (
+                "not in HETERO_PLUGINS"
+                if self.allow and ep.name not in self.allow
+                else "listed in HETERO_DISABLE_PLUGINS"
+            )
             self._fail(PluginRecord(ep.name, dist_name, version, "disabled", f"disabled: {why}"))
             return
         try:
@@ -84,7 +97,16 @@ class PluginLoader:
         except BaseException as e:  # SystemExit too: an import must never end the process
             if isinstance(e, KeyboardInterrupt):
                 raise
-            self._fail(PluginRecord(ep.name, dist_name, version, "broken", f"import of '{ep.value}' failed: {type(e).__name__}: {e}", traceback.format_exc()))
+            self._fail(
+                PluginRecord(
+                    ep.name,
+                    dist_name,
+                    version,
+                    "broken",
+                    f"import of '{ep.value}' failed: {type(e).__name__}: {e}",
+                    traceback.format_exc(),
+                )
+            )
             return
         self.register(module, ep.name, dist=dist_name, version=version)
 
@@ -139,7 +161,9 @@ class PluginLoader:
     def _fail(self, record: PluginRecord) -> PluginRecord:
         self.records[record.name] = record
         if record.name not in self.backends:  # the entry point's name stands for its backend
-            self.backends[record.name] = BackendEntry(record.name, None, record.name, record.version, record.error, record.status)
+            self.backends[record.name] = BackendEntry(
+                record.name, None, record.name, record.version, record.error, record.status
+            )
         return record
 
     def overrides(self, backend_name: str) -> dict[str, Binding]:

@@ -2,7 +2,7 @@
 
 __all__ = ["README", "README_PLAIN", "README_TRITON"]
 
-README = '''\
+README = """\
 # $dist
 
 The `$name` backend of hetero (hardware-neutral LLM inference operators): a plugin
@@ -62,16 +62,16 @@ jobs:
         if: always()
         with: {name: conformance-$name, path: "report.*\\njunit.xml"}
 ```
-'''
+"""
 
-README_PLAIN = '''
+README_PLAIN = """
 As generated, every op falls back to the reference (plain PyTorch on CPU), so the
 conformance run exits 0 with every case `fallback`. `$pkg/plugin.py` holds one
 example op, `silu_and_mul`, commented out: uncomment it to see its cases pass.
 Set `device_type` (and `probe()`) to your chip's torch device type first.
-'''
+"""
 
-README_TRITON = '''
+README_TRITON = """
 `$cls` subclasses `hetero.kernels.TritonBackend`: every op runs natively through
 hetero's portable Triton kernels, so your work is the device, the tuning and the
 vendor fast paths. Set `device_type` to your chip's torch device type; until then
@@ -90,4 +90,4 @@ breaks a launch. `arch(device)` returns the key of a device (from its name or
 compute capability). Tune with `hetero bench` on the device, then prove the
 numbers with `hetero conformance $name`: tuning must not change results beyond
 the tolerances.
-'''
+"""

@@ -2,6 +2,7 @@
 process group, and the collective timeout. ``hetero.distributed`` starts process groups and
 re-exports these; backends construct communicators from here without importing it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,9 +55,14 @@ class TorchCommunicator(Communicator):
 
     def __init__(self, group: Any = None, *, timeout: float | None = None):
         if not dist.is_available() or not dist.is_initialized():
-            raise CommError("communicator", None, None, timeout,
-                            "torch.distributed is not initialized; call hetero.distributed.init(backend) first "
-                            "(under torchrun, or with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set)")
+            raise CommError(
+                "communicator",
+                None,
+                None,
+                timeout,
+                "torch.distributed is not initialized; call hetero.distributed.init(backend) first "
+                "(under torchrun, or with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set)",
+            )
         self.group = group
         self._rank = dist.get_rank(group)
         self._world_size = dist.get_world_size(group)
@@ -76,7 +82,11 @@ class TorchCommunicator(Communicator):
             yield
         except CommError:
             raise
-        except (RuntimeError, ConnectionError, TimeoutError) as e:  # DistBackendError, DistNetworkError are RuntimeErrors
+        except (
+            RuntimeError,
+            ConnectionError,
+            TimeoutError,
+        ) as e:  # DistBackendError, DistNetworkError are RuntimeErrors
             cause = " ".join(str(e).split())[:500] or type(e).__name__
             raise CommError(name, self._rank, self._world_size, self.timeout, cause) from e
 
@@ -102,7 +112,9 @@ class TorchCommunicator(Communicator):
     def reduce_scatter(self, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
         dim = _dim(x, dim)
         if x.shape[dim] % self._world_size:
-            raise self._arg_error("reduce_scatter", f"x.shape[{dim}] = {x.shape[dim]} is not divisible by world size {self._world_size}")
+            raise self._arg_error(
+                "reduce_scatter", f"x.shape[{dim}] = {x.shape[dim]} is not divisible by world size {self._world_size}"
+            )
         src = x.movedim(dim, 0).contiguous()
         out = src.new_empty((src.shape[0] // self._world_size, *src.shape[1:]))
         with self._collective("reduce_scatter"):
@@ -113,7 +125,9 @@ class TorchCommunicator(Communicator):
         out_splits, in_splits = [int(s) for s in out_splits], [int(s) for s in in_splits]
         r = self._world_size
         if len(out_splits) != r or len(in_splits) != r:
-            raise self._arg_error("all_to_all", f"out_splits and in_splits need {r} entries, got {len(out_splits)} and {len(in_splits)}")
+            raise self._arg_error(
+                "all_to_all", f"out_splits and in_splits need {r} entries, got {len(out_splits)} and {len(in_splits)}"
+            )
         if min(out_splits + in_splits, default=0) < 0:
             raise self._arg_error("all_to_all", f"splits must be >= 0, got out {out_splits} in {in_splits}")
         if x.ndim == 0 or sum(in_splits) != x.shape[0]:
@@ -121,7 +135,9 @@ class TorchCommunicator(Communicator):
         src = x.contiguous()
         out = src.new_empty((sum(out_splits), *src.shape[1:]))
         with self._collective("all_to_all"):
-            dist.all_to_all_single(out, src, output_split_sizes=out_splits, input_split_sizes=in_splits, group=self.group)
+            dist.all_to_all_single(
+                out, src, output_split_sizes=out_splits, input_split_sizes=in_splits, group=self.group
+            )
         return out
 
     def broadcast(self, x: torch.Tensor, src: int) -> torch.Tensor:

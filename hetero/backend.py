@@ -1,4 +1,5 @@
 """The Backend base class a plugin subclasses, and the Availability its probe returns."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

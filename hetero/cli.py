@@ -5,6 +5,7 @@ file, an unknown or unavailable backend) prints one line, ``hetero <command>: er
 ...``, and exits 2; ``--debug`` or ``HETERO_DEBUG=1`` shows its traceback instead. Any
 other exception is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,19 +37,21 @@ def backends_report(registry: Registry) -> list[dict[str, Any]]:
         status = entry.status if entry.status != "ok" else ("available" if avail.ok else "unavailable")
         info = ops.explain() if ops is not None else {}
         native = [op for op, i in info.items() if i.origin == BACKEND or i.origin.startswith("override")]
-        rows.append({
-            "name": name,
-            "plugin": entry.plugin,
-            "package": registry.plugins[entry.plugin].dist if entry.plugin in registry.plugins else "",
-            "version": entry.version,
-            "status": status,
-            "reason": avail.reason if not avail.ok or avail.reason else "",
-            "device": avail.device_name if avail.ok else "",
-            "priority": entry.cls.priority if entry.cls is not None else None,
-            "native_ops": native,
-            "fallback_ops": [op for op in info if op not in native],
-            "warnings": list(entry.warnings),
-        })
+        rows.append(
+            {
+                "name": name,
+                "plugin": entry.plugin,
+                "package": registry.plugins[entry.plugin].dist if entry.plugin in registry.plugins else "",
+                "version": entry.version,
+                "status": status,
+                "reason": avail.reason if not avail.ok or avail.reason else "",
+                "device": avail.device_name if avail.ok else "",
+                "priority": entry.cls.priority if entry.cls is not None else None,
+                "native_ops": native,
+                "fallback_ops": [op for op in info if op not in native],
+                "warnings": list(entry.warnings),
+            }
+        )
     return rows
 
 
@@ -80,14 +83,25 @@ def _print_backends(console: Console, rows: list[dict[str, Any]]) -> None:
     for r in rows:
         ops = f"{len(r['native_ops'])}/{len(r['fallback_ops'])}" if r["native_ops"] or r["fallback_ops"] else "-"
         style = _status_style(r["status"])
-        table.add_row(r["name"], f"{r['package']} {r['version']}", r["device"] or "-", f"[{style}]{r['status']}[/]", ops, r["reason"])
+        table.add_row(
+            r["name"],
+            f"{r['package']} {r['version']}",
+            r["device"] or "-",
+            f"[{style}]{r['status']}[/]",
+            ops,
+            r["reason"],
+        )
     console.print(table)
 
 
 def _print_explain(console: Console, report: dict[str, Any]) -> None:
     style = _status_style(report["status"])
     head = f"[bold]{report['backend']}[/] {report['version']}: [{style}]{report['status']}[/]"
-    console.print(head + (f" on {report['device']}" if report["device"] else "") + (f" ({report['reason']})" if report["reason"] else ""))
+    console.print(
+        head
+        + (f" on {report['device']}" if report["device"] else "")
+        + (f" ({report['reason']})" if report["reason"] else "")
+    )
     table = Table(show_header=True)
     for col in ("op", "origin", "implementation", "reasons"):
         table.add_column(col, overflow="fold")
@@ -131,8 +145,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_debug(parser: argparse.ArgumentParser, default: Any) -> None:
-    parser.add_argument("--debug", action="store_true", default=default,
-                        help="show the traceback of a usage error (also HETERO_DEBUG=1)")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=default,
+        help="show the traceback of a usage error (also HETERO_DEBUG=1)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,13 +180,22 @@ def build_parser() -> argparse.ArgumentParser:
     from hetero.serve.cli import add_parser as add_serve_parser
 
     add_serve_parser(sub)
-    p = sub.add_parser("new-backend", help="write a ready plugin package hetero-NAME/ for a new chip",
-                       description="Write hetero-NAME/: pyproject.toml with the hetero.backends entry point, the Backend "
-                                   "subclass (every op falls back to the reference until you implement it), a conformance "
-                                   "test for CI and a README on what to implement next.")
+    p = sub.add_parser(
+        "new-backend",
+        help="write a ready plugin package hetero-NAME/ for a new chip",
+        description="Write hetero-NAME/: pyproject.toml with the hetero.backends entry point, the Backend "
+        "subclass (every op falls back to the reference until you implement it), a conformance "
+        "test for CI and a README on what to implement next.",
+    )
     p.add_argument("name", help="backend name: lowercase letters, digits, underscores (e.g. mychip)")
-    p.add_argument("--triton", action="store_true", help="subclass hetero.kernels.TritonBackend: every op native through the portable Triton kernels")
-    p.add_argument("--dir", default=".", metavar="D", help="where to create hetero-NAME/ (default: the current directory)")
+    p.add_argument(
+        "--triton",
+        action="store_true",
+        help="subclass hetero.kernels.TritonBackend: every op native through the portable Triton kernels",
+    )
+    p.add_argument(
+        "--dir", default=".", metavar="D", help="where to create hetero-NAME/ (default: the current directory)"
+    )
     p.set_defaults(func=_cmd_new_backend, needs_registry=False)
     for p in sub.choices.values():
         # SUPPRESS: after the subcommand, --debug sets the top-level flag instead of resetting it;
@@ -188,11 +215,18 @@ def _cmd_new_backend(args: argparse.Namespace, registry: Registry | None, consol
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         console.print(f"wrote {path}", style="dim", highlight=False, markup=False)
     if not (root / "tests").exists():
-        console.print("no conformance test written: hetero-conformance is not installed (it provides tests/ through the "
-                      "hetero.commands entry point); pip install hetero-conformance to check the backend",
-                      style="yellow", highlight=False, markup=False)
-    console.print(f"next: pip install -e {root} && hetero explain {args.name} && hetero conformance {args.name} --quick",
-                  highlight=False, markup=False)
+        console.print(
+            "no conformance test written: hetero-conformance is not installed (it provides tests/ through the "
+            "hetero.commands entry point); pip install hetero-conformance to check the backend",
+            style="yellow",
+            highlight=False,
+            markup=False,
+        )
+    console.print(
+        f"next: pip install -e {root} && hetero explain {args.name} && hetero conformance {args.name} --quick",
+        highlight=False,
+        markup=False,
+    )
     return EXIT_OK
 
 
@@ -214,10 +248,14 @@ def _add_plugin_commands(sub: Any) -> None:
             if add is not None:
                 add(sub)
         except Exception as e:
-            print(f"hetero: warning: commands of {command.dist or command.name} ({command.name}) left out: {e}",
-                  file=sys.stderr)
+            print(
+                f"hetero: warning: commands of {command.dist or command.name} ({command.name}) left out: {e}",
+                file=sys.stderr,
+            )
     if "conformance" not in sub.choices:
-        p = sub.add_parser("conformance", help="check a backend against the reference (needs hetero-conformance)", add_help=False)
+        p = sub.add_parser(
+            "conformance", help="check a backend against the reference (needs hetero-conformance)", add_help=False
+        )
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=_cmd_conformance_missing)
 

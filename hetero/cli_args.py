@@ -4,6 +4,7 @@ One list syntax everywhere: a list option takes ``a,b``, ``a b`` and repeats
 (``--ops a,b --ops c``), in any mix; the parsed value is one flat list (or the
 option's default when it is not given).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,13 @@ def split_list(values: Sequence[str] | str) -> list[str]:
 
 
 class _ListAction(argparse.Action):
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         items = split_list(values)
         if not items:
             parser.error(f"argument {option_string}: expected at least one value, got {values!r}")
@@ -31,6 +38,8 @@ class _ListAction(argparse.Action):
         setattr(namespace, f"_{self.dest}_given", True)
 
 
-def add_list_option(parser: argparse.ArgumentParser, *flags: str, metavar: str = "A,B", default: Any = None, **kwargs: Any) -> argparse.Action:
+def add_list_option(
+    parser: argparse.ArgumentParser, *flags: str, metavar: str = "A,B", default: Any = None, **kwargs: Any
+) -> argparse.Action:
     """Add a list option: ``--ops a,b``, ``--ops a b`` and ``--ops a --ops b`` all give ``["a", "b"]``."""
     return parser.add_argument(*flags, nargs="+", action=_ListAction, metavar=metavar, default=default, **kwargs)

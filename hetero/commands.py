@@ -17,6 +17,7 @@ This is how ``hetero conformance`` and the conformance test of a generated backe
 hetero-conformance without ``hetero`` importing it. Each entry point is loaded inside a guard:
 one that fails to load is reported (:attr:`Command.error`), never fatal to the others.
 """
+
 from __future__ import annotations
 
 import traceback

@@ -6,6 +6,7 @@ call on a process group of the backend's ``dist_backend`` (gloo, nccl, hccl).
 Failures are raised as :class:`hetero.errors.CommError`, naming the collective,
 rank, world size and timeout.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,13 @@ def _dist_backend(backend: Any) -> tuple[str, Any]:
         cls = backend if isinstance(backend, type) else type(backend)
         return cls.process_group_backend(), cls
     if backend is not None and not isinstance(backend, str):
-        raise CommError("init", None, None, None, f"backend must be a hetero Backend, its class, a name or None, got {type(backend).__name__}")
+        raise CommError(
+            "init",
+            None,
+            None,
+            None,
+            f"backend must be a hetero Backend, its class, a name or None, got {type(backend).__name__}",
+        )
     registry = default_registry()
     name = backend if backend is not None else registry.select()
     cls = registry.entry(name).cls
@@ -54,9 +61,14 @@ def init(backend: Any = None, *, timeout: float | timedelta | None = None) -> To
         return TorchCommunicator(None, timeout=TIMEOUTS.get(None, seconds))
     missing = [k for k in _REQUIRED_ENV if not os.environ.get(k)]
     if missing:
-        raise CommError("init", None, None, seconds,
-                        f"environment variable(s) {', '.join(missing)} not set; launch with torchrun "
-                        f"(e.g. `torchrun --nproc-per-node 2 script.py`) or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT")
+        raise CommError(
+            "init",
+            None,
+            None,
+            seconds,
+            f"environment variable(s) {', '.join(missing)} not set; launch with torchrun "
+            f"(e.g. `torchrun --nproc-per-node 2 script.py`) or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT",
+        )
     try:
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -68,10 +80,17 @@ def init(backend: Any = None, *, timeout: float | timedelta | None = None) -> To
         if module is not None and hasattr(module, "set_device"):
             module.set_device(local_rank)
     try:
-        dist.init_process_group(backend=pg_backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=seconds))
+        dist.init_process_group(
+            backend=pg_backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=seconds)
+        )
     except (RuntimeError, ValueError, ConnectionError, TimeoutError) as e:
-        raise CommError("init", rank, world_size, seconds,
-                        f"init_process_group({pg_backend!r}) at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} failed: {e}") from e
+        raise CommError(
+            "init",
+            rank,
+            world_size,
+            seconds,
+            f"init_process_group({pg_backend!r}) at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} failed: {e}",
+        ) from e
     TIMEOUTS[None] = seconds
     return TorchCommunicator(None, timeout=seconds)
 
@@ -83,11 +102,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _spawned(local_rank: int, fn: Callable, world_size: int, port: int, backend: Any, timeout: float | None,
-             env: dict[str, str], args: tuple) -> None:
+def _spawned(
+    local_rank: int,
+    fn: Callable,
+    world_size: int,
+    port: int,
+    backend: Any,
+    timeout: float | None,
+    env: dict[str, str],
+    args: tuple,
+) -> None:
     os.environ.update(env)
-    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(local_rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     comm = init(backend, timeout=timeout)
     try:
         fn(comm, *args)
@@ -96,8 +129,14 @@ def _spawned(local_rank: int, fn: Callable, world_size: int, port: int, backend:
             dist.destroy_process_group()
 
 
-def spawn(fn: Callable[..., None], world_size: int, *args: Any, backend: Any = "cpu_ref",
-          timeout: float | None = None, env: dict[str, str] | None = None) -> None:
+def spawn(
+    fn: Callable[..., None],
+    world_size: int,
+    *args: Any,
+    backend: Any = "cpu_ref",
+    timeout: float | None = None,
+    env: dict[str, str] | None = None,
+) -> None:
     """Run ``fn(comm, *args)`` on ``world_size`` local processes, each with a communicator from ``init``.
 
     ``fn`` must be importable by a fresh interpreter (a module-level function; start method
@@ -107,5 +146,10 @@ def spawn(fn: Callable[..., None], world_size: int, *args: Any, backend: Any = "
     import torch.multiprocessing as mp
 
     port = free_port()
-    mp.spawn(_spawned, args=(fn, world_size, port, backend, timeout, dict(env or {}), args),
-             nprocs=world_size, join=True, start_method="spawn")
+    mp.spawn(
+        _spawned,
+        args=(fn, world_size, port, backend, timeout, dict(env or {}), args),
+        nprocs=world_size,
+        join=True,
+        start_method="spawn",
+    )

@@ -4,6 +4,7 @@
 torch (the reference and ``TritonBackend`` bind them); ``check_dispatch`` is their argument check.
 A backend with its own collective kernel hands the calls it cannot serve to these.
 """
+
 from __future__ import annotations
 
 from hetero._ep import check_dispatch, ep_combine, ep_dispatch

@@ -1,4 +1,5 @@
 """Exceptions raised by hetero. Every message names what failed and why."""
+
 from __future__ import annotations
 
 __all__ = [
@@ -65,7 +66,13 @@ class CommError(HeteroError, RuntimeError):
     """A collective failed (a peer died, or did not arrive within the timeout), or the process group could not start."""
 
     def __init__(self, collective: str, rank: int | None, world_size: int | None, timeout: float | None, cause: str):
-        self.collective, self.rank, self.world_size, self.timeout, self.cause = collective, rank, world_size, timeout, cause
+        self.collective, self.rank, self.world_size, self.timeout, self.cause = (
+            collective,
+            rank,
+            world_size,
+            timeout,
+            cause,
+        )
         where = f"rank {rank} of world size {world_size}" if rank is not None else "this process"
         limit = f"{timeout:g} s" if timeout is not None else "unknown"
         super().__init__(f"{collective}: collective failed on {where} (timeout {limit}): {cause}")

@@ -1,4 +1,5 @@
 """The pluggy hook specifications of hetero. A plugin module implements them with ``@hetero.hookimpl``."""
+
 from __future__ import annotations
 
 from typing import Callable

@@ -1,8 +1,8 @@
 """Ops: the resolved op table an engine calls. One attribute per op, no dispatch per call."""
+
 from __future__ import annotations
 
 import inspect
-
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -26,7 +26,12 @@ class OpInfo:
     reasons: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "implementation": self.implementation, "origin": self.origin, "reasons": list(self.reasons)}
+        return {
+            "op": self.op,
+            "implementation": self.implementation,
+            "origin": self.origin,
+            "reasons": list(self.reasons),
+        }
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,12 @@ class Ops:
             if binding is None:
                 self._bind_fallback(op, f"not implemented by backend '{backend.name}'")
                 continue
-            self._info[op] = OpInfo(op, _qualname(binding.fn), binding.origin, [notes[op]] if op in notes and binding.origin == BACKEND else [])
+            self._info[op] = OpInfo(
+                op,
+                _qualname(binding.fn),
+                binding.origin,
+                [notes[op]] if op in notes and binding.origin == BACKEND else [],
+            )
             if backend.validate and not backend.validates_indices and op in VALIDATORS:
                 binding = Binding(_validated(binding.fn, VALIDATORS[op]), binding.origin, binding.supports)
             self._native[op] = binding

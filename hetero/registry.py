@@ -1,4 +1,5 @@
 """Plugin discovery (pluggy over the ``hetero.backends`` entry points) and backend selection."""
+
 from __future__ import annotations
 
 import difflib
@@ -103,14 +104,22 @@ class Registry:
         for e in ranked:
             if self.availability(e.name).ok:
                 return e.name
-        raise BackendUnavailable("(auto)", f"no installed backend is available; known: {', '.join(self.names()) or 'none'}")
+        raise BackendUnavailable(
+            "(auto)", f"no installed backend is available; known: {', '.join(self.names()) or 'none'}"
+        )
 
     def overrides(self, backend_name: str) -> dict[str, Binding]:
         """Op implementations other plugins add to ``backend_name`` (later registrations win)."""
         return self._loader.overrides(backend_name)
 
-    def load(self, name: str | None = None, *, device: torch.device | str | None = None, strict: bool = False,
-             validate: bool | None = None) -> Ops:
+    def load(
+        self,
+        name: str | None = None,
+        *,
+        device: torch.device | str | None = None,
+        strict: bool = False,
+        validate: bool | None = None,
+    ) -> Ops:
         """The op table of backend ``name`` (``"cuda:1"`` selects device index 1); see hetero.load."""
         name = name if name is not None else self.select()
         match = _NAME_WITH_INDEX.match(name.strip())
@@ -161,8 +170,13 @@ def default_registry() -> Registry:
     return Registry()
 
 
-def load(name: str | None = None, *, device: torch.device | str | None = None, strict: bool = False,
-         validate: bool | None = None) -> Ops:
+def load(
+    name: str | None = None,
+    *,
+    device: torch.device | str | None = None,
+    strict: bool = False,
+    validate: bool | None = None,
+) -> Ops:
     """Select a backend and return its op table.
 
     ``name`` comes from the argument, else ``HETERO_BACKEND``, else the available

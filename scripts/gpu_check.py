@@ -18,12 +18,12 @@ shapes through Triton's interpreter on the CPU (HETERO_TRITON_INTERPRET=1),
 timed with time.perf_counter since do_bench needs a GPU driver: it checks that
 the script works, not how fast anything is. Exit 1 when an op raised.
 """
+
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
-import math
 import os
 import statistics
 import sys
@@ -61,10 +61,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("out", nargs="?", default=DEFAULT_OUT, help=f"Markdown file to write (default {DEFAULT_OUT})")
     p.add_argument("--smoke", action="store_true", help="tiny shapes through the Triton interpreter on the CPU")
     p.add_argument("--backend", default="cuda", help="backend to time (default cuda)")
-    p.add_argument("--conformance", metavar="JSON", help="a `hetero conformance --json` report to summarise in the header")
+    p.add_argument(
+        "--conformance", metavar="JSON", help="a `hetero conformance --json` report to summarise in the header"
+    )
     p.add_argument("--ops", default="", help="only these ops (comma-separated)")
     p.add_argument("--reps", type=int, default=3, help="perf_counter repetitions off a GPU (default 3)")
-    p.add_argument("--list", action="store_true", help="list the cases with their bytes, flops and roofline; run nothing")
+    p.add_argument(
+        "--list", action="store_true", help="list the cases with their bytes, flops and roofline; run nothing"
+    )
     return p.parse_args(argv)
 
 
@@ -84,7 +88,10 @@ def make_timer(device, reps: int) -> tuple[str, Callable[[Callable[[], Any]], fl
             times.append((time.perf_counter() - start) * 1e3)
         return statistics.median(times)
 
-    return f"time.perf_counter, median of {reps} runs on the CPU (ms; triton.testing.do_bench needs a GPU driver)", median_ms
+    return (
+        f"time.perf_counter, median of {reps} runs on the CPU (ms; triton.testing.do_bench needs a GPU driver)",
+        median_ms,
+    )
 
 
 def _first(out: Any):
@@ -165,7 +172,9 @@ def _conformance_line(path: str | None) -> str:
     except (OSError, ValueError) as e:
         return f"- conformance: no report at `{path}` ({type(e).__name__})"
     s = report.get("summary", {})
-    counts = ", ".join(f"{s[k]} {k}" for k in ("pass", "fail", "error", "skipped", "fallback", "crashed", "timeout") if s.get(k))
+    counts = ", ".join(
+        f"{s[k]} {k}" for k in ("pass", "fail", "error", "skipped", "fallback", "crashed", "timeout") if s.get(k)
+    )
     command = report.get("run", {}).get("command", "hetero conformance")
     return f"- conformance: `{command}`: {s.get('total', 0)} cases: {counts}; {'OK' if s.get('ok') else 'FAILED'}"
 
@@ -174,19 +183,27 @@ def markdown(rows: list[Row], head: dict[str, str], interpreted: bool) -> str:
     lines = [f"# hetero GPU check: {head['backend']} on {head['device']}", ""]
     lines += [f"- {k}: {v}" for k, v in head.items() if k not in ("backend", "device")]
     if interpreted:
-        lines += ["- **interpreted**: the Triton kernels ran in Triton's interpreter on the CPU (HETERO_TRITON_INTERPRET=1) "
-                  "with tiny shapes; the times and the roofline columns say nothing about GPU speed"]
-    lines += ["- roofline: max(bytes / 4.3 TB/s, flops / 790 TFLOP/s bf16 or 1580 TFLOP/s fp8 / int8), the H200's ceilings;"
-              " *of roofline* = roofline time / hetero time", "",
-              "- validate on / off: the op's time with `hetero.load(backend, validate=True)` over its time with validation off", "",
-              "| op | case | dtype | implementation | hetero ms | Triton kernel ms | torch ref ms | roofline ms | bound | of roofline | vs ref | validate on / off | rel err vs ref |",
-              "|---|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+        lines += [
+            "- **interpreted**: the Triton kernels ran in Triton's interpreter on the CPU (HETERO_TRITON_INTERPRET=1) "
+            "with tiny shapes; the times and the roofline columns say nothing about GPU speed"
+        ]
+    lines += [
+        "- roofline: max(bytes / 4.3 TB/s, flops / 790 TFLOP/s bf16 or 1580 TFLOP/s fp8 / int8), the H200's ceilings;"
+        " *of roofline* = roofline time / hetero time",
+        "",
+        "- validate on / off: the op's time with `hetero.load(backend, validate=True)` over its time with validation off",
+        "",
+        "| op | case | dtype | implementation | hetero ms | Triton kernel ms | torch ref ms | roofline ms | bound | of roofline | vs ref | validate on / off | rel err vs ref |",
+        "|---|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+    ]
     for r in rows:
         err = "-" if r.rel_err is None else f"{r.rel_err:.2e}"
         hetero = f"error: {r.error}" if r.error else _ms(r.hetero_ms)
-        lines.append(f"| {r.op} | {r.case} | {r.dtype} | `{r.impl}` | {hetero} | {_ms(r.kernel_ms)} | {_ms(r.ref_ms)} | "
-                     f"{_ms(r.roof_ms)} | {r.bound} | {_ratio(r.roof_ms, r.hetero_ms, pct=True)} | {_ratio(r.ref_ms, r.hetero_ms)} | "
-                     f"{_ratio(r.validated_ms, r.hetero_ms)} | {err} |")
+        lines.append(
+            f"| {r.op} | {r.case} | {r.dtype} | `{r.impl}` | {hetero} | {_ms(r.kernel_ms)} | {_ms(r.ref_ms)} | "
+            f"{_ms(r.roof_ms)} | {r.bound} | {_ratio(r.roof_ms, r.hetero_ms, pct=True)} | {_ratio(r.ref_ms, r.hetero_ms)} | "
+            f"{_ratio(r.validated_ms, r.hetero_ms)} | {err} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -245,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     import gpu_check_cases as cases
 
     if args.list:
-        return list_cases(cases, cases.SMOKE if args.smoke else cases.FULL, {o.strip() for o in args.ops.split(",") if o.strip()})
+        return list_cases(
+            cases, cases.SMOKE if args.smoke else cases.FULL, {o.strip() for o in args.ops.split(",") if o.strip()}
+        )
 
     import hetero
     from hetero.registry import default_registry

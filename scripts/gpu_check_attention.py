@@ -2,12 +2,12 @@
 window), varlen, MLA dense and sparse (DeepSeek-V3.2's DSA), the cache writes, merge and the lightning
 indexer. See gpu_check_sizes for the Bench record and how bytes and flops are counted.
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
-
 from gpu_check_sizes import Bench, Sizes, nbytes, paged_meta, randn, visible, windowed
 
 __all__ = ["attention_benches", "sparse_indices"]
@@ -15,7 +15,9 @@ __all__ = ["attention_benches", "sparse_indices"]
 MLA_BLOCK = 64  # DeepSeek's latent and index caches share 64-token blocks
 
 
-def _paged(case: str, qlens: list[int], kvlens: list[int], s: Sizes, heads: tuple[int, int, int], window: int = 0) -> Bench:
+def _paged(
+    case: str, qlens: list[int], kvlens: list[int], s: Sizes, heads: tuple[int, int, int], window: int = 0
+) -> Bench:
     """``window`` W > 0: a sliding window of W keys (``window=(W - 1, -1)``) with per-head sinks (gpt-oss)."""
     hq, hkv, d = heads
 
@@ -23,7 +25,7 @@ def _paged(case: str, qlens: list[int], kvlens: list[int], s: Sizes, heads: tupl
         meta, nblk = paged_meta(qlens, kvlens, s.block, dev)
         q = randn((sum(qlens), hq, d), dev)
         kc, vc = randn((nblk, s.block, hkv, d), dev), randn((nblk, s.block, hkv, d), dev)
-        inputs = {"query": q, "k_cache": kc, "v_cache": vc, "meta": meta, "scale": d ** -0.5, "causal": True}
+        inputs = {"query": q, "k_cache": kc, "v_cache": vc, "meta": meta, "scale": d**-0.5, "causal": True}
         if window:
             inputs.update(window=(window - 1, -1), sinks=torch.randn(hq, device=dev))
             seen, read = (sum(x) for x in zip(*(windowed(n, L, window) for n, L in zip(qlens, kvlens))))
@@ -40,8 +42,17 @@ def _varlen(s: Sizes) -> Bench:
     def make(dev):
         q, k, v = randn((b * n, hq, d), dev), randn((b * n, hkv, d), dev), randn((b * n, hkv, d), dev)
         cu = torch.arange(0, b * n + 1, n, dtype=torch.int32, device=dev)
-        inputs = {"query": q, "key": k, "value": v, "cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": n,
-                  "max_seqlen_k": n, "scale": d ** -0.5, "causal": True}
+        inputs = {
+            "query": q,
+            "key": k,
+            "value": v,
+            "cu_seqlens_q": cu,
+            "cu_seqlens_k": cu,
+            "max_seqlen_q": n,
+            "max_seqlen_k": n,
+            "scale": d**-0.5,
+            "causal": True,
+        }
         return inputs, 4.0 * hq * d * b * visible(n, n), nbytes(q, k, v, q)
 
     return Bench("varlen_attention", f"prefill {b}x{n} Hq{hq} Hkv{hkv} D{d}", "bfloat16", make)
@@ -56,7 +67,11 @@ def _write_kv(s: Sizes) -> Bench:
         nblk = math.ceil(t / s.block)
         kc, vc = randn((nblk, s.block, hkv, d), dev), randn((nblk, s.block, hkv, d), dev)
         slots = torch.arange(t, dtype=torch.int64, device=dev)
-        return {"key": k, "value": v, "k_cache": kc, "v_cache": vc, "slot_mapping": slots}, 0.0, 2 * nbytes(k, v) + nbytes(slots)
+        return (
+            {"key": k, "value": v, "k_cache": kc, "v_cache": vc, "slot_mapping": slots},
+            0.0,
+            2 * nbytes(k, v) + nbytes(slots),
+        )
 
     return Bench("write_kv", f"prefill {b}x{n} Hkv{hkv} D{d} bs{s.block}", "bfloat16", make)
 
@@ -67,7 +82,9 @@ def sparse_indices(qlens: list[int], kvlens: list[int], topk: int, device) -> to
     rows = []
     for n, length in zip(qlens, kvlens):
         pos = torch.arange(length - n, length, device=device)[:, None]
-        score = torch.rand(n, length, device=device).masked_fill(torch.arange(length, device=device)[None, :] > pos, -1.0)
+        score = torch.rand(n, length, device=device).masked_fill(
+            torch.arange(length, device=device)[None, :] > pos, -1.0
+        )
         top = score.topk(min(topk, length), dim=1)
         picked = torch.where(top.values >= 0, top.indices, -1)
         rows.append(torch.nn.functional.pad(picked, (0, topk - picked.shape[1]), value=-1))
@@ -78,8 +95,14 @@ def _mla_inputs(qlens: list[int], kvlens: list[int], s: Sizes, dev) -> dict:
     h, lkv, r = s.mla
     meta, nblk = paged_meta(qlens, kvlens, MLA_BLOCK, dev)
     t = sum(qlens)
-    return {"q_nope": randn((t, h, lkv), dev), "q_pe": randn((t, h, r), dev), "ckv_cache": randn((nblk, MLA_BLOCK, lkv), dev),
-            "kpe_cache": randn((nblk, MLA_BLOCK, r), dev), "meta": meta, "scale": 192 ** -0.5}
+    return {
+        "q_nope": randn((t, h, lkv), dev),
+        "q_pe": randn((t, h, r), dev),
+        "ckv_cache": randn((nblk, MLA_BLOCK, lkv), dev),
+        "kpe_cache": randn((nblk, MLA_BLOCK, r), dev),
+        "meta": meta,
+        "scale": 192**-0.5,
+    }
 
 
 def _mla(s: Sizes) -> list[Bench]:
@@ -95,10 +118,16 @@ def _mla(s: Sizes) -> list[Bench]:
         kv_c, k_pe = randn((t, lkv), dev), randn((t, r), dev)
         ckv, kpe = randn((t, MLA_BLOCK, lkv), dev), randn((t, MLA_BLOCK, r), dev)
         slots = torch.arange(t, dtype=torch.int64, device=dev) * MLA_BLOCK + (length - 1) % MLA_BLOCK
-        return {"kv_c": kv_c, "k_pe": k_pe, "ckv_cache": ckv, "kpe_cache": kpe, "slot_mapping": slots}, 0.0, 2 * nbytes(kv_c, k_pe)
+        return (
+            {"kv_c": kv_c, "k_pe": k_pe, "ckv_cache": ckv, "kpe_cache": kpe, "slot_mapping": slots},
+            0.0,
+            2 * nbytes(kv_c, k_pe),
+        )
 
-    return [Bench("write_mla_kv", f"decode B{b} Lkv{lkv} R{r}", "bfloat16", write),
-            Bench("mla_attention", f"decode B{b} KV{length} H{h} Lkv{lkv} R{r} bs{MLA_BLOCK}", "bfloat16", attend)]
+    return [
+        Bench("write_mla_kv", f"decode B{b} Lkv{lkv} R{r}", "bfloat16", write),
+        Bench("mla_attention", f"decode B{b} KV{length} H{h} Lkv{lkv} R{r} bs{MLA_BLOCK}", "bfloat16", attend),
+    ]
 
 
 def _sparse_mla(case: str, qlens: list[int], kvlens: list[int], s: Sizes) -> Bench:
@@ -175,10 +204,12 @@ def attention_benches(s: Sizes) -> list[Bench]:
         _paged(f"prefill {pb}x{pn} bs{s.block}", [pn] * pb, [pn] * pb, s, s.heads),
         _paged(f"{oss} decode B{b} KV{length}", [1] * b, [length] * b, s, (ohq, ohkv, od), ow),
         _paged(f"{oss} prefill {pb}x{pn}", [pn] * pb, [pn] * pb, s, (ohq, ohkv, od), ow),
-        _varlen(s), *_mla(s),
+        _varlen(s),
+        *_mla(s),
         _sparse_mla(f"dsa decode B{db} KV{dl} H{h} Lkv{lkv} R{r} top{topk}", [1] * db, [dl] * db, s),
         _sparse_mla(f"dsa prefill chunk {pt} of KV{pl} H{h} top{topk}", [pt], [pl], s),
-        _merge(s), _write_index_k(s),
+        _merge(s),
+        _write_index_k(s),
         _indexer(f"decode B{db} KV{dl} Hi{hi} D{di} top{topk}", [1] * db, [dl] * db, s),
         _indexer(f"prefill chunk {pt} of KV{pl} Hi{hi} D{di} top{topk}", [pt], [pl], s),
     ]

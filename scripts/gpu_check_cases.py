@@ -5,12 +5,12 @@ gpu_check_attention, the sizes, the Bench record and the input helpers in gpu_ch
 here are gemm, MoE (gpt-oss's swigluoai experts with biases included), the layer ops and
 linear attention; the quantized ops (spec 1.4) are in gpu_check_quant.
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
-
 from gpu_check_attention import attention_benches
 from gpu_check_quant import quant_benches
 from gpu_check_sizes import BF16, FULL, SMOKE, Bench, Sizes, expert_ids, nbytes, randn
@@ -22,8 +22,8 @@ def _gemm(s: Sizes) -> list[Bench]:
     n = s.gemm
 
     def dense(dev):
-        a, b = randn((n, n), dev), randn((n, n), dev, scale=n ** -0.5)
-        return {"a": a, "b": b}, 2.0 * n ** 3, nbytes(a, b, a)
+        a, b = randn((n, n), dev), randn((n, n), dev, scale=n**-0.5)
+        return {"a": a, "b": b}, 2.0 * n**3, nbytes(a, b, a)
 
     def scaled(block: bool):
         def make(dev):
@@ -32,13 +32,15 @@ def _gemm(s: Sizes) -> list[Bench]:
             kb = math.ceil(n / 128)
             sa = torch.rand(n, kb, device=dev) + 0.5 if block else torch.tensor(0.02, device=dev)
             sb = torch.rand(kb, kb, device=dev) + 0.5 if block else torch.tensor(0.03, device=dev)
-            return {"a": a, "b": b, "a_scale": sa, "b_scale": sb}, 2.0 * n ** 3, nbytes(a, b, sa, sb) + n * n * 2
+            return {"a": a, "b": b, "a_scale": sa, "b_scale": sb}, 2.0 * n**3, nbytes(a, b, sa, sb) + n * n * 2
 
         return make
 
-    return [Bench("gemm", f"{n}x{n}x{n}", "bfloat16", dense),
-            Bench("scaled_gemm", f"{n}x{n}x{n} per-tensor", "float8_e4m3fn", scaled(False)),
-            Bench("scaled_gemm", f"{n}x{n}x{n} 128-blocks", "float8_e4m3fn", scaled(True))]
+    return [
+        Bench("gemm", f"{n}x{n}x{n}", "bfloat16", dense),
+        Bench("scaled_gemm", f"{n}x{n}x{n} per-tensor", "float8_e4m3fn", scaled(False)),
+        Bench("scaled_gemm", f"{n}x{n}x{n} 128-blocks", "float8_e4m3fn", scaled(True)),
+    ]
 
 
 def _balanced_ends(rows: int, groups: int, device) -> torch.Tensor:
@@ -50,7 +52,7 @@ def _grouped(model: str, proj: str, e: int, h: int, i: int, rows: int) -> Bench:
     n, k = (2 * i, h) if proj == "gate_up" else (h, i)
 
     def make(dev):
-        a, b = randn((rows, k), dev), randn((e, n, k), dev, scale=k ** -0.5)
+        a, b = randn((rows, k), dev), randn((e, n, k), dev, scale=k**-0.5)
         ends = _balanced_ends(rows, e, dev)
         return {"a": a, "b": b, "group_ends": ends}, 2.0 * rows * n * k, nbytes(a, b) + rows * n * 2
 
@@ -60,17 +62,23 @@ def _grouped(model: str, proj: str, e: int, h: int, i: int, rows: int) -> Bench:
 def _fused(model: str, e: int, k: int, h: int, i: int, tokens: int, oss: bool = False) -> Bench:
     """``oss``: gpt-oss's experts, swigluoai (alpha 1.702, limit 7) with both biases; the gate projection's
     spread (std 3) puts about 2% of the gates past the limit."""
+
     def make(dev):
         x = randn((tokens, h), dev)
-        w13, w2 = randn((e, 2 * i, h), dev, scale=(3.0 if oss else 1.0) * h ** -0.5), randn((e, h, i), dev, scale=i ** -0.5)
+        w13, w2 = randn((e, 2 * i, h), dev, scale=(3.0 if oss else 1.0) * h**-0.5), randn((e, h, i), dev, scale=i**-0.5)
         ids = expert_ids(tokens, e, k, dev)
         weights = torch.rand(tokens, k, device=dev)
         used = int(torch.unique(ids).numel())
         per_expert = (2 * i * h + h * i + (3 * i + h if oss else 0)) * 2
         inputs = {"x": x, "w13": w13, "w2": w2, "weights": weights, "ids": ids}
         if oss:
-            inputs.update(activation="swigluoai", alpha=1.702, limit=7.0, w13_bias=randn((e, 2 * i), dev),
-                          w2_bias=randn((e, h), dev, scale=0.1))
+            inputs.update(
+                activation="swigluoai",
+                alpha=1.702,
+                limit=7.0,
+                w13_bias=randn((e, 2 * i), dev),
+                w2_bias=randn((e, h), dev, scale=0.1),
+            )
         return inputs, 2.0 * tokens * k * 3 * i * h, used * per_expert + 2 * nbytes(x) + nbytes(ids, weights)
 
     return Bench("fused_moe", f"{model} T{tokens} E{e} top{k} H{h} I{i}", "bfloat16", make)
@@ -84,8 +92,15 @@ def _moe_data(s: Sizes) -> list[Bench]:
         logits = torch.randn(t, e, device=dev)
         bias = torch.randn(e, device=dev) * 0.1
         groups = 8 if e % 8 == 0 else 1
-        inputs = {"router_logits": logits, "top_k": k, "scoring": "sigmoid", "n_group": groups, "topk_group": max(1, groups // 2),
-                  "correction_bias": bias, "routed_scaling_factor": 2.5}
+        inputs = {
+            "router_logits": logits,
+            "top_k": k,
+            "scoring": "sigmoid",
+            "n_group": groups,
+            "topk_group": max(1, groups // 2),
+            "correction_bias": bias,
+            "routed_scaling_factor": 2.5,
+        }
         return inputs, 0.0, nbytes(logits, bias) + t * k * 8
 
     def permute(dev):
@@ -99,9 +114,11 @@ def _moe_data(s: Sizes) -> list[Bench]:
         weights = torch.rand(t, k, device=dev)
         return {"y_sorted": y, "perm": perm, "weights": weights}, 2.0 * t * k * h, nbytes(y, perm, weights) + t * h * 2
 
-    return [Bench("route", f"deepseek-v3 T{t} E{e} sigmoid grouped", "float32", route),
-            Bench("moe_permute", f"deepseek-v3 T{t} top{k} H{h}", "bfloat16", permute),
-            Bench("moe_unpermute", f"deepseek-v3 T{t} top{k} H{h}", "bfloat16", unpermute)]
+    return [
+        Bench("route", f"deepseek-v3 T{t} E{e} sigmoid grouped", "float32", route),
+        Bench("moe_permute", f"deepseek-v3 T{t} top{k} H{h}", "bfloat16", permute),
+        Bench("moe_unpermute", f"deepseek-v3 T{t} top{k} H{h}", "bfloat16", unpermute),
+    ]
 
 
 def _layers(s: Sizes) -> list[Bench]:
@@ -115,7 +132,11 @@ def _layers(s: Sizes) -> list[Bench]:
         pos = torch.randint(0, 4 * t, (t,), device=dev)
         q, kk = randn((t, hq, d), dev), randn((t, hkv, d), dev)
         cache = torch.randn(4 * t, d, device=dev)
-        return {"positions": pos, "q": q, "k": kk, "cos_sin_cache": cache}, 6.0 * (q.numel() + kk.numel()), 2 * nbytes(q, kk) + t * d * 4
+        return (
+            {"positions": pos, "q": q, "k": kk, "cos_sin_cache": cache},
+            6.0 * (q.numel() + kk.numel()),
+            2 * nbytes(q, kk) + t * d * 4,
+        )
 
     def silu(dev):
         x = randn((t, 2 * inter), dev)
@@ -126,17 +147,21 @@ def _layers(s: Sizes) -> list[Bench]:
         x, w, b = randn((rows, hidden), dev), torch.randn(hidden, device=dev), torch.randn(hidden, device=dev)
         return {"x": x, "weight": w, "bias": b, "eps": 1e-6}, 8.0 * rows * hidden, 2 * nbytes(x) + nbytes(w, b)
 
-    return [Bench("rms_norm", f"T{t} H{h} +residual", "bfloat16", rms),
-            Bench("layer_norm", f"T{s.norm[0]} H{s.norm[1]} +bias (indexer k_norm)", "bfloat16", layer),
-            Bench("rotary_embedding", f"T{t} Hq{hq} Hkv{hkv} D{d} neox", "bfloat16", rope),
-            Bench("silu_and_mul", f"T{t} I{inter}", "bfloat16", silu)]
+    return [
+        Bench("rms_norm", f"T{t} H{h} +residual", "bfloat16", rms),
+        Bench("layer_norm", f"T{s.norm[0]} H{s.norm[1]} +bias (indexer k_norm)", "bfloat16", layer),
+        Bench("rotary_embedding", f"T{t} Hq{hq} Hkv{hkv} D{d} neox", "bfloat16", rope),
+        Bench("silu_and_mul", f"T{t} I{inter}", "bfloat16", silu),
+    ]
 
 
 def _state_batch(seqs: int, each: int, decode: bool, device) -> dict[str, torch.Tensor]:
     """query_start_loc, state_slots (a permutation of the slots) and has_initial_state (decode: True)."""
-    return {"query_start_loc": torch.arange(0, seqs * each + 1, each, dtype=torch.int32, device=device),
-            "state_slots": torch.randperm(seqs).to(torch.int32).to(device),
-            "has_initial_state": torch.full((seqs,), decode, dtype=torch.bool, device=device)}
+    return {
+        "query_start_loc": torch.arange(0, seqs * each + 1, each, dtype=torch.int32, device=device),
+        "state_slots": torch.randperm(seqs).to(torch.int32).to(device),
+        "has_initial_state": torch.full((seqs,), decode, dtype=torch.bool, device=device),
+    }
 
 
 def _linear_attention(s: Sizes) -> list[Bench]:
@@ -150,9 +175,15 @@ def _linear_attention(s: Sizes) -> list[Bench]:
     def conv(seqs: int, each: int, decode: bool):
         def make(dev):
             t = seqs * each
-            x, weight, state = randn((t, c), dev), randn((c, w), dev, scale=w ** -0.5), randn((seqs, w - 1, c), dev)
-            inputs = {"x": x, "weight": weight, "bias": None, "conv_state": state, **_state_batch(seqs, each, decode, dev),
-                      "activation": "silu"}
+            x, weight, state = randn((t, c), dev), randn((c, w), dev, scale=w**-0.5), randn((seqs, w - 1, c), dev)
+            inputs = {
+                "x": x,
+                "weight": weight,
+                "bias": None,
+                "conv_state": state,
+                **_state_batch(seqs, each, decode, dev),
+                "activation": "silu",
+            }
             return inputs, 2.0 * t * c * w, 2 * nbytes(x) + nbytes(weight) + (2 if decode else 1) * nbytes(state)
 
         return make
@@ -164,18 +195,29 @@ def _linear_attention(s: Sizes) -> list[Bench]:
             g = torch.rand(t, hv, device=dev).mul_(-0.5).sub_(0.01)  # log-decays, float32
             beta = torch.rand(t, hv, device=dev).to(BF16)
             state = torch.randn(seqs, hv, kd, vd, device=dev).mul_(0.1)  # float32, 2 MiB per sequence
-            inputs = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "ssm_state": state, **_state_batch(seqs, each, decode, dev),
-                      "scale": kd ** -0.5, "use_qk_l2norm": True}
+            inputs = {
+                "q": q,
+                "k": k,
+                "v": v,
+                "g": g,
+                "beta": beta,
+                "ssm_state": state,
+                **_state_batch(seqs, each, decode, dev),
+                "scale": kd**-0.5,
+                "use_qk_l2norm": True,
+            }
             flops = t * hv * (6.0 * kd * vd + (0 if decode else 4 * 64 * (kd + vd)))
             return inputs, flops, nbytes(q, k, v, g, beta, v) + (2 if decode else 1) * nbytes(state)
 
         return make
 
     heads = f"H{h} K{kd} HV{hv} V{vd}"
-    return [Bench("causal_conv1d", f"decode B{decode_b} C{c} W{w}", "bfloat16", conv(decode_b, 1, True)),
-            Bench("causal_conv1d", f"prefill {pre_b}x{pre_n} C{c} W{w}", "bfloat16", conv(pre_b, pre_n, False)),
-            Bench("gated_delta_rule", f"decode B{decode_b} {heads}", "bfloat16", delta(decode_b, 1, True)),
-            Bench("gated_delta_rule", f"prefill {pre_b}x{pre_n} {heads}", "bfloat16", delta(pre_b, pre_n, False))]
+    return [
+        Bench("causal_conv1d", f"decode B{decode_b} C{c} W{w}", "bfloat16", conv(decode_b, 1, True)),
+        Bench("causal_conv1d", f"prefill {pre_b}x{pre_n} C{c} W{w}", "bfloat16", conv(pre_b, pre_n, False)),
+        Bench("gated_delta_rule", f"decode B{decode_b} {heads}", "bfloat16", delta(decode_b, 1, True)),
+        Bench("gated_delta_rule", f"prefill {pre_b}x{pre_n} {heads}", "bfloat16", delta(pre_b, pre_n, False)),
+    ]
 
 
 def benches(s: Sizes) -> list[Bench]:

@@ -9,13 +9,13 @@ timing of ``torch._scaled_grouped_mm`` (PyTorch's row-wise fp8 grouped GEMM) on 
 
 Bytes count the weights of the experts that receive tokens only (all 256 at 32768 rows; few at T = 1).
 """
+
 from __future__ import annotations
 
 import math
 from typing import Any, Callable
 
 import torch
-
 from gpu_check_sizes import BF16, Bench, Sizes, nbytes, randn
 
 __all__ = ["quant_benches", "vendor_section", "VENDOR_CASE"]
@@ -30,10 +30,10 @@ def quantized(shape: tuple[int, ...], device, dtype: torch.dtype) -> torch.Tenso
     out = torch.empty(shape, device=device, dtype=dtype)
     if out.device.type == "meta":
         return out
-    step = max(1, 2 ** 28 // max(1, math.prod(shape[1:])))
+    step = max(1, 2**28 // max(1, math.prod(shape[1:])))
     for i in range(0, shape[0], step):
         x = torch.randn((min(step, shape[0] - i), *shape[1:]), device=device, dtype=BF16).mul_(32)
-        out[i:i + step] = x.round_().clamp_(-127, 127).to(dtype) if dtype == torch.int8 else x.to(dtype)
+        out[i : i + step] = x.round_().clamp_(-127, 127).to(dtype) if dtype == torch.int8 else x.to(dtype)
     return out
 
 
@@ -82,8 +82,16 @@ def _fused_fp8(t: int, e: int, k: int, h: int, i: int) -> Callable:
         s2 = _scale((e, math.ceil(h / 128), math.ceil(i / 128)), dev, 1e-4)
         ids = torch.rand(t, e).topk(k, dim=1).indices.to(torch.int32)
         used = int(torch.unique(ids).numel())
-        inputs = {"x": x, "w13": w13, "w2": w2, "weights": torch.rand(t, k, device=dev), "ids": ids.to(dev),
-                  "w13_scale": s13, "w2_scale": s2, "act_quant": "group128"}
+        inputs = {
+            "x": x,
+            "w13": w13,
+            "w2": w2,
+            "weights": torch.rand(t, k, device=dev),
+            "ids": ids.to(dev),
+            "w13_scale": s13,
+            "w2_scale": s2,
+            "act_quant": "group128",
+        }
         per_expert = 3 * i * h + (nbytes(s13) + nbytes(s2)) / e
         return inputs, 2.0 * t * k * 3 * i * h, used * per_expert + 2 * nbytes(x) + t * k * 8
 
@@ -95,29 +103,61 @@ def quant_benches(s: Sizes) -> list[Bench]:
     e, k, h, i = s.experts["deepseek-v3"]
     t = s.quant_tokens
     pre = f"deepseek-v3 T{t}"
-    out = [Bench("quantize_activation", f"{pre} K{h} group128 fp8", "float8_e4m3fn", _quantize(t, h, FP8, 128, "float")),
-           Bench("quantize_activation", f"{pre} K{h} group128 fp8 ue8m0", "float8_e4m3fn", _quantize(t, h, FP8, 128, "ue8m0")),
-           Bench("quantize_activation", f"{pre} K{h} per-token int8", "int8", _quantize(t, h, torch.int8, None, "float"))]
+    out = [
+        Bench("quantize_activation", f"{pre} K{h} group128 fp8", "float8_e4m3fn", _quantize(t, h, FP8, 128, "float")),
+        Bench(
+            "quantize_activation", f"{pre} K{h} group128 fp8 ue8m0", "float8_e4m3fn", _quantize(t, h, FP8, 128, "ue8m0")
+        ),
+        Bench("quantize_activation", f"{pre} K{h} per-token int8", "int8", _quantize(t, h, torch.int8, None, "float")),
+    ]
     rows = f"E{e} rows{t * k}"
-    out += [Bench("scaled_grouped_gemm", f"{pre} gate_up 128-blocks {rows} N{2 * i} K{h}", "float8_e4m3fn",
-                  _grouped(t, e, k, 2 * i, h, "block")),
-            Bench("scaled_grouped_gemm", f"{pre} down 128-blocks {rows} N{h} K{i}", "float8_e4m3fn",
-                  _grouped(t, e, k, h, i, "block")),
-            Bench("scaled_grouped_gemm", f"{pre} gate_up {VENDOR_CASE} {rows} N{2 * i} K{h}", "float8_e4m3fn",
-                  _grouped(t, e, k, 2 * i, h, "row"))]
-    out += [Bench("fused_moe", f"deepseek-v3 fp8 128-blocks T{m} E{e} top{k} H{h} I{i}", "float8_e4m3fn",
-                  _fused_fp8(m, e, k, h, i)) for m in s.moe_tokens]
+    out += [
+        Bench(
+            "scaled_grouped_gemm",
+            f"{pre} gate_up 128-blocks {rows} N{2 * i} K{h}",
+            "float8_e4m3fn",
+            _grouped(t, e, k, 2 * i, h, "block"),
+        ),
+        Bench(
+            "scaled_grouped_gemm",
+            f"{pre} down 128-blocks {rows} N{h} K{i}",
+            "float8_e4m3fn",
+            _grouped(t, e, k, h, i, "block"),
+        ),
+        Bench(
+            "scaled_grouped_gemm",
+            f"{pre} gate_up {VENDOR_CASE} {rows} N{2 * i} K{h}",
+            "float8_e4m3fn",
+            _grouped(t, e, k, 2 * i, h, "row"),
+        ),
+    ]
+    out += [
+        Bench(
+            "fused_moe",
+            f"deepseek-v3 fp8 128-blocks T{m} E{e} top{k} H{h} I{i}",
+            "float8_e4m3fn",
+            _fused_fp8(m, e, k, h, i),
+        )
+        for m in s.moe_tokens
+    ]
     return out
 
 
 # ----------------------------------------------------------------------------- torch._scaled_grouped_mm, side by side
 
+
 def torch_grouped_args(inputs: dict[str, Any]) -> dict[str, Any]:
     """hetero's row-wise scaled_grouped_gemm inputs as torch._scaled_grouped_mm's: mat_b [G, K, N] column-major
     (b's transposed view), scale_a [M], scale_b [G, N], offs the int32 group ends."""
     b, sb = inputs["b"], inputs["b_scale"]
-    return {"mat_a": inputs["a"], "mat_b": b.transpose(-2, -1), "scale_a": inputs["a_scale"].reshape(-1).contiguous(),
-            "scale_b": sb.reshape(sb.shape[0], -1).contiguous(), "offs": inputs["group_ends"], "out_dtype": BF16}
+    return {
+        "mat_a": inputs["a"],
+        "mat_b": b.transpose(-2, -1),
+        "scale_a": inputs["a_scale"].reshape(-1).contiguous(),
+        "scale_b": sb.reshape(sb.shape[0], -1).contiguous(),
+        "offs": inputs["group_ends"],
+        "out_dtype": BF16,
+    }
 
 
 def _compare(bench: Bench, ops: Any, timer: Callable, device) -> str:
@@ -127,14 +167,22 @@ def _compare(bench: Bench, ops: Any, timer: Callable, device) -> str:
         fn = getattr(ops, bench.op)
 
         def vendor():
-            return torch._scaled_grouped_mm(targs["mat_a"], targs["mat_b"], targs["scale_a"], targs["scale_b"],
-                                            offs=targs["offs"], out_dtype=targs["out_dtype"])
+            return torch._scaled_grouped_mm(
+                targs["mat_a"],
+                targs["mat_b"],
+                targs["scale_a"],
+                targs["scale_b"],
+                offs=targs["offs"],
+                out_dtype=targs["out_dtype"],
+            )
 
         got, want = fn(**inputs).double(), vendor().double()
         err = float((got - want).norm() / want.norm().clamp_min(1e-30))
         mine, theirs = timer(lambda: fn(**inputs)), timer(vendor)
-        return (f"| {bench.case} | {mine:.4g} | {theirs:.4g} | {mine / theirs:.2f}x | "
-                f"{flops / theirs / 1e9:.0f} | {err:.2e} |")
+        return (
+            f"| {bench.case} | {mine:.4g} | {theirs:.4g} | {mine / theirs:.2f}x | "
+            f"{flops / theirs / 1e9:.0f} | {err:.2e} |"
+        )
     except Exception as e:  # noqa: BLE001  (report and go on)
         return f"| {bench.case} | error: {type(e).__name__}: {str(e).splitlines()[0][:160]} | | | | |"
 
@@ -146,10 +194,13 @@ def vendor_section(s: Sizes, ops: Any, timer: Callable, device) -> str:
     if device.type != "cuda" or not hasattr(torch, "_scaled_grouped_mm"):
         why = "not a CUDA device" if device.type != "cuda" else f"torch {torch.__version__} has no _scaled_grouped_mm"
         return "\n".join(lines + [f"- skipped: {why}", ""])
-    lines += ["- the same inputs: a [M, K] fp8 with per-token scales, b [G, N, K] fp8 with per-channel scales, "
-              "bfloat16 output; rel err = hetero vs torch", "",
-              "| case | hetero ms | torch._scaled_grouped_mm ms | hetero / torch | torch TFLOP/s | rel err |",
-              "|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "- the same inputs: a [M, K] fp8 with per-token scales, b [G, N, K] fp8 with per-channel scales, "
+        "bfloat16 output; rel err = hetero vs torch",
+        "",
+        "| case | hetero ms | torch._scaled_grouped_mm ms | hetero / torch | torch TFLOP/s | rel err |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for bench in quant_benches(s):
         if bench.op == "scaled_grouped_gemm" and VENDOR_CASE in bench.case:
             lines.append(_compare(bench, ops, timer, device))

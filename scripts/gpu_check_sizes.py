@@ -5,6 +5,7 @@ A :class:`Bench` names an op and a case; ``make(device)`` draws its inputs (bflo
 unless said) and returns them with the flops it performs and the bytes it must
 move at least (every input read once, every output written once).
 """
+
 from __future__ import annotations
 
 import math
@@ -15,7 +16,19 @@ import torch
 
 from hetero.spec import AttentionMeta
 
-__all__ = ["BF16", "Sizes", "FULL", "SMOKE", "Bench", "nbytes", "randn", "paged_meta", "visible", "windowed", "expert_ids"]
+__all__ = [
+    "BF16",
+    "Sizes",
+    "FULL",
+    "SMOKE",
+    "Bench",
+    "nbytes",
+    "randn",
+    "paged_meta",
+    "visible",
+    "windowed",
+    "expert_ids",
+]
 
 BF16 = torch.bfloat16
 
@@ -43,18 +56,48 @@ class Sizes:
     quant_tokens: int  # the quantized cases' tokens T (DeepSeek-V3: T x top_k routed rows), gpu_check_quant
 
 
-FULL = Sizes((64, 4096), (32, 8, 128), 16, (8, 2048), (128, 512, 64), 4096, 8192, (4096, 12288),
-             {"qwen3-30b-a3b": (128, 8, 2048, 768), "deepseek-v3": (256, 8, 7168, 2048)}, 32768, (1, 256),
-             (16, 128, 32, 128, 8192, 4), (64, 8, 4096),  # Qwen3-Next-80B-A3B's linear-attention layers
-             (64, 32768, 4096, 8192), (64, 128, 2048), (8192, 128),  # DeepSeek-V3.2
-             (64, 8, 64, 128), (32, 4, 2880, 2880),  # gpt-oss-20b
-             4096)
-SMOKE = Sizes((2, 40), (4, 2, 32), 16, (2, 24), (4, 64, 16), 64, 16, (64, 96),
-              {"qwen3-30b-a3b": (8, 2, 64, 32), "deepseek-v3": (16, 2, 128, 64)}, 24, (1, 4),
-              (2, 16, 4, 16, 64, 4), (3, 2, 40),
-              (2, 40, 8, 12), (4, 32, 8), (16, 32),
-              (4, 2, 32, 8), (8, 2, 64, 32),
-              12)
+FULL = Sizes(
+    (64, 4096),
+    (32, 8, 128),
+    16,
+    (8, 2048),
+    (128, 512, 64),
+    4096,
+    8192,
+    (4096, 12288),
+    {"qwen3-30b-a3b": (128, 8, 2048, 768), "deepseek-v3": (256, 8, 7168, 2048)},
+    32768,
+    (1, 256),
+    (16, 128, 32, 128, 8192, 4),
+    (64, 8, 4096),  # Qwen3-Next-80B-A3B's linear-attention layers
+    (64, 32768, 4096, 8192),
+    (64, 128, 2048),
+    (8192, 128),  # DeepSeek-V3.2
+    (64, 8, 64, 128),
+    (32, 4, 2880, 2880),  # gpt-oss-20b
+    4096,
+)
+SMOKE = Sizes(
+    (2, 40),
+    (4, 2, 32),
+    16,
+    (2, 24),
+    (4, 64, 16),
+    64,
+    16,
+    (64, 96),
+    {"qwen3-30b-a3b": (8, 2, 64, 32), "deepseek-v3": (16, 2, 128, 64)},
+    24,
+    (1, 4),
+    (2, 16, 4, 16, 64, 4),
+    (3, 2, 40),
+    (2, 40, 8, 12),
+    (4, 32, 8),
+    (16, 32),
+    (4, 2, 32, 8),
+    (8, 2, 64, 32),
+    12,
+)
 
 
 @dataclass(frozen=True)
@@ -79,7 +122,7 @@ def paged_meta(qlens: list[int], kvlens: list[int], bs: int, device) -> tuple[At
     perm = torch.randperm(sum(need)).tolist()
     width, rows, at = max(need), [], 0
     for n in need:
-        rows.append(perm[at:at + n] + [0] * (width - n))
+        rows.append(perm[at : at + n] + [0] * (width - n))
         at += n
     return AttentionMeta.build(qlens, kvlens, rows, device=device), sum(need)
 

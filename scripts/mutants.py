@@ -21,6 +21,7 @@ packages shadow the editable installs through PYTHONPATH, which every subprocess
 start (torchrun ranks, conformance isolate workers, spawn) inherits; the first copy checks
 that. A full run (no --only) writes docs/mutants.md. Exit 1 if a mutant survived or errored.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,19 +32,26 @@ import sys
 import tempfile
 import threading
 import time
-import tomllib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
 LIST = ROOT / "scripts" / "mutants.toml"
 REPORT = ROOT / "docs" / "mutants.md"
 #: where each package lives in the tree, in the order PYTHONPATH lists them
-PACKAGE_DIRS = {".": "hetero", "backends/cpu_ref": "hetero_cpu_ref", "conformance": "hetero_conformance",
-                "backends/cuda": "hetero_cuda", "backends/rocm": "hetero_rocm", "backends/ascend": "hetero_ascend",
-                "backends/torch": "hetero_torch"}
+PACKAGE_DIRS = {
+    ".": "hetero",
+    "backends/cpu_ref": "hetero_cpu_ref",
+    "conformance": "hetero_conformance",
+    "backends/cuda": "hetero_cuda",
+    "backends/rocm": "hetero_rocm",
+    "backends/ascend": "hetero_ascend",
+    "backends/torch": "hetero_torch",
+}
 FIELDS = ("id", "area", "file", "original", "replacement", "description", "tests")
 
 
@@ -94,8 +102,16 @@ def union(paths: list[str]) -> list[str]:
 
 
 def copy_tree(dest: Path) -> None:
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, listed):
         src = ROOT / rel
         if src.is_file():  # a tracked file deleted in the working tree is skipped
@@ -126,8 +142,9 @@ print("\\n".join(where() + child + isolated))
 
 def check_shadowing(copy: Path) -> None:
     mods = list(PACKAGE_DIRS.values())
-    run = subprocess.run([sys.executable, "-c", _PROBE.format(mods=mods)], cwd=copy, env=env_for(copy),
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(mods=mods)], cwd=copy, env=env_for(copy), capture_output=True, text=True
+    )
     found = run.stdout.split()
     escaped = [f for f in found if not Path(f).resolve().is_relative_to(copy.resolve())]
     if run.returncode or len(found) != 3 * len(mods) or escaped:
@@ -242,7 +259,9 @@ def shadowing_checked(snapshot: Path) -> None:
 
 def tree_state() -> str:
     git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    return f"commit {git('rev-parse', '--short', 'HEAD')}" + (" plus uncommitted changes" if git("status", "--porcelain") else "")
+    return f"commit {git('rev-parse', '--short', 'HEAD')}" + (
+        " plus uncommitted changes" if git("status", "--porcelain") else ""
+    )
 
 
 def package_of(m: dict) -> str:
@@ -263,8 +282,9 @@ def package_rows(selected: list[dict], results: dict[str, Result]) -> list[str]:
     return rows
 
 
-def write_report(path: Path, selected: list[dict], results: dict[str, Result], command: str, wall: float,
-                 baseline_s: float = 0.0) -> None:
+def write_report(
+    path: Path, selected: list[dict], results: dict[str, Result], command: str, wall: float, baseline_s: float = 0.0
+) -> None:
     counts = {s: sum(r.status == s for r in results.values()) for s in ("caught", "survived", "error")}
     rows = []
     for m in selected:
@@ -272,31 +292,35 @@ def write_report(path: Path, selected: list[dict], results: dict[str, Result], c
         catcher = r.detail if r.status == "caught" else ", ".join(m["tests"])
         result = r.status if r.status != "error" else f"error: {r.detail}"
         rows.append(f"| `{m['id']}` | {m['area']} | {m['description']} | `{catcher}` | {result} |")
-    path.write_text("\n".join([
-        "# Mutation check",
-        "",
-        "Curated bugs (`scripts/mutants.toml`) planted one at a time in a temporary copy of the tree;",
-        "each must make its tests fail. Regenerate with `make mutants` (this file is its report).",
-        "",
-        f"- command: `{command}`",
-        f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}, tree: {tree_state()}",
-        f"- wall time: {wall / 60:.1f} min ({baseline_s / 60:.1f} min of it proving the unmutated tree green)",
-        f"- score: {counts['caught']} caught, {counts['survived']} survived, {counts['error']} error "
-        f"of {len(selected)} mutants",
-        "",
-        "## Per package",
-        "",
-        "| package | mutants | caught | ids |",
-        "|---|---|---|---|",
-        *package_rows(selected, results),
-        "",
-        "## Mutants",
-        "",
-        "| id | area | description | catching test (or tests run) | result |",
-        "|---|---|---|---|---|",
-        *rows,
-        "",
-    ]))
+    path.write_text(
+        "\n".join(
+            [
+                "# Mutation check",
+                "",
+                "Curated bugs (`scripts/mutants.toml`) planted one at a time in a temporary copy of the tree;",
+                "each must make its tests fail. Regenerate with `make mutants` (this file is its report).",
+                "",
+                f"- command: `{command}`",
+                f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}, tree: {tree_state()}",
+                f"- wall time: {wall / 60:.1f} min ({baseline_s / 60:.1f} min of it proving the unmutated tree green)",
+                f"- score: {counts['caught']} caught, {counts['survived']} survived, {counts['error']} error "
+                f"of {len(selected)} mutants",
+                "",
+                "## Per package",
+                "",
+                "| package | mutants | caught | ids |",
+                "|---|---|---|---|",
+                *package_rows(selected, results),
+                "",
+                "## Mutants",
+                "",
+                "| id | area | description | catching test (or tests run) | result |",
+                "|---|---|---|---|---|",
+                *rows,
+                "",
+            ]
+        )
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -305,7 +329,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     p.add_argument("-j", "--jobs", type=int, default=1, help="mutants run in parallel (default 1)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per mutant's tests (default 600)")
-    p.add_argument("--report", type=Path, help=f"write the report here (default: {REPORT.relative_to(ROOT)} on a full run)")
+    p.add_argument(
+        "--report", type=Path, help=f"write the report here (default: {REPORT.relative_to(ROOT)} on a full run)"
+    )
     p.add_argument("--no-baseline", action="store_true", help="skip the unmutated run (only while developing)")
     return p.parse_args(argv)
 
@@ -328,7 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     results: dict[str, Result] = {}
     # one snapshot of the shared working tree: the baseline and every mutant see the same files
-    with tempfile.TemporaryDirectory(prefix="mutant-snapshot-") as snapshot, ThreadPoolExecutor(max(1, args.jobs)) as pool:
+    with (
+        tempfile.TemporaryDirectory(prefix="mutant-snapshot-") as snapshot,
+        ThreadPoolExecutor(max(1, args.jobs)) as pool,
+    ):
         copy_tree(Path(snapshot))
         shadowing_checked(Path(snapshot))
         baselines = Baselines(Path(snapshot), args.timeout)
@@ -349,8 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         command = "python scripts/mutants.py " + " ".join(argv if argv is not None else sys.argv[1:])
         write_report(report, selected, results, command.strip(), wall, sum(r[1] for r in baselines.runs))
     bad = [r.id for r in results.values() if r.status != "caught"]
-    print(f"{len(selected) - len(bad)} of {len(selected)} caught in {wall / 60:.1f} min"
-          + (f"; not caught: {', '.join(bad)}" if bad else ""))
+    print(
+        f"{len(selected) - len(bad)} of {len(selected)} caught in {wall / 60:.1f} min"
+        + (f"; not caught: {', '.join(bad)}" if bad else "")
+    )
     if not union_green and any(r.status == "error" and "unmutated" in r.detail for r in results.values()):
         return 2
     return 1 if bad else 0

@@ -1,4 +1,5 @@
 """Fixtures that make real plugin distributions on disk (importlib.metadata finds them on sys.path)."""
+
 from __future__ import annotations
 
 import importlib

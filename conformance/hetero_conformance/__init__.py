@@ -3,6 +3,7 @@
 Imports are lazy: the pytest plugin entry point loads this package in every
 pytest run of an environment, and must cost nothing there.
 """
+
 from __future__ import annotations
 
 from typing import Any

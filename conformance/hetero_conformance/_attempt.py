@@ -3,6 +3,7 @@
 A fork-server child (``hetero_conformance._forkserver``) runs :func:`attempt`; the
 parent (``hetero_conformance.robustness``) only reads the verdicts.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -17,9 +18,8 @@ import torch.distributed as dist
 
 from hetero.distributed import TorchCommunicator
 from hetero.errors import HeteroError
-
-from hetero_conformance.cases.malformed import DEFAULT, Malformed
 from hetero.verify.calls import call as bind_call
+from hetero_conformance.cases.malformed import DEFAULT, Malformed
 from hetero_conformance.suite import SelectionError
 
 __all__ = ["STATUSES", "CallResult", "acceptable", "load_calls", "one_rank_comm", "attempt"]
@@ -44,8 +44,18 @@ class CallResult:
 
     @classmethod
     def of(cls, call: Malformed, status: str, message: str, *, validate: bool, seconds: float = 0.0) -> "CallResult":
-        return cls(call.id, call.op, call.family, call.defect, call.arg, call.index, status,
-                   acceptable(status, call.index, validate), message, seconds)
+        return cls(
+            call.id,
+            call.op,
+            call.family,
+            call.defect,
+            call.arg,
+            call.index,
+            status,
+            acceptable(status, call.index, validate),
+            message,
+            seconds,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -85,7 +95,9 @@ def _classify(call: Malformed, error: BaseException | None, validate: bool) -> t
     if error is None:
         mode = "validation on" if validate else "validation off"
         return "silent", f"returned normally ({mode}): the malformed '{call.arg}' was not rejected"
-    if isinstance(error, HeteroError) and re.search(rf"\b{re.escape(call.op)}\b", str(error)):  # "gemm" is not named by "grouped_gemm"
+    if isinstance(error, HeteroError) and re.search(
+        rf"\b{re.escape(call.op)}\b", str(error)
+    ):  # "gemm" is not named by "grouped_gemm"
         return "rejected", _text(error)
     if isinstance(error, HeteroError):
         return "unclear", f"a hetero error that does not name the op '{call.op}': {_text(error)}"
@@ -99,12 +111,19 @@ def attempt(ops: Any, call: Malformed, *, seed: int = 0) -> CallResult:
     start = time.perf_counter()
     binding, _ = ops.native(call.op)
     if binding is None:
-        return CallResult.of(call, "fallback", "the op is not native: the reference ran, nothing of the backend was tested", validate=validate)
+        return CallResult.of(
+            call,
+            "fallback",
+            "the op is not native: the reference ran, nothing of the backend was tested",
+            validate=validate,
+        )
     try:
         draw = call.draw(seed, ops.device, ops, lambda: one_rank_comm(ops))
         args = call.inputs(draw)
     except Exception as e:
-        return CallResult.of(call, "unclear", f"drawing the call failed (its valid half did not run): {_text(e)}", validate=validate)
+        return CallResult.of(
+            call, "unclear", f"drawing the call failed (its valid half did not run): {_text(e)}", validate=validate
+        )
     error: BaseException | None = None
     try:
         bind_call(getattr(ops, call.op), call.op, args)

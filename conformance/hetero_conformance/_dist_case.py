@@ -1,4 +1,5 @@
 """What a distributed case is, what a rank knows while it runs one, and how a rank judges its outputs."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from hetero.verify.judge import judge
 from hetero.verify.tolerances import EXACT, Tolerance
 
 __all__ = ["DistCase", "RankContext", "Skip", "EXACT", "check", "unchanged"]
+
 
 @dataclass(frozen=True)
 class DistCase:
@@ -53,13 +55,22 @@ class Skip(Exception):
     """The case does not apply to this world size."""
 
 
-def check(name: str, got: torch.Tensor, oracle: torch.Tensor, ref: torch.Tensor | None, tol: Tolerance,
-          report: dict[str, Any], problems: list[str]) -> None:
+def check(
+    name: str,
+    got: torch.Tensor,
+    oracle: torch.Tensor,
+    ref: torch.Tensor | None,
+    tol: Tolerance,
+    report: dict[str, Any],
+    problems: list[str],
+) -> None:
     """The runner's rule (``judge``) after a shape and dtype check; exact when tol is EXACT."""
     if tuple(got.shape) != tuple(oracle.shape) or got.dtype != (ref.dtype if ref is not None else oracle.dtype):
         want_dtype = ref.dtype if ref is not None else oracle.dtype
-        problems.append(f"'{name}' is {str(got.dtype).removeprefix('torch.')}{list(got.shape)}, "
-                        f"expected {str(want_dtype).removeprefix('torch.')}{list(oracle.shape)}")
+        problems.append(
+            f"'{name}' is {str(got.dtype).removeprefix('torch.')}{list(got.shape)}, "
+            f"expected {str(want_dtype).removeprefix('torch.')}{list(oracle.shape)}"
+        )
         return
     judge(name, got, oracle, ref, "exact" if tol is EXACT else "float", tol, report, problems)
 

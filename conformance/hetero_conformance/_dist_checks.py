@@ -3,6 +3,7 @@
 Every rank draws its inputs from (seed, case, rank), so each one recomputes the
 others' inputs and checks its own outputs against a single-process reference.
 """
+
 from __future__ import annotations
 
 import time
@@ -10,9 +11,9 @@ from typing import Any, Sequence
 
 import torch
 
+from hetero.verify.tolerances import tolerance
 from hetero_conformance._dist_case import EXACT, DistCase, RankContext, Skip, check, unchanged
 from hetero_conformance._selectors import matches
-from hetero.verify.tolerances import tolerance
 
 __all__ = ["dist_cases", "selected_dist_cases", "EP_MODELS", "EP_HIDDEN", "EP_INTER"]
 
@@ -130,7 +131,11 @@ def _barrier(ctx: RankContext, case: DistCase):
 #: name: (experts, top_k, route kwargs); hidden and intermediate shrunk, expert counts real.
 EP_MODELS = {
     "qwen3-30b-a3b": (128, 8, dict(scoring="softmax", renormalize=True)),
-    "deepseek-v3": (256, 8, dict(scoring="sigmoid", renormalize=True, n_group=8, topk_group=4, routed_scaling_factor=2.5)),
+    "deepseek-v3": (
+        256,
+        8,
+        dict(scoring="sigmoid", renormalize=True, n_group=8, topk_group=4, routed_scaling_factor=2.5),
+    ),
 }
 EP_HIDDEN, EP_INTER = 64, 32
 
@@ -149,7 +154,9 @@ def _ep_rank_inputs(ctx: RankContext, case: DistCase, rank: int) -> tuple[torch.
     logits = torch.randn(t, e, generator=gen) * 1.5
     extra = {}
     if "n_group" in kw:
-        extra["correction_bias"] = (torch.rand(e, generator=torch.Generator().manual_seed(case.seed(ctx.seed))) - 0.5) * 0.1
+        extra["correction_bias"] = (
+            torch.rand(e, generator=torch.Generator().manual_seed(case.seed(ctx.seed))) - 0.5
+        ) * 0.1
     weights, ids = ctx.reference.route(logits, top_k=k, **kw, **extra)
     return x, weights, ids
 
@@ -172,8 +179,8 @@ def _ep(ctx: RankContext, case: DistCase):
     if e % ctx.world:
         raise Skip(f"{e} experts cannot be split evenly over {ctx.world} ranks")
     wgen = torch.Generator().manual_seed(case.seed(ctx.seed) + 1)
-    w13 = torch.randn(e, 2 * EP_INTER, EP_HIDDEN, generator=wgen) / EP_HIDDEN ** 0.5
-    w2 = torch.randn(e, EP_HIDDEN, EP_INTER, generator=wgen) / EP_INTER ** 0.5
+    w13 = torch.randn(e, 2 * EP_INTER, EP_HIDDEN, generator=wgen) / EP_HIDDEN**0.5
+    w2 = torch.randn(e, EP_HIDDEN, EP_INTER, generator=wgen) / EP_INTER**0.5
     every = [_ep_rank_inputs(ctx, case, r) for r in range(ctx.world)]
     x, weights, ids = every[ctx.rank]
     local = e // ctx.world
@@ -183,7 +190,7 @@ def _ep(ctx: RankContext, case: DistCase):
     xd, wd, idd = x.to(dev), weights.to(dev), ids.to(dev)
     before = x.clone()
     d = ops.ep_dispatch(xd, idd, wd, num_experts=e, comm=ctx.comm)
-    w13l, w2l = w13[lo:lo + local].to(dev), w2[lo:lo + local].to(dev)
+    w13l, w2l = w13[lo : lo + local].to(dev), w2[lo : lo + local].to(dev)
     h = ops.grouped_gemm(d.x, w13l, d.group_ends)
     y = ops.grouped_gemm(ops.silu_and_mul(h), w2l, d.group_ends)
     got = ops.ep_combine(y, d)
@@ -213,7 +220,9 @@ def dist_cases(world: int, *, quick: bool = False) -> list[DistCase]:
     out = [
         DistCase("all_reduce", "comm", f"{w}.sum.7x33", _all_reduce, (("op", "sum"), ("shape", (7, 33)))),
         DistCase("all_reduce", "comm", f"{w}.max.5x9", _all_reduce, (("op", "max"), ("shape", (5, 9)))),
-        DistCase("all_reduce", "comm", f"{w}.sum.1x1024", _all_reduce, (("op", "sum"), ("shape", (1, 1024))), quick=False),
+        DistCase(
+            "all_reduce", "comm", f"{w}.sum.1x1024", _all_reduce, (("op", "sum"), ("shape", (1, 1024))), quick=False
+        ),
         DistCase("all_gather", "comm", f"{w}.dim0.5x6", _all_gather, (("dim", 0), ("shape", (5, 6)))),
         DistCase("all_gather", "comm", f"{w}.dim1.3x7", _all_gather, (("dim", 1), ("shape", (3, 7)))),
         DistCase("reduce_scatter", "comm", f"{w}.dim0.3x5", _reduce_scatter, (("dim", 0), ("shape", (3, 5)))),
@@ -223,11 +232,27 @@ def dist_cases(world: int, *, quick: bool = False) -> list[DistCase]:
         DistCase("broadcast", "comm", f"{w}.src0.4x5", _broadcast, (("src", 0), ("shape", (4, 5)))),
         DistCase("broadcast", "comm", f"{w}.last.6", _broadcast, (("src", -1), ("shape", (6,)))),
         DistCase("barrier", "comm", f"{w}", _barrier),
-        DistCase("ep_dispatch+ep_combine", "moe", f"{w}.qwen3-30b-a3b.t5", _ep, (("model", "qwen3-30b-a3b"), ("tokens", 5))),
-        DistCase("ep_dispatch+ep_combine", "moe", f"{w}.deepseek-v3.t4", _ep, (("model", "deepseek-v3"), ("tokens", 4))),
-        DistCase("ep_dispatch+ep_combine", "moe", f"{w}.qwen3-30b-a3b.t3.last-rank-empty", _ep,
-                 (("model", "qwen3-30b-a3b"), ("tokens", 3), ("empty_rank", True))),
-        DistCase("ep_dispatch+ep_combine", "moe", f"{w}.deepseek-v3.t16", _ep, (("model", "deepseek-v3"), ("tokens", 16)), quick=False),
+        DistCase(
+            "ep_dispatch+ep_combine", "moe", f"{w}.qwen3-30b-a3b.t5", _ep, (("model", "qwen3-30b-a3b"), ("tokens", 5))
+        ),
+        DistCase(
+            "ep_dispatch+ep_combine", "moe", f"{w}.deepseek-v3.t4", _ep, (("model", "deepseek-v3"), ("tokens", 4))
+        ),
+        DistCase(
+            "ep_dispatch+ep_combine",
+            "moe",
+            f"{w}.qwen3-30b-a3b.t3.last-rank-empty",
+            _ep,
+            (("model", "qwen3-30b-a3b"), ("tokens", 3), ("empty_rank", True)),
+        ),
+        DistCase(
+            "ep_dispatch+ep_combine",
+            "moe",
+            f"{w}.deepseek-v3.t16",
+            _ep,
+            (("model", "deepseek-v3"), ("tokens", 16)),
+            quick=False,
+        ),
     ]
     return [c for c in out if c.quick or not quick]
 

@@ -3,16 +3,17 @@
 A case every rank finished fails if any rank did not pass it (naming the ranks); a case some
 rank never finished is ``crashed`` or ``timeout``, with the reason of each missing rank.
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from hetero.verify.tolerances import EXACT, tolerance
 from hetero_conformance._dist_case import DistCase
 from hetero_conformance._spawn import signal_name
 from hetero_conformance.runner import CaseResult
-from hetero.verify.tolerances import EXACT, tolerance
 
 __all__ = ["read_records", "merge", "ended"]
 
@@ -41,8 +42,11 @@ def _finished(case: DistCase, recs: list[dict[str, Any]], seed: int) -> CaseResu
     bad = [(r, rec) for r, rec in enumerate(recs) if rec["status"] != "pass"]
     outputs = {f"rank{r}.{k}": v for r, rec in enumerate(recs) for k, v in rec["outputs"].items()}
     seconds = max(rec["seconds"] for rec in recs)
-    tol = tolerance(case.dtype).as_dict() if outputs and any(
-        v.get("kind") == "float" for v in outputs.values()) else (EXACT.as_dict() if outputs else {})
+    tol = (
+        tolerance(case.dtype).as_dict()
+        if outputs and any(v.get("kind") == "float" for v in outputs.values())
+        else (EXACT.as_dict() if outputs else {})
+    )
     if bad:
         status = "error" if any(rec["status"] == "error" for _, rec in bad) else "fail"
         message = "; ".join(f"rank {r}: {rec['message']}" for r, rec in bad)
@@ -63,8 +67,14 @@ def _why_missing(where: str, abort: str, exit: int | None, r: int, stderr: Seque
     return f"rank {r} exited {where}"
 
 
-def merge(cases: list[DistCase], per_rank: list[list[dict[str, Any]]], exits: list[int | None], timed_out: bool,
-           seed: int, stderr: Sequence[Sequence[str]] = ()) -> list[CaseResult]:
+def merge(
+    cases: list[DistCase],
+    per_rank: list[list[dict[str, Any]]],
+    exits: list[int | None],
+    timed_out: bool,
+    seed: int,
+    stderr: Sequence[Sequence[str]] = (),
+) -> list[CaseResult]:
     """One CaseResult per case from every rank's records; ``stderr``: the gist of each rank's stderr (spawned ranks)."""
     world = len(per_rank)
     stderr = list(stderr) or [()] * world
@@ -78,9 +88,17 @@ def merge(cases: list[DistCase], per_rank: list[list[dict[str, Any]]], exits: li
             results.append(_finished(case, recs, seed))
             continue
         missing = [r for r in range(world) if not recs[r]]
-        why = [_why_missing("in this case" if case.id in started[r] else "before this case", aborts[r], exits[r], r, stderr[r])
-               for r in missing]
-        status = "timeout" if timed_out and any(exits[r] is None for r in missing) and not any(aborts[r] for r in missing) else "crashed"
+        why = [
+            _why_missing(
+                "in this case" if case.id in started[r] else "before this case", aborts[r], exits[r], r, stderr[r]
+            )
+            for r in missing
+        ]
+        status = (
+            "timeout"
+            if timed_out and any(exits[r] is None for r in missing) and not any(aborts[r] for r in missing)
+            else "crashed"
+        )
         results.append(_result(case, status, "; ".join(why), case.seed(seed)))
     return results
 

@@ -6,6 +6,7 @@ hands it to :func:`rank_main` (rendezvous through a FileStore in the scratch
 directory). Under torchrun, ``hetero_conformance.distributed.main`` calls
 :func:`run_rank` directly.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,6 @@ import torch.distributed as dist
 import hetero
 from hetero.errors import CommError
 from hetero.registry import REFERENCE, default_registry
-
 from hetero_conformance._dist_case import RankContext, Skip
 from hetero_conformance._dist_checks import selected_dist_cases
 
@@ -35,8 +35,17 @@ def _load(name: str) -> tuple[Any, Any]:
     return hetero.load(name), registry.entry(REFERENCE).cls()
 
 
-def run_rank(name: str, rank: int, world: int, *, seed: int, quick: bool, patterns: Sequence[str], scratch: Path,
-             emit: Callable[[dict[str, Any]], None]) -> None:
+def run_rank(
+    name: str,
+    rank: int,
+    world: int,
+    *,
+    seed: int,
+    quick: bool,
+    patterns: Sequence[str],
+    scratch: Path,
+    emit: Callable[[dict[str, Any]], None],
+) -> None:
     """Run every case on this rank (the process group is initialized); ``emit`` each record."""
     ops, reference = _load(name)
     comm = ops.backend.communicator()
@@ -53,14 +62,24 @@ def run_rank(name: str, rank: int, world: int, *, seed: int, quick: bool, patter
         except Exception as e:
             fatal = isinstance(e, CommError)
             status, message, outputs = "error", traceback.format_exception_only(type(e), e)[-1].strip(), {}
-        emit({"event": "done", "id": case.id, "status": status, "message": message, "outputs": outputs,
-              "seconds": time.perf_counter() - t0, "seed": case.seed(seed)})
+        emit(
+            {
+                "event": "done",
+                "id": case.id,
+                "status": status,
+                "message": message,
+                "outputs": outputs,
+                "seconds": time.perf_counter() - t0,
+                "seed": case.seed(seed),
+            }
+        )
         if fatal:  # the group is unusable after a failed collective
             raise SystemExit(3)
 
 
-def rank_main(rank: int, name: str, world: int, seed: int, quick: bool, patterns: Sequence[str], scratch: str,
-              timeout: float) -> None:
+def rank_main(
+    rank: int, name: str, world: int, seed: int, quick: bool, patterns: Sequence[str], scratch: str, timeout: float
+) -> None:
     """A spawned rank: join the group, run the cases into ``scratch/rank{rank}.jsonl``, exit.
 
     The spawner sets ``HETERO_COMM_TIMEOUT`` to ``timeout`` in the rank's environment."""
@@ -75,8 +94,13 @@ def rank_main(rank: int, name: str, world: int, seed: int, quick: bool, patterns
     try:
         backend = hetero.load(name).backend
         store = dist.FileStore(str(Path(scratch) / "store"), world)
-        dist.init_process_group(backend=type(backend).process_group_backend(), store=store, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout))
+        dist.init_process_group(
+            backend=type(backend).process_group_backend(),
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout),
+        )
         run_rank(name, rank, world, seed=seed, quick=quick, patterns=patterns, scratch=Path(scratch), emit=emit)
         emit({"event": "end"})
     except SystemExit:
@@ -90,11 +114,20 @@ def rank_main(rank: int, name: str, world: int, seed: int, quick: bool, patterns
     os._exit(0)
 
 
-def rank_config(rank: int, name: str, world: int, seed: int, quick: bool, patterns: Sequence[str], scratch: str,
-                timeout: float) -> dict[str, Any]:
+def rank_config(
+    rank: int, name: str, world: int, seed: int, quick: bool, patterns: Sequence[str], scratch: str, timeout: float
+) -> dict[str, Any]:
     """The JSON config :func:`main` reads: :func:`rank_main`'s arguments by name."""
-    return {"rank": rank, "name": name, "world": world, "seed": seed, "quick": quick, "patterns": list(patterns),
-            "scratch": scratch, "timeout": timeout}
+    return {
+        "rank": rank,
+        "name": name,
+        "world": world,
+        "seed": seed,
+        "quick": quick,
+        "patterns": list(patterns),
+        "scratch": scratch,
+        "timeout": timeout,
+    }
 
 
 def main() -> None:

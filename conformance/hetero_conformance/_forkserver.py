@@ -16,6 +16,7 @@ protocol channel:
 Nothing forked ever touches an accelerator before the fork: each child
 initializes its own device context.
 """
+
 from __future__ import annotations
 
 import json
@@ -88,7 +89,9 @@ def _die_with_server() -> None:
             pass
 
 
-def _child(registry: Any, call: Malformed, config: dict[str, Any], out_fd: int, log_fd: int, close: Sequence[int]) -> NoReturn:
+def _child(
+    registry: Any, call: Malformed, config: dict[str, Any], out_fd: int, log_fd: int, close: Sequence[int]
+) -> NoReturn:
     code = 0
     try:
         _die_with_server()
@@ -133,10 +136,18 @@ def _fork_call(registry: Any, call: Malformed, config: dict[str, Any], channel_f
         except (ValueError, TypeError):  # no verdict (or half of one): the child died or hung
             pass
         if not finished:
-            return CallResult.of(call, "timeout", f"killed after {seconds:.0f} s (--timeout {config['timeout']:g})", validate=validate, seconds=seconds)
+            return CallResult.of(
+                call,
+                "timeout",
+                f"killed after {seconds:.0f} s (--timeout {config['timeout']:g})",
+                validate=validate,
+                seconds=seconds,
+            )
         log.seek(0)
         lines = gist(log.read().decode(errors="replace"))
-        why = f"the worker process died: {exit_text(os.waitstatus_to_exitcode(status))}" + (": " + " | ".join(lines) if lines else "")
+        why = f"the worker process died: {exit_text(os.waitstatus_to_exitcode(status))}" + (
+            ": " + " | ".join(lines) if lines else ""
+        )
         return CallResult.of(call, "crashed", why, validate=validate, seconds=seconds)
 
 

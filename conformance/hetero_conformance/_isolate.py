@@ -17,13 +17,14 @@ name from the installed entry points (the parent's ``sys.path`` is its
 
 The other families run regardless.
 """
+
 from __future__ import annotations
 
 import time
 from typing import Any, Callable, Iterable
 
-from hetero_conformance._worker import STARTUP_S, Worker, drive
 from hetero.verify.case import Case
+from hetero_conformance._worker import STARTUP_S, Worker, drive
 from hetero_conformance.runner import CaseResult
 
 __all__ = ["run_isolated", "STARTUP_S"]
@@ -31,7 +32,9 @@ __all__ = ["run_isolated", "STARTUP_S"]
 _WORKER = "hetero_conformance._isolate_worker"
 
 
-def _verdicts(pending: dict[str, Case], current: str | None, status: str, why: str, family: str, seed: int) -> list[CaseResult]:
+def _verdicts(
+    pending: dict[str, Case], current: str | None, status: str, why: str, family: str, seed: int
+) -> list[CaseResult]:
     out = []
     for cid, case in pending.items():
         if cid == current:
@@ -44,8 +47,14 @@ def _verdicts(pending: dict[str, Case], current: str | None, status: str, why: s
     return out
 
 
-def _run_family(family: str, cases: list[Case], config: dict[str, Any], timeout: float,
-                on_start: Callable[[Case], None], on_result: Callable[[CaseResult], None]) -> None:
+def _run_family(
+    family: str,
+    cases: list[Case],
+    config: dict[str, Any],
+    timeout: float,
+    on_start: Callable[[Case], None],
+    on_result: Callable[[CaseResult], None],
+) -> None:
     pending = {c.id: c for c in cases}
     started = [0.0]
 
@@ -56,8 +65,15 @@ def _run_family(family: str, cases: list[Case], config: dict[str, Any], timeout:
         return None
 
     with Worker({**config, "ids": list(pending)}, _WORKER) as worker:
-        lost = drive(worker, pending, CaseResult, deadline=time.monotonic() + max(timeout, STARTUP_S),
-                     on_message=on_message, on_start=on_start, on_result=on_result)
+        lost = drive(
+            worker,
+            pending,
+            CaseResult,
+            deadline=time.monotonic() + max(timeout, STARTUP_S),
+            on_message=on_message,
+            on_start=on_start,
+            on_result=on_result,
+        )
         if lost is None:
             return
         status, current = lost
@@ -71,9 +87,17 @@ def _run_family(family: str, cases: list[Case], config: dict[str, Any], timeout:
             on_result(result)
 
 
-def run_isolated(name: str, cases: Iterable[Case], *, seed: int, timeout: float, catalog: str, quick: bool,
-                 on_start: Callable[[Case], None] = lambda c: None,
-                 on_result: Callable[[CaseResult], None] = lambda r: None) -> list[CaseResult]:
+def run_isolated(
+    name: str,
+    cases: Iterable[Case],
+    *,
+    seed: int,
+    timeout: float,
+    catalog: str,
+    quick: bool,
+    on_start: Callable[[Case], None] = lambda c: None,
+    on_result: Callable[[CaseResult], None] = lambda r: None,
+) -> list[CaseResult]:
     """Run ``cases`` on backend ``name``, one worker process per op family; results in the given order."""
     cases = list(cases)
     families: dict[str, list[Case]] = {}

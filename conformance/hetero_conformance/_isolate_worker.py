@@ -4,13 +4,13 @@ Reads its config (backend, seed, catalog, quick, ids) as JSON on stdin, loads th
 backend by name, rebuilds the cases from the catalog and runs them in order,
 reporting on the ``hetero_conformance._worker`` protocol channel.
 """
+
 from __future__ import annotations
 
 import json
 import sys
 
 from hetero.registry import REFERENCE, default_registry
-
 from hetero_conformance._worker import Channel
 from hetero_conformance.runner import Runner
 from hetero_conformance.suite import load_catalog, run_cases
@@ -30,11 +30,25 @@ def main() -> int:
     for cid in config["ids"]:
         case = by_id.get(cid)
         if case is None:
-            channel.emit("result", result={"id": cid, "op": cid.split("/")[0], "family": "", "shape": "", "dtype": "",
-                                           "status": "error", "message": f"the worker's catalog {config['catalog']} has no case {cid}"})
+            channel.emit(
+                "result",
+                result={
+                    "id": cid,
+                    "op": cid.split("/")[0],
+                    "family": "",
+                    "shape": "",
+                    "dtype": "",
+                    "status": "error",
+                    "message": f"the worker's catalog {config['catalog']} has no case {cid}",
+                },
+            )
             continue
-        run_cases(runner, [case], on_start=lambda c: channel.emit("start", id=c.id),
-                  on_result=lambda r: channel.emit("result", result=r.as_dict()))
+        run_cases(
+            runner,
+            [case],
+            on_start=lambda c: channel.emit("start", id=c.id),
+            on_result=lambda r: channel.emit("result", result=r.as_dict()),
+        )
     return 0
 
 

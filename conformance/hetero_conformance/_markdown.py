@@ -1,4 +1,5 @@
 """Markdown pieces shared by the conformance report and its robustness section."""
+
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -16,7 +17,13 @@ def failure_details(failing: Iterable[tuple[str, str, str]], noun: str, max_fail
     rows = list(failing)
     if not rows:
         return []
-    lines = ["", f"<details><summary>{len(rows)} failing {noun}(s)</summary>", "", f"| {noun} | status | message |", "|---|---|---|"]
+    lines = [
+        "",
+        f"<details><summary>{len(rows)} failing {noun}(s)</summary>",
+        "",
+        f"| {noun} | status | message |",
+        "|---|---|---|",
+    ]
     lines += [f"| `{i}` | {status} | {cell(message[:300])} |" for i, status, message in rows[:max_failures]]
     if len(rows) > max_failures:
         lines.append(f"| ... | | {len(rows) - max_failures} more in the JSON report |")

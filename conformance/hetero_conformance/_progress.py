@@ -1,4 +1,5 @@
 """The progress bar of a run: cases (or malformed calls) done, failing so far, the one running."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -14,7 +15,13 @@ def progress(console: Any, total: int) -> Iterator[tuple[Callable[[Any], None], 
     """``(started(case), finished(result))`` callbacks driving a bar on ``console`` (None: silent)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("[bold]conformance[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[case]}"))
+    columns = (
+        TextColumn("[bold]conformance[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[case]}"),
+    )
     failing = [0]
     with Progress(*columns, console=console, transient=True, disable=console is None) as bar:
         task = bar.add_task("cases", total=total, case="")

@@ -1,4 +1,5 @@
 """How a ``-k`` pattern selects ids, the same for the catalog, the malformed calls and the ranks' cases."""
+
 from __future__ import annotations
 
 import fnmatch

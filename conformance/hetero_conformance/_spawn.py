@@ -17,6 +17,7 @@ Every runner that leaves the parent's process goes through :class:`Child`:
 parent can measure, stopping the wait at a stall or when one of them dies;
 :func:`stop_all` kills what still runs and collects the exit codes.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,7 +56,7 @@ def gist(stderr: str) -> list[str]:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     for i, line in enumerate(lines):
         if line.startswith("Fatal Python error"):
-            frames = [f for f in lines[i + 1:] if f.startswith("File ")]
+            frames = [f for f in lines[i + 1 :] if f.startswith("File ")]
             return [line] + frames[:4]
     return lines[-8:]
 
@@ -91,8 +92,14 @@ class Child:
         self.messages: queue.Queue = queue.Queue()
         self._death: str | None = None
         out = subprocess.PIPE if messages else self.log
-        self.proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=out, stderr=self.log,
-                                     env=child_env(env), text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=self.log,
+            env=child_env(env),
+            text=True,
+        )
         if messages:
             threading.Thread(target=self._read, daemon=True).start()
         assert self.proc.stdin is not None
@@ -113,7 +120,7 @@ class Child:
         for line in self.proc.stdout:
             if line.startswith(MARK):
                 try:
-                    self.messages.put(json.loads(line[len(MARK):]))
+                    self.messages.put(json.loads(line[len(MARK) :]))
                 except ValueError:
                     continue
         self.messages.put(EOF)
@@ -155,8 +162,9 @@ class Child:
         self.log.close()
 
 
-def watch(children: Sequence[Child], progress: Callable[[], int], *, timeout: float, grace: float = 0.0,
-          linger: float = 5.0) -> bool:
+def watch(
+    children: Sequence[Child], progress: Callable[[], int], *, timeout: float, grace: float = 0.0, linger: float = 5.0
+) -> bool:
     """Wait while ``children`` run; True when ``progress()`` stood still for ``timeout`` seconds (plus
     ``grace`` before it first moved past 0: start-up). When one child ends with a non-zero code the others
     get ``min(linger, timeout)`` seconds to end too, then the wait stops (False), as it does when all ended."""

@@ -1,4 +1,5 @@
 """The package version, importable without the package's lazy attribute table."""
+
 from __future__ import annotations
 
 __all__ = ["__version__"]

@@ -8,6 +8,7 @@ prefixed with :data:`MARK`: ``ready``, then ``start`` (with ``id``) and ``result
 the parent keeps to quote when the worker dies. :func:`drive` is the parent's
 message loop. Starting, killing and describing the process is ``_spawn``'s.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,9 +51,16 @@ class Channel:
         return self._out.fileno()
 
 
-def drive(worker: Worker, pending: dict[str, Any], result_type: Callable[..., Any], *, deadline: float,
-          on_message: Callable[[dict[str, Any]], float | None], on_start: Callable[[Any], None],
-          on_result: Callable[[Any], None]) -> tuple[str, str | None] | None:
+def drive(
+    worker: Worker,
+    pending: dict[str, Any],
+    result_type: Callable[..., Any],
+    *,
+    deadline: float,
+    on_message: Callable[[dict[str, Any]], float | None],
+    on_start: Callable[[Any], None],
+    on_result: Callable[[Any], None],
+) -> tuple[str, str | None] | None:
     """Read ``worker``'s messages until every item of ``pending`` (by id) has its result: None.
 
     Each result (``result_type(**msg["result"])``) leaves ``pending`` and goes to ``on_result``;

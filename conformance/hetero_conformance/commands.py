@@ -3,6 +3,7 @@
 ``add_parsers`` adds ``hetero conformance``; ``backend_files`` adds the conformance test to the
 package ``hetero new-backend`` writes (``tests/test_conformance.py``: the quick tier in CI).
 """
+
 from __future__ import annotations
 
 from string import Template

@@ -29,6 +29,7 @@ prints the summary.
 The cases live in ``_dist_case`` / ``_dist_checks``, the rank's side in ``_dist_rank``, the merge of
 the ranks' records into verdicts in ``_dist_merge``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,7 +47,6 @@ import torch.distributed as dist
 import hetero
 from hetero.distributed import init
 from hetero.spec import OPS
-
 from hetero_conformance._dist_case import DistCase
 from hetero_conformance._dist_checks import dist_cases, selected_dist_cases
 from hetero_conformance._dist_merge import ended, merge, read_records
@@ -62,8 +62,9 @@ _RANK = "hetero_conformance._dist_rank"
 _GRACE_S = 60.0
 
 
-def _run_ranks(name: str, world: int, seed: int, quick: bool, patterns: Sequence[str], scratch: str,
-               timeout: float) -> tuple[bool, list[int | None], list[list[str]]]:
+def _run_ranks(
+    name: str, world: int, seed: int, quick: bool, patterns: Sequence[str], scratch: str, timeout: float
+) -> tuple[bool, list[int | None], list[list[str]]]:
     """Start the ``world`` ranks and wait for them: (timed out, exit codes, gist of each one's stderr).
 
     Each rank reports through its file in ``scratch`` (its progress: the files grow with every case
@@ -75,20 +76,36 @@ def _run_ranks(name: str, world: int, seed: int, quick: bool, patterns: Sequence
     timed_out = False
     try:
         for r in range(world):
-            ranks.append(Child(_RANK, rank_config(r, name, world, seed, quick, patterns, scratch, timeout), messages=False, env=env))
-        timed_out = watch(ranks, lambda: sum(f.stat().st_size for f in files if f.exists()), timeout=timeout, grace=_GRACE_S)
+            ranks.append(
+                Child(
+                    _RANK, rank_config(r, name, world, seed, quick, patterns, scratch, timeout), messages=False, env=env
+                )
+            )
+        timed_out = watch(
+            ranks, lambda: sum(f.stat().st_size for f in files if f.exists()), timeout=timeout, grace=_GRACE_S
+        )
     finally:
         codes = stop_all(ranks)
-    exits = [None if (timed_out and code is not None and code < 0 and not ended(files[i])) else code
-             for i, code in enumerate(codes)]
+    exits = [
+        None if (timed_out and code is not None and code < 0 and not ended(files[i])) else code
+        for i, code in enumerate(codes)
+    ]
     stderr = [rank.stderr_gist() for rank in ranks]
     for rank in ranks:
         rank.close()
     return timed_out, exits, stderr
 
 
-def run_distributed(name: str, world: int, *, seed: int = 0, quick: bool = False, patterns: Sequence[str] = (),
-                    timeout: float = 300.0, on_result: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+def run_distributed(
+    name: str,
+    world: int,
+    *,
+    seed: int = 0,
+    quick: bool = False,
+    patterns: Sequence[str] = (),
+    timeout: float = 300.0,
+    on_result: Callable[[CaseResult], None] | None = None,
+) -> list[CaseResult]:
     """Spawn ``world`` ranks, run every distributed case on them, merge the ranks' verdicts.
 
     ``timeout``: seconds the ranks may go without finishing a case before all are killed.
@@ -124,12 +141,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     shared = [tempfile.mkdtemp(prefix="hetero-conformance-torchrun-") if rank == 0 else None]
     dist.broadcast_object_list(shared, 0)  # the ranks of torchrun --nproc-per-node share a host
     scratch = Path(shared[0])
-    run_rank(args.name, rank, world, seed=args.seed, quick=args.quick, patterns=args.patterns, scratch=scratch, emit=records.append)
+    run_rank(
+        args.name,
+        rank,
+        world,
+        seed=args.seed,
+        quick=args.quick,
+        patterns=args.patterns,
+        scratch=scratch,
+        emit=records.append,
+    )
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, records)
     code = 0
     if rank == 0:
-        results = merge(selected_dist_cases(world, quick=args.quick, patterns=args.patterns), gathered, [0] * world, False, args.seed)
+        results = merge(
+            selected_dist_cases(world, quick=args.quick, patterns=args.patterns),
+            gathered,
+            [0] * world,
+            False,
+            args.seed,
+        )
         for r in results:
             print(f"{r.status:8} {r.id}  {r.message}")
         code = 0 if all(r.status == "pass" for r in results) else 1
@@ -141,18 +173,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(flag.item())
 
 
-def run_world_suite(registry: Any, name: str, world: int, selection: Any, *, seed: int = 0, timeout: float = 300.0,
-                    console: Any = None, argv: Sequence[str] | None = None) -> Any:
+def run_world_suite(
+    registry: Any,
+    name: str,
+    world: int,
+    selection: Any,
+    *,
+    seed: int = 0,
+    timeout: float = 300.0,
+    console: Any = None,
+    argv: Sequence[str] | None = None,
+) -> Any:
     """A SuiteResult of the distributed cases on ``world`` ranks (``--world-size``), reported like any run."""
     if selection.ops or selection.dtypes:
         collectives = {name for name, spec in OPS.items() if spec.collective}
         bad = [o for o in selection.ops if o not in {c.op for c in dist_cases(world)} | collectives]
         if bad or any(d != "float32" for d in selection.dtypes):
-            raise SelectionError("--world-size runs the collectives and ep_dispatch+ep_combine in float32; "
-                                 "select them with -k (e.g. -k all_reduce)")
+            raise SelectionError(
+                "--world-size runs the collectives and ep_dispatch+ep_combine in float32; "
+                "select them with -k (e.g. -k all_reduce)"
+            )
     ops = registry.load(name)  # BackendNotFound/Unavailable here, not in N ranks
-    suite = SuiteResult(build_meta(registry, name, ops.device, seed=seed, selection=selection, isolate=False,
-                                   timeout=timeout, argv=argv, world_size=world))
+    suite = SuiteResult(
+        build_meta(
+            registry,
+            name,
+            ops.device,
+            seed=seed,
+            selection=selection,
+            isolate=False,
+            timeout=timeout,
+            argv=argv,
+            world_size=world,
+        )
+    )
     start = time.perf_counter()
     patterns = tuple(selection.patterns) + tuple(f"{op}/" for op in selection.ops)
     if console is not None:

@@ -2,6 +2,7 @@
 
 The JSON layout is documented field by field in docs/conformance-report.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,14 +13,24 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hetero.spec import OP_NAMES
-
+from hetero.verify.case import DTYPES
 from hetero_conformance import robustness_report
 from hetero_conformance._markdown import cell, failure_details
-from hetero.verify.case import DTYPES
 from hetero_conformance.runner import FAILING, CaseResult
 from hetero_conformance.suite import SuiteResult
 
-__all__ = ["SCHEMA_VERSION", "schema", "to_json", "write_json", "to_junit", "write_junit", "to_markdown", "write_markdown", "summary_rows", "print_summary"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "schema",
+    "to_json",
+    "write_json",
+    "to_junit",
+    "write_junit",
+    "to_markdown",
+    "write_markdown",
+    "summary_rows",
+    "print_summary",
+]
 
 #: Major: a field changed meaning or was removed. Minor: fields were added (1.1: the robustness tier).
 SCHEMA_VERSION = "1.1"
@@ -49,7 +60,12 @@ def to_json(suite: SuiteResult) -> dict[str, Any]:
     """The report as a JSON-ready dict (schema version SCHEMA_VERSION)."""
     counts = suite.counts()
     summary = {"total": len(suite.results), **counts, "ok": suite.ok}
-    doc = {"schema_version": _BASE_VERSION, **suite.meta, "summary": summary, "cases": [r.as_dict() for r in suite.results]}
+    doc = {
+        "schema_version": _BASE_VERSION,
+        **suite.meta,
+        "summary": summary,
+        "cases": [r.as_dict() for r in suite.results],
+    }
     if suite.robustness is not None:
         doc.update(schema_version=SCHEMA_VERSION, robustness=suite.robustness.as_dict())
     return _plain(doc)
@@ -65,8 +81,15 @@ def worst(result: CaseResult) -> tuple[float, str] | None:
     best: tuple[float, str] | None = None
     for name, m in result.outputs.items():
         if m.get("kind") == "float":
-            pairs = (("max_abs", m.get("max_abs"), m.get("bound_max_abs")), ("rel_l2", m.get("rel_l2"), m.get("bound_rel_l2")))
-            cands = [(_ratio(err, bound), f"{name} {metric} {err:.2g} / {bound:.2g}") for metric, err, bound in pairs if err is not None and bound is not None]
+            pairs = (
+                ("max_abs", m.get("max_abs"), m.get("bound_max_abs")),
+                ("rel_l2", m.get("rel_l2"), m.get("bound_rel_l2")),
+            )
+            cands = [
+                (_ratio(err, bound), f"{name} {metric} {err:.2g} / {bound:.2g}")
+                for metric, err, bound in pairs
+                if err is not None and bound is not None
+            ]
         else:
             mism, numel = m.get("mismatched", 0), m.get("numel", 0)
             cands = [(math.inf if mism else 0.0, f"{name} {mism}/{numel} differ")]
@@ -86,7 +109,16 @@ def summary_rows(results: Iterable[CaseResult]) -> list[dict[str, Any]]:
     """One row per (op, dtype), in spec and dtype order: passed/failed/skipped/fallback and the worst error."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for r in results:
-        empty = {"op": r.op, "dtype": r.dtype, "passed": 0, "failed": 0, "skipped": 0, "fallback": 0, "worst": None, "worst_case": ""}
+        empty = {
+            "op": r.op,
+            "dtype": r.dtype,
+            "passed": 0,
+            "failed": 0,
+            "skipped": 0,
+            "fallback": 0,
+            "worst": None,
+            "worst_case": "",
+        }
         row = rows.setdefault((r.op, r.dtype), empty)
         key = "passed" if r.status == "pass" else "failed" if r.status in FAILING else r.status
         row[key] += 1
@@ -110,8 +142,10 @@ def _worst_text(row: dict[str, Any]) -> str:
 def _headline(suite: SuiteResult) -> str:
     b, env, run = suite.meta["backend"], suite.meta["environment"], suite.meta["run"]
     size = f"{len(suite.robustness.calls)} calls" if suite.robustness is not None else f"{len(suite.results)} cases"
-    return (f"backend {b['name']} ({b['package'] or '?'} {b['version']}) on {b['device_name'] or b['device']}; spec {suite.meta['spec_version']}; "
-            f"torch {env['torch']}; seed {run['seed']}; {run['tier']} tier; {size} in {run['duration_s']:.1f} s")
+    return (
+        f"backend {b['name']} ({b['package'] or '?'} {b['version']}) on {b['device_name'] or b['device']}; spec {suite.meta['spec_version']}; "
+        f"torch {env['torch']}; seed {run['seed']}; {run['tier']} tier; {size} in {run['duration_s']:.1f} s"
+    )
 
 
 def _counts_text(suite: SuiteResult) -> str:
@@ -129,11 +163,18 @@ def to_junit(suite: SuiteResult) -> ET.ElementTree:
     for r in suite.results:
         families.setdefault(r.family or "unknown", []).append(r)
     for family, results in families.items():
-        node = ET.SubElement(root, "testsuite", name=f"hetero_conformance.{backend}.{family}", timestamp=suite.meta["run"]["started_at"])
+        node = ET.SubElement(
+            root, "testsuite", name=f"hetero_conformance.{backend}.{family}", timestamp=suite.meta["run"]["started_at"]
+        )
         props = ET.SubElement(node, "properties")
         meta = suite.meta
-        for key, value in (("spec_version", meta["spec_version"]), ("backend_version", meta["backend"]["version"]), ("device", meta["backend"]["device_name"]),
-                           ("torch", meta["environment"]["torch"]), ("seed", meta["run"]["seed"])):
+        for key, value in (
+            ("spec_version", meta["spec_version"]),
+            ("backend_version", meta["backend"]["version"]),
+            ("device", meta["backend"]["device_name"]),
+            ("torch", meta["environment"]["torch"]),
+            ("seed", meta["run"]["seed"]),
+        ):
             ET.SubElement(props, "property", name=key, value=str(value))
         for r in results:
             _junit_case(node, backend, r)
@@ -148,9 +189,13 @@ def to_junit(suite: SuiteResult) -> ET.ElementTree:
 
 
 def _junit_case(parent: ET.Element, backend: str, r: CaseResult) -> None:
-    tc = ET.SubElement(parent, "testcase", classname=f"{backend}.{r.op}", name=f"{r.shape}/{r.dtype}", time=f"{r.seconds:.4f}")
+    tc = ET.SubElement(
+        parent, "testcase", classname=f"{backend}.{r.op}", name=f"{r.shape}/{r.dtype}", time=f"{r.seconds:.4f}"
+    )
     if r.status == "fail":
-        ET.SubElement(tc, "failure", message=r.message[:500], type="fail").text = r.message + "\n" + json.dumps(_plain(r.outputs), indent=1)
+        ET.SubElement(tc, "failure", message=r.message[:500], type="fail").text = (
+            r.message + "\n" + json.dumps(_plain(r.outputs), indent=1)
+        )
     elif r.status in FAILING:
         ET.SubElement(tc, "error", message=r.message[:500], type=r.status).text = r.message
     elif r.status in _SKIPPING:
@@ -177,10 +222,17 @@ def to_markdown(suite: SuiteResult, *, max_failures: int = 50) -> str:
     lines += [f"**{cell(_counts_text(suite)) or 'no cases'}**", ""]
     if suite.robustness is not None and not suite.results:
         return "\n".join(lines + robustness_report.markdown_lines(suite.robustness)) + "\n"
-    lines += ["| op | dtype | passed | failed | skipped | fallback | worst error / bound |", "|---|---|---:|---:|---:|---:|---|"]
+    lines += [
+        "| op | dtype | passed | failed | skipped | fallback | worst error / bound |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
     for row in summary_rows(suite.results):
-        lines.append(f"| {row['op']} | {row['dtype']} | {row['passed']} | {row['failed']} | {row['skipped']} | {row['fallback']} | {cell(_worst_text(row))} |")
-    lines += failure_details(((r.id, r.status, r.message) for r in suite.results if r.status in FAILING), "case", max_failures)
+        lines.append(
+            f"| {row['op']} | {row['dtype']} | {row['passed']} | {row['failed']} | {row['skipped']} | {row['fallback']} | {cell(_worst_text(row))} |"
+        )
+    lines += failure_details(
+        ((r.id, r.status, r.message) for r in suite.results if r.status in FAILING), "case", max_failures
+    )
     if suite.robustness is not None:
         lines += [""] + robustness_report.markdown_lines(suite.robustness)
     return "\n".join(lines) + "\n"
@@ -201,14 +253,26 @@ def print_summary(console: Any, suite: SuiteResult, *, max_failures: int = 30) -
     if suite.robustness is not None and not suite.results:
         style = "green" if suite.ok else "red"
         console.print(escape(_headline(suite)), style="dim", highlight=False)
-        console.print(f"[{style}]{'PASSED' if suite.ok else 'FAILED'}[/]: {escape(_counts_text(suite))}", highlight=False)
+        console.print(
+            f"[{style}]{'PASSED' if suite.ok else 'FAILED'}[/]: {escape(_counts_text(suite))}", highlight=False
+        )
         return
     table = Table(title=f"hetero conformance: {suite.meta['backend']['name']}", caption=escape(_headline(suite)))
     for col in ("op", "dtype", "passed", "failed", "skipped", "fallback", "worst error / bound"):
-        table.add_column(col, justify="right" if col in _COUNTS else "left", overflow="fold", no_wrap=col in ("op", "dtype"))
+        table.add_column(
+            col, justify="right" if col in _COUNTS else "left", overflow="fold", no_wrap=col in ("op", "dtype")
+        )
     for row in summary_rows(suite.results):
         failed = f"[red]{row['failed']}[/]" if row["failed"] else "0"
-        table.add_row(row["op"], row["dtype"], f"[green]{row['passed']}[/]", failed, str(row["skipped"]), str(row["fallback"]), escape(_worst_text(row)))
+        table.add_row(
+            row["op"],
+            row["dtype"],
+            f"[green]{row['passed']}[/]",
+            failed,
+            str(row["skipped"]),
+            str(row["fallback"]),
+            escape(_worst_text(row)),
+        )
     console.print(table)
     failing = [r for r in suite.results if r.status in FAILING]
     for r in failing[:max_failures]:
@@ -216,4 +280,6 @@ def print_summary(console: Any, suite: SuiteResult, *, max_failures: int = 30) -
     if len(failing) > max_failures:
         console.print(f"... and {len(failing) - max_failures} more failing cases (see --json)")
     style = "green" if suite.ok else "red"
-    console.print(f"[{style}]{'PASSED' if suite.ok else 'FAILED'}[/]: {_counts_text(suite) or 'no cases'}", highlight=False)
+    console.print(
+        f"[{style}]{'PASSED' if suite.ok else 'FAILED'}[/]: {_counts_text(suite) or 'no cases'}", highlight=False
+    )

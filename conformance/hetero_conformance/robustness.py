@@ -12,6 +12,7 @@ a bad index is a verdict, not the end of the run. Statuses per call:
 - ``crashed``: the worker died (fails), ``timeout``: it ran past the limit (fails);
 - ``fallback``: the op is not native, the reference ran: nothing was tested (passes).
 """
+
 from __future__ import annotations
 
 import time
@@ -19,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from hetero.spec import OPS
-
 from hetero_conformance._attempt import STATUSES, CallResult, attempt, load_calls, one_rank_comm
 from hetero_conformance._progress import progress
 from hetero_conformance._selectors import matches
@@ -27,8 +27,19 @@ from hetero_conformance._worker import STARTUP_S, Worker, drive
 from hetero_conformance.cases.malformed import DEFAULT, Malformed
 from hetero_conformance.suite import DEFAULT_CATALOG, SelectionError, SuiteResult, build_meta
 
-__all__ = ["STATUSES", "CallResult", "RobustnessResult", "load_calls", "select_calls", "attempt",
-           "one_rank_comm", "run_robustness", "selected_calls", "run_robustness_suite", "DEFAULT_TIMEOUT_S"]
+__all__ = [
+    "STATUSES",
+    "CallResult",
+    "RobustnessResult",
+    "load_calls",
+    "select_calls",
+    "attempt",
+    "one_rank_comm",
+    "run_robustness",
+    "selected_calls",
+    "run_robustness_suite",
+    "DEFAULT_TIMEOUT_S",
+]
 
 #: Seconds one malformed call may run before its worker is killed.
 DEFAULT_TIMEOUT_S = 60.0
@@ -64,11 +75,19 @@ class RobustnessResult:
 
     def as_dict(self) -> dict[str, Any]:
         summary = {"total": len(self.calls), **self.counts(), "ok": self.ok}
-        return {"validate": self.validate, "timeout_s": self.timeout_s, "startup_s": round(self.startup_s, 3),
-                "per_call_s": round(self.per_call_s, 4), "summary": summary, "calls": [c.as_dict() for c in self.calls]}
+        return {
+            "validate": self.validate,
+            "timeout_s": self.timeout_s,
+            "startup_s": round(self.startup_s, 3),
+            "per_call_s": round(self.per_call_s, 4),
+            "summary": summary,
+            "calls": [c.as_dict() for c in self.calls],
+        }
 
 
-def select_calls(calls: Iterable[Malformed], *, ops: Sequence[str] = (), patterns: Sequence[str] = ()) -> list[Malformed]:
+def select_calls(
+    calls: Iterable[Malformed], *, ops: Sequence[str] = (), patterns: Sequence[str] = ()
+) -> list[Malformed]:
     """The calls of ``ops`` (empty: all) whose id matches one of ``patterns`` (as the catalog's ``-k``)."""
     unknown = [op for op in ops if op not in OPS]
     if unknown:
@@ -76,8 +95,13 @@ def select_calls(calls: Iterable[Malformed], *, ops: Sequence[str] = (), pattern
     return [c for c in calls if (not ops or c.op in ops) and (not patterns or any(matches(c.id, p) for p in patterns))]
 
 
-def _run_forked(config: dict[str, Any], calls: Sequence[Malformed], *, on_start: Callable[[Malformed], None],
-                on_result: Callable[[CallResult], None]) -> tuple[float, list[CallResult]]:
+def _run_forked(
+    config: dict[str, Any],
+    calls: Sequence[Malformed],
+    *,
+    on_start: Callable[[Malformed], None],
+    on_result: Callable[[CallResult], None],
+) -> tuple[float, list[CallResult]]:
     """Run ``calls`` through one fork server; returns (its start-up seconds, results in order)."""
     pending = {c.id: c for c in calls}
     results: dict[str, CallResult] = {}
@@ -94,22 +118,39 @@ def _run_forked(config: dict[str, Any], calls: Sequence[Malformed], *, on_start:
         on_result(result)
 
     with Worker({**config, "ids": list(pending)}, _SERVER) as worker:
-        lost = drive(worker, pending, CallResult, deadline=launched + STARTUP_S, on_message=on_message,
-                     on_start=on_start, on_result=collect)
+        lost = drive(
+            worker,
+            pending,
+            CallResult,
+            deadline=launched + STARTUP_S,
+            on_message=on_message,
+            on_start=on_start,
+            on_result=collect,
+        )
         if lost is not None:
             status, current = lost
-            why = (f"the fork server died: {worker.death()}" if status == "crashed" else
-                   f"the fork server stopped answering ({'on ' + current if current else 'at start-up'})")
+            why = (
+                f"the fork server died: {worker.death()}"
+                if status == "crashed"
+                else f"the fork server stopped answering ({'on ' + current if current else 'at start-up'})"
+            )
             for cid, call in pending.items():
                 note = why if cid == current or current is None else f"not run: the fork server was lost on {current}"
                 collect(CallResult.of(call, status, note, validate=config["validate"]))
     return startup[0], [results[c.id] for c in calls]
 
 
-def run_robustness(name: str, calls: Sequence[Malformed], *, validate: bool = True, seed: int = 0,
-                   timeout: float = DEFAULT_TIMEOUT_S, catalog: str = DEFAULT,
-                   on_start: Callable[[Malformed], None] = lambda c: None,
-                   on_result: Callable[[CallResult], None] = lambda r: None) -> RobustnessResult:
+def run_robustness(
+    name: str,
+    calls: Sequence[Malformed],
+    *,
+    validate: bool = True,
+    seed: int = 0,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    catalog: str = DEFAULT,
+    on_start: Callable[[Malformed], None] = lambda c: None,
+    on_result: Callable[[CallResult], None] = lambda r: None,
+) -> RobustnessResult:
     """Run ``calls`` on backend ``name`` (loaded by name from the installed plugins with ``validate``),
     each in its own forked worker; results in the given order."""
     result = RobustnessResult(validate=validate, timeout_s=timeout)
@@ -124,18 +165,37 @@ def selected_calls(selection: Any) -> list[Malformed]:
     return select_calls(load_calls(ref), ops=selection.ops, patterns=selection.patterns)
 
 
-def run_robustness_suite(registry: Any, name: str, selection: Any, *, validate: bool = True, seed: int = 0,
-                         timeout: float = DEFAULT_TIMEOUT_S, console: Any = None, argv: Sequence[str] | None = None) -> Any:
+def run_robustness_suite(
+    registry: Any,
+    name: str,
+    selection: Any,
+    *,
+    validate: bool = True,
+    seed: int = 0,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    console: Any = None,
+    argv: Sequence[str] | None = None,
+) -> Any:
     """The robustness tier as a SuiteResult (no numeric cases; ``robustness`` holds the calls),
     with a progress bar on ``console`` (None: silent). Raises SelectionError and the registry's errors."""
     calls = selected_calls(selection)
     ops = registry.load(name, validate=validate)  # usage errors (unknown, unavailable) here, not in a worker
-    meta = build_meta(registry, name, ops.device, seed=seed, selection=selection, isolate=True, timeout=timeout, argv=argv)
+    meta = build_meta(
+        registry, name, ops.device, seed=seed, selection=selection, isolate=True, timeout=timeout, argv=argv
+    )
     suite = SuiteResult(meta)
     catalog = DEFAULT if selection.catalog == DEFAULT_CATALOG else selection.catalog
     start = time.perf_counter()
     with progress(console, len(calls)) as (started, finished):
-        suite.robustness = run_robustness(name, calls, validate=validate, seed=seed, timeout=timeout, catalog=catalog,
-                                          on_start=started, on_result=finished)
+        suite.robustness = run_robustness(
+            name,
+            calls,
+            validate=validate,
+            seed=seed,
+            timeout=timeout,
+            catalog=catalog,
+            on_start=started,
+            on_result=finished,
+        )
     meta["run"]["duration_s"] = round(time.perf_counter() - start, 3)
     return suite

@@ -1,11 +1,11 @@
 """The robustness tier in the reports: JSON section, JUnit testsuite, Markdown and terminal tables."""
+
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from typing import Any, Iterable
 
 from hetero.spec import OP_NAMES
-
 from hetero_conformance._markdown import cell, failure_details
 from hetero_conformance.robustness import STATUSES, CallResult, RobustnessResult
 
@@ -44,7 +44,9 @@ def junit_suite(root: ET.Element, backend: str, rob: RobustnessResult, started_a
     props = ET.SubElement(node, "properties")
     ET.SubElement(props, "property", name="validate", value=str(rob.validate).lower())
     for c in rob.calls:
-        tc = ET.SubElement(node, "testcase", classname=f"{backend}.{c.op}", name=f"robustness/{c.defect}", time=f"{c.seconds:.4f}")
+        tc = ET.SubElement(
+            node, "testcase", classname=f"{backend}.{c.op}", name=f"robustness/{c.defect}", time=f"{c.seconds:.4f}"
+        )
         if c.status == "fallback":
             ET.SubElement(tc, "skipped", message=f"fallback: {c.message}"[:500])
         elif not c.ok:
@@ -79,7 +81,10 @@ def print_tables(console: Any, backend: str, rob: RobustnessResult, *, max_failu
     for col in ("calls", *COLUMNS):
         table.add_column(col, justify="right")
     for r in rows(rob.calls):
-        cells = [f"[red]{r[k]}[/]" if r[k] and k in ("unclear", "crashed", "timeout", "failed") else str(r[k]) for k in COLUMNS]
+        cells = [
+            f"[red]{r[k]}[/]" if r[k] and k in ("unclear", "crashed", "timeout", "failed") else str(r[k])
+            for k in COLUMNS
+        ]
         table.add_row(r["op"], str(r["calls"]), *cells)
     console.print(table)
     failing = [c for c in rob.calls if not c.ok]

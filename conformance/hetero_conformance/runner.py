@@ -1,4 +1,5 @@
 """Runs conformance cases against one backend: oracle, reference in the test dtype, backend, verdict."""
+
 from __future__ import annotations
 
 import time
@@ -64,7 +65,14 @@ class Runner:
     expected outputs so several backends can be checked against one oracle run.
     """
 
-    def __init__(self, ops: Ops, reference: Backend, *, seed: int = 0, cache: MutableMapping[tuple[str, int], Expected] | None = None):
+    def __init__(
+        self,
+        ops: Ops,
+        reference: Backend,
+        *,
+        seed: int = 0,
+        cache: MutableMapping[tuple[str, int], Expected] | None = None,
+    ):
         self.ops, self.reference, self.seed = ops, reference, seed
         self.cache = cache if cache is not None else {}
 
@@ -72,7 +80,9 @@ class Runner:
         key = (case.id, self.seed)
         if key not in self.cache:
             inputs = case.inputs(self.seed)
-            raw, oracle_in = run_oracle(self.reference, case.op, clone_inputs(inputs), lambda fn, i: call(fn, case.op, i))
+            raw, oracle_in = run_oracle(
+                self.reference, case.op, clone_inputs(inputs), lambda fn, i: call(fn, case.op, i)
+            )
             oracle = outputs_of(case.op, oracle_in, raw)
             ref_in = clone_inputs(inputs)
             ref = outputs_of(case.op, ref_in, call(getattr(self.reference, case.op), case.op, ref_in))
@@ -95,7 +105,9 @@ class Runner:
         try:
             exp = self.expected(case)
         except Exception as e:
-            return CaseResult.of(case, "error", f"the reference failed on this case (a catalog bug): {type(e).__name__}: {e}")
+            return CaseResult.of(
+                case, "error", f"the reference failed on this case (a catalog bug): {type(e).__name__}: {e}"
+            )
         inputs = to_device(exp.inputs, self.ops.device)
         poisoned = self._poison_out(case, inputs, exp)
         untouched = untouched_inputs(case.op, inputs)
@@ -132,7 +144,9 @@ class Runner:
         for name, t in outputs.items():
             want = exp.layout.get(name)
             if want is not None and (tuple(t.shape) != want[0] or t.dtype != want[1]):
-                problems.append(f"'{name}' is {dtype_name(t.dtype)}{list(t.shape)}, expected {dtype_name(want[1])}{list(want[0])}")
+                problems.append(
+                    f"'{name}' is {dtype_name(t.dtype)}{list(t.shape)}, expected {dtype_name(want[1])}{list(want[0])}"
+                )
         for name, buffer in poisoned.items():
             if name in outputs and outputs[name].data_ptr() != buffer.data_ptr():
                 problems.append(f"did not return the {name}= buffer it was given")
@@ -149,10 +163,17 @@ class Runner:
             tol = tolerance(case.dtype, dtype_name(layout[1]) if layout else None, quantized_activations=quantized)
             judge(name, g, want, exp.reference.get(name), kind_of(case.op, name, want), tol, report, problems)
         status = "fail" if problems else "pass"
-        return CaseResult.of(case, status, "; ".join(problems), outputs=report,
-                             tolerance=tolerance(case.dtype, quantized_activations=quantized).as_dict())
+        return CaseResult.of(
+            case,
+            status,
+            "; ".join(problems),
+            outputs=report,
+            tolerance=tolerance(case.dtype, quantized_activations=quantized).as_dict(),
+        )
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     a = a.detach().cpu()
-    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b) or ((a == b) | (a != a) & (b != b)).all())
+    return (
+        a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b) or ((a == b) | (a != a) & (b != b)).all())
+    )

@@ -1,4 +1,5 @@
 """Selects conformance cases, runs them against one backend (in process or isolated) and describes the run."""
+
 from __future__ import annotations
 
 import datetime
@@ -16,15 +17,25 @@ import torch
 from hetero.backend import Availability
 from hetero.registry import REFERENCE, Registry
 from hetero.spec import OPS, SPEC_VERSION
-
+from hetero.verify.case import DTYPES, Case
 from hetero_conformance._isolate import run_isolated
 from hetero_conformance._progress import progress
 from hetero_conformance._selectors import matches
 from hetero_conformance._version import __version__
-from hetero.verify.case import DTYPES, Case
 from hetero_conformance.runner import FAILING, STATUSES, CaseResult, Runner
 
-__all__ = ["DEFAULT_CATALOG", "Selection", "SuiteResult", "SelectionError", "load_catalog", "select", "selected_cases", "run_cases", "build_meta", "run_suite"]
+__all__ = [
+    "DEFAULT_CATALOG",
+    "Selection",
+    "SuiteResult",
+    "SelectionError",
+    "load_catalog",
+    "select",
+    "selected_cases",
+    "run_cases",
+    "build_meta",
+    "run_suite",
+]
 
 #: ``module:function`` of the case catalog; the function takes ``quick=`` and returns a list of Case.
 DEFAULT_CATALOG = "hetero_conformance.cases:catalog"
@@ -56,7 +67,12 @@ class Selection:
         return "robustness" if self.robustness else "quick" if self.quick else "full"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ops": list(self.ops), "dtypes": list(self.dtypes), "patterns": list(self.patterns), "catalog": self.catalog}
+        return {
+            "ops": list(self.ops),
+            "dtypes": list(self.dtypes),
+            "patterns": list(self.patterns),
+            "catalog": self.catalog,
+        }
 
 
 @dataclass
@@ -91,7 +107,9 @@ def load_catalog(ref: str, *, quick: bool) -> list[Case]:
     return list(fn(quick=quick))
 
 
-def select(cases: Iterable[Case], *, ops: Sequence[str] = (), dtypes: Sequence[str] = (), patterns: Sequence[str] = ()) -> list[Case]:
+def select(
+    cases: Iterable[Case], *, ops: Sequence[str] = (), dtypes: Sequence[str] = (), patterns: Sequence[str] = ()
+) -> list[Case]:
     """The cases whose op is in ``ops``, dtype in ``dtypes`` (empty: any) and id matches one of
     ``patterns`` (a glob when it has ``*?[``, else a substring; none: every id)."""
     unknown = [op for op in ops if op not in OPS]
@@ -101,8 +119,11 @@ def select(cases: Iterable[Case], *, ops: Sequence[str] = (), dtypes: Sequence[s
     if bad:
         raise SelectionError(f"unknown dtype(s) {', '.join(bad)}; dtypes: {', '.join(DTYPES)}")
     return [
-        c for c in cases
-        if (not ops or c.op in ops) and (not dtypes or c.dtype in dtypes) and (not patterns or any(matches(c.id, p) for p in patterns))
+        c
+        for c in cases
+        if (not ops or c.op in ops)
+        and (not dtypes or c.dtype in dtypes)
+        and (not patterns or any(matches(c.id, p) for p in patterns))
     ]
 
 
@@ -112,7 +133,9 @@ def selected_cases(selection: Selection) -> list[Case]:
     return select(cases, ops=selection.ops, dtypes=selection.dtypes, patterns=selection.patterns)
 
 
-def run_cases(runner: Runner, cases: Iterable[Case], *, on_start: OnCase | None = None, on_result: OnResult | None = None) -> list[CaseResult]:
+def run_cases(
+    runner: Runner, cases: Iterable[Case], *, on_start: OnCase | None = None, on_result: OnResult | None = None
+) -> list[CaseResult]:
     """Run ``cases`` one after the other; an exception escaping the runner is the case's error."""
     results = []
     for case in cases:
@@ -121,7 +144,9 @@ def run_cases(runner: Runner, cases: Iterable[Case], *, on_start: OnCase | None 
         try:
             result = runner.run(case)
         except Exception as e:  # e.g. a supports() that raises: the case errs, the run goes on
-            result = CaseResult.of(case, "error", f"the runner raised {type(e).__name__}: {e}", seed=case.seed(runner.seed))
+            result = CaseResult.of(
+                case, "error", f"the runner raised {type(e).__name__}: {e}", seed=case.seed(runner.seed)
+            )
         results.append(result)
         if on_result is not None:
             on_result(result)
@@ -162,8 +187,18 @@ def environment(avail: Availability, device: torch.device) -> dict[str, Any]:
     }
 
 
-def build_meta(registry: Registry, name: str, device: torch.device, *, seed: int, selection: Selection,
-               isolate: bool, timeout: float | None, argv: Sequence[str] | None = None, world_size: int = 1) -> dict[str, Any]:
+def build_meta(
+    registry: Registry,
+    name: str,
+    device: torch.device,
+    *,
+    seed: int,
+    selection: Selection,
+    isolate: bool,
+    timeout: float | None,
+    argv: Sequence[str] | None = None,
+    world_size: int = 1,
+) -> dict[str, Any]:
     """Everything about a run but its results: versions, backend, device, environment, selectors."""
     base = name.split(":")[0]
     entry, avail = registry.entry(base), registry.availability(base)
@@ -195,8 +230,17 @@ def build_meta(registry: Registry, name: str, device: torch.device, *, seed: int
     }
 
 
-def run_suite(registry: Registry, name: str, selection: Selection, *, seed: int = 0, isolate: bool = False,
-              timeout: float = 300.0, console: Any = None, argv: Sequence[str] | None = None) -> SuiteResult:
+def run_suite(
+    registry: Registry,
+    name: str,
+    selection: Selection,
+    *,
+    seed: int = 0,
+    isolate: bool = False,
+    timeout: float = 300.0,
+    console: Any = None,
+    argv: Sequence[str] | None = None,
+) -> SuiteResult:
     """Run the selected cases against backend ``name`` with a progress bar on ``console`` (None: silent).
 
     Raises SelectionError, and the registry's BackendNotFound/Unavailable/Incompatible.
@@ -204,12 +248,24 @@ def run_suite(registry: Registry, name: str, selection: Selection, *, seed: int 
     """
     cases = selected_cases(selection)
     ops = registry.load(name)
-    suite = SuiteResult(build_meta(registry, name, ops.device, seed=seed, selection=selection, isolate=isolate, timeout=timeout, argv=argv))
+    suite = SuiteResult(
+        build_meta(
+            registry, name, ops.device, seed=seed, selection=selection, isolate=isolate, timeout=timeout, argv=argv
+        )
+    )
     start = time.perf_counter()
     with progress(console, len(cases)) as (started, finished):
         if isolate:
-            suite.results = run_isolated(name, cases, seed=seed, timeout=timeout, catalog=selection.catalog, quick=selection.quick,
-                                         on_start=started, on_result=finished)
+            suite.results = run_isolated(
+                name,
+                cases,
+                seed=seed,
+                timeout=timeout,
+                catalog=selection.catalog,
+                quick=selection.quick,
+                on_start=started,
+                on_result=finished,
+            )
         else:
             runner = Runner(ops, registry.entry(REFERENCE).cls(), seed=seed)
             suite.results = run_cases(runner, cases, on_start=started, on_result=finished)

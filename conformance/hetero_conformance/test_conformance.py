@@ -9,6 +9,7 @@ With ``--hetero-robustness`` the tests are the malformed calls instead (id
 ``op/defect``), run once per session through the forked workers of
 ``hetero_conformance.robustness``; a call that does not pass fails its test.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,7 +40,12 @@ def pytest_generate_tests(metafunc: Any) -> None:
         return _placeholder(metafunc, name, "pass --hetero-backend NAME to run the conformance catalog")
     if robust != (name == "hetero_malformed"):
         return _placeholder(metafunc, name, "--hetero-robustness selects one tier or the other")
-    selection = Selection(quick=opt("--hetero-quick"), ops=_csv(opt("--hetero-ops")), dtypes=_csv(opt("--hetero-dtypes")), robustness=robust)
+    selection = Selection(
+        quick=opt("--hetero-quick"),
+        ops=_csv(opt("--hetero-ops")),
+        dtypes=_csv(opt("--hetero-dtypes")),
+        robustness=robust,
+    )
     from hetero.errors import HeteroError
     from hetero.registry import default_registry
     from hetero_conformance.robustness import selected_calls
@@ -80,7 +86,9 @@ def hetero_robustness(pytestconfig: Any) -> dict[str, Any]:
     opt = pytestconfig.getoption
     selection = Selection(ops=_csv(opt("--hetero-ops")), robustness=True)
     calls = selected_calls(selection)
-    result = run_robustness(opt("--hetero-backend"), calls, validate=not opt("--hetero-no-validate"), seed=opt("--hetero-seed"))
+    result = run_robustness(
+        opt("--hetero-backend"), calls, validate=not opt("--hetero-no-validate"), seed=opt("--hetero-seed")
+    )
     return {c.id: c for c in result.calls}
 
 

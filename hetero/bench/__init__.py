@@ -3,6 +3,7 @@
 ``hetero bench NAME`` times every op of a backend on performance shapes; the
 baseline format in :mod:`hetero.bench.baseline` is shared with ``hetero bench-engine``.
 """
+
 from __future__ import annotations
 
 from hetero.bench.baseline import (
@@ -19,6 +20,14 @@ from hetero.bench.baseline import (
 )
 
 __all__ = [
-    "SCHEMA", "Metric", "Comparison", "BaselineError", "environment", "save_baseline", "load_baseline",
-    "check_environment", "compare", "confirm",
+    "SCHEMA",
+    "Metric",
+    "Comparison",
+    "BaselineError",
+    "environment",
+    "save_baseline",
+    "load_baseline",
+    "check_environment",
+    "compare",
+    "confirm",
 ]

@@ -1,4 +1,5 @@
 """The byte and flop model of the attention family (see ``hetero.bench.model`` for the conventions)."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -27,7 +28,9 @@ def _varlen_attention(a: Mapping[str, Any]) -> Work:
     pairs, union = attention_pairs(lens(a["cu_seqlens_q"]), lens(a["cu_seqlens_k"]), a["causal"], a["window"])
     kv = union * hkv * (d * k.element_size() + dv * v.element_size())
     out = t * hq * dv * q.element_size() + (t * hq * 4 if a["return_lse"] else 0)
-    return Work(2.0 * pairs * hq * (d + dv), nbytes(q) + kv + out + nbytes(a["cu_seqlens_q"]) + nbytes(a["cu_seqlens_k"]))
+    return Work(
+        2.0 * pairs * hq * (d + dv), nbytes(q) + kv + out + nbytes(a["cu_seqlens_q"]) + nbytes(a["cu_seqlens_k"])
+    )
 
 
 def _mla_attention(a: Mapping[str, Any]) -> Work:
@@ -40,14 +43,18 @@ def _mla_attention(a: Mapping[str, Any]) -> Work:
         pairs = union = _sparse_pairs(meta, a["topk_indices"], a["causal"])
     kv = union * (lkv * ckv.element_size() + r * kpe.element_size())  # the latent is both key and value
     out = t * h * lkv * q_nope.element_size() + (t * h * 4 if a["return_lse"] else 0)
-    return Work(2.0 * pairs * h * (2 * lkv + r),
-                nbytes(q_nope) + nbytes(q_pe) + kv + out + meta_bytes(meta) + nbytes(a["topk_indices"]))
+    return Work(
+        2.0 * pairs * h * (2 * lkv + r),
+        nbytes(q_nope) + nbytes(q_pe) + kv + out + meta_bytes(meta) + nbytes(a["topk_indices"]),
+    )
 
 
 def _merge_attention(a: Mapping[str, Any]) -> Work:
     out_a = a["out_a"]
     written = nbytes(out_a) + nbytes(a["lse_a"])
-    return Work(3.0 * out_a.numel(), nbytes(out_a) + nbytes(a["out_b"]) + nbytes(a["lse_a"]) + nbytes(a["lse_b"]) + written)
+    return Work(
+        3.0 * out_a.numel(), nbytes(out_a) + nbytes(a["out_b"]) + nbytes(a["lse_a"]) + nbytes(a["lse_b"]) + written
+    )
 
 
 def _sparse_pairs(meta: Any, indices: torch.Tensor, causal: bool) -> int:
@@ -79,7 +86,9 @@ def _indexer_topk(a: Mapping[str, Any]) -> Work:
     t, hi, d = q.shape
     pairs, union = attention_pairs(lens(meta.query_start_loc), meta.seq_lens.tolist(), True)
     keys = union * d * cache.element_size() + (union * (d // 128) * 4 if scale is not None else 0)
-    return Work(pairs * hi * (2.0 * d + 2), nbytes(q) + nbytes(a["weights"]) + keys + t * a["topk"] * 4 + meta_bytes(meta))
+    return Work(
+        pairs * hi * (2.0 * d + 2), nbytes(q) + nbytes(a["weights"]) + keys + t * a["topk"] * 4 + meta_bytes(meta)
+    )
 
 
 ATTENTION_MODELS = {

@@ -14,6 +14,7 @@ it fails a run.
 backend by name from the installed plugins, times the named cases and prints
 ``{case id: fastest call in seconds}`` as JSON.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,24 @@ class FreshProcessError(RuntimeError):
     """The worker process failed; the message holds the end of its stderr."""
 
 
-def time_in_fresh_process(backend: str, tier: str, case_ids: Sequence[str], timer: TimerConfig, seed: int,
-                          threads: int | None, timeout: float = 600.0) -> dict[str, float]:
+def time_in_fresh_process(
+    backend: str,
+    tier: str,
+    case_ids: Sequence[str],
+    timer: TimerConfig,
+    seed: int,
+    threads: int | None,
+    timeout: float = 600.0,
+) -> dict[str, float]:
     """The fastest call of each case, timed by a new Python process on ``backend``."""
-    request = {"backend": backend, "tier": tier, "cases": list(case_ids), "timer": asdict(timer), "seed": seed,
-               "threads": threads}
+    request = {
+        "backend": backend,
+        "tier": tier,
+        "cases": list(case_ids),
+        "timer": asdict(timer),
+        "seed": seed,
+        "threads": threads,
+    }
     cmd = [sys.executable, "-m", "hetero.bench._fresh", json.dumps(request)]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

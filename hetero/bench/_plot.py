@@ -3,6 +3,7 @@
 matplotlib is an optional extra (``pip install 'hetero[plot]'``); the figure is
 drawn on a bare ``matplotlib.figure.Figure``, so no pyplot state is touched.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,7 +27,9 @@ def require_matplotlib() -> Any:
     except ModuleNotFoundError as e:
         if e.name is None or not e.name.startswith("matplotlib"):
             raise
-        raise PlotUnavailable("--plot needs matplotlib: pip install 'hetero[plot]' (or pip install matplotlib)") from None
+        raise PlotUnavailable(
+            "--plot needs matplotlib: pip install 'hetero[plot]' (or pip install matplotlib)"
+        ) from None
     return matplotlib.figure
 
 
@@ -44,8 +47,14 @@ def _times(ax: Any, rows: Sequence[OpResult], comparisons: Mapping[str, Comparis
         ax.barh([i - height / 2 for i in y], old, height=height, color="tab:gray", label="baseline")
         from matplotlib.patches import Patch
 
-        ax.legend(handles=[Patch(color="tab:blue", label="this run"), Patch(color="tab:red", label="regressed"),
-                           Patch(color="tab:gray", label="baseline")], loc="lower right")
+        ax.legend(
+            handles=[
+                Patch(color="tab:blue", label="this run"),
+                Patch(color="tab:red", label="regressed"),
+                Patch(color="tab:gray", label="baseline"),
+            ],
+            loc="lower right",
+        )
     ax.set_yticks(list(y), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xscale("log")
@@ -62,15 +71,15 @@ def _roofline(ax: Any, rows: Sequence[OpResult]) -> None:
     ax.set_xlabel("fraction of the roofline (%)")
 
 
-def plot(path: str | Path, results: Sequence[OpResult], comparisons: Mapping[str, Comparison] | None,
-         title: str) -> None:
+def plot(
+    path: str | Path, results: Sequence[OpResult], comparisons: Mapping[str, Comparison] | None, title: str
+) -> None:
     """Write the figure to ``path`` (the format from its suffix, e.g. .png)."""
     figure = require_matplotlib()
     rows = [r for r in results if r.seconds is not None]
     with_roofline = any(r.roofline is not None for r in rows)
     fig = figure.Figure(figsize=(11 if with_roofline else 8, 1.2 + 0.45 * max(len(rows), 1)), layout="constrained")
-    axes = fig.subplots(1, 2 if with_roofline else 1, squeeze=False,
-                        width_ratios=[3, 1] if with_roofline else [1])[0]
+    axes = fig.subplots(1, 2 if with_roofline else 1, squeeze=False, width_ratios=[3, 1] if with_roofline else [1])[0]
     _times(axes[0], rows, comparisons)
     if with_roofline:
         _roofline(axes[1], rows)

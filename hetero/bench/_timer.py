@@ -7,6 +7,7 @@ from the time budgets. Without Triton, accelerator events are recorded around
 each call (``torch.Event``). On the CPU, ``time.perf_counter_ns`` brackets each
 call, with the garbage collector paused while timing.
 """
+
 from __future__ import annotations
 
 import contextlib

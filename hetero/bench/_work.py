@@ -1,4 +1,5 @@
 """The shared pieces of the byte and flop model (``hetero.bench.model``): the record and the counting helpers."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,8 +26,9 @@ def elem_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def attention_pairs(q_lens: list[int], kv_lens: list[int], causal: bool = True,
-                    window: tuple[int, int] = (-1, -1)) -> tuple[int, int]:
+def attention_pairs(
+    q_lens: list[int], kv_lens: list[int], causal: bool = True, window: tuple[int, int] = (-1, -1)
+) -> tuple[int, int]:
     """(visible (query, key) pairs, KV positions some query sees) summed over the sequences.
 
     Query row i of a sequence with n rows and L keys sits at position L - n + i.

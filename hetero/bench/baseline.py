@@ -23,6 +23,7 @@ a ``note`` saying which side lacks it, so a renamed or new case never crashes a
 comparison nor fails it silently. :func:`confirm` re-judges a regression after
 the caller re-measured it, so one noisy sample does not fail CI.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,17 @@ from typing import Any, Mapping, Sequence
 from hetero.errors import UsageError
 
 __all__ = [
-    "SCHEMA", "KINDS", "Metric", "Comparison", "BaselineError", "environment", "save_baseline",
-    "load_baseline", "check_environment", "compare", "confirm",
+    "SCHEMA",
+    "KINDS",
+    "Metric",
+    "Comparison",
+    "BaselineError",
+    "environment",
+    "save_baseline",
+    "load_baseline",
+    "check_environment",
+    "compare",
+    "confirm",
 ]
 
 SCHEMA = "hetero-bench-baseline/1"
@@ -130,7 +140,9 @@ def save_baseline(path: str | Path, kind: str, env: dict, metrics: Sequence[Metr
 def _metric(raw: Any, path: Path) -> Metric:
     try:
         return Metric(
-            name=str(raw["name"]), value=float(raw["value"]), unit=str(raw["unit"]),
+            name=str(raw["name"]),
+            value=float(raw["value"]),
+            unit=str(raw["unit"]),
             higher_is_better=bool(raw.get("higher_is_better", False)),
             samples=tuple(float(s) for s in raw.get("samples", ())),
         )
@@ -163,8 +175,10 @@ def check_environment(saved: dict, current: dict) -> tuple[str | None, list[str]
     """(error, warnings): an error when backend or device differ, a warning per differing version."""
     for key in ("backend", "device"):
         if saved.get(key) != current.get(key):
-            return (f"the baseline was measured with {key} {saved.get(key)!r}, this run uses "
-                    f"{current.get(key)!r}: compare against a baseline of the same {key}"), []
+            return (
+                f"the baseline was measured with {key} {saved.get(key)!r}, this run uses "
+                f"{current.get(key)!r}: compare against a baseline of the same {key}"
+            ), []
     warnings = []
     old, new = saved.get("versions", {}), current.get("versions", {})
     for name in sorted(set(old) | set(new)):
@@ -199,13 +213,17 @@ def compare(saved: Mapping[str, Metric], current: Sequence[Metric], threshold: f
         change = _change(old.value, m.value, m.higher_is_better)
         out.append(Comparison(m.name, old.value, m.value, change, change > threshold))
     names = {m.name for m in current}
-    out += [Comparison(n, old.value, math.nan, math.nan, False, note="not measured in this run")
-            for n, old in saved.items() if n not in names]
+    out += [
+        Comparison(n, old.value, math.nan, math.nan, False, note="not measured in this run")
+        for n, old in saved.items()
+        if n not in names
+    ]
     return out
 
 
-def confirm(comparison: Comparison, repeats: Sequence[float], threshold: float,
-            higher_is_better: bool = False) -> Comparison:
+def confirm(
+    comparison: Comparison, repeats: Sequence[float], threshold: float, higher_is_better: bool = False
+) -> Comparison:
     """Re-judge a comparison with re-measured values: the best of them (and the first) is kept.
 
     The spread (min, median, max) covers the first measurement and the repeats;

@@ -6,6 +6,7 @@ not with any backend's kernels: dense matmul TFLOP/s per float dtype (square pro
 of several) and copy bandwidth (a large device-to-device copy, read + write bytes). The file it
 writes is the format ``--ceilings`` / ``HETERO_BENCH_CEILINGS`` read.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,9 @@ def _best(fn, device: torch.device, reps: int) -> float:
     return measure(fn, device, TimerConfig(warmup=2, reps=reps, min_time=0.0, max_reps=reps)).min
 
 
-def measure_ceilings(device: torch.device, *, size: int, copy_mib: int, reps: int = 5,
-                     dtypes: tuple[str, ...] = tuple(_DTYPES)) -> dict[str, Any]:
+def measure_ceilings(
+    device: torch.device, *, size: int, copy_mib: int, reps: int = 5, dtypes: tuple[str, ...] = tuple(_DTYPES)
+) -> dict[str, Any]:
     """{"name", "tflops": {dtype: TFLOP/s}, "tb_s", "source"} measured on ``device`` (a [size, size] product
     per dtype, a ``copy_mib`` MiB copy)."""
     tflops = {}
@@ -40,20 +42,33 @@ def measure_ceilings(device: torch.device, *, size: int, copy_mib: int, reps: in
     src = torch.randn(copy_mib << 18, device=device)  # float32: 4 bytes each
     dst = torch.empty_like(src)
     tb_s = 2 * src.numel() * 4 / _best(lambda: dst.copy_(src), device, reps) / 1e12
-    return {"name": "", "tflops": tflops, "tb_s": tb_s,
-            "source": f"hetero ceilings: torch.mm {size}^3 per dtype and a {copy_mib} MiB copy, best of {reps}"}
+    return {
+        "name": "",
+        "tflops": tflops,
+        "tb_s": tb_s,
+        "source": f"hetero ceilings: torch.mm {size}^3 per dtype and a {copy_mib} MiB copy, best of {reps}",
+    }
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("ceilings", help="measure a device's matmul TFLOP/s and copy bandwidth for --ceilings",
-                       description="Measure dense matmul TFLOP/s (float32, bfloat16, float16) and copy bandwidth on the "
-                                   "device of backend NAME with torch, and write them as a --ceilings file for "
-                                   "hetero bench and hetero profile (where no datasheet entry exists, e.g. a CPU).")
+    p = sub.add_parser(
+        "ceilings",
+        help="measure a device's matmul TFLOP/s and copy bandwidth for --ceilings",
+        description="Measure dense matmul TFLOP/s (float32, bfloat16, float16) and copy bandwidth on the "
+        "device of backend NAME with torch, and write them as a --ceilings file for "
+        "hetero bench and hetero profile (where no datasheet entry exists, e.g. a CPU).",
+    )
     p.add_argument("name", help="backend whose device is measured, e.g. cpu_ref or cuda")
     p.add_argument("--out", required=True, metavar="FILE.json", help="where to write the ceilings")
     p.add_argument("--size", type=int, default=None, help="matmul edge (default 1024 on a CPU, 8192 on a device)")
-    p.add_argument("--copy-mib", type=int, default=None, metavar="MIB", help="copy size (default 64 on a CPU, 1024 on a device)")
-    p.add_argument("--dtypes", default="float32,bfloat16", help=f"comma-separated, of {', '.join(_DTYPES)} (default float32,bfloat16)")
+    p.add_argument(
+        "--copy-mib", type=int, default=None, metavar="MIB", help="copy size (default 64 on a CPU, 1024 on a device)"
+    )
+    p.add_argument(
+        "--dtypes",
+        default="float32,bfloat16",
+        help=f"comma-separated, of {', '.join(_DTYPES)} (default float32,bfloat16)",
+    )
     p.set_defaults(func=_cmd_ceilings)
 
 
@@ -69,8 +84,12 @@ def _cmd_ceilings(args: argparse.Namespace, registry: Any, console: Console) -> 
             raise UsageError(f"argument {option}: expected an integer >= 1, got {value}")
     device = registry.load(args.name).device
     cpu = device.type == "cpu"
-    doc = measure_ceilings(device, size=args.size or (1024 if cpu else 8192),
-                           copy_mib=args.copy_mib or (64 if cpu else 1024), dtypes=dtypes)
+    doc = measure_ceilings(
+        device,
+        size=args.size or (1024 if cpu else 8192),
+        copy_mib=args.copy_mib or (64 if cpu else 1024),
+        dtypes=dtypes,
+    )
     doc["name"] = f"{device_label(device)} (measured)"
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)

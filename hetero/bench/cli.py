@@ -5,6 +5,7 @@ beyond the threshold (after its re-measurements) or raised; 2 for a usage
 error (unknown op, unusable baseline or ceilings file, a baseline of another
 backend or device, an unavailable backend, --plot without matplotlib).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import torch
-
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -23,7 +22,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from hetero.bench._fresh import FreshProcessError, time_in_fresh_process
 from hetero.bench._timer import TimerConfig, torch_threads
 from hetero.bench.baseline import (
-    BaselineError, Comparison, Metric, check_environment, compare, confirm, environment, load_baseline, save_baseline,
+    BaselineError,
+    Comparison,
+    Metric,
+    check_environment,
+    compare,
+    confirm,
+    environment,
+    load_baseline,
+    save_baseline,
 )
 from hetero.bench.devices import Ceilings, CeilingsError, device_label, find_ceilings, load_ceilings, override_from_env
 from hetero.bench.ops import ERROR, BenchConfig, OpBench, OpResult
@@ -55,33 +62,65 @@ class _Session:
 
 def add_parser(sub: Any) -> None:
     """Register the ``bench`` subcommand on the ``hetero`` command's subparsers."""
-    p = sub.add_parser("bench", help="time every op of a backend on performance shapes; save and compare baselines",
-                       description="Times each op on performance shapes (median of many calls after warm-up) and reports "
-                                   "time, GB/s and TFLOP/s from each op's byte/flop model, the speed-up over the reference "
-                                   "(cpu_ref, same device, same run) and the fraction of the device's roofline.")
+    p = sub.add_parser(
+        "bench",
+        help="time every op of a backend on performance shapes; save and compare baselines",
+        description="Times each op on performance shapes (median of many calls after warm-up) and reports "
+        "time, GB/s and TFLOP/s from each op's byte/flop model, the speed-up over the reference "
+        "(cpu_ref, same device, same run) and the fraction of the device's roofline.",
+    )
     p.add_argument("name", help="backend name, e.g. cuda or cpu_ref")
     add_list_option(p, "--ops", metavar="OP", help="only these ops, as a,b or a b or repeated (default: all)")
-    p.add_argument("--shapes", choices=("quick", "full"), default="quick",
-                   help="quick: CPU-sized float32 cases (CI); full: production GPU sizes in bfloat16")
+    p.add_argument(
+        "--shapes",
+        choices=("quick", "full"),
+        default="quick",
+        help="quick: CPU-sized float32 cases (CI); full: production GPU sizes in bfloat16",
+    )
     p.add_argument("--json", metavar="F", help="write the results as JSON to F")
     p.add_argument("--save", metavar="BASELINE", help="write a baseline JSON (keyed by backend, device, versions)")
-    p.add_argument("--compare", metavar="BASELINE", help="compare with a baseline; exit 1 if an op is slower by more than --threshold")
-    p.add_argument("--threshold", type=float, default=0.1, help="relative slow-down that counts as a regression (default 0.1)")
-    p.add_argument("--repeats", type=int, default=4,
-                   help="re-measurements of an op flagged as regressed, after pauses of 1, 2, 4... s (default 4)")
-    p.add_argument("--rounds", type=int, metavar="N",
-                   help="passes over the ops, each op keeping its fastest pass (default: 2 with --save, else 1): "
-                        "a baseline taken during a burst of load would hide later regressions")
-    p.add_argument("--plot", metavar="F.png", help="plot time per op (and baseline, roofline) to F.png (needs hetero[plot])")
-    p.add_argument("--ceilings", metavar="FILE.json", help="measured device ceilings (default: $HETERO_BENCH_CEILINGS, else datasheets)")
+    p.add_argument(
+        "--compare",
+        metavar="BASELINE",
+        help="compare with a baseline; exit 1 if an op is slower by more than --threshold",
+    )
+    p.add_argument(
+        "--threshold", type=float, default=0.1, help="relative slow-down that counts as a regression (default 0.1)"
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=4,
+        help="re-measurements of an op flagged as regressed, after pauses of 1, 2, 4... s (default 4)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        metavar="N",
+        help="passes over the ops, each op keeping its fastest pass (default: 2 with --save, else 1): "
+        "a baseline taken during a burst of load would hide later regressions",
+    )
+    p.add_argument(
+        "--plot", metavar="F.png", help="plot time per op (and baseline, roofline) to F.png (needs hetero[plot])"
+    )
+    p.add_argument(
+        "--ceilings",
+        metavar="FILE.json",
+        help="measured device ceilings (default: $HETERO_BENCH_CEILINGS, else datasheets)",
+    )
     p.add_argument("--no-reference", action="store_true", help="do not time the reference for the 'x ref' column")
     p.add_argument("--warmup", type=int, default=5, help="warm-up calls per op on the CPU (default 5)")
     p.add_argument("--reps", type=int, default=20, help="least timed calls per op on the CPU (default 20)")
     p.add_argument("--min-time", type=float, default=0.2, help="least seconds of timed calls per op (default 0.2)")
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="torch CPU threads for this run, part of a CPU's baseline key (default 1: on a shared machine "
-                        "multi-threaded CPU timings move by tens of percent from run to run)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="torch CPU threads for this run, part of a CPU's baseline key (default 1: on a shared machine "
+        "multi-threaded CPU timings move by tens of percent from run to run)",
+    )
     p.set_defaults(func=_cmd_bench)
 
 
@@ -193,18 +232,21 @@ def _retime(session: _Session, args: argparse.Namespace, names: list[str], conso
     """The fastest call of each named case, in a fresh process when the backend is an installed plugin."""
     if session.fresh:
         try:
-            return time_in_fresh_process(args.name, args.shapes, names, session.bench.config.timer, args.seed,
-                                         args.threads)
+            return time_in_fresh_process(
+                args.name, args.shapes, names, session.bench.config.timer, args.seed, args.threads
+            )
         except FreshProcessError as e:
             session.fresh = False
-            console.print(f"re-measuring in this process: a fresh one failed ({escape(str(e))})", style="dim",
-                          highlight=False)
+            console.print(
+                f"re-measuring in this process: a fresh one failed ({escape(str(e))})", style="dim", highlight=False
+            )
     by_id = {c.id: c for c in session.cases}
     return {n: session.bench.time_case(by_id[n]).min for n in names}
 
 
-def _confirmed(session: _Session, results: list[OpResult], args: argparse.Namespace,
-               console: Console) -> list[Comparison]:
+def _confirmed(
+    session: _Session, results: list[OpResult], args: argparse.Namespace, console: Console
+) -> list[Comparison]:
     """Compare with the baseline; re-measure the regressions up to ``--repeats`` times, keeping each op's best.
 
     The repeats come in rounds after pauses of 1, 2, 4... seconds, each round
@@ -222,17 +264,23 @@ def _confirmed(session: _Session, results: list[OpResult], args: argparse.Namesp
             break
         where = "a fresh process" if session.fresh else "this process"
         names = ", ".join(f"{c.name} ({c.change:+.0%})" for c in flagged)
-        console.print(f"re-measuring in {where} after {2 ** i} s ({i + 1}/{args.repeats}): {names}", style="dim",
-                      highlight=False)
-        time.sleep(2 ** i)
+        console.print(
+            f"re-measuring in {where} after {2**i} s ({i + 1}/{args.repeats}): {names}", style="dim", highlight=False
+        )
+        time.sleep(2**i)
         for name, seconds in _retime(session, args, [c.name for c in flagged], console).items():
             pools.setdefault(name, []).append(seconds)
             comparisons[name] = confirm(first[name], pools[name], args.threshold)
     return list(comparisons.values())
 
 
-def _write_outputs(args: argparse.Namespace, session: _Session, results: list[OpResult],
-                   comparisons: list[Comparison] | None, header: str) -> None:
+def _write_outputs(
+    args: argparse.Namespace,
+    session: _Session,
+    results: list[OpResult],
+    comparisons: list[Comparison] | None,
+    header: str,
+) -> None:
     import json
     from pathlib import Path
 
@@ -253,12 +301,17 @@ def _verdict(console: Console, results: list[OpResult], comparisons: list[Compar
     regressed = [c for c in comparisons or () if c.regressed]
     missing = [c.name for c in comparisons or () if c.note and math.isnan(c.current)]
     if missing:
-        console.print(f"{len(missing)} baseline metric(s) not measured in this run (other --ops or --shapes?)",
-                      style="dim", highlight=False)
+        console.print(
+            f"{len(missing)} baseline metric(s) not measured in this run (other --ops or --shapes?)",
+            style="dim",
+            highlight=False,
+        )
     for c in regressed:
         spread = "" if c.spread is None else f", spread {c.spread[0]:.3g}/{c.spread[1]:.3g}/{c.spread[2]:.3g} s"
-        console.print(f"[bold red]regressed:[/] {c.name}: {c.baseline:.3g} s -> {c.current:.3g} s ({c.change:+.0%}{spread})",
-                      highlight=False)
+        console.print(
+            f"[bold red]regressed:[/] {c.name}: {c.baseline:.3g} s -> {c.current:.3g} s ({c.change:+.0%}{spread})",
+            highlight=False,
+        )
     for case_id in errors:
         console.print(f"[red]error:[/] {case_id} raised (see the table notes)", highlight=False)
     return EXIT_FAIL if regressed or errors else EXIT_OK
@@ -272,8 +325,14 @@ def _cmd_bench(args: argparse.Namespace, registry: Registry, console: Console) -
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    least = (("--threshold", args.threshold, 0), ("--repeats", args.repeats, 0), ("--warmup", args.warmup, 0),
-             ("--min-time", args.min_time, 0), ("--reps", args.reps, 1), ("--rounds", args.rounds, 1))
+    least = (
+        ("--threshold", args.threshold, 0),
+        ("--repeats", args.repeats, 0),
+        ("--warmup", args.warmup, 0),
+        ("--min-time", args.min_time, 0),
+        ("--reps", args.reps, 1),
+        ("--rounds", args.rounds, 1),
+    )
     for option, value, minimum in least:
         if value is not None and value < minimum:
             raise UsageError(f"{option} must be >= {minimum}, got {value}")
@@ -286,7 +345,12 @@ def _bench(args: argparse.Namespace, registry: Registry, console: Console) -> in
     comparisons = _confirmed(session, results, args, console) if session.saved is not None else None
     roof = session.ceilings.name if session.ceilings is not None else "unknown ceilings"
     header = f"hetero bench {args.name} on {session.label} ({args.shapes} shapes; roofline: {roof})"
-    print_report(console, results, header=header, threshold=args.threshold,
-                 comparisons={c.name: c for c in comparisons} if comparisons is not None else None)
+    print_report(
+        console,
+        results,
+        header=header,
+        threshold=args.threshold,
+        comparisons={c.name: c for c in comparisons} if comparisons is not None else None,
+    )
     _write_outputs(args, session, results, comparisons, header)
     return _verdict(console, results, comparisons)

@@ -11,6 +11,7 @@ Keys given override the built-in entry of the device (the others are kept); on
 a device without an entry the file alone defines the ceilings. dtype keys:
 bfloat16, float16, float8, int8, float32.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,18 @@ import torch
 
 from hetero.bench.model import Work
 
-__all__ = ["Ceilings", "CeilingsError", "DEVICES", "ENV_VAR", "dtype_class", "find_ceilings", "load_ceilings",
-           "device_label", "roofline", "override_from_env"]
+__all__ = [
+    "Ceilings",
+    "CeilingsError",
+    "DEVICES",
+    "ENV_VAR",
+    "dtype_class",
+    "find_ceilings",
+    "load_ceilings",
+    "device_label",
+    "roofline",
+    "override_from_env",
+]
 
 ENV_VAR = "HETERO_BENCH_CEILINGS"
 _CLASSES = ("bfloat16", "float16", "float8", "int8", "float32")
@@ -51,19 +62,47 @@ class CeilingsError(ValueError):
 DEVICES: tuple[tuple[str, Ceilings], ...] = (
     # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16/FP16 1,979 TFLOPS and FP8 3,958 TFLOPS
     # "with sparsity" (dense: half), INT8 3,958 TOPS with sparsity, FP32 67 TFLOPS, 4.8 TB/s HBM3e.
-    (r"H200", Ceilings("NVIDIA H200 SXM", {"bfloat16": 989.5, "float16": 989.5, "float8": 1979.0, "int8": 1979.0,
-                                            "float32": 67.0}, 4.8, "NVIDIA H200 datasheet (dense = sparse / 2)")),
+    (
+        r"H200",
+        Ceilings(
+            "NVIDIA H200 SXM",
+            {"bfloat16": 989.5, "float16": 989.5, "float8": 1979.0, "int8": 1979.0, "float32": 67.0},
+            4.8,
+            "NVIDIA H200 datasheet (dense = sparse / 2)",
+        ),
+    ),
     # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): same tensor cores as H200, 3.35 TB/s HBM3.
-    (r"H100", Ceilings("NVIDIA H100 SXM", {"bfloat16": 989.5, "float16": 989.5, "float8": 1979.0, "int8": 1979.0,
-                                            "float32": 67.0}, 3.35, "NVIDIA H100 datasheet, SXM5 (dense = sparse / 2)")),
+    (
+        r"H100",
+        Ceilings(
+            "NVIDIA H100 SXM",
+            {"bfloat16": 989.5, "float16": 989.5, "float8": 1979.0, "int8": 1979.0, "float32": 67.0},
+            3.35,
+            "NVIDIA H100 datasheet, SXM5 (dense = sparse / 2)",
+        ),
+    ),
     # AMD Instinct MI300X data sheet: peak FP16/BF16 1,307.4 TFLOPS, FP8 2,614.9 TFLOPS, INT8 2,614.9 TOPS
     # (dense; sparsity doubles them), FP32 matrix 163.4 TFLOPS, 5.3 TB/s HBM3.
-    (r"MI300X", Ceilings("AMD Instinct MI300X", {"bfloat16": 1307.4, "float16": 1307.4, "float8": 2614.9,
-                                                  "int8": 2614.9, "float32": 163.4}, 5.3, "AMD Instinct MI300X data sheet")),
+    (
+        r"MI300X",
+        Ceilings(
+            "AMD Instinct MI300X",
+            {"bfloat16": 1307.4, "float16": 1307.4, "float8": 2614.9, "int8": 2614.9, "float32": 163.4},
+            5.3,
+            "AMD Instinct MI300X data sheet",
+        ),
+    ),
     # Huawei publishes no per-chip 910B datasheet and the 910B1-B4 bins differ. Commonly reported for the
     # 910B: FP16/BF16 ~280 TFLOPS, 64 GB HBM2e at ~1.6 TB/s, no FP8. Prefer measured values (--ceilings).
-    (r"910B", Ceilings("Huawei Ascend 910B", {"bfloat16": 280.0, "float16": 280.0}, 1.6,
-                       "third-party reports (no Huawei per-chip datasheet): measure and override")),
+    (
+        r"910B",
+        Ceilings(
+            "Huawei Ascend 910B",
+            {"bfloat16": 280.0, "float16": 280.0},
+            1.6,
+            "third-party reports (no Huawei per-chip datasheet): measure and override",
+        ),
+    ),
 )
 
 
@@ -102,16 +141,23 @@ def find_ceilings(device_name: str, override: Mapping[str, Any] | None = None) -
     if override is None:
         if base is None:
             known = ", ".join(c.name for _, c in DEVICES)
-            return None, (f"no ceilings known for '{device_name}' (built in: {known}); "
-                          f"give measured ones with --ceilings FILE.json or {ENV_VAR}")
+            return None, (
+                f"no ceilings known for '{device_name}' (built in: {known}); "
+                f"give measured ones with --ceilings FILE.json or {ENV_VAR}"
+            )
         return base, ""
     if base is None:
         base = Ceilings(override.get("name") or device_name)
     tflops = {**base.tflops, **override.get("tflops", {})}
     if not tflops and override.get("tb_s", base.tb_s) is None:
         return None, "the ceilings override gives neither tflops nor tb_s"
-    return replace(base, name=override.get("name") or f"{base.name} (overridden)", tflops=tflops,
-                   tb_s=override.get("tb_s", base.tb_s), source=override.get("source") or base.source), ""
+    return replace(
+        base,
+        name=override.get("name") or f"{base.name} (overridden)",
+        tflops=tflops,
+        tb_s=override.get("tb_s", base.tb_s),
+        source=override.get("source") or base.source,
+    ), ""
 
 
 def _cpu_model() -> str:
@@ -125,7 +171,7 @@ def _cpu_model() -> str:
 
 
 def device_label(device: torch.device, reported: str = "") -> str:
-    """"type/name" of the device a benchmark ran on: the baseline key and the ceilings lookup.
+    """ "type/name" of the device a benchmark ran on: the baseline key and the ceilings lookup.
 
     A CPU carries torch's thread count: timings taken with other thread counts do not compare.
     """

@@ -6,6 +6,7 @@ the measured window and the elapsed time) turns them into throughput, latency
 percentiles and KV-cache figures. The report and the baseline logic are in
 ``hetero.bench.engine_report``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,17 @@ import numpy as np
 
 from hetero.errors import UsageError
 
-__all__ = ["Workload", "Run", "parse_range", "percentiles", "request_latencies", "summarize", "run_workload",
-           "model_identity", "PERCENTILES"]
+__all__ = [
+    "Workload",
+    "Run",
+    "parse_range",
+    "percentiles",
+    "request_latencies",
+    "summarize",
+    "run_workload",
+    "model_identity",
+    "PERCENTILES",
+]
 
 #: the latency percentiles reported
 PERCENTILES = (50, 90, 99)
@@ -58,8 +68,12 @@ class Workload:
 
     def __post_init__(self) -> None:
         if isinstance(self.num_requests, bool) or not isinstance(self.num_requests, int) or self.num_requests < 1:
-            raise UsageError(f"Workload.num_requests must be an integer >= 1, got {self.num_requests!r}",
-                             arg="num_requests", expected="an integer >= 1", got=self.num_requests)
+            raise UsageError(
+                f"Workload.num_requests must be an integer >= 1, got {self.num_requests!r}",
+                arg="num_requests",
+                expected="an integer >= 1",
+                got=self.num_requests,
+            )
         for name in ("input_len", "output_len"):
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
@@ -86,8 +100,12 @@ class Workload:
 
     def as_dict(self) -> dict[str, Any]:
         """The parameters as JSON-ready values (ranges as two-element lists)."""
-        return {"num_requests": self.num_requests, "input_len": list(self.input_len),
-                "output_len": list(self.output_len), "seed": self.seed}
+        return {
+            "num_requests": self.num_requests,
+            "input_len": list(self.input_len),
+            "output_len": list(self.output_len),
+            "seed": self.seed,
+        }
 
 
 def _lengths(workload: Workload, rng: np.random.Generator) -> tuple[list[int], list[int]]:
@@ -137,9 +155,12 @@ def request_latencies(outputs: Sequence[Any]) -> dict[str, list[float]]:
 def _kv_cache(stats: Mapping[str, Any]) -> dict[str, float | int | None]:
     blocks = int(stats["num_kv_blocks"])
     used = np.asarray(stats["kv_blocks_in_use"], dtype=np.float64) / max(blocks, 1)
-    return {"num_blocks": blocks, "block_size": int(stats["block_size"]),
-            "mean_utilization": float(used.mean()) if used.size else None,
-            "peak_utilization": float(used.max()) if used.size else None}
+    return {
+        "num_blocks": blocks,
+        "block_size": int(stats["block_size"]),
+        "mean_utilization": float(used.mean()) if used.size else None,
+        "peak_utilization": float(used.max()) if used.size else None,
+    }
 
 
 def summarize(outputs: Sequence[Any], stats: Mapping[str, Any], elapsed: float) -> dict[str, Any]:
@@ -150,13 +171,19 @@ def summarize(outputs: Sequence[Any], stats: Mapping[str, Any], elapsed: float) 
     output_tokens = sum(len(o.token_ids) for o in outputs)
     lat = request_latencies(outputs)
     return {
-        "requests": len(outputs), "elapsed_s": elapsed,
-        "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-        "request_throughput": len(outputs) / elapsed, "output_throughput": output_tokens / elapsed,
+        "requests": len(outputs),
+        "elapsed_s": elapsed,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "request_throughput": len(outputs) / elapsed,
+        "output_throughput": output_tokens / elapsed,
         "total_throughput": (prompt_tokens + output_tokens) / elapsed,
-        "ttft_s": percentiles(lat["ttft"]), "tpot_s": percentiles(lat["tpot"]), "e2e_s": percentiles(lat["e2e"]),
+        "ttft_s": percentiles(lat["ttft"]),
+        "tpot_s": percentiles(lat["tpot"]),
+        "e2e_s": percentiles(lat["e2e"]),
         "kv_cache": _kv_cache(stats),
-        "preemptions": int(stats["preemptions"]), "cached_prompt_tokens": int(stats["cached_prompt_tokens"]),
+        "preemptions": int(stats["preemptions"]),
+        "cached_prompt_tokens": int(stats["cached_prompt_tokens"]),
         "steps": int(stats["steps"]),
     }
 
@@ -166,7 +193,7 @@ def _stats_since(stats: Mapping[str, Any], mark: Mapping[str, Any]) -> dict[str,
     window: dict[str, Any] = {}
     for key, value in stats.items():
         if isinstance(value, list):
-            window[key] = value[len(mark[key]):]
+            window[key] = value[len(mark[key]) :]
         elif key in ("num_kv_blocks", "block_size"):
             window[key] = value
         else:
@@ -202,5 +229,8 @@ def model_identity(model_dir: str | Path) -> dict[str, str]:
     config = json.loads((Path(model_dir) / "config.json").read_text())
     canonical = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
     arch = (config.get("architectures") or ["?"])[0]
-    return {"name": Path(model_dir).resolve().name, "architecture": arch,
-            "config_sha256": hashlib.sha256(canonical).hexdigest()[:16]}
+    return {
+        "name": Path(model_dir).resolve().name,
+        "architecture": arch,
+        "config_sha256": hashlib.sha256(canonical).hexdigest()[:16],
+    }

@@ -7,6 +7,7 @@ is refused (exit 2) rather than compared. A regression is measured once more and
 judged on each metric's better value (``hetero.bench.baseline.confirm``), so one
 noisy run does not fail CI.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,17 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from hetero.bench.baseline import (BaselineError, Comparison, Metric, check_environment, compare, confirm,
-                                   environment, load_baseline, save_baseline)
+from hetero.bench.baseline import (
+    BaselineError,
+    Comparison,
+    Metric,
+    check_environment,
+    compare,
+    confirm,
+    environment,
+    load_baseline,
+    save_baseline,
+)
 from hetero.bench.devices import device_label
 from hetero.bench.engine import Workload, model_identity, parse_range, run_workload, summarize
 from hetero.errors import UsageError
@@ -32,8 +42,15 @@ _KEY = ("model", "workload", "engine")
 
 def engine_metrics(summary: Mapping[str, Any]) -> list[Metric]:
     """The compared metrics of a ``summarize`` result: output tok/s, TTFT and TPOT p50/p90 (ms)."""
-    metrics = [Metric("output_throughput", summary["output_throughput"], "tok/s", higher_is_better=True,
-                      samples=(summary["output_throughput"],))]
+    metrics = [
+        Metric(
+            "output_throughput",
+            summary["output_throughput"],
+            "tok/s",
+            higher_is_better=True,
+            samples=(summary["output_throughput"],),
+        )
+    ]
     for name in ("ttft", "tpot"):
         for q in ("p50", "p90"):
             value = summary[f"{name}_s"][q]
@@ -42,8 +59,9 @@ def engine_metrics(summary: Mapping[str, Any]) -> list[Metric]:
     return metrics
 
 
-def bench_environment(registry: Any, backend: str | None, model: str, workload: Workload,
-                      engine: Mapping[str, Any]) -> dict[str, Any]:
+def bench_environment(
+    registry: Any, backend: str | None, model: str, workload: Workload, engine: Mapping[str, Any]
+) -> dict[str, Any]:
     """The baseline key of a run: ``environment`` of the backend and device (labelled as ``hetero bench``
     labels it: a CPU with its torch thread count), plus model, workload and engine settings."""
     name = (backend or registry.select()).split(":")[0]
@@ -78,17 +96,23 @@ def _print_summary(console: Console, summary: Mapping[str, Any], title: str) -> 
     table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
-    rows = [("requests/s", f"{summary['request_throughput']:.2f}"),
-            ("output tok/s", f"{summary['output_throughput']:.1f}"),
-            ("total tok/s (prompt + output)", f"{summary['total_throughput']:.1f}"),
-            ("requests / prompt tokens / output tokens",
-             f"{summary['requests']} / {summary['prompt_tokens']} / {summary['output_tokens']}"),
-            ("elapsed s", f"{summary['elapsed_s']:.2f}"),
-            ("KV cache utilization mean / peak", f"{kv['mean_utilization']:.1%} / {kv['peak_utilization']:.1%} "
-                                                 f"of {kv['num_blocks']} blocks"),
-            ("preemptions", str(summary["preemptions"])),
-            ("prefix-cache hit tokens", str(summary["cached_prompt_tokens"])),
-            ("steps", str(summary["steps"]))]
+    rows = [
+        ("requests/s", f"{summary['request_throughput']:.2f}"),
+        ("output tok/s", f"{summary['output_throughput']:.1f}"),
+        ("total tok/s (prompt + output)", f"{summary['total_throughput']:.1f}"),
+        (
+            "requests / prompt tokens / output tokens",
+            f"{summary['requests']} / {summary['prompt_tokens']} / {summary['output_tokens']}",
+        ),
+        ("elapsed s", f"{summary['elapsed_s']:.2f}"),
+        (
+            "KV cache utilization mean / peak",
+            f"{kv['mean_utilization']:.1%} / {kv['peak_utilization']:.1%} of {kv['num_blocks']} blocks",
+        ),
+        ("preemptions", str(summary["preemptions"])),
+        ("prefix-cache hit tokens", str(summary["cached_prompt_tokens"])),
+        ("steps", str(summary["steps"])),
+    ]
     for row in rows:
         table.add_row(*row)
     console.print(table)
@@ -100,8 +124,9 @@ def _print_summary(console: Console, summary: Mapping[str, Any], title: str) -> 
     console.print(latency)
 
 
-def _print_comparison(console: Console, comparisons: Sequence[Comparison], units: Mapping[str, str],
-                      threshold: float) -> None:
+def _print_comparison(
+    console: Console, comparisons: Sequence[Comparison], units: Mapping[str, str], threshold: float
+) -> None:
     table = Table(title=f"against the baseline (regression: more than {threshold:.0%} worse)")
     for col in ("metric", "unit", "baseline", "current", "change", "spread of runs (min/median/max)", ""):
         table.add_column(col, justify="left" if col in ("metric", "unit", "") else "right")
@@ -113,8 +138,14 @@ def _print_comparison(console: Console, comparisons: Sequence[Comparison], units
     console.print(table)
 
 
-def _judge(llm: Any, args: argparse.Namespace, workload: Workload, saved: Mapping[str, Metric],
-           runs: list[dict[str, Any]], console: Console) -> list[Comparison]:
+def _judge(
+    llm: Any,
+    args: argparse.Namespace,
+    workload: Workload,
+    saved: Mapping[str, Metric],
+    runs: list[dict[str, Any]],
+    console: Console,
+) -> list[Comparison]:
     """Compare the first run; on a regression measure once more and keep each metric's better value."""
     metrics = engine_metrics(runs[0])
     comparisons = compare(saved, metrics, args.threshold)
@@ -125,8 +156,10 @@ def _judge(llm: Any, args: argparse.Namespace, workload: Workload, saved: Mappin
     runs.append(summarize(run.outputs, run.stats, run.elapsed))
     again = {m.name: m.value for m in engine_metrics(runs[-1])}
     better = {m.name: m.higher_is_better for m in metrics}
-    return [confirm(c, [again[c.name]], args.threshold, better[c.name])
-            if c.name in again and c.name in saved else c for c in comparisons]
+    return [
+        confirm(c, [again[c.name]], args.threshold, better[c.name]) if c.name in again and c.name in saved else c
+        for c in comparisons
+    ]
 
 
 def _final_metrics(metrics: Sequence[Metric], runs: Sequence[Mapping[str, Any]]) -> list[Metric]:
@@ -144,18 +177,36 @@ def _finite(value: Any) -> Any:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
-def _document(args: argparse.Namespace, env: dict, workload: Workload, llm: Any, runs: list[dict[str, Any]],
-              metrics: Sequence[Metric], comparisons: Sequence[Comparison] | None) -> dict[str, Any]:
+def _document(
+    args: argparse.Namespace,
+    env: dict,
+    workload: Workload,
+    llm: Any,
+    runs: list[dict[str, Any]],
+    metrics: Sequence[Metric],
+    comparisons: Sequence[Comparison] | None,
+) -> dict[str, Any]:
     prompt_lens, output_lens = workload.lengths()
     cfg = llm.config
-    doc = {"command": _command(args, cfg.dtype),
-           "workload": dict(workload.as_dict(), prompt_lens=prompt_lens, output_lens=output_lens),
-           "config": {"model": str(cfg.model), "backend": env["backend"], "dtype": cfg.dtype,
-                      "block_size": cfg.block_size, "max_num_seqs": cfg.max_num_seqs,
-                      "max_num_batched_tokens": cfg.max_num_batched_tokens, "max_model_len": cfg.max_model_len,
-                      "num_kv_blocks": llm.stats["num_kv_blocks"], "warmup_requests": args.warmup},
-           "environment": env, "metrics": runs[0], "runs": runs,
-           "baseline_metrics": [dict(m.__dict__, samples=list(m.samples)) for m in metrics]}
+    doc = {
+        "command": _command(args, cfg.dtype),
+        "workload": dict(workload.as_dict(), prompt_lens=prompt_lens, output_lens=output_lens),
+        "config": {
+            "model": str(cfg.model),
+            "backend": env["backend"],
+            "dtype": cfg.dtype,
+            "block_size": cfg.block_size,
+            "max_num_seqs": cfg.max_num_seqs,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "max_model_len": cfg.max_model_len,
+            "num_kv_blocks": llm.stats["num_kv_blocks"],
+            "warmup_requests": args.warmup,
+        },
+        "environment": env,
+        "metrics": runs[0],
+        "runs": runs,
+        "baseline_metrics": [dict(m.__dict__, samples=list(m.samples)) for m in metrics],
+    }
     if comparisons is not None:
         doc["threshold"] = args.threshold
         doc["comparison"] = [{k: _finite(v) for k, v in c.__dict__.items()} for c in comparisons]
@@ -165,11 +216,14 @@ def _document(args: argparse.Namespace, env: dict, workload: Workload, llm: Any,
 
 def _command(args: argparse.Namespace, dtype: str) -> str:
     """The command line that reproduces the measurement (without the output and baseline options)."""
-    return (f"hetero bench-engine --model {args.model} --backend {args.backend or '(auto)'} --dtype {dtype} "
-            f"--num-requests {args.num_requests} --input-len {args.input_len} --output-len {args.output_len} "
-            f"--seed {args.seed} --max-num-seqs {args.max_num_seqs} --block-size {args.block_size} "
-            f"--warmup {args.warmup}" + (f" --threads {args.threads}" if getattr(args, "threads", None) else "")
-            + (" --compile" if getattr(args, "compile", False) else ""))
+    return (
+        f"hetero bench-engine --model {args.model} --backend {args.backend or '(auto)'} --dtype {dtype} "
+        f"--num-requests {args.num_requests} --input-len {args.input_len} --output-len {args.output_len} "
+        f"--seed {args.seed} --max-num-seqs {args.max_num_seqs} --block-size {args.block_size} "
+        f"--warmup {args.warmup}"
+        + (f" --threads {args.threads}" if getattr(args, "threads", None) else "")
+        + (" --compile" if getattr(args, "compile", False) else "")
+    )
 
 
 def _setup(args: argparse.Namespace, registry: Any) -> tuple[Workload, Any, dict[str, Any]]:
@@ -179,13 +233,22 @@ def _setup(args: argparse.Namespace, registry: Any) -> tuple[Workload, Any, dict
     for option, value in (("--threshold", args.threshold), ("--warmup", args.warmup)):
         if value < 0:
             raise UsageError(f"argument {option}: expected a number >= 0, got {value}")
-    workload = Workload(args.num_requests, _range("--input-len", args.input_len), _range("--output-len", args.output_len),
-                        args.seed)
-    cfg = EngineConfig(model=args.model, backend=args.backend, dtype=args.dtype or "auto", block_size=args.block_size,
-                       max_num_seqs=args.max_num_seqs, compile=args.compile).resolve()
+    workload = Workload(
+        args.num_requests, _range("--input-len", args.input_len), _range("--output-len", args.output_len), args.seed
+    )
+    cfg = EngineConfig(
+        model=args.model,
+        backend=args.backend,
+        dtype=args.dtype or "auto",
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        compile=args.compile,
+    ).resolve()
     if workload.max_len > cfg.max_model_len:
-        raise UsageError(f"--input-len and --output-len can draw sequences of {workload.max_len} tokens, longer than "
-                         f"the model's {cfg.max_model_len} (max_position_embeddings)")
+        raise UsageError(
+            f"--input-len and --output-len can draw sequences of {workload.max_len} tokens, longer than "
+            f"the model's {cfg.max_model_len} (max_position_embeddings)"
+        )
     engine = {"dtype": cfg.dtype, "block_size": cfg.block_size, "max_num_seqs": cfg.max_num_seqs}
     if cfg.compile:  # only then: baselines saved before the option stay comparable
         engine["compile"] = True
@@ -220,14 +283,24 @@ def bench_engine(args: argparse.Namespace, registry: Any, console: Console) -> i
 
     workload, cfg, env = _setup(args, registry)
     saved = _baseline(args.compare, env) if args.compare else None
-    llm = LLM(args.model, backend=args.backend, dtype=cfg.dtype, block_size=cfg.block_size,
-              max_num_seqs=cfg.max_num_seqs, compile=cfg.compile)
+    llm = LLM(
+        args.model,
+        backend=args.backend,
+        dtype=cfg.dtype,
+        block_size=cfg.block_size,
+        max_num_seqs=cfg.max_num_seqs,
+        compile=cfg.compile,
+    )
     run = run_workload(llm, workload, args.warmup)
     runs = [summarize(run.outputs, run.stats, run.elapsed)]
     model = env["model"]
-    _print_summary(console, runs[0], f"bench-engine: {model['name']} ({model['architecture']}, {cfg.dtype}) on "
-                                     f"{env['backend']}, {env['device']}; {workload.num_requests} requests, input "
-                                     f"{args.input_len}, output {args.output_len}, seed {args.seed}")
+    _print_summary(
+        console,
+        runs[0],
+        f"bench-engine: {model['name']} ({model['architecture']}, {cfg.dtype}) on "
+        f"{env['backend']}, {env['device']}; {workload.num_requests} requests, input "
+        f"{args.input_len}, output {args.output_len}, seed {args.seed}",
+    )
     comparisons = _judge(llm, args, workload, saved, runs, console) if saved is not None else None
     metrics = _final_metrics(engine_metrics(runs[0]), runs)
     if comparisons is not None:
@@ -239,7 +312,9 @@ def bench_engine(args: argparse.Namespace, registry: Any, console: Console) -> i
         save_baseline(args.save, "engine", env, metrics, _command(args, cfg.dtype))
     regressed = [c.name for c in comparisons or () if c.regressed]
     if regressed:
-        Console(stderr=True).print(f"[red]regressed[/] (more than {args.threshold:.0%} worse than {args.compare}): "
-                                   f"{', '.join(regressed)}", highlight=False)
+        Console(stderr=True).print(
+            f"[red]regressed[/] (more than {args.threshold:.0%} worse than {args.compare}): {', '.join(regressed)}",
+            highlight=False,
+        )
         return EXIT_FAIL
     return EXIT_OK

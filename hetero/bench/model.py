@@ -15,6 +15,7 @@ Conventions (the same for every backend, so achieved GB/s and TFLOP/s compare):
 :func:`work` takes an op's arguments by parameter name, as a conformance case's
 ``inputs(seed)`` returns them (host metadata is read once, before any timing).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
@@ -22,7 +23,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from hetero.bench._attention_work import ATTENTION_MODELS
-from hetero.bench._work import Work, attention_pairs, cache_write, elem_size, nbytes
+from hetero.bench._work import Work, attention_pairs, elem_size, nbytes
 from hetero.spec import OPS
 
 __all__ = ["Work", "work", "attention_pairs"]
@@ -33,7 +34,9 @@ def _gemm(a: Mapping[str, Any]) -> Work:
     m, k = x.shape
     n = w.shape[0]
     out_es = elem_size(a["out_dtype"] or x.dtype)
-    return Work(2.0 * m * n * k + (m * n if bias is not None else 0), nbytes(x) + nbytes(w) + nbytes(bias) + m * n * out_es)
+    return Work(
+        2.0 * m * n * k + (m * n if bias is not None else 0), nbytes(x) + nbytes(w) + nbytes(bias) + m * n * out_es
+    )
 
 
 def _scaled_gemm(a: Mapping[str, Any]) -> Work:
@@ -177,8 +180,12 @@ def _gated_delta_rule(a: Mapping[str, Any]) -> Work:
     gate = k if g.ndim == 3 else 1
     flops = rows * (hv * (7.0 * k * dv + 2 * dv + gate) + (8.0 * h * k if a["use_qk_l2norm"] else 0))
     per_state = state[0].numel() * state.element_size() if state.shape[0] else 0
-    inputs = rows * (2 * h * k * q.element_size() + hv * dv * v.element_size() + hv * gate * g.element_size()
-                     + hv * a["beta"].element_size())
+    inputs = rows * (
+        2 * h * k * q.element_size()
+        + hv * dv * v.element_size()
+        + hv * gate * g.element_size()
+        + hv * a["beta"].element_size()
+    )
     return Work(flops, inputs + (reads + seqs) * per_state + nbytes(v) + _index_bytes(a))
 
 

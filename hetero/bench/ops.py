@@ -8,6 +8,7 @@ declined one (``supports`` said no: the reference runs); fallback and declined
 ops are timed and marked. The reference (cpu_ref) runs the same inputs on the
 same device in the same process, for the ``x ref`` column.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -62,7 +63,11 @@ class OpResult:
     @property
     def tflops(self) -> float | None:
         """Achieved TFLOP/s; None for pure data movement (0 flops in the model)."""
-        return None if self.work is None or not self.work.flops or not self.seconds else self.work.flops / self.seconds / 1e12
+        return (
+            None
+            if self.work is None or not self.work.flops or not self.seconds
+            else self.work.flops / self.seconds / 1e12
+        )
 
     @property
     def speedup(self) -> float | None:
@@ -82,13 +87,26 @@ class OpResult:
     def as_dict(self) -> dict[str, Any]:
         t, r = self.timing, self.reference
         return {
-            "id": self.case_id, "op": self.op, "shape": self.shape, "dtype": self.dtype, "status": self.status,
-            "note": self.note, "seconds": self.seconds, "min_s": t.min if t else None, "max_s": t.max if t else None,
-            "samples": len(t.samples) if t else 0, "timer": t.method if t else None,
-            "flops": self.work.flops if self.work else None, "bytes": self.work.bytes if self.work else None,
-            "gb_s": self.gb_s, "tflops": self.tflops, "reference_s": r.median if r else None,
-            "speedup_vs_reference": self.speedup, "reference_note": self.reference_note,
-            "roofline_fraction": self.roofline, "roofline_note": self.roofline_note,
+            "id": self.case_id,
+            "op": self.op,
+            "shape": self.shape,
+            "dtype": self.dtype,
+            "status": self.status,
+            "note": self.note,
+            "seconds": self.seconds,
+            "min_s": t.min if t else None,
+            "max_s": t.max if t else None,
+            "samples": len(t.samples) if t else 0,
+            "timer": t.method if t else None,
+            "flops": self.work.flops if self.work else None,
+            "bytes": self.work.bytes if self.work else None,
+            "gb_s": self.gb_s,
+            "tflops": self.tflops,
+            "reference_s": r.median if r else None,
+            "speedup_vs_reference": self.speedup,
+            "reference_note": self.reference_note,
+            "roofline_fraction": self.roofline,
+            "roofline_note": self.roofline_note,
         }
 
 
@@ -149,8 +167,17 @@ class OpBench:
         w = work(case.op, inputs)
         ref, ref_note = self._reference(case, inputs, status)
         frac, frac_note = roofline(w, timing.median, case.dtype, self.ceilings)
-        return OpResult(**head, status=status, note=note, timing=timing, work=w, reference=ref,
-                        reference_note=ref_note, roofline=frac, roofline_note=self.ceilings_note or frac_note)
+        return OpResult(
+            **head,
+            status=status,
+            note=note,
+            timing=timing,
+            work=w,
+            reference=ref,
+            reference_note=ref_note,
+            roofline=frac,
+            roofline_note=self.ceilings_note or frac_note,
+        )
 
     def _reference(self, case: Any, inputs: dict[str, Any], status: str) -> tuple[Timing | None, str]:
         ref = self.ops.reference

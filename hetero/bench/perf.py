@@ -19,6 +19,7 @@ The ep_* ops have no case here: they need several ranks (see
 ``hetero conformance --world-size``). Case shapes start with ``perf/`` so a
 benchmark metric name (the case id) never collides with a conformance case.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -44,7 +45,8 @@ TIERS = ("quick", "full")
 #: Ops without performance cases, with the reason the report gives: the collectives.
 UNBENCHED = {
     op: "needs several ranks: benchmark it under torchrun (hetero conformance --world-size checks it)"
-    for op, spec in OPS.items() if spec.collective
+    for op, spec in OPS.items()
+    if spec.collective
 }
 
 _Add = Callable[..., None]
@@ -59,27 +61,54 @@ def _attention(add: _Add, full: bool, dt: str) -> None:
     pname = "prefill-4k" if full else "prefill-b2-128"
     for name, seqs in ((dname, decode), (pname, prefill)):
         add("paged_attention", f"qwen3-8b-{name}", _att.paged(q8, bs, seqs), _att.static_paged(dt, q8, bs, {}))
-    add("write_kv", f"qwen3-8b-{pname}", _att.write_kv(q8, bs, prefill, 0),
-        {"dtype": dt, "head_dim": q8.d, "head_dim_v": q8.d, "block_size": bs, "num_kv_heads": q8.hkv})
+    add(
+        "write_kv",
+        f"qwen3-8b-{pname}",
+        _att.write_kv(q8, bs, prefill, 0),
+        {"dtype": dt, "head_dim": q8.d, "head_dim_v": q8.d, "block_size": bs, "num_kv_heads": q8.hkv},
+    )
     dv = MODELS["deepseek-v3"].v_head_dim
     mla_prefill = [(4096, 4096)] if full else [(128, 128)]
-    add("varlen_attention", f"deepseek-v3-mla-prefill-{'4k' if full else '128'}",
+    add(
+        "varlen_attention",
+        f"deepseek-v3-mla-prefill-{'4k' if full else '128'}",
         _att.varlen(v3, mla_prefill, dv=dv, scale=mla_scale("deepseek-v3")),
-        {"dtype": dt, "head_dim": v3.d, "head_dim_v": dv, "num_heads": v3.hq, "num_kv_heads": v3.hkv,
-         "causal": True, "window": (-1, -1), "softcap": 0.0})
+        {
+            "dtype": dt,
+            "head_dim": v3.d,
+            "head_dim_v": dv,
+            "num_heads": v3.hq,
+            "num_kv_heads": v3.hkv,
+            "causal": True,
+            "window": (-1, -1),
+            "softcap": 0.0,
+        },
+    )
     t = 4096 if full else 256
-    add("merge_attention", f"deepseek-v3-mla-prefill-t{t}", _att.merge(t, v3.hq, dv),
-        {"dtype": dt, "head_dim": dv, "num_heads": v3.hq})
+    add(
+        "merge_attention",
+        f"deepseek-v3-mla-prefill-t{t}",
+        _att.merge(t, v3.hq, dv),
+        {"dtype": dt, "head_dim": dv, "num_heads": v3.hq},
+    )
 
 
 def _mla_ops(add: _Add, full: bool, dt: str) -> None:
     bs = 64
     decode = [(1, 4096)] * 64 if full else [(1, 1024)] * 2
-    add("mla_attention", "deepseek-v3-decode-b64-ctx4k" if full else "deepseek-v3-decode-b2-ctx1k",
-        _mla.mla("deepseek-v3", bs, decode), _mla.static(dt, "deepseek-v3", bs))
+    add(
+        "mla_attention",
+        "deepseek-v3-decode-b64-ctx4k" if full else "deepseek-v3-decode-b2-ctx1k",
+        _mla.mla("deepseek-v3", bs, decode),
+        _mla.static(dt, "deepseek-v3", bs),
+    )
     tokens = [(4096, 4096)] if full else [(512, 512)]
-    add("write_mla_kv", f"deepseek-v3-prefill-{'4k' if full else '512'}",
-        _mla.write_mla_kv("deepseek-v3", bs, tokens, 0), _mla.static(dt, "deepseek-v3", bs))
+    add(
+        "write_mla_kv",
+        f"deepseek-v3-prefill-{'4k' if full else '512'}",
+        _mla.write_mla_kv("deepseek-v3", bs, tokens, 0),
+        _mla.static(dt, "deepseek-v3", bs),
+    )
 
 
 def _dsa_ops(add: _Add, full: bool, dt: str) -> None:
@@ -88,40 +117,84 @@ def _dsa_ops(add: _Add, full: bool, dt: str) -> None:
     bs, v32 = 64, _dsa.V32
     b, ctx = (64, 4096) if full else (2, 2100)
     tokens = [(4096, 4096)] if full else [(512, 512)]
-    add("write_index_k", f"deepseek-v3.2-prefill-{tokens[0][0]}", _dsa.write(v32, bs, tokens, 0),
-        {"dtype": dt, "head_dim": v32.d, "block_size": bs, "index_scale": False})
-    add("indexer_topk", f"deepseek-v3.2-decode-b{b}-ctx{ctx}", _dsa.indexer(v32, bs, [(1, ctx)] * b),
-        {"dtype": dt, "num_heads": v32.hi, "head_dim": v32.d, "block_size": bs, "topk": v32.topk, "index_scale": False})
+    add(
+        "write_index_k",
+        f"deepseek-v3.2-prefill-{tokens[0][0]}",
+        _dsa.write(v32, bs, tokens, 0),
+        {"dtype": dt, "head_dim": v32.d, "block_size": bs, "index_scale": False},
+    )
+    add(
+        "indexer_topk",
+        f"deepseek-v3.2-decode-b{b}-ctx{ctx}",
+        _dsa.indexer(v32, bs, [(1, ctx)] * b),
+        {"dtype": dt, "num_heads": v32.hi, "head_dim": v32.d, "block_size": bs, "topk": v32.topk, "index_scale": False},
+    )
     m = v32 if full else _dsa.V32_TP8
-    add("mla_attention", f"deepseek-v3.2-{'' if full else 'tp8-'}sparse-decode-b{b}-ctx{ctx}-k2048",
+    add(
+        "mla_attention",
+        f"deepseek-v3.2-{'' if full else 'tp8-'}sparse-decode-b{b}-ctx{ctx}-k2048",
         _dsa.sparse(m, bs, [(1, ctx)] * b, v32.topk),
-        {"dtype": dt, "head_dim": m.lkv + m.rope, "head_dim_v": m.lkv, "kv_lora_rank": m.lkv, "qk_rope_head_dim": m.rope,
-         "num_heads": m.heads, "block_size": bs, "topk_indices": True, "topk": v32.topk})
+        {
+            "dtype": dt,
+            "head_dim": m.lkv + m.rope,
+            "head_dim_v": m.lkv,
+            "kv_lora_rank": m.lkv,
+            "qk_rope_head_dim": m.rope,
+            "num_heads": m.heads,
+            "block_size": bs,
+            "topk_indices": True,
+            "topk": v32.topk,
+        },
+    )
     t = 4096 if full else 256
-    add("layer_norm", f"deepseek-v3.2-k-norm-t{t}", _layers.layer_norm((t,), v32.d),
-        {"dtype": dt, "hidden": v32.d, "weight_dtype": "float32", "bias": True})
+    add(
+        "layer_norm",
+        f"deepseek-v3.2-k-norm-t{t}",
+        _layers.layer_norm((t,), v32.d),
+        {"dtype": dt, "hidden": v32.d, "weight_dtype": "float32", "bias": True},
+    )
 
 
 def _gemms(add: _Add, full: bool, dt: str) -> None:
     q8, ds = MODELS["qwen3-8b"], MODELS["deepseek-v3"]
     qkv = (q8.heads + 2 * q8.kv_heads) * q8.head_dim
-    rows = [  # (shape, m, n, k)
-        ("qwen3-8b-qkv-prefill-t4096", 4096, qkv, q8.hidden),
-        ("qwen3-8b-down-decode-t64", 64, q8.hidden, q8.intermediate),
-        ("deepseek-v3-q-b-prefill-t4096", 4096, ds.heads * (ds.qk_nope_head_dim + ds.qk_rope_head_dim), 1536),
-    ] if full else [("qwen3-8b-o-proj-t16", 16, q8.hidden, q8.heads * q8.head_dim)]
+    rows = (
+        [  # (shape, m, n, k)
+            ("qwen3-8b-qkv-prefill-t4096", 4096, qkv, q8.hidden),
+            ("qwen3-8b-down-decode-t64", 64, q8.hidden, q8.intermediate),
+            ("deepseek-v3-q-b-prefill-t4096", 4096, ds.heads * (ds.qk_nope_head_dim + ds.qk_rope_head_dim), 1536),
+        ]
+        if full
+        else [("qwen3-8b-o-proj-t16", 16, q8.hidden, q8.heads * q8.head_dim)]
+    )
     for shape, m, n, k in rows:
         add("gemm", shape, _gemm.gemm(m, n, k), {"dtype": dt, "n": n, "k": k, "bias": False})
     m, n, k = (4096, ds.intermediate, ds.hidden) if full else (16, 1024, ds.hidden)
-    add("scaled_gemm", f"deepseek-v3-{'gate' if full else 'gate-n1024'}-block-fp8-t{m}",
+    add(
+        "scaled_gemm",
+        f"deepseek-v3-{'gate' if full else 'gate-n1024'}-block-fp8-t{m}",
         _gemm.scaled(m, n, k, "block", "block"),
-        {"dtype": "float8_e4m3fn", "quant": "fp8", "n": n, "k": k, "a_scale": "block", "b_scale": "block",
-         "block_scale": True, "bias": False, "out_dtype": "bfloat16"}, dtype="float8_e4m3fn")
+        {
+            "dtype": "float8_e4m3fn",
+            "quant": "fp8",
+            "n": n,
+            "k": k,
+            "a_scale": "block",
+            "b_scale": "block",
+            "block_scale": True,
+            "bias": False,
+            "out_dtype": "bfloat16",
+        },
+        dtype="float8_e4m3fn",
+    )
     qm = MODELS["qwen3-30b-a3b"]
     g, tokens = (qm.experts, 4096) if full else (qm.experts // 8, 16)
-    add("grouped_gemm", f"qwen3-30b-a3b-down-g{g}-t{tokens}",
+    add(
+        "grouped_gemm",
+        f"qwen3-30b-a3b-down-g{g}-t{tokens}",
         _gemm.grouped(tokens * qm.top_k, g, qm.hidden, qm.moe_intermediate),
-        {"dtype": dt, "num_experts": g, "n": qm.hidden, "k": qm.moe_intermediate})
+        {"dtype": dt, "num_experts": g, "n": qm.hidden, "k": qm.moe_intermediate},
+    )
 
 
 def _quant_ops(add: _Add, full: bool, dt: str) -> None:
@@ -129,20 +202,50 @@ def _quant_ops(add: _Add, full: bool, dt: str) -> None:
     GEMM (quick: 16 local experts, N 512; full: 4096 tokens over 32 experts of EP 8, the real gate_up)."""
     ds = MODELS["deepseek-v3"]
     t = 4096 if full else 64
-    add("quantize_activation", f"deepseek-v3-hidden-g128-fp8-t{t}",
+    add(
+        "quantize_activation",
+        f"deepseek-v3-hidden-g128-fp8-t{t}",
         _quant.quantize(t, ds.hidden, _quant.FP8, 128),
-        {"dtype": dt, "quant_dtype": "float8_e4m3fn", "k": ds.hidden, "group_size": 128, "scale_fmt": "float",
-         "asymmetric": False})
+        {
+            "dtype": dt,
+            "quant_dtype": "float8_e4m3fn",
+            "k": ds.hidden,
+            "group_size": 128,
+            "scale_fmt": "float",
+            "asymmetric": False,
+        },
+    )
     g, rows, n = (ds.experts // 8, 4096 * ds.top_k // 8, 2 * ds.moe_intermediate) if full else (16, 64, 512)
-    add("scaled_grouped_gemm", f"deepseek-v3-gate-up-block-fp8-g{g}-n{n}-t{rows}",
+    add(
+        "scaled_grouped_gemm",
+        f"deepseek-v3-gate-up-block-fp8-g{g}-n{n}-t{rows}",
         _quant.grouped(rows, g, n, ds.hidden, "block", "block"),
-        {"dtype": "float8_e4m3fn", "num_experts": g, "n": n, "k": ds.hidden, "a_scale": "block", "b_scale": "block",
-         "a_zero_point": False, "out_dtype": "bfloat16"}, dtype="float8_e4m3fn")
+        {
+            "dtype": "float8_e4m3fn",
+            "num_experts": g,
+            "n": n,
+            "k": ds.hidden,
+            "a_scale": "block",
+            "b_scale": "block",
+            "a_zero_point": False,
+            "out_dtype": "bfloat16",
+        },
+        dtype="float8_e4m3fn",
+    )
 
 
 def _route_static(dt: str, e: int, k: int, **extra: Any) -> dict[str, Any]:
-    return {"dtype": dt, "num_experts": e, "top_k": k, "scoring": "softmax", "n_group": 1, "topk_group": 1,
-            "renormalize": True, "correction_bias": False, **extra}
+    return {
+        "dtype": dt,
+        "num_experts": e,
+        "top_k": k,
+        "scoring": "softmax",
+        "n_group": 1,
+        "topk_group": 1,
+        "renormalize": True,
+        "correction_bias": False,
+        **extra,
+    }
 
 
 def _moe_ops(add: _Add, full: bool, dt: str) -> None:
@@ -150,32 +253,73 @@ def _moe_ops(add: _Add, full: bool, dt: str) -> None:
     t = 4096 if full else 512
     add("route", f"qwen3-30b-a3b-t{t}", _moe.route(t, qm.experts, qm.top_k), _route_static(dt, qm.experts, qm.top_k))
     if full:
-        add("route", f"deepseek-v3-t{t}",
-            _moe.route(t, ds.experts, ds.top_k, scoring="sigmoid", n_group=ds.n_group, topk_group=ds.topk_group,
-                        bias="small", factor=2.5, shift=(-1.5, 0.5)),
-            _route_static(dt, ds.experts, ds.top_k, scoring="sigmoid", n_group=ds.n_group,
-                          topk_group=ds.topk_group, correction_bias=True))
+        add(
+            "route",
+            f"deepseek-v3-t{t}",
+            _moe.route(
+                t,
+                ds.experts,
+                ds.top_k,
+                scoring="sigmoid",
+                n_group=ds.n_group,
+                topk_group=ds.topk_group,
+                bias="small",
+                factor=2.5,
+                shift=(-1.5, 0.5),
+            ),
+            _route_static(
+                dt,
+                ds.experts,
+                ds.top_k,
+                scoring="sigmoid",
+                n_group=ds.n_group,
+                topk_group=ds.topk_group,
+                correction_bias=True,
+            ),
+        )
     data = {"dtype": dt, "num_experts": qm.experts, "top_k": qm.top_k, "hidden": qm.hidden}
     t = t if full else 256  # the [T * top_k, hidden] rows stay at 16 MiB (see the module docstring)
     add("moe_permute", f"qwen3-30b-a3b-t{t}", _moe.permute(t, qm.experts, qm.top_k, qm.hidden, ()), data)
     add("moe_unpermute", f"qwen3-30b-a3b-t{t}", _moe.unpermute(t, qm.experts, qm.top_k, qm.hidden), data)
-    rows = [  # (shape, model, experts, tokens, intermediate)
-        ("qwen3-30b-a3b-e128-t64", qm, qm.experts, 64, qm.moe_intermediate),
-        ("deepseek-v3-e256-i128-t64", ds, ds.experts, 64, 128),  # 256 x 7168 x 2048 experts would be 22 GB
-    ] if full else [("qwen3-30b-a3b-e16-i256-t32", qm, 16, 32, 256)]
+    rows = (
+        [  # (shape, model, experts, tokens, intermediate)
+            ("qwen3-30b-a3b-e128-t64", qm, qm.experts, 64, qm.moe_intermediate),
+            ("deepseek-v3-e256-i128-t64", ds, ds.experts, 64, 128),  # 256 x 7168 x 2048 experts would be 22 GB
+        ]
+        if full
+        else [("qwen3-30b-a3b-e16-i256-t32", qm, 16, 32, 256)]
+    )
     for shape, model, e, tokens, inter in rows:
-        add("fused_moe", shape, _fused_moe.fused(tokens, e, model.top_k, model.hidden, inter, ()),
-            {"dtype": dt, "num_experts": e, "top_k": model.top_k, "hidden": model.hidden, "intermediate": inter,
-             "activation": "silu"})
+        add(
+            "fused_moe",
+            shape,
+            _fused_moe.fused(tokens, e, model.top_k, model.hidden, inter, ()),
+            {
+                "dtype": dt,
+                "num_experts": e,
+                "top_k": model.top_k,
+                "hidden": model.hidden,
+                "intermediate": inter,
+                "activation": "silu",
+            },
+        )
 
 
 def _layer_ops(add: _Add, full: bool, dt: str) -> None:
     q8 = MODELS["qwen3-8b"]
     t = 4096 if full else 256
-    add("rms_norm", f"qwen3-8b-residual-t{t}", _layers.rms(t, q8.hidden, True, False), {"dtype": dt, "hidden": q8.hidden})
-    add("rotary_embedding", f"qwen3-8b-neox-t{t}",
+    add(
+        "rms_norm",
+        f"qwen3-8b-residual-t{t}",
+        _layers.rms(t, q8.hidden, True, False),
+        {"dtype": dt, "hidden": q8.hidden},
+    )
+    add(
+        "rotary_embedding",
+        f"qwen3-8b-neox-t{t}",
         _layers.rotary(t, q8.heads, q8.kv_heads, q8.head_dim, q8.head_dim, True),
-        {"dtype": dt, "head_dim": q8.head_dim, "rotary_dim": q8.head_dim, "is_neox": True})
+        {"dtype": dt, "head_dim": q8.head_dim, "rotary_dim": q8.head_dim, "is_neox": True},
+    )
     add("silu_and_mul", f"qwen3-8b-t{t}", _layers.silu(t, q8.intermediate), {"dtype": dt})
 
 
@@ -183,12 +327,23 @@ def _recurrent_ops(add: _Add, full: bool, dt: str) -> None:
     """Qwen3-Next-80B-A3B's linear-attention layer: decode across a batch, and one prefill from zeros."""
     qn = LINEAR["qwen3-next-80b-a3b"]
     b = 64 if full else 8
-    for op, build, static in (("gated_delta_rule", _rec.gdr, _rec.gdr_static), ("causal_conv1d", _rec.conv, _rec.conv_static)):
+    for op, build, static in (
+        ("gated_delta_rule", _rec.gdr, _rec.gdr_static),
+        ("causal_conv1d", _rec.conv, _rec.conv_static),
+    ):
         add(op, f"qwen3-next-80b-a3b-decode-b{b}", build(qn, [(1, "init")] * b), static(dt, qn))
-    add("gated_delta_rule", f"qwen3-next-80b-a3b-prefill-{'4k' if full else '64'}",
-        _rec.gdr(qn, [(4096 if full else 64, "fresh")]), _rec.gdr_static(dt, qn))
-    add("causal_conv1d", f"qwen3-next-80b-a3b-prefill-{'4k' if full else '256'}",
-        _rec.conv(qn, [(4096 if full else 256, "fresh")]), _rec.conv_static(dt, qn))
+    add(
+        "gated_delta_rule",
+        f"qwen3-next-80b-a3b-prefill-{'4k' if full else '64'}",
+        _rec.gdr(qn, [(4096 if full else 64, "fresh")]),
+        _rec.gdr_static(dt, qn),
+    )
+    add(
+        "causal_conv1d",
+        f"qwen3-next-80b-a3b-prefill-{'4k' if full else '256'}",
+        _rec.conv(qn, [(4096 if full else 256, "fresh")]),
+        _rec.conv_static(dt, qn),
+    )
 
 
 def perf_cases(tier: str) -> list[Case]:

@@ -1,4 +1,5 @@
 """The ``hetero bench`` report: a rich table per run, the reasons behind every "-", and the JSON form."""
+
 from __future__ import annotations
 
 import math
@@ -50,8 +51,12 @@ def _compare_cells(c: Comparison | None, threshold: float) -> list[str]:
     return [format_seconds(c.baseline), change, f"[{style}]{word}[/]"]
 
 
-def results_table(results: Sequence[OpResult], comparisons: Mapping[str, Comparison] | None = None,
-                  threshold: float = 0.1, title: str = "") -> Table:
+def results_table(
+    results: Sequence[OpResult],
+    comparisons: Mapping[str, Comparison] | None = None,
+    threshold: float = 0.1,
+    title: str = "",
+) -> Table:
     """One row per case: time, GB/s, TFLOP/s, x ref, roofline %, and the baseline columns when comparing."""
     table = Table(title=title or None)
     columns = ["op", "shape", "dtype", "impl", "time", "GB/s", "TFLOP/s", "x ref", "roofline"]
@@ -61,9 +66,17 @@ def results_table(results: Sequence[OpResult], comparisons: Mapping[str, Compari
         table.add_column(col, justify="right" if col not in ("op", "shape", "dtype", "impl", "verdict") else "left")
     for r in results:
         style = _STATUS_STYLE.get(r.status, "")
-        row = [r.op, r.shape, r.dtype, f"[{style}]{r.status}[/]", format_seconds(r.seconds), _num(r.gb_s, ".3g"),
-               _num(r.tflops, ".3g"), _num(r.speedup, ".2f") + ("x" if r.speedup is not None else ""),
-               _num(None if r.roofline is None else 100 * r.roofline, ".1f") + ("%" if r.roofline is not None else "")]
+        row = [
+            r.op,
+            r.shape,
+            r.dtype,
+            f"[{style}]{r.status}[/]",
+            format_seconds(r.seconds),
+            _num(r.gb_s, ".3g"),
+            _num(r.tflops, ".3g"),
+            _num(r.speedup, ".2f") + ("x" if r.speedup is not None else ""),
+            _num(None if r.roofline is None else 100 * r.roofline, ".1f") + ("%" if r.roofline is not None else ""),
+        ]
         if comparisons is not None:
             row += _compare_cells(comparisons.get(r.case_id), threshold)
         table.add_row(*row)
@@ -85,8 +98,14 @@ def _notes(results: Sequence[OpResult]) -> list[str]:
     return [text if ops == timed else f"{text} ({', '.join(dict.fromkeys(ops))})" for text, ops in notes.items()]
 
 
-def print_report(console: Console, results: Sequence[OpResult], *, header: str,
-                 comparisons: Mapping[str, Comparison] | None = None, threshold: float = 0.1) -> None:
+def print_report(
+    console: Console,
+    results: Sequence[OpResult],
+    *,
+    header: str,
+    comparisons: Mapping[str, Comparison] | None = None,
+    threshold: float = 0.1,
+) -> None:
     """The table, then one line per reason behind a "-" or a non-native op."""
     console.print(results_table(results, comparisons, threshold, title=header))
     for line in _notes(results):
@@ -95,20 +114,38 @@ def print_report(console: Console, results: Sequence[OpResult], *, header: str,
 
 def _comparison_dict(c: Comparison) -> dict[str, Any]:
     clean = lambda x: None if x is None or (isinstance(x, float) and math.isnan(x)) else x  # noqa: E731
-    return {"name": c.name, "baseline": clean(c.baseline), "current": clean(c.current), "change": clean(c.change),
-            "regressed": c.regressed, "spread": list(c.spread) if c.spread else None, "note": c.note}
+    return {
+        "name": c.name,
+        "baseline": clean(c.baseline),
+        "current": clean(c.current),
+        "change": clean(c.change),
+        "regressed": c.regressed,
+        "spread": list(c.spread) if c.spread else None,
+        "note": c.note,
+    }
 
 
-def report_dict(results: Sequence[OpResult], env: dict, ceilings: Ceilings | None, ceilings_note: str,
-                comparisons: Sequence[Comparison] | None, threshold: float) -> dict[str, Any]:
+def report_dict(
+    results: Sequence[OpResult],
+    env: dict,
+    ceilings: Ceilings | None,
+    ceilings_note: str,
+    comparisons: Sequence[Comparison] | None,
+    threshold: float,
+) -> dict[str, Any]:
     """The JSON report of one run (``--json``)."""
     return {
         "environment": env,
-        "ceilings": None if ceilings is None else {"name": ceilings.name, "tflops": dict(ceilings.tflops),
-                                                   "tb_s": ceilings.tb_s, "source": ceilings.source},
+        "ceilings": None
+        if ceilings is None
+        else {"name": ceilings.name, "tflops": dict(ceilings.tflops), "tb_s": ceilings.tb_s, "source": ceilings.source},
         "ceilings_note": ceilings_note,
         "results": [r.as_dict() for r in results],
-        "comparison": None if comparisons is None else {
-            "threshold": threshold, "metrics": [_comparison_dict(c) for c in comparisons],
-            "regressed": [c.name for c in comparisons if c.regressed]},
+        "comparison": None
+        if comparisons is None
+        else {
+            "threshold": threshold,
+            "metrics": [_comparison_dict(c) for c in comparisons],
+            "regressed": [c.name for c in comparisons if c.regressed],
+        },
     }

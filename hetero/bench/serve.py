@@ -9,6 +9,7 @@ seeded random token ids (``--dataset-name random``, ``--random-input-len`` / ``-
 token ids, "output_len": int}``). Per request: TTFT (send to first token), TPOT ((latency - TTFT) /
 (tokens - 1)), ITL (the gaps between token-bearing chunks) and E2E latency.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,16 @@ from typing import Any, Sequence
 from hetero.bench.engine import percentiles
 from hetero.errors import UsageError
 
-__all__ = ["RequestSpec", "RequestResult", "random_requests", "file_requests", "arrival_gaps", "run_load", "summarize",
-           "results_json"]
+__all__ = [
+    "RequestSpec",
+    "RequestResult",
+    "random_requests",
+    "file_requests",
+    "arrival_gaps",
+    "run_load",
+    "summarize",
+    "results_json",
+]
 
 
 @dataclass(frozen=True)
@@ -50,16 +59,18 @@ class RequestResult:
         return (self.latency - self.ttft) / (self.output_tokens - 1)
 
 
-def random_requests(n: int, input_len: int, output_len: int, range_ratio: float, vocab: int,
-                    seed: int) -> list[RequestSpec]:
+def random_requests(
+    n: int, input_len: int, output_len: int, range_ratio: float, vocab: int, seed: int
+) -> list[RequestSpec]:
     """n prompts of random token ids in [1, vocab): lengths uniform in len * [1 - ratio, 1 + ratio]."""
     rng = random.Random(seed)
 
     def length(mean: int) -> int:
         return max(1, rng.randint(math.floor(mean * (1 - range_ratio)), math.ceil(mean * (1 + range_ratio))))
 
-    return [RequestSpec([rng.randrange(1, vocab) for _ in range(length(input_len))], length(output_len))
-            for _ in range(n)]
+    return [
+        RequestSpec([rng.randrange(1, vocab) for _ in range(length(input_len))], length(output_len)) for _ in range(n)
+    ]
 
 
 def file_requests(path: str, n: int, output_len: int) -> list[RequestSpec]:
@@ -77,8 +88,10 @@ def file_requests(path: str, n: int, output_len: int) -> list[RequestSpec]:
         except (ValueError, KeyError, TypeError):
             ok = False
         if not ok:
-            raise UsageError(f"argument --dataset-path: line {i + 1} of {path}: expected a JSON object with a "
-                             f"'prompt' (text or token ids), got {line[:80]!r}")
+            raise UsageError(
+                f"argument --dataset-path: line {i + 1} of {path}: expected a JSON object with a "
+                f"'prompt' (text or token ids), got {line[:80]!r}"
+            )
         specs.append(RequestSpec(prompt, int(row.get("output_len", output_len))))
     if len(specs) < n:
         raise UsageError(f"argument --dataset-path: expected at least {n} prompts in {path}, got {len(specs)}")
@@ -101,9 +114,14 @@ async def _one(client: Any, model: str, spec: RequestSpec, ignore_eos: bool) -> 
     result = RequestResult(False, prompt_len)
     start = last = time.perf_counter()
     try:
-        stream = await client.completions.create(model=model, prompt=spec.prompt, max_tokens=spec.output_len,
-                                                 stream=True, temperature=0.0,
-                                                 extra_body={"ignore_eos": ignore_eos, "return_token_ids": True})
+        stream = await client.completions.create(
+            model=model,
+            prompt=spec.prompt,
+            max_tokens=spec.output_len,
+            stream=True,
+            temperature=0.0,
+            extra_body={"ignore_eos": ignore_eos, "return_token_ids": True},
+        )
         async for chunk in stream:
             choice = chunk.choices[0] if chunk.choices else None
             tokens = len(getattr(choice, "token_ids", None) or []) if choice is not None else 0
@@ -123,8 +141,14 @@ async def _one(client: Any, model: str, spec: RequestSpec, ignore_eos: bool) -> 
     return result
 
 
-async def run_load(client: Any, model: str, specs: Sequence[RequestSpec], gaps: Sequence[float],
-                   max_concurrency: int | None, ignore_eos: bool) -> tuple[list[RequestResult], float]:
+async def run_load(
+    client: Any,
+    model: str,
+    specs: Sequence[RequestSpec],
+    gaps: Sequence[float],
+    max_concurrency: int | None,
+    ignore_eos: bool,
+) -> tuple[list[RequestResult], float]:
     """Send every request at its arrival time (at most max_concurrency in flight); (results, seconds)."""
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
@@ -151,13 +175,18 @@ def summarize(results: Sequence[RequestResult], seconds: float, slo: dict[str, f
     tokens = sum(r.output_tokens for r in done)
     good = [r for r in done if _meets(r, slo)]
     return {
-        "completed": len(done), "failed": len(results) - len(done), "duration_s": seconds,
+        "completed": len(done),
+        "failed": len(results) - len(done),
+        "duration_s": seconds,
         "request_throughput": len(done) / seconds if seconds else 0.0,
         "output_throughput": tokens / seconds if seconds else 0.0,
         "total_output_tokens": tokens,
-        "ttft_ms": ms([r.ttft for r in done]), "tpot_ms": ms([r.tpot for r in done if r.tpot is not None]),
-        "itl_ms": ms([g for r in done for g in r.itl]), "e2el_ms": ms([r.latency for r in done]),
-        "slo_ms": dict(slo), "goodput": len(good) / seconds if seconds and slo else None,
+        "ttft_ms": ms([r.ttft for r in done]),
+        "tpot_ms": ms([r.tpot for r in done if r.tpot is not None]),
+        "itl_ms": ms([g for r in done for g in r.itl]),
+        "e2el_ms": ms([r.latency for r in done]),
+        "slo_ms": dict(slo),
+        "goodput": len(good) / seconds if seconds and slo else None,
         "errors": sorted({r.error for r in results if not r.ok})[:5],
     }
 

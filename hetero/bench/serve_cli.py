@@ -1,4 +1,5 @@
 """``hetero bench-serve``: the command, its table, JSON and baselines (kind "serve")."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,13 +21,18 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 def add_bench_parser(sub: Any) -> None:
-    p = sub.add_parser("bench-serve", help="load-test an OpenAI-compatible server: throughput, TTFT/TPOT/ITL, goodput",
-                       description="Send streamed completions to a running server (hetero serve, vLLM, ...) at a "
-                                   "request rate under a concurrency cap; flags as vllm bench serve's.")
+    p = sub.add_parser(
+        "bench-serve",
+        help="load-test an OpenAI-compatible server: throughput, TTFT/TPOT/ITL, goodput",
+        description="Send streamed completions to a running server (hetero serve, vLLM, ...) at a "
+        "request rate under a concurrency cap; flags as vllm bench serve's.",
+    )
     p.add_argument("--url", "--base-url", dest="url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="model id (default: the server's first in /v1/models)")
     p.add_argument("--num-prompts", type=int, default=100)
-    p.add_argument("--request-rate", type=float, default=math.inf, help="requests per second (default inf: all at once)")
+    p.add_argument(
+        "--request-rate", type=float, default=math.inf, help="requests per second (default inf: all at once)"
+    )
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 Poisson, inf a fixed rate")
     p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
     p.add_argument("--seed", type=int, default=0)
@@ -35,8 +41,12 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--random-input-len", type=int, default=64)
     p.add_argument("--random-output-len", type=int, default=32)
     p.add_argument("--random-range-ratio", type=float, default=0.0)
-    p.add_argument("--vocab-size", type=int, default=None, help="random token ids below this (default: the server's "
-                                                                 "model card, else 1000)")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="random token ids below this (default: the server's model card, else 1000)",
+    )
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--slo", default=None, metavar="ttft=MS,tpot=MS", help="goodput bounds in ms (ttft, tpot, e2el)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the summary and every request's timings")
@@ -63,8 +73,10 @@ def _slo(text: str | None) -> dict[str, float]:
 
 
 def _metrics(summary: dict) -> list[Metric]:
-    metrics = [Metric("output_throughput", summary["output_throughput"], "tok/s", higher_is_better=True),
-               Metric("request_throughput", summary["request_throughput"], "req/s", higher_is_better=True)]
+    metrics = [
+        Metric("output_throughput", summary["output_throughput"], "tok/s", higher_is_better=True),
+        Metric("request_throughput", summary["request_throughput"], "req/s", higher_is_better=True),
+    ]
     for name in ("ttft", "tpot", "itl"):
         for q in ("p50", "p90", "p99"):
             value = summary[f"{name}_ms"][q]
@@ -74,17 +86,25 @@ def _metrics(summary: dict) -> list[Metric]:
 
 
 def _print(console: Console, summary: dict) -> None:
-    console.print(f"{summary['completed']} requests done, {summary['failed']} failed, in "
-                  f"{summary['duration_s']:.2f} s: {summary['request_throughput']:.2f} req/s, "
-                  f"{summary['output_throughput']:.1f} output tok/s"
-                  + (f", goodput {summary['goodput']:.2f} req/s under {summary['slo_ms']}" if summary["goodput"]
-                     is not None else ""), highlight=False)
+    console.print(
+        f"{summary['completed']} requests done, {summary['failed']} failed, in "
+        f"{summary['duration_s']:.2f} s: {summary['request_throughput']:.2f} req/s, "
+        f"{summary['output_throughput']:.1f} output tok/s"
+        + (
+            f", goodput {summary['goodput']:.2f} req/s under {summary['slo_ms']}"
+            if summary["goodput"] is not None
+            else ""
+        ),
+        highlight=False,
+    )
     table = Table(title="latency (ms)")
     for col in ("metric", "mean", "p50", "p90", "p99"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for name in ("ttft", "tpot", "itl", "e2el"):
         row = summary[f"{name}_ms"]
-        table.add_row(name.upper(), *("-" if row[k] is None else f"{row[k]:.2f}" for k in ("mean", "p50", "p90", "p99")))
+        table.add_row(
+            name.upper(), *("-" if row[k] is None else f"{row[k]:.2f}" for k in ("mean", "p50", "p90", "p99"))
+        )
     console.print(table)
     for error in summary["errors"]:
         console.print(f"[red]error:[/] {error}", highlight=False)
@@ -95,13 +115,19 @@ def _cmd_bench_serve(args: argparse.Namespace, registry: Any, console: Console) 
 
     slo = _slo(args.slo)
     if args.num_prompts < 1 or not args.request_rate > 0 or not args.burstiness > 0:
-        raise UsageError("arguments --num-prompts, --request-rate, --burstiness: expected positive values, got "
-                         f"{args.num_prompts}, {args.request_rate}, {args.burstiness}")
+        raise UsageError(
+            "arguments --num-prompts, --request-rate, --burstiness: expected positive values, got "
+            f"{args.num_prompts}, {args.request_rate}, {args.burstiness}"
+        )
     model, card = asyncio.run(_model(args.url, args.model))
     vocab = args.vocab_size or card.get("vocab_size") or 1000
-    specs = (file_requests(args.dataset_path, args.num_prompts, args.random_output_len) if args.dataset_path else
-             random_requests(args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio,
-                             vocab, args.seed))
+    specs = (
+        file_requests(args.dataset_path, args.num_prompts, args.random_output_len)
+        if args.dataset_path
+        else random_requests(
+            args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio, vocab, args.seed
+        )
+    )
     gaps = arrival_gaps(args.num_prompts, args.request_rate, args.burstiness, args.seed)
     results, seconds = asyncio.run(_load(args.url, model, specs, gaps, args.max_concurrency, args.ignore_eos))
     summary = summarize(results, seconds, slo)
@@ -109,8 +135,9 @@ def _cmd_bench_serve(args: argparse.Namespace, registry: Any, console: Console) 
     command = " ".join(["hetero", *sys.argv[1:]]) if sys.argv[1:2] == ["bench-serve"] else "hetero bench-serve"
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": command, "model": model, "summary": summary, "requests": results_json(results)},
-                      f, indent=2)
+            json.dump(
+                {"command": command, "model": model, "summary": summary, "requests": results_json(results)}, f, indent=2
+            )
     env = environment(f"server:{model}", args.url)
     if args.save:
         save_baseline(args.save, "serve", env, _metrics(summary), command)

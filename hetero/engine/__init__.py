@@ -8,6 +8,7 @@ needs only torch and two small modules, and its function ``instrument`` shares i
 submodule's name, so a lazy attribute would be shadowed by the submodule as soon as
 anything imported ``hetero.engine.instrument``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -15,7 +16,17 @@ from typing import Any
 
 from hetero.engine.instrument import OpCounter, OpSite, instrument, op_sites
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "Logprob", "EngineConfig", "instrument", "OpSite", "OpCounter", "op_sites"]
+__all__ = [
+    "LLM",
+    "SamplingParams",
+    "RequestOutput",
+    "Logprob",
+    "EngineConfig",
+    "instrument",
+    "OpSite",
+    "OpCounter",
+    "op_sites",
+]
 
 _EXPORTS = {
     "LLM": "hetero.engine.llm",

@@ -1,4 +1,5 @@
 """The transient progress bar of ``LLM.generate``."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +19,13 @@ def progress_bar(enabled: bool, total: int) -> Iterator[Callable[[int, int], Non
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     start = time.perf_counter()
-    columns = (TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[rate]}"))
+    columns = (
+        TextColumn("generating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[rate]}"),
+    )
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("generate", total=total, rate="")
 

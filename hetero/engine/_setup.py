@@ -1,4 +1,5 @@
 """What ``LLM`` reads before it builds its runtime: the process group, the tokenizer and the EOS ids."""
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,16 @@ def communicator(cfg: EngineConfig):
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if world == 1:
         if cfg.tensor_parallel_size > 1:
-            raise UsageError(f"tensor_parallel_size={cfg.tensor_parallel_size} needs one process per rank: launch with "
-                             f"`torchrun --nproc-per-node {cfg.tensor_parallel_size} your_script.py`")
+            raise UsageError(
+                f"tensor_parallel_size={cfg.tensor_parallel_size} needs one process per rank: launch with "
+                f"`torchrun --nproc-per-node {cfg.tensor_parallel_size} your_script.py`"
+            )
         return None
     if world != cfg.tensor_parallel_size:
-        raise UsageError(f"torchrun started {world} processes (WORLD_SIZE) but tensor_parallel_size="
-                         f"{cfg.tensor_parallel_size}; they must be equal")
+        raise UsageError(
+            f"torchrun started {world} processes (WORLD_SIZE) but tensor_parallel_size="
+            f"{cfg.tensor_parallel_size}; they must be equal"
+        )
     from hetero.distributed import init
 
     return init(cfg.backend)

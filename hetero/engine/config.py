@@ -1,4 +1,5 @@
 """Engine configuration: what the user asks for, checked at once, resolved against the checkpoint's config.json."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -82,8 +83,14 @@ class EngineConfig:
             raise _bad("backend", "a backend name or None", self.backend)
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise _bad("dtype", f"'auto' or one of {', '.join(DTYPES)}", self.dtype)
-        for name, minimum in (("block_size", 1), ("max_num_seqs", 1), ("max_num_batched_tokens", 1),
-                              ("kv_cache_bytes", 1), ("tensor_parallel_size", 1), ("seed", 0)):
+        for name, minimum in (
+            ("block_size", 1),
+            ("max_num_seqs", 1),
+            ("max_num_batched_tokens", 1),
+            ("kv_cache_bytes", 1),
+            ("tensor_parallel_size", 1),
+            ("seed", 0),
+        ):
             _int(name, getattr(self, name), minimum)
         for name, minimum in (("max_model_len", 1), ("num_kv_blocks", 1), ("num_state_snapshots", 0)):
             if getattr(self, name) is not None:
@@ -105,13 +112,18 @@ class EngineConfig:
         max_model_len = self.max_model_len
         if max_model_len is None:
             if limit is None:
-                raise UsageError(f"EngineConfig.max_model_len must be given: {self.model} has no max_position_embeddings",
-                                 arg="max_model_len", expected="an integer >= 1", got=None)
+                raise UsageError(
+                    f"EngineConfig.max_model_len must be given: {self.model} has no max_position_embeddings",
+                    arg="max_model_len",
+                    expected="an integer >= 1",
+                    got=None,
+                )
             max_model_len = int(limit)
         elif limit is not None and max_model_len > limit:
             raise _bad("max_model_len", f"<= the checkpoint's max_position_embeddings ({limit})", max_model_len)
-        return dataclasses.replace(self, max_model_len=max_model_len, dtype=_auto_dtype(self.dtype, hf_config),
-                                   hf_config=hf_config)
+        return dataclasses.replace(
+            self, max_model_len=max_model_len, dtype=_auto_dtype(self.dtype, hf_config), hf_config=hf_config
+        )
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -137,8 +149,11 @@ class EngineConfig:
         wanted = self.max_num_seqs * math.ceil(self.max_model_len / self.block_size)
         affordable = (self.kv_cache_bytes - reserved_bytes) // max(bytes_per_block, 1)
         if affordable < 1:
-            raise _bad("kv_cache_bytes", f"at least one KV block ({bytes_per_block} bytes) after the state pool "
-                       f"({reserved_bytes} bytes)", self.kv_cache_bytes)
+            raise _bad(
+                "kv_cache_bytes",
+                f"at least one KV block ({bytes_per_block} bytes) after the state pool ({reserved_bytes} bytes)",
+                self.kv_cache_bytes,
+            )
         return min(wanted, affordable)
 
 
@@ -160,12 +175,19 @@ def load_hf_config(model_dir: str | os.PathLike) -> Any:
     """
     path = Path(model_dir)
     if not path.is_dir():
-        raise ModelNotFound(f"model directory {str(path)!r} does not exist (expected a Hugging Face checkpoint directory)",
-                            arg="model", expected="an existing checkpoint directory", got=str(model_dir))
+        raise ModelNotFound(
+            f"model directory {str(path)!r} does not exist (expected a Hugging Face checkpoint directory)",
+            arg="model",
+            expected="an existing checkpoint directory",
+            got=str(model_dir),
+        )
     if not (path / "config.json").is_file():
-        raise ModelNotFound(f"{str(path)!r} has no config.json; is it a Hugging Face checkpoint directory?",
-                            arg="model", expected="a Hugging Face checkpoint directory (with config.json)",
-                            got=str(model_dir))
+        raise ModelNotFound(
+            f"{str(path)!r} has no config.json; is it a Hugging Face checkpoint directory?",
+            arg="model",
+            expected="a Hugging Face checkpoint directory (with config.json)",
+            got=str(model_dir),
+        )
     from transformers import AutoConfig
 
     try:

@@ -1,4 +1,5 @@
 """What every layer is built with: the op table, the parallel group, dtype and device."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

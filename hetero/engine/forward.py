@@ -3,6 +3,7 @@
 ``check-model``, the end-to-end tests and the model runner share this: one place
 decides how a checkpoint becomes a loaded model on a backend.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,8 +24,14 @@ from hetero.ops import Ops
 __all__ = ["build_model", "prefill", "PrefillResult"]
 
 
-def build_model(model_dir: str | Path, ops: Ops, dtype: torch.dtype, parallel: Parallel | None = None,
-                hf_config=None, quant_config=None) -> CausalLM:
+def build_model(
+    model_dir: str | Path,
+    ops: Ops,
+    dtype: torch.dtype,
+    parallel: Parallel | None = None,
+    hf_config=None,
+    quant_config=None,
+) -> CausalLM:
     """The checkpoint's model class, built on ``ops``' device in ``dtype`` and loaded from its safetensors.
 
     ``quant_config`` (a ``hetero.engine.quant.QuantConfig``) replaces the one the checkpoint's config asks
@@ -52,7 +59,9 @@ class PrefillResult:
 
 
 @torch.inference_mode()
-def prefill(model: CausalLM, prompts: Sequence[Sequence[int]], *, block_size: int = 16, capture: bool = False) -> PrefillResult:
+def prefill(
+    model: CausalLM, prompts: Sequence[Sequence[int]], *, block_size: int = 16, capture: bool = False
+) -> PrefillResult:
     """Run every prompt as one packed prefill step over a fresh paged cache (random block order)."""
     ctx: ModelContext = model.ctx
     lens = [len(p) for p in prompts]
@@ -60,14 +69,20 @@ def prefill(model: CausalLM, prompts: Sequence[Sequence[int]], *, block_size: in
     order = torch.randperm(sum(blocks), generator=torch.Generator().manual_seed(0)).tolist()
     tables, used = [], 0
     for n in blocks:
-        tables.append(order[used:used + n])
+        tables.append(order[used : used + n])
         used += n
     pools = allocate_kv_cache(model, max(used, 1), block_size, ctx.dtype, ctx.device, num_state_slots=len(prompts))
     pools.apply([ResetSlot(i) for i in range(len(prompts))])
     # one-row prompts would be treated as decodes; they must come first
     idx = sorted(range(len(prompts)), key=lambda i: lens[i] != 1)
-    step = build_step([lens[i] for i in idx], [lens[i] for i in idx], [tables[i] for i in idx], block_size, ctx.device,
-                      state_slots=idx if pools.state else None)
+    step = build_step(
+        [lens[i] for i in idx],
+        [lens[i] for i in idx],
+        [tables[i] for i in idx],
+        block_size,
+        ctx.device,
+        state_slots=idx if pools.state else None,
+    )
     ids = torch.tensor([t for i in idx for t in prompts[i]], dtype=torch.int64, device=ctx.device)
     captured: list[torch.Tensor] | None = [] if capture else None
     hidden = model(ids, step, capture=captured)

@@ -19,6 +19,7 @@ A hook is ``hook(site, fn, args, kwargs) -> result``: it may call through
 Only op calls are seen: torch glue inside layers (embedding lookup, ``cat``,
 ``index_select``, a bias add after an all-reduce) and collectives are not ops.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -54,9 +55,11 @@ class OpHook(Protocol):
 
 def op_sites(model: nn.Module) -> list[tuple[nn.Module, OpSite]]:
     """Every declared op slot of ``model`` and its submodules, in ``named_modules`` order."""
-    return [(module, OpSite(path, attr, op))
-            for path, module in model.named_modules()
-            for attr, op in op_slots(module).items()]
+    return [
+        (module, OpSite(path, attr, op))
+        for path, module in model.named_modules()
+        for attr, op in op_slots(module).items()
+    ]
 
 
 def _wrap(site: OpSite, fn: Callable, hook: OpHook) -> Callable:
@@ -82,8 +85,9 @@ class Instrumented:
         busy = sorted({s.path or "<root>" for m, s in sites if _ORIGINALS in vars(m)})
         if busy:
             more = f" and {len(busy) - 3} more" if len(busy) > 3 else ""
-            raise UsageError(f"instrument: {', '.join(busy[:3])}{more} already instrumented; "
-                             "restore it first (hooks do not nest)")
+            raise UsageError(
+                f"instrument: {', '.join(busy[:3])}{more} already instrumented; restore it first (hooks do not nest)"
+            )
         self.sites = [s for _, s in sites]
         self._modules: list[nn.Module] = []
         for module, site in sites:

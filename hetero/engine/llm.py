@@ -1,10 +1,12 @@
 """``LLM``: the offline serving loop (scheduler, block manager and model runner) behind one ``generate`` call."""
+
 from __future__ import annotations
 
 import os
 import sys
 import time
-from typing import Any, Sequence as Seq
+from typing import Any
+from typing import Sequence as Seq
 
 from hetero.engine._inputs import check_import, check_logprobs, check_params, encode_prompt, params_list, prompt_list
 from hetero.engine._progress import progress_bar
@@ -40,30 +42,71 @@ class LLM:
     by sequences while it ran), ``step_tokens`` (rows computed) and ``step_seconds``.
     """
 
-    def __init__(self, model: str | os.PathLike, backend: str | None = None, dtype: str = "auto",
-                 block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
-                 tensor_parallel_size: int = 1, expert_parallel: bool = False, seed: int = 0, **config: Any):
-        cfg = EngineConfig(model=model, backend=backend, dtype=dtype, block_size=block_size, max_num_seqs=max_num_seqs,
-                           max_num_batched_tokens=max_num_batched_tokens, tensor_parallel_size=tensor_parallel_size,
-                           expert_parallel=expert_parallel, seed=seed, **config)
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        backend: str | None = None,
+        dtype: str = "auto",
+        block_size: int = 16,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        tensor_parallel_size: int = 1,
+        expert_parallel: bool = False,
+        seed: int = 0,
+        **config: Any,
+    ):
+        cfg = EngineConfig(
+            model=model,
+            backend=backend,
+            dtype=dtype,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            tensor_parallel_size=tensor_parallel_size,
+            expert_parallel=expert_parallel,
+            seed=seed,
+            **config,
+        )
         comm = communicator(cfg)
         self.config = cfg.resolve()
         self.tokenizer = load_tokenizer(self.config.model)
         self.runner = ModelRunner(self.config, comm)
-        self.block_manager = BlockManager(self.runner.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching,
-                                          num_state_slots=self.runner.num_state_slots,
-                                          num_state_snapshots=self.runner.num_state_snapshots)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs=cfg.max_num_seqs,
-                                   max_num_batched_tokens=cfg.max_num_batched_tokens,
-                                   max_model_len=self.config.max_model_len,
-                                   eos_token_ids=eos_token_ids(self.config, self.tokenizer))
-        self.stats: dict[str, Any] = dict(num_kv_blocks=self.runner.num_kv_blocks, block_size=cfg.block_size, steps=0,
-                                          preemptions=0, prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0,
-                                          kv_blocks_in_use=[], step_tokens=[], step_seconds=[])
+        self.block_manager = BlockManager(
+            self.runner.num_kv_blocks,
+            cfg.block_size,
+            cfg.enable_prefix_caching,
+            num_state_slots=self.runner.num_state_slots,
+            num_state_snapshots=self.runner.num_state_snapshots,
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_model_len=self.config.max_model_len,
+            eos_token_ids=eos_token_ids(self.config, self.tokenizer),
+        )
+        self.stats: dict[str, Any] = dict(
+            num_kv_blocks=self.runner.num_kv_blocks,
+            block_size=cfg.block_size,
+            steps=0,
+            preemptions=0,
+            prompt_tokens=0,
+            cached_prompt_tokens=0,
+            generated_tokens=0,
+            kv_blocks_in_use=[],
+            step_tokens=[],
+            step_seconds=[],
+        )
         self._num_requests = 0
 
-    def add_request(self, prompt: str | Seq[int], sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, *, cache: SequenceCache | None = None) -> str:
+    def add_request(
+        self,
+        prompt: str | Seq[int],
+        sampling_params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        cache: SequenceCache | None = None,
+    ) -> str:
         """Queue one request (text needs a tokenizer); returns its id.
 
         ``cache``: the exported cache of this prompt's first ``cache.num_tokens`` tokens
@@ -85,9 +128,13 @@ class LLM:
         seq = Sequence(request_id if request_id is not None else str(index), self._encode(prompt, index), params, index)
         if cache is not None:
             if self.runner.parallel.size > 1:
-                raise UsageError(f"request {index}: argument 'cache': importing a cache under tensor parallelism "
-                                 f"is not supported (each rank holds its own shard)", arg="cache",
-                                 expected="tensor_parallel_size 1", got=self.runner.parallel.size)
+                raise UsageError(
+                    f"request {index}: argument 'cache': importing a cache under tensor parallelism "
+                    f"is not supported (each rank holds its own shard)",
+                    arg="cache",
+                    expected="tensor_parallel_size 1",
+                    got=self.runner.parallel.size,
+                )
             check_import(cache, seq.prompt_token_ids, index)
             check_fits(self.runner.cache, cache)
             seq.imported = cache
@@ -102,10 +149,15 @@ class LLM:
         """The cache of a running request's computed tokens, on the CPU in a layout another engine imports."""
         for seq in self.scheduler.running:
             if seq.request_id == request_id:
-                return export_sequence_cache(self.runner.cache, seq.block_table, seq.state_slot, seq.num_computed_tokens,
-                                             seq.token_ids)
-        raise UsageError(f"export_cache: argument 'request_id': no running request {request_id!r}",
-                         arg="request_id", expected="a running request", got=request_id)
+                return export_sequence_cache(
+                    self.runner.cache, seq.block_table, seq.state_slot, seq.num_computed_tokens, seq.token_ids
+                )
+        raise UsageError(
+            f"export_cache: argument 'request_id': no running request {request_id!r}",
+            arg="request_id",
+            expected="a running request",
+            got=request_id,
+        )
 
     def encode(self, prompt: str | Seq[int]) -> list[int]:
         """The token ids ``add_request`` would queue for ``prompt``, checked as it checks them."""
@@ -168,17 +220,23 @@ class LLM:
         moved = [seq for seq in batch.sampled_seqs if seq.num_streamed < len(seq.output_token_ids)]
         return [request_output(seq, now, self.tokenizer) for seq in moved], len(batch.preempted), in_use
 
-    def generate(self, prompts: str | Seq[int] | Seq[str | Seq[int]],
-                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None, *,
-                 progress: bool | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: str | Seq[int] | Seq[str | Seq[int]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        progress: bool | None = None,
+    ) -> list[RequestOutput]:
         """Run ``prompts`` (strings, token-id lists, or one of either) to completion; outputs in input order.
 
         ``sampling_params``: one for all, or one per prompt (default ``SamplingParams()``).
         ``progress``: a transient progress bar on stderr (None: only when stderr is a terminal).
         """
         if self.has_unfinished():
-            raise RuntimeError("generate() needs an idle engine: requests added with add_request() are unfinished; "
-                               "drive them with step() first")
+            raise RuntimeError(
+                "generate() needs an idle engine: requests added with add_request() are unfinished; "
+                "drive them with step() first"
+            )
         prompts = prompt_list(prompts)
         params = params_list(sampling_params, len(prompts))
         ids: list[str] = []

@@ -20,6 +20,7 @@ Once every tensor is in, the post-load pass (``process_weights_after_loading``) 
 each layer's quantization method fix its weights up, then runs every ``post_load()``
 hook (MLA's absorbed weights); it runs again after each load.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,20 @@ from hetero.engine.layers.weights import copy_checked
 from hetero.engine.models.base import WeightMapping
 from hetero.errors import UsageError
 
-__all__ = ["load_weights", "LoadReport", "WeightLoadError", "CheckpointFilesError", "WeightMismatchError",
-           "UnexpectedWeightsError", "MissingWeightsError", "checkpoint_files", "map_name", "checkpoint_name",
-           "render_pattern", "process_weights_after_loading"]
+__all__ = [
+    "load_weights",
+    "LoadReport",
+    "WeightLoadError",
+    "CheckpointFilesError",
+    "WeightMismatchError",
+    "UnexpectedWeightsError",
+    "MissingWeightsError",
+    "checkpoint_files",
+    "map_name",
+    "checkpoint_name",
+    "render_pattern",
+    "process_weights_after_loading",
+]
 
 INDEX = "model.safetensors.index.json"
 
@@ -92,9 +104,11 @@ def checkpoint_files(model_dir: str | Path, who: str = "the model") -> list[Path
         return files
     pickled = sorted(p.name for p in [*d.glob("pytorch_model*.bin"), *d.glob("*.pt")])
     if pickled:
-        raise CheckpointFilesError(f"{where}: found only pickled weights ({', '.join(pickled)}); hetero loads safetensors "
-                                   "only and never unpickles. Convert them first, e.g. load in transformers and "
-                                   "save_pretrained(dir, safe_serialization=True)")
+        raise CheckpointFilesError(
+            f"{where}: found only pickled weights ({', '.join(pickled)}); hetero loads safetensors "
+            "only and never unpickles. Convert them first, e.g. load in transformers and "
+            "save_pretrained(dir, safe_serialization=True)"
+        )
     raise CheckpointFilesError(f"{where}: no safetensors files (and no {INDEX}) in {d}")
 
 
@@ -203,8 +217,10 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> LoadReport:
                 if target is not None and target[0] not in canonical:
                     unexpected.append(name)
                     continue
-                if target is None or (target[0] != canonical[target[0]]
-                                      and checkpoint_name(mapping, canonical[target[0]], target[1]) in located):
+                if target is None or (
+                    target[0] != canonical[target[0]]
+                    and checkpoint_name(mapping, canonical[target[0]], target[1]) in located
+                ):
                     report.ignored.append(name)
                     continue
                 pname, shard = canonical[target[0]], target[1]
@@ -220,8 +236,12 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> LoadReport:
                 else:
                     report.loaded += 1
                     filled.add((pname, shard))
-    missing = sorted(checkpoint_name(mapping, n, s) for n, p in params.items()
-                     for s in getattr(p, "shards", (None,)) if (n, s) not in filled)
+    missing = sorted(
+        checkpoint_name(mapping, n, s)
+        for n, p in params.items()
+        for s in getattr(p, "shards", (None,))
+        if (n, s) not in filled
+    )
     _raise_problems(where, mismatched, sorted(unexpected), missing)
     process_weights_after_loading(model)
     return report
@@ -244,9 +264,11 @@ def process_weights_after_loading(model: nn.Module) -> None:
 
 
 def _raise_problems(where: str, mismatched: list[str], unexpected: list[str], missing: list[str]) -> None:
-    sections = [(WeightMismatchError, "tensor(s) the model's weight loaders refused", mismatched),
-                (UnexpectedWeightsError, "checkpoint tensor(s) that match no parameter and no ignore rule", unexpected),
-                (MissingWeightsError, "tensor(s) the model needs and the checkpoint lacks", missing)]
+    sections = [
+        (WeightMismatchError, "tensor(s) the model's weight loaders refused", mismatched),
+        (UnexpectedWeightsError, "checkpoint tensor(s) that match no parameter and no ignore rule", unexpected),
+        (MissingWeightsError, "tensor(s) the model needs and the checkpoint lacks", missing),
+    ]
     found = [(c, what, items) for c, what, items in sections if items]
     if found:
         text = "\n".join(f"{len(items)} {what}:\n" + "\n".join(f"  {i}" for i in items) for _, what, items in found)

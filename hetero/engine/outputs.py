@@ -1,4 +1,5 @@
 """What ``LLM`` hands back per request: the tokens so far, what is new since the last report, and how it ended."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,14 +46,25 @@ class RequestOutput:
 def request_output(seq: Sequence, now: float, tokenizer: Any) -> RequestOutput:
     """``seq``'s output now; the tokens it reports as new are marked streamed."""
     streamed, seq.num_streamed = seq.num_streamed, len(seq.output_token_ids)
-    seq.metrics.update(num_prompt_tokens=seq.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
-                       num_preemptions=seq.num_preemptions)
+    seq.metrics.update(
+        num_prompt_tokens=seq.num_prompt_tokens,
+        num_cached_tokens=seq.num_cached_tokens,
+        num_preemptions=seq.num_preemptions,
+    )
     text = None
     if seq.finish_reason is not None:
         seq.metrics["finish_time"] = now
         if tokenizer is not None:
             text = tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
     logprobs = list(seq.output_logprobs) if seq.sampling_params.logprobs is not None else None
-    return RequestOutput(seq.request_id, list(seq.prompt_token_ids), list(seq.output_token_ids), text,
-                         seq.finish_reason, dict(seq.metrics), seq.output_token_ids[streamed:], logprobs,
-                         logprobs[streamed:] if logprobs is not None else None)
+    return RequestOutput(
+        seq.request_id,
+        list(seq.prompt_token_ids),
+        list(seq.output_token_ids),
+        text,
+        seq.finish_reason,
+        dict(seq.metrics),
+        seq.output_token_ids[streamed:],
+        logprobs,
+        logprobs[streamed:] if logprobs is not None else None,
+    )

@@ -1,4 +1,5 @@
 """Tensor and expert parallelism: who this process is, and the explicit collectives layers call."""
+
 from __future__ import annotations
 
 import pickle
@@ -59,7 +60,10 @@ class Parallel:
             return obj
         payload = pickle.dumps(obj) if self.rank == src else b""
         length = self.comm.broadcast(torch.tensor([len(payload)], dtype=torch.int64, device=device), src)
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device) if self.rank == src else \
-            torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+        data = (
+            torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+            if self.rank == src
+            else torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+        )
         data = self.comm.broadcast(data, src)
         return obj if self.rank == src else pickle.loads(data.cpu().numpy().tobytes())

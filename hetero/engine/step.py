@@ -1,7 +1,9 @@
 """What one engine step hands every layer: token positions, cache slots and the attention layout."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 
 from hetero.spec.types import AttentionMeta

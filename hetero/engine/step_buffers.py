@@ -12,6 +12,7 @@ the prefill sequences): its size is bounded by the sum of their lengths, not by 
 limit, so it grows (is reallocated, at least doubling) when a step needs more than it holds.
 Only prefill steps use it; the decode steps a graph captures never do.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -43,10 +44,23 @@ class StepBuffers:
     A ``Step`` returned by ``fill`` is valid until the next ``fill``, which overwrites it.
     """
 
-    def __init__(self, max_num_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int,
-                 device: torch.device | str, *, has_state: bool = False, kv_slots_capacity: int | None = None):
-        for name, value, least in (("max_num_tokens", max_num_tokens, 0), ("max_num_seqs", max_num_seqs, 0),
-                                   ("max_model_len", max_model_len, 0), ("block_size", block_size, 1)):
+    def __init__(
+        self,
+        max_num_tokens: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        block_size: int,
+        device: torch.device | str,
+        *,
+        has_state: bool = False,
+        kv_slots_capacity: int | None = None,
+    ):
+        for name, value, least in (
+            ("max_num_tokens", max_num_tokens, 0),
+            ("max_num_seqs", max_num_seqs, 0),
+            ("max_model_len", max_model_len, 0),
+            ("block_size", block_size, 1),
+        ):
             if int(value) < least:
                 raise ValueError(f"StepBuffers: {name} must be >= {least}, got {value}")
         self.max_num_tokens, self.max_num_seqs = int(max_num_tokens), int(max_num_seqs)
@@ -62,10 +76,18 @@ class StepBuffers:
         self._dev: dict[str, torch.Tensor] = {}
         self._host: dict[str, np.ndarray] = {}
         t, b, i32, i64 = self.max_num_tokens, self.max_num_seqs, torch.int32, torch.int64
-        shapes = {"input_ids": ((t,), i64), "positions": ((t,), i64), "slot_mapping": ((t,), i64),
-                  "query_start_loc": ((b + 1,), i32), "seq_lens": ((b,), i32), "block_table": ((b, self.max_blocks), i32),
-                  "logits_indices": ((b,), i64), "cu_seqlens_q": ((b + 1,), i32), "cu_seqlens_k": ((b + 1,), i32),
-                  "kv_slots": ((t if kv_slots_capacity is None else int(kv_slots_capacity),), i64)}
+        shapes = {
+            "input_ids": ((t,), i64),
+            "positions": ((t,), i64),
+            "slot_mapping": ((t,), i64),
+            "query_start_loc": ((b + 1,), i32),
+            "seq_lens": ((b,), i32),
+            "block_table": ((b, self.max_blocks), i32),
+            "logits_indices": ((b,), i64),
+            "cu_seqlens_q": ((b + 1,), i32),
+            "cu_seqlens_k": ((b + 1,), i32),
+            "kv_slots": ((t if kv_slots_capacity is None else int(kv_slots_capacity),), i64),
+        }
         if self.has_state:
             shapes.update(state_slots=((b,), i32), has_initial_state=((b,), torch.bool))
         for name, (shape, dtype) in shapes.items():
@@ -117,7 +139,9 @@ class StepBuffers:
         self._upload(used)
         return self._step(q, s, num_decodes, prefill, used), self._view("input_ids", used)
 
-    def _stage_rows(self, q: np.ndarray, s: np.ndarray, starts: np.ndarray, sample, state_slots, input_ids) -> dict[str, int]:
+    def _stage_rows(
+        self, q: np.ndarray, s: np.ndarray, starts: np.ndarray, sample, state_slots, input_ids
+    ) -> dict[str, int]:
         """Stage the per-row and per-sequence arrays; return how many entries of each buffer are used."""
         h, bs, nb, nt = self._host, self.block_size, len(q), int(starts[-1])
         owner = np.repeat(np.arange(nb), q)  # the sequence of each query row
@@ -128,8 +152,14 @@ class StepBuffers:
         h["seq_lens"][:nb] = s
         rows = starts[1:] - 1 if sample is None else (starts[1:] - 1)[np.asarray(sample, dtype=bool).reshape(-1)]
         h["logits_indices"][: len(rows)] = rows
-        used = {"positions": nt, "slot_mapping": nt, "query_start_loc": nb + 1, "seq_lens": nb,
-                "block_table": nb, "logits_indices": len(rows)}
+        used = {
+            "positions": nt,
+            "slot_mapping": nt,
+            "query_start_loc": nb + 1,
+            "seq_lens": nb,
+            "block_table": nb,
+            "logits_indices": len(rows),
+        }
         if input_ids is not None:
             h["input_ids"][:nt] = input_ids
             used["input_ids"] = nt
@@ -142,8 +172,12 @@ class StepBuffers:
     def _check(self, q: np.ndarray, s: np.ndarray, widths: np.ndarray, sample, state_slots, input_ids) -> None:
         """Raise ValueError naming what overflowed or does not match."""
         nb, nt = len(q), int(q.sum())
-        counts = {"seq_lens": len(s), "block_tables": len(widths), "sample": None if sample is None else len(sample),
-                  "state_slots": None if state_slots is None else len(state_slots)}
+        counts = {
+            "seq_lens": len(s),
+            "block_tables": len(widths),
+            "sample": None if sample is None else len(sample),
+            "state_slots": None if state_slots is None else len(state_slots),
+        }
         for name, n in counts.items():
             if n is not None and n != nb:
                 raise ValueError(f"StepBuffers.fill: {name} has {n} entries for {nb} sequences")
@@ -158,19 +192,27 @@ class StepBuffers:
         bad = np.flatnonzero((q < 0) | (s < q))
         if bad.size:
             b = int(bad[0])
-            raise ValueError(f"StepBuffers.fill: sequence {b} has query length {q[b]} and seq_len {s[b]} (need 0 <= query <= seq_len)")
+            raise ValueError(
+                f"StepBuffers.fill: sequence {b} has query length {q[b]} and seq_len {s[b]} (need 0 <= query <= seq_len)"
+            )
         bad = np.flatnonzero(widths > self.max_blocks)
         if bad.size:
             b = int(bad[0])
-            raise ValueError(f"StepBuffers.fill: block table of sequence {b} has {widths[b]} blocks, more than "
-                             f"max_blocks={self.max_blocks} (ceil(max_model_len / block_size))")
+            raise ValueError(
+                f"StepBuffers.fill: block table of sequence {b} has {widths[b]} blocks, more than "
+                f"max_blocks={self.max_blocks} (ceil(max_model_len / block_size))"
+            )
         bad = np.flatnonzero(widths * self.block_size < s)
         if bad.size:
             b = int(bad[0])
-            raise ValueError(f"StepBuffers.fill: block table of sequence {b} has {widths[b]} blocks, too few for "
-                             f"seq_len {s[b]} with block size {self.block_size}")
+            raise ValueError(
+                f"StepBuffers.fill: block table of sequence {b} has {widths[b]} blocks, too few for "
+                f"seq_len {s[b]} with block size {self.block_size}"
+            )
 
-    def _prefill(self, q: np.ndarray, s: np.ndarray, starts: np.ndarray, first: int, used: dict[str, int]) -> PrefillSpan | None:
+    def _prefill(
+        self, q: np.ndarray, s: np.ndarray, starts: np.ndarray, first: int, used: dict[str, int]
+    ) -> PrefillSpan | None:
         """Stage the prefill sequences [first, B) as a PrefillSpan (None when there are none)."""
         nb, h, bs = len(q), self._host, self.block_size
         if first == nb:
@@ -187,9 +229,12 @@ class StepBuffers:
         h["cu_seqlens_k"][: nb - first + 1] = cu_k
         used.update(kv_slots=total, cu_seqlens_q=nb - first + 1, cu_seqlens_k=nb - first + 1)
         return PrefillSpan(
-            first_seq=first, first_token=int(starts[first]),
-            cu_seqlens_q=self._view("cu_seqlens_q", used), cu_seqlens_k=self._view("cu_seqlens_k", used),
-            max_seqlen_q=int(q[first:].max()), max_seqlen_k=int(kv_lens.max()),
+            first_seq=first,
+            first_token=int(starts[first]),
+            cu_seqlens_q=self._view("cu_seqlens_q", used),
+            cu_seqlens_k=self._view("cu_seqlens_k", used),
+            max_seqlen_q=int(q[first:].max()),
+            max_seqlen_k=int(kv_lens.max()),
             kv_slots=self._view("kv_slots", used),
         )
 
@@ -212,21 +257,39 @@ class StepBuffers:
     def _view(self, name: str, used: dict[str, int]) -> torch.Tensor | None:
         return self._dev[name][: used[name]] if name in used else None
 
-    def _step(self, q: np.ndarray, s: np.ndarray, num_decodes: int, prefill: PrefillSpan | None, used: dict[str, int]) -> Step:
+    def _step(
+        self, q: np.ndarray, s: np.ndarray, num_decodes: int, prefill: PrefillSpan | None, used: dict[str, int]
+    ) -> Step:
         """The Step of views over what ``fill`` staged."""
         nb = len(q)
         qsl, lens, table = (self._dev[n] for n in ("query_start_loc", "seq_lens", "block_table"))
-        meta = AttentionMeta(query_start_loc=qsl[: nb + 1], seq_lens=lens[:nb], block_table=table[:nb],
-                             max_query_len=int(q.max(initial=0)), max_seq_len=int(s.max(initial=0)))
+        meta = AttentionMeta(
+            query_start_loc=qsl[: nb + 1],
+            seq_lens=lens[:nb],
+            block_table=table[:nb],
+            max_query_len=int(q.max(initial=0)),
+            max_seq_len=int(s.max(initial=0)),
+        )
         decode_meta = None
         if num_decodes:
-            decode_meta = AttentionMeta(query_start_loc=qsl[: num_decodes + 1], seq_lens=lens[:num_decodes],
-                                        block_table=table[:num_decodes], max_query_len=1,
-                                        max_seq_len=int(s[:num_decodes].max()))
-        return Step(positions=self._view("positions", used), slot_mapping=self._view("slot_mapping", used), meta=meta,
-                    num_decodes=num_decodes, decode_meta=decode_meta, prefill=prefill,
-                    logits_indices=self._view("logits_indices", used), state_slots=self._view("state_slots", used),
-                    has_initial_state=self._view("has_initial_state", used))
+            decode_meta = AttentionMeta(
+                query_start_loc=qsl[: num_decodes + 1],
+                seq_lens=lens[:num_decodes],
+                block_table=table[:num_decodes],
+                max_query_len=1,
+                max_seq_len=int(s[:num_decodes].max()),
+            )
+        return Step(
+            positions=self._view("positions", used),
+            slot_mapping=self._view("slot_mapping", used),
+            meta=meta,
+            num_decodes=num_decodes,
+            decode_meta=decode_meta,
+            prefill=prefill,
+            logits_indices=self._view("logits_indices", used),
+            state_slots=self._view("state_slots", used),
+            has_initial_state=self._view("has_initial_state", used),
+        )
 
 
 def build_step(
@@ -246,7 +309,14 @@ def build_step(
     sized to this one batch, the code path of the engine's persistent buffers.
     """
     width = max((len(b) for b in block_tables), default=0)
-    buffers = StepBuffers(sum(query_lens), len(query_lens), width * block_size, block_size, device,
-                          has_state=state_slots is not None, kv_slots_capacity=0)
+    buffers = StepBuffers(
+        sum(query_lens),
+        len(query_lens),
+        width * block_size,
+        block_size,
+        device,
+        has_state=state_slots is not None,
+        kv_slots_capacity=0,
+    )
     step, _ = buffers.fill(query_lens, seq_lens, block_tables, sample=sample, state_slots=state_slots)
     return step

@@ -1,5 +1,6 @@
 """Portable Triton kernels shared by every Triton-capable backend (imported lazily: importing
 this package does not import Triton; running an op does)."""
+
 from __future__ import annotations
 
 from hetero.kernels._triton import triton_modules

@@ -28,6 +28,7 @@ ones, which an interpreted kernel cannot call). Likewise no ``tl.zeros`` (also a
 
 Triton is imported only through ``triton_modules()``; this module loads lazily.
 """
+
 from __future__ import annotations
 
 from hetero.kernels._triton import triton_modules
@@ -45,7 +46,9 @@ def _tanh(x):
     e = tl.exp(-2.0 * ax)
     big = (1.0 - e) / (1.0 + e)
     x2 = ax * ax
-    poly = 1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (-0.05396825396825397 + x2 * 0.021869488536155203)))
+    poly = 1.0 + x2 * (
+        -0.3333333333333333 + x2 * (0.13333333333333333 + x2 * (-0.05396825396825397 + x2 * 0.021869488536155203))
+    )
     t = tl.where(ax < 0.25, ax * poly, big)
     return tl.where(x < 0.0, -t, t)
 
@@ -69,7 +72,7 @@ def attention_fwd_kernel(
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+):  # fmt: skip
     # index math in int64: pointer offsets of big caches need it, and the interpreter's
     # int32 overflow checks (one per int32 add/mul) cost more than the arithmetic
     tile = tl.program_id(0)
@@ -103,7 +106,9 @@ def attention_fwd_kernel(
 
     offs_d = tl.arange(0, D_P).to(tl.int64)
     q_off = q_row * sq_t + head * sq_h
-    q = tl.load(q_ptr + (q_off[:, None] + offs_d[None, :] * sq_d), mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + (q_off[:, None] + offs_d[None, :] * sq_d), mask=row_ok[:, None] & (offs_d < D)[None, :], other=0.0
+    )
     if UPCAST:
         q = q.to(tl.float32)
     # per-dim offsets and masks of the K^T / V tiles, hoisted out of the key loop
@@ -113,7 +118,11 @@ def attention_fwd_kernel(
     if HAS_PE:
         offs_d2 = tl.arange(0, D2_P).to(tl.int64)
         q2_off = q_row * sq2_t + head * sq2_h
-        q2 = tl.load(q2_ptr + (q2_off[:, None] + offs_d2[None, :] * sq2_d), mask=row_ok[:, None] & (offs_d2 < D2)[None, :], other=0.0)
+        q2 = tl.load(
+            q2_ptr + (q2_off[:, None] + offs_d2[None, :] * sq2_d),
+            mask=row_ok[:, None] & (offs_d2 < D2)[None, :],
+            other=0.0,
+        )
         if UPCAST:
             q2 = q2.to(tl.float32)
         k2_ptr += hk * sk2_h
@@ -217,7 +226,11 @@ def attention_fwd_kernel(
     else:
         o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     o_off = q_row * so_t + head * so_h
-    tl.store(out_ptr + (o_off[:, None] + offs_dv[None, :] * so_d), o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & vd_ok)
+    tl.store(
+        out_ptr + (o_off[:, None] + offs_dv[None, :] * so_d),
+        o.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & vd_ok,
+    )
     if RETURN_LSE:
         lse = tl.where(l_i > 0.0, (m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
         tl.store(lse_ptr + (q_row * sl_t + head * sl_h), lse, mask=row_ok)

@@ -1,4 +1,5 @@
 """Argument checks and the launch of the attention kernel, shared by ``hetero.kernels.attention``'s three ops."""
+
 from __future__ import annotations
 
 import math
@@ -30,14 +31,22 @@ def is_int(x: object) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def check_options(op: str, scale: object, causal: object, window: object, softcap: object, return_lse: object) -> tuple[float, tuple[int, int], float]:
+def check_options(
+    op: str, scale: object, causal: object, window: object, softcap: object, return_lse: object
+) -> tuple[float, tuple[int, int], float]:
     expect(is_real(scale) and math.isfinite(scale), op, "scale", "a finite float", repr(scale))
     expect(isinstance(causal, bool), op, "causal", "a bool", repr(causal))
     expect(isinstance(return_lse, bool), op, "return_lse", "a bool", repr(return_lse))
     pair = isinstance(window, (tuple, list)) and len(window) == 2
     expect(pair and all(is_int(w) for w in window), op, "window", "a pair of ints (left, right)", repr(window))
     expect(min(window) >= -1, op, "window", "sizes >= 0, or -1 for unbounded", repr(window))
-    expect(is_real(softcap) and math.isfinite(softcap) and softcap >= 0, op, "softcap", "a finite float >= 0 (0 disables)", repr(softcap))
+    expect(
+        is_real(softcap) and math.isfinite(softcap) and softcap >= 0,
+        op,
+        "softcap",
+        "a finite float >= 0 (0 disables)",
+        repr(softcap),
+    )
     return float(scale), (int(window[0]), int(window[1])), float(softcap)
 
 
@@ -70,7 +79,9 @@ def launch_params(tuning: Tuning, kernel: str, longest_rows: int) -> tuple[int, 
     return block_m, block_n, launch
 
 
-def tile_table(cu_q: torch.Tensor, batch: int, total: int, group: int, block_m: int, longest: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def tile_table(
+    cu_q: torch.Tensor, batch: int, total: int, group: int, block_m: int, longest: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(tile_seq, tile_start) int32 [grid]: tile t covers flattened rows [start, start + BLOCK_M)
     of sequence tile_seq[t]; -1 for the grid's spare tiles. Device-side, no host sync."""
     dev = cu_q.device
@@ -91,10 +102,29 @@ def tile_table(cu_q: torch.Tensor, batch: int, total: int, group: int, block_m: 
 
 
 def launch(
-    *, kernel: str, tuning: Tuning, query: torch.Tensor, q2: torch.Tensor | None, key: torch.Tensor, k2: torch.Tensor | None,
-    value: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor | None, sinks: torch.Tensor | None,
-    paged: bool, table: torch.Tensor | None, kv_lens: torch.Tensor | None, cu_q: torch.Tensor, cu_k: torch.Tensor | None,
-    batch: int, num_kv_heads: int, longest_q: int, block_size: int, scale: float, causal: bool, window: tuple[int, int],
+    *,
+    kernel: str,
+    tuning: Tuning,
+    query: torch.Tensor,
+    q2: torch.Tensor | None,
+    key: torch.Tensor,
+    k2: torch.Tensor | None,
+    value: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    paged: bool,
+    table: torch.Tensor | None,
+    kv_lens: torch.Tensor | None,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor | None,
+    batch: int,
+    num_kv_heads: int,
+    longest_q: int,
+    block_size: int,
+    scale: float,
+    causal: bool,
+    window: tuple[int, int],
     softcap: float,
 ) -> None:
     """key/k2/value as 4-D [blocks, slots, heads, dim] views (paged) or [rows, 1, heads, dim] (dense)."""
@@ -102,7 +132,9 @@ def launch(
     group = hq // num_kv_heads
     dv = out.shape[2]
     d2 = q2.shape[2] if q2 is not None else 0
-    cu_q, cu_k, kv_lens = (x.contiguous() if x is not None else None for x in (cu_q, cu_k, kv_lens))  # [B+1] / [B]: no-ops in practice
+    cu_q, cu_k, kv_lens = (
+        x.contiguous() if x is not None else None for x in (cu_q, cu_k, kv_lens)
+    )  # [B+1] / [B]: no-ops in practice
     block_m, block_n, launch = launch_params(tuning, kernel, longest_q * group)
     tile_seq, tile_start = tile_table(cu_q, batch, t, group, block_m, longest_q)
     if tile_seq.numel() == 0:
@@ -128,7 +160,7 @@ def launch(
         HAS_SOFTCAP=softcap > 0, HAS_SINKS=sinks is not None, RETURN_LSE=lse is not None,
         UPCAST=upcast, DOT_PREC="ieee",
         BLOCK_M=block_m, BLOCK_N=block_n, **launch,
-    )
+    )  # fmt: skip
 
 
 def results(out: torch.Tensor, lse: torch.Tensor | None, return_lse: bool) -> Any:

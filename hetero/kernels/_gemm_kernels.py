@@ -31,6 +31,7 @@ interpreter truncates). The helpers are written inline, not as nested ``@triton.
 functions, because the interpreter re-patches triton.language on every nested call, which
 made the K loop several times slower.
 """
+
 from __future__ import annotations
 
 from hetero.kernels._triton import triton_modules
@@ -58,7 +59,7 @@ def _gemm_kernel(
     s_am, s_ak, s_bn, s_bk, s_cm, s_cn,
     HAS_BIAS: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, SOFT_RTNE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
+):  # fmt: skip
     """c[M, N] = a[M, K] @ b[N, K].T (+ bias[N]), every operand through its strides."""
     # grouped ordering: column tiles advance within bands of GROUP_M row tiles
     pid = tl.program_id(0)
@@ -106,7 +107,7 @@ def _scaled_gemm_kernel(
     A_FORM: tl.constexpr, B_FORM: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     IS_INT: tl.constexpr, HAS_BIAS: tl.constexpr, SOFT_RTNE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
+):  # fmt: skip
     """c = dequant(a) @ dequant(b).T (+ bias): scales per tensor (0), row (1) or 128-block (2)."""
     BLOCKWISE: tl.constexpr = (A_FORM == 2) or (B_FORM == 2)
     pid = tl.program_id(0)
@@ -177,7 +178,7 @@ def _grouped_gemm_kernel(
     GATHER: tl.constexpr, SWIGLU: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
     ACC: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, SOFT_RTNE: tl.constexpr, G_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
+):  # fmt: skip
     """Rows [ends[g-1], ends[g]) of c[M, N] = a_rows @ b[g].T; rows past ends[G-1] = 0.
 
     GATHER: a_rows[r] = a[perm[r] // TOPK]. HAS_BIAS: group g's bias row is added in ACC before
@@ -193,7 +194,9 @@ def _grouped_gemm_kernel(
     g_ok = gi < G
     # group_ends is untrusted: clamped into [0, M], a decreasing end makes an empty group
     ends = tl.minimum(tl.maximum(tl.load(ends_ptr + gi * s_e, mask=g_ok, other=0), 0), M).to(tl.int32)
-    starts = tl.minimum(tl.maximum(tl.load(ends_ptr + (gi - 1) * s_e, mask=g_ok & (gi > 0), other=0), 0), M).to(tl.int32)
+    starts = tl.minimum(tl.maximum(tl.load(ends_ptr + (gi - 1) * s_e, mask=g_ok & (gi > 0), other=0), 0), M).to(
+        tl.int32
+    )
     tiles = (tl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M
     tiles_incl = tl.associative_scan(tiles, 0, _SUM)
     total = tl.reduce(tiles, 0, _SUM)
@@ -266,7 +269,9 @@ def _grouped_gemm_kernel(
         c_ptrs = c_ptr + rm[:, None].to(tl.int64) * s_cm + rn[None, :] * s_cn
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm < row_end)[:, None] & n_ok[None, :])
     else:
-        row0 = tl.reduce(ends, 0, _MAX) + (t - total) * BLOCK_M  # well-formed ends are non-decreasing: the max is ends[G-1]
+        row0 = (
+            tl.reduce(ends, 0, _MAX) + (t - total) * BLOCK_M
+        )  # well-formed ends are non-decreasing: the max is ends[G-1]
         if row0 < M:  # rows past the last group: zeros
             rm = row0 + tl.arange(0, BLOCK_M)
             zero = tl.full((BLOCK_M, BLOCK_N), 0, c_ptr.dtype.element_ty)

@@ -18,6 +18,7 @@ every index is untrusted: a row's visible key count is clamped into [0, min(seq_
 columns * BS, workspace width)] and every block id loaded is masked against [0, NB) (a block
 outside it reads as a zero key).
 """
+
 from __future__ import annotations
 
 from hetero.kernels._triton import triton_modules
@@ -64,7 +65,7 @@ def index_k_fp8_kernel(
     tokens, num_slots, block_size, groups,
     sk_t, sk_d, s_slot, sc_b, sc_s, sc_d, ss_b, ss_s, ss_g,
     BLOCK_T: tl.constexpr,
-):
+):  # fmt: skip
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tm = t < tokens
     slot = tl.load(slot_ptr + t * s_slot, mask=tm, other=-1)
@@ -98,7 +99,7 @@ def _visible(row_seq_ptr, row_pos_ptr, kv_len_ptr, t, max_kv_len, width):
 
 @triton.jit
 def _key_tile(k_ptr, scale_ptr, table_ptr, j, ok, num_blocks, sk_b, sk_s, sk_d, ss_b, ss_s, ss_g, s_tab_c,
-              BS: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr):
+              BS: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
     """K^T [D_P, BLOCK_N] of key positions j through the block table (zero where not ok)."""
     blk = tl.load(table_ptr + (j // BS) * s_tab_c, mask=ok, other=0).to(tl.int64)
     ok = ok & (blk >= 0) & (blk < num_blocks)
@@ -122,7 +123,7 @@ def indexer_score_kernel(
     sq_t, sq_h, sq_d, sw_t, sw_h, sk_b, sk_s, sk_d, ss_b, ss_s, ss_g, s_tab, s_tab_c, s_ws,
     BS: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr, HI_P: tl.constexpr, FP8: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PREC: tl.constexpr, SPAN: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+):  # fmt: skip
     r = tl.program_id(0).to(tl.int64)
     t = row0 + r
     b, count = _visible(row_seq_ptr, row_pos_ptr, kv_len_ptr, t, max_kv_len, width)
@@ -133,7 +134,9 @@ def indexer_score_kernel(
     h = tl.arange(0, HI_P).to(tl.int64)
     hm = h < num_heads
     d = tl.arange(0, D_P).to(tl.int64)
-    q = tl.load(q_ptr + t * sq_t + h[:, None] * sq_h + d[None, :] * sq_d, mask=hm[:, None] & (d < D)[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + t * sq_t + h[:, None] * sq_h + d[None, :] * sq_d, mask=hm[:, None] & (d < D)[None, :], other=0.0
+    )
     if FP8 or UPCAST:
         q = q.to(tl.float32)
     w = tl.load(w_ptr + t * sw_t + h * sw_h, mask=hm, other=0.0).to(tl.float32)
@@ -143,8 +146,26 @@ def indexer_score_kernel(
     for j0 in range(j_start, j_end, BLOCK_N):
         j = j0 + offs
         ok = j < j_end
-        kt = _key_tile(k_ptr, scale_ptr, table_ptr, j, ok, num_blocks, sk_b, sk_s, sk_d, ss_b, ss_s, ss_g, s_tab_c,
-                       BS, D, D_P, FP8, UPCAST)
+        kt = _key_tile(
+            k_ptr,
+            scale_ptr,
+            table_ptr,
+            j,
+            ok,
+            num_blocks,
+            sk_b,
+            sk_s,
+            sk_d,
+            ss_b,
+            ss_s,
+            ss_g,
+            s_tab_c,
+            BS,
+            D,
+            D_P,
+            FP8,
+            UPCAST,
+        )
         logits = tl.dot(q, kt.to(q.dtype), input_precision=DOT_PREC)
         score = tl.reduce(tl.maximum(logits, 0.0) * w[:, None], 0, SUM)
         score = tl.where(score == 0.0, 0.0, score)  # -0.0 ties with 0.0
@@ -182,7 +203,7 @@ def indexer_select_kernel(
     ws_ptr, out_ptr, row_seq_ptr, row_pos_ptr, kv_len_ptr,
     row0, max_kv_len, width, topk, s_ws, so_t, so_k,
     BLOCK: tl.constexpr,
-):
+):  # fmt: skip
     r = tl.program_id(0).to(tl.int64)
     t = row0 + r
     _, count = _visible(row_seq_ptr, row_pos_ptr, kv_len_ptr, t, max_kv_len, width)

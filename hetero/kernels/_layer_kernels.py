@@ -17,6 +17,7 @@ own jit helpers (``tl.sum``, ``tl.zeros``) are interpreted only if TRITON_INTERP
 before triton's first import, so the kernels use builtins (``tl.reduce``, ``tl.full``) that
 work whatever the import order.
 """
+
 from __future__ import annotations
 
 from hetero.kernels._rounding import cast_out
@@ -55,7 +56,7 @@ def _sigmoid(a):
 
 @triton.jit
 def _norm_out(xf, inv, w, g_ptrs, m, DST: tl.constexpr, HAS_GATE: tl.constexpr, SIGMOID_GATE: tl.constexpr,
-              RNE_BF16: tl.constexpr):
+              RNE_BF16: tl.constexpr):  # fmt: skip
     """One tile of rms_norm's output in DST: ``xn * w`` (xn = xf * inv), or with the gate the spec's
     order ``r(r(r(xn) * w) * act(gate))`` (r: a rounding to DST, act on the gate in xf's dtype)."""
     xn = xf * inv[:, None]
@@ -74,7 +75,7 @@ def _norm_out(xf, inv, w, g_ptrs, m, DST: tl.constexpr, HAS_GATE: tl.constexpr, 
 
 @triton.jit
 def _h_tile(x_ptr, r_ptr, r, c, m, sx_r, sx_c, sr_r, sr_c,
-            HAS_RES: tl.constexpr, ACC: tl.constexpr, RNE_BF16: tl.constexpr):
+            HAS_RES: tl.constexpr, ACC: tl.constexpr, RNE_BF16: tl.constexpr):  # fmt: skip
     """A tile of the normalized input in x's dtype: x, or ``h = x + residual`` rounded to x's dtype."""
     x = tl.load(x_ptr + r[:, None] * sx_r + c[None, :] * sx_c, mask=m, other=0.0)
     if HAS_RES:
@@ -90,7 +91,7 @@ def rms_norm_kernel(
     sx_r, sx_c, sr_r, sr_c, sw, sg_r, sg_c, sy_r, sh_r,
     HAS_RES: tl.constexpr, HAS_GATE: tl.constexpr, SIGMOID_GATE: tl.constexpr, ACC: tl.constexpr,
     ONE_PASS: tl.constexpr, RNE_BF16: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
-):
+):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     rm = r < rows
     cc = tl.arange(0, BLOCK_H)
@@ -104,8 +105,9 @@ def rms_norm_kernel(
         xf = x.to(ACC)
         inv = 1.0 / tl.sqrt(_row_sum(xf * xf) / hidden + eps)
         w = tl.load(w_ptr + cc * sw, mask=cm, other=0.0).to(ACC) + offset
-        y = _norm_out(xf, inv, w, g_ptr + r[:, None] * sg_r + cc[None, :] * sg_c, m, dst, HAS_GATE, SIGMOID_GATE,
-                      RNE_BF16)
+        y = _norm_out(
+            xf, inv, w, g_ptr + r[:, None] * sg_r + cc[None, :] * sg_c, m, dst, HAS_GATE, SIGMOID_GATE, RNE_BF16
+        )
         tl.store(y_ptr + r[:, None] * sy_r + cc[None, :], y, mask=m)
     else:
         ss = tl.full([BLOCK_R], 0.0, ACC)  # (tl.zeros is a triton.language jit function: see _row_sum)
@@ -125,8 +127,17 @@ def rms_norm_kernel(
             # recompute h from the inputs rather than reading back this program's own stores
             x = _h_tile(x_ptr, r_ptr, r, c, m, sx_r, sx_c, sr_r, sr_c, HAS_RES, ACC, RNE_BF16)
             w = tl.load(w_ptr + c * sw, mask=cm, other=0.0).to(ACC) + offset
-            y = _norm_out(x.to(ACC), inv, w, g_ptr + r[:, None] * sg_r + c[None, :] * sg_c, m, dst, HAS_GATE,
-                          SIGMOID_GATE, RNE_BF16)
+            y = _norm_out(
+                x.to(ACC),
+                inv,
+                w,
+                g_ptr + r[:, None] * sg_r + c[None, :] * sg_c,
+                m,
+                dst,
+                HAS_GATE,
+                SIGMOID_GATE,
+                RNE_BF16,
+            )
             tl.store(y_ptr + r[:, None] * sy_r + c[None, :], y, mask=m)
 
 
@@ -134,7 +145,7 @@ def rms_norm_kernel(
 def layer_norm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, rows, hidden, eps, sx_r, sx_c, sw, sb, sy_r,
     HAS_BIAS: tl.constexpr, ACC: tl.constexpr, RNE_BF16: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
-):
+):  # fmt: skip
     """Rows [BLOCK_R] of ``(x - mean) * rsqrt(var + eps) * w + b``: three streamed passes (mean, the
     biased variance about it, the output), one tile each when the row fits BLOCK_H."""
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -144,7 +155,9 @@ def layer_norm_kernel(
     total = tl.full([BLOCK_R], 0.0, ACC)
     for c0 in range(0, hidden, BLOCK_H):
         c = c0 + cc
-        total += _row_sum(tl.load(x_ptr + c[None, :] * sx_c, mask=rm[:, None] & (c < hidden)[None, :], other=0.0).to(ACC))
+        total += _row_sum(
+            tl.load(x_ptr + c[None, :] * sx_c, mask=rm[:, None] & (c < hidden)[None, :], other=0.0).to(ACC)
+        )
     mean = total / hidden
     ss = tl.full([BLOCK_R], 0.0, ACC)
     for c0 in range(0, hidden, BLOCK_H):
@@ -170,7 +183,7 @@ def _rope_heads(
     s_t, s_h, s_d, o_t, o_h,
     IS_NEOX: tl.constexpr, ACC: tl.constexpr, RNE_BF16: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-):
+):  # fmt: skip
     """Rotate the heads of one token of one tensor (q or k) into dst; cos/sin [BLOCK_HALF]."""
     half = rot // 2
     i = tl.arange(0, BLOCK_HALF)
@@ -211,7 +224,7 @@ def rope_kernel(
     oq_t, oq_h, ok_t, ok_h,
     IS_NEOX: tl.constexpr, ACC: tl.constexpr, RNE_Q: tl.constexpr, RNE_K: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-):
+):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t * s_pos)
     half = rot // 2
@@ -223,10 +236,48 @@ def rope_kernel(
     row = cs_ptr + tl.where(pos_ok, pos, 0) * scs_p
     cos = tl.load(row + i * scs_c, mask=im, other=1.0).to(ACC)
     sin = tl.load(row + (i + half) * scs_c, mask=im, other=0.0).to(ACC)
-    _rope_heads(q_ptr, qo_ptr, t, cos, sin, num_q_heads, head_dim, rot, sq_t, sq_h, sq_d, oq_t, oq_h,
-                IS_NEOX, ACC, RNE_Q, BLOCK_H, BLOCK_HALF, BLOCK_PASS)
-    _rope_heads(k_ptr, ko_ptr, t, cos, sin, num_k_heads, head_dim, rot, sk_t, sk_h, sk_d, ok_t, ok_h,
-                IS_NEOX, ACC, RNE_K, BLOCK_H, BLOCK_HALF, BLOCK_PASS)
+    _rope_heads(
+        q_ptr,
+        qo_ptr,
+        t,
+        cos,
+        sin,
+        num_q_heads,
+        head_dim,
+        rot,
+        sq_t,
+        sq_h,
+        sq_d,
+        oq_t,
+        oq_h,
+        IS_NEOX,
+        ACC,
+        RNE_Q,
+        BLOCK_H,
+        BLOCK_HALF,
+        BLOCK_PASS,
+    )
+    _rope_heads(
+        k_ptr,
+        ko_ptr,
+        t,
+        cos,
+        sin,
+        num_k_heads,
+        head_dim,
+        rot,
+        sk_t,
+        sk_h,
+        sk_d,
+        ok_t,
+        ok_h,
+        IS_NEOX,
+        ACC,
+        RNE_K,
+        BLOCK_H,
+        BLOCK_HALF,
+        BLOCK_PASS,
+    )
 
 
 @triton.jit
@@ -234,7 +285,7 @@ def silu_and_mul_kernel(
     x_ptr, y_ptr, rows, inter,
     sx_r, sx_c, sy_r,
     ACC: tl.constexpr, RNE_BF16: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_I: tl.constexpr,
-):
+):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = tl.program_id(1).to(tl.int64) * BLOCK_I + tl.arange(0, BLOCK_I)
     m = (r < rows)[:, None] & (c < inter)[None, :]

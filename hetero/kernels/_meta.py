@@ -1,5 +1,6 @@
 """AttentionMeta for the row-wise DSA kernels: each query row's (sequence, position), computed on the
 device without a host sync (the metadata's cheap checks are ``hetero.spec._checks_meta``)."""
+
 from __future__ import annotations
 
 import torch

@@ -3,6 +3,7 @@
 Only cheap checks (ranks, dtypes, shapes, devices, options): nothing reads a tensor's values on
 the host, so expert ids and perm are not range-checked (the kernels mask them instead).
 """
+
 from __future__ import annotations
 
 import numbers
@@ -38,7 +39,13 @@ def check_weights(op: str, weights: object, shape: tuple[int, ...] | None) -> No
     """Routing weights float32/float64 [M, k], k >= 1, of ``shape`` when given."""
     check_tensor(op, "weights", weights, ndim=2, dtypes=_WEIGHT_DTYPES)
     if shape is not None:
-        expect(tuple(weights.shape) == shape, op, "weights", f"shape {list(shape)} (that of 'ids')", f"shape {list(weights.shape)}")
+        expect(
+            tuple(weights.shape) == shape,
+            op,
+            "weights",
+            f"shape {list(shape)} (that of 'ids')",
+            f"shape {list(weights.shape)}",
+        )
     expect(weights.shape[1] >= 1, op, "weights", "at least one column (top_k >= 1)", f"shape {list(weights.shape)}")
 
 

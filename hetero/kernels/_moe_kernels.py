@@ -25,6 +25,7 @@ Indices are masked, never trusted: a pair whose expert id lies outside [0, E) ge
 [0, P) writes nothing; a sorted row no pair filled gathers zeros; an inverse outside the sorted
 rows adds zero.
 """
+
 from __future__ import annotations
 
 from hetero.kernels._triton import triton_modules
@@ -56,7 +57,7 @@ def _count_kernel(ids_ptr, counts_ptr, totals_ptr, P, E, E_POW2: tl.constexpr, B
 
 @triton.jit
 def _offsets_kernel(counts_ptr, totals_ptr, offsets_ptr, ends_ptr, NB, E,
-                    E_POW2: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):
+                    E_POW2: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
     first = pid * BLOCK_E
     experts = tl.arange(0, E_POW2)
@@ -80,7 +81,7 @@ def _offsets_kernel(counts_ptr, totals_ptr, offsets_ptr, ends_ptr, NB, E,
 
 @triton.jit
 def _place_kernel(ids_ptr, offsets_ptr, perm_ptr, inv_ptr, P, E,
-                  WRITE_INV: tl.constexpr, E_POW2: tl.constexpr, BLOCK_P: tl.constexpr):
+                  WRITE_INV: tl.constexpr, E_POW2: tl.constexpr, BLOCK_P: tl.constexpr):  # fmt: skip
     b = tl.program_id(0)
     p = b * BLOCK_P + tl.arange(0, BLOCK_P)
     p_ok = p < P
@@ -100,7 +101,7 @@ def _place_kernel(ids_ptr, offsets_ptr, perm_ptr, inv_ptr, P, E,
 
 @triton.jit
 def _gather_rows_kernel(x_ptr, perm_ptr, out_ptr, P, H, TOPK, s_xm, s_xh, s_om, s_oh,
-                        BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+                        BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     r_ok = r < P
@@ -123,7 +124,7 @@ def _invert_kernel(perm_ptr, inv_ptr, P, s_p, BLOCK: tl.constexpr):
 @triton.jit
 def _combine_kernel(y_ptr, inv_ptr, w_ptr, out_ptr, M, H, TOPK,
                     s_ym, s_yh, s_wm, s_wk, s_om, s_oh,
-                    ACC: tl.constexpr, SOFT_RTNE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+                    ACC: tl.constexpr, SOFT_RTNE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
     """out[m] = sum over s of w[m, s] * y[inv[m * TOPK + s]], accumulated in ACC."""
     m = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)

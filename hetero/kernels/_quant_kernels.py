@@ -13,6 +13,7 @@ interpreter (whose float8 conversion rounds half up) and every compiler agree wi
 ``BLOCK_K`` chunks twice: once for the absolute maximum (or min and max), once to quantize and
 store. With 128-column groups the chunk is the group and the second pass re-reads it from L1/L2.
 """
+
 from __future__ import annotations
 
 from hetero.kernels._triton import triton_modules
@@ -81,7 +82,7 @@ def quantize_kernel(
     s_xm, s_xk, s_qm, s_qk, s_sm, s_sg, s_zm, s_zg,
     QMAX: tl.constexpr, MODE: tl.constexpr, ASYM: tl.constexpr, UE8M0: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-):
+):  # fmt: skip
     """q, scale (and zero point) of rows [BLOCK_M tile] x group ``program_id(1)`` of x [M, K]."""
     rm = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     g = tl.program_id(1)

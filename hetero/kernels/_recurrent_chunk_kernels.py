@@ -26,6 +26,7 @@ j at a time ([BT, K] elementwise work per column).
 
 Padded rows (past the sequence's end) load k = q = v = g = beta = 0 and so change nothing.
 """
+
 from __future__ import annotations
 
 from hetero.kernels._recurrent_kernels import _seq_rows, _slot_of
@@ -42,8 +43,9 @@ _SUM = tl.standard._sum_combine
 @triton.jit
 def _rows(ptr, rows, row_ok, head, s_t, s_h, s_d, offs_k, k_ok, L2NORM: tl.constexpr, eps):
     """[BT, K_P] float32 rows of q or k for one head, l2-normalized when asked."""
-    x = tl.load(ptr + rows[:, None] * s_t + head * s_h + offs_k[None, :] * s_d, mask=row_ok[:, None] & k_ok[None, :],
-                other=0.0).to(tl.float32)
+    x = tl.load(
+        ptr + rows[:, None] * s_t + head * s_h + offs_k[None, :] * s_d, mask=row_ok[:, None] & k_ok[None, :], other=0.0
+    ).to(tl.float32)
     if L2NORM:
         x = x / tl.sqrt(tl.reduce(x * x, 1, _SUM) + eps)[:, None]
     return x
@@ -104,7 +106,7 @@ def gdn_chunk_kernel(
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, K_P: tl.constexpr, BV: tl.constexpr,
     BT: tl.constexpr, LOG_BT: tl.constexpr, KDA: tl.constexpr, L2NORM: tl.constexpr, DOT_PREC: tl.constexpr,
     RNE_BF16: tl.constexpr,
-):
+):  # fmt: skip
     """One (sequence, value head, V block): every chunk of BT rows in order, the state carried in registers."""
     n = tl.program_id(0)
     hv = tl.program_id(1).to(tl.int64)
@@ -124,12 +126,18 @@ def gdn_chunk_kernel(
         rows = start + c0 + ar.to(tl.int64)
         q = _rows(q_ptr, rows, row_ok, hk, sq_t, sq_h, sq_d, offs_k, k_ok, L2NORM, eps) * scale
         k = _rows(k_ptr, rows, row_ok, hk, sk_t, sk_h, sk_d, offs_k, k_ok, L2NORM, eps)
-        v = tl.load(v_ptr + rows[:, None] * sv_t + hv * sv_h + offs_v[None, :] * sv_d, mask=row_ok[:, None] & v_ok[None, :],
-                    other=0.0).to(tl.float32)
+        v = tl.load(
+            v_ptr + rows[:, None] * sv_t + hv * sv_h + offs_v[None, :] * sv_d,
+            mask=row_ok[:, None] & v_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
         beta = tl.load(beta_ptr + rows * sb_t + hv * sb_h, mask=row_ok, other=0.0).to(tl.float32)
         if KDA:
-            g = tl.load(g_ptr + rows[:, None] * sg_t + hv * sg_h + offs_k[None, :] * sg_d, mask=row_ok[:, None] & k_ok[None, :],
-                        other=0.0).to(tl.float32)
+            g = tl.load(
+                g_ptr + rows[:, None] * sg_t + hv * sg_h + offs_k[None, :] * sg_d,
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            ).to(tl.float32)
             a, p, qg, kg, kd, s_decay = _decays_per_channel(g, q, k, BT)
         else:
             g = tl.load(g_ptr + rows * sg_t + hv * sg_h, mask=row_ok, other=0.0).to(tl.float32)

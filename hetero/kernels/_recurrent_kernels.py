@@ -21,6 +21,7 @@ read. Reductions and scans are ``tl.reduce`` / ``tl.associative_scan`` with Trit
 function, not ``tl.sum`` / ``tl.cumsum`` (jit functions the interpreter runs only when
 TRITON_INTERPRET was set before Triton's first import; see ``_gemm_kernels``).
 """
+
 from __future__ import annotations
 
 from hetero.kernels._rounding import cast_out
@@ -60,7 +61,7 @@ def causal_conv1d_kernel(
     num_rows, num_slots, C,
     W: tl.constexpr, W1_P: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, ACC: tl.constexpr,
     RNE_BF16: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
-):
+):  # fmt: skip
     """out[s+t] = act(sum_j weight[:, j] * xx[t+j] + bias) over one part of one sequence's rows."""
     n = tl.program_id(0)
     part = tl.program_id(2)
@@ -98,14 +99,23 @@ def causal_conv1d_kernel(
         jr = tl.arange(0, W1_P).to(tl.int64)
         src = length + jr - (W - 1)  # new state row jr = xx[L + jr]: x row src, or old state row L + jr
         j_ok = jr < W - 1
-        nx = tl.load(x_ptr + (start + src)[:, None] * sx_t + offs_c[None, :] * sx_c,
-                     mask=(j_ok & (src >= 0))[:, None] & c_ok[None, :], other=0.0)
-        ns = tl.load(state_ptr + (length + jr)[:, None] * ss_w + offs_c[None, :] * ss_c,
-                     mask=(j_ok & (src < 0) & (src >= (1 - W) * init))[:, None] & c_ok[None, :], other=0.0)
+        nx = tl.load(
+            x_ptr + (start + src)[:, None] * sx_t + offs_c[None, :] * sx_c,
+            mask=(j_ok & (src >= 0))[:, None] & c_ok[None, :],
+            other=0.0,
+        )
+        ns = tl.load(
+            state_ptr + (length + jr)[:, None] * ss_w + offs_c[None, :] * ss_c,
+            mask=(j_ok & (src < 0) & (src >= (1 - W) * init))[:, None] & c_ok[None, :],
+            other=0.0,
+        )
         new = tl.where((src >= 0)[:, None], nx, ns.to(nx.dtype))  # exact copies of inputs
         tl.debug_barrier()  # every old-state read of this program (other threads' too) is done
-        tl.store(state_ptr + jr[:, None] * ss_w + offs_c[None, :] * ss_c, new.to(state_ptr.dtype.element_ty),
-                 mask=j_ok[:, None] & c_ok[None, :])
+        tl.store(
+            state_ptr + jr[:, None] * ss_w + offs_c[None, :] * ss_c,
+            new.to(state_ptr.dtype.element_ty),
+            mask=j_ok[:, None] & c_ok[None, :],
+        )
 
 
 @triton.jit
@@ -116,7 +126,7 @@ def gdn_recurrent_kernel(
     scale, eps, num_rows, num_slots,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, K_P: tl.constexpr, BV: tl.constexpr,
     KDA: tl.constexpr, L2NORM: tl.constexpr, RNE_BF16: tl.constexpr,
-):
+):  # fmt: skip
     """The spec's recurrence, row by row, for one (sequence, value head, V block)."""
     n = tl.program_id(0)
     hv = tl.program_id(1).to(tl.int64)
@@ -148,6 +158,8 @@ def gdn_recurrent_kernel(
         s = s + k[:, None] * u[None, :]
         o = tl.reduce((q * scale)[:, None] * s, 0, _SUM)
         o = tl.where(live, o, 0.0)
-        tl.store(out_ptr + row * so_t + hv * so_h + offs_v * so_d, cast_out(o, out_ptr.dtype.element_ty, RNE_BF16), mask=v_ok)
+        tl.store(
+            out_ptr + row * so_t + hv * so_h + offs_v * so_d, cast_out(o, out_ptr.dtype.element_ty, RNE_BF16), mask=v_ok
+        )
     if live & (length > 0):
         tl.store(s_ptrs, s.to(state_ptr.dtype.element_ty), mask=s_ok)

@@ -5,6 +5,7 @@ to nearest even, so bf16 outputs go through :func:`cast_out` (exact emulation un
 interpreter, a plain cast on a device). Shared by the layer kernels
 (``hetero.kernels._layer_kernels``) and the cache kernels (``hetero.kernels.cache``).
 """
+
 from __future__ import annotations
 
 import torch

@@ -19,6 +19,7 @@ as zeros; GATHER / SWIGLU / HAS_BIAS / ACT as there) with ``_scaled_gemm_kernel`
 
 Under the interpreter (UPCAST) fp8 operands are converted to float32 before the dot (exact).
 """
+
 from __future__ import annotations
 
 from hetero.kernels._triton import triton_modules
@@ -45,7 +46,7 @@ def _soft_bf16(acc, SOFT: tl.constexpr):
 @triton.jit
 def _product(a_ptrs, b_ptrs, b_cols, zp, m_ok, n_ok, K, s_ak, s_bk, as_rows, s_ask, bs_g, s_bsn, s_bsk,
              A_FORM: tl.constexpr, B_FORM: tl.constexpr, IS_INT: tl.constexpr, HAS_ZP: tl.constexpr,
-             UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+             UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
     """float32 sum over K of (a - zp) b with block scales applied per step (unscaled otherwise)."""
     BLOCKWISE: tl.constexpr = (A_FORM == 2) or (B_FORM == 2)
     rk = tl.arange(0, BLOCK_K)
@@ -105,14 +106,16 @@ def scaled_grouped_kernel(
     A_FORM: tl.constexpr, B_FORM: tl.constexpr, IS_INT: tl.constexpr, HAS_ZP: tl.constexpr, UPCAST: tl.constexpr,
     GATHER: tl.constexpr, SWIGLU: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, SOFT_RTNE: tl.constexpr,
     G_POW2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
+):  # fmt: skip
     """Rows [ends[g-1], ends[g]) of c = dequant(a_rows) @ dequant(b[g]).T (+ bias, SWIGLU epilogue)."""
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     gi = tl.arange(0, G_POW2)
     g_ok = gi < G
     ends = tl.minimum(tl.maximum(tl.load(ends_ptr + gi * s_e, mask=g_ok, other=0), 0), M).to(tl.int32)
-    starts = tl.minimum(tl.maximum(tl.load(ends_ptr + (gi - 1) * s_e, mask=g_ok & (gi > 0), other=0), 0), M).to(tl.int32)
+    starts = tl.minimum(tl.maximum(tl.load(ends_ptr + (gi - 1) * s_e, mask=g_ok & (gi > 0), other=0), 0), M).to(
+        tl.int32
+    )
     tiles = (tl.maximum(ends - starts, 0) + BLOCK_M - 1) // BLOCK_M
     tiles_incl = tl.associative_scan(tiles, 0, _SUM)
     total = tl.reduce(tiles, 0, _SUM)
@@ -141,9 +144,30 @@ def scaled_grouped_kernel(
         zp = tl.full((BLOCK_M,), 0, tl.int32)
         if HAS_ZP:
             zp = tl.load(zp_ptr + src * s_zm, mask=m_ok, other=0)
-        acc = _product(a_ptrs, b_g + rn[None, :].to(tl.int64) * s_bn + rk[:, None] * s_bk, rn, zp, m_ok, n_ok, K,
-                       s_ak, s_bk, as_rows, s_ask, bs_g, s_bsn, s_bsk, A_FORM, B_FORM, IS_INT, HAS_ZP, UPCAST,
-                       BLOCK_M, BLOCK_N, BLOCK_K)
+        acc = _product(
+            a_ptrs,
+            b_g + rn[None, :].to(tl.int64) * s_bn + rk[:, None] * s_bk,
+            rn,
+            zp,
+            m_ok,
+            n_ok,
+            K,
+            s_ak,
+            s_bk,
+            as_rows,
+            s_ask,
+            bs_g,
+            s_bsn,
+            s_bsk,
+            A_FORM,
+            B_FORM,
+            IS_INT,
+            HAS_ZP,
+            UPCAST,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
         scale = 1.0
         if A_FORM == 0:
             scale = tl.load(as_ptr)
@@ -154,9 +178,33 @@ def scaled_grouped_kernel(
             b_at = bias_ptr + g.to(tl.int64) * s_bias_g + rn.to(tl.int64) * s_bias_n
             acc += tl.load(b_at, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         if SWIGLU:
-            up = _product(a_ptrs, b_g + (rn + N)[None, :].to(tl.int64) * s_bn + rk[:, None] * s_bk, rn + N, zp, m_ok,
-                          n_ok, K, s_ak, s_bk, as_rows, s_ask, bs_g, s_bsn, s_bsk, A_FORM, B_FORM, IS_INT, HAS_ZP,
-                          UPCAST, BLOCK_M, BLOCK_N, BLOCK_K) * scale
+            up = (
+                _product(
+                    a_ptrs,
+                    b_g + (rn + N)[None, :].to(tl.int64) * s_bn + rk[:, None] * s_bk,
+                    rn + N,
+                    zp,
+                    m_ok,
+                    n_ok,
+                    K,
+                    s_ak,
+                    s_bk,
+                    as_rows,
+                    s_ask,
+                    bs_g,
+                    s_bsn,
+                    s_bsk,
+                    A_FORM,
+                    B_FORM,
+                    IS_INT,
+                    HAS_ZP,
+                    UPCAST,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                )
+                * scale
+            )
             if HAS_BIAS:
                 up += tl.load(b_at + N * s_bias_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             gate = _soft_bf16(acc, SOFT_RTNE).to(c_ptr.dtype.element_ty).to(tl.float32)

@@ -12,6 +12,7 @@ Rows reach the kernel as (sequence, position) pairs computed on the device by th
 every index (the entries, the positions, seq_lens, block ids) is untrusted and clamped or masked,
 so a malformed call computes garbage, never an access outside the tensors.
 """
+
 from __future__ import annotations
 
 from hetero.kernels._rounding import cast_out
@@ -29,7 +30,9 @@ MAX = tl.standard._elementwise_max
 def _gather(ptr, blk, slot, ok, s_b, s_s, s_d, DIM: tl.constexpr, DIM_P: tl.constexpr, UPCAST: tl.constexpr):
     """Rows (blk, slot) of a paged cache, transposed: [DIM_P, BLOCK_N] (zero where not ok)."""
     d = tl.arange(0, DIM_P).to(tl.int64)
-    x = tl.load(ptr + (blk * s_b + slot * s_s)[None, :] + d[:, None] * s_d, mask=ok[None, :] & (d < DIM)[:, None], other=0.0)
+    x = tl.load(
+        ptr + (blk * s_b + slot * s_s)[None, :] + d[:, None] * s_d, mask=ok[None, :] & (d < DIM)[:, None], other=0.0
+    )
     if UPCAST:
         x = x.to(tl.float32)
     return x
@@ -44,7 +47,7 @@ def sparse_mla_kernel(
     BS: tl.constexpr, LKV: tl.constexpr, R: tl.constexpr, LKV_P: tl.constexpr, R_P: tl.constexpr,
     CAUSAL: tl.constexpr, RETURN_LSE: tl.constexpr, UPCAST: tl.constexpr, RNE_BF16: tl.constexpr,
     DOT_PREC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-):
+):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = h < num_heads
@@ -56,9 +59,13 @@ def sparse_mla_kernel(
         last = tl.minimum(last, pos)
 
     d = tl.arange(0, LKV_P).to(tl.int64)
-    q = tl.load(qn_ptr + t * sqn_t + h[:, None] * sqn_h + d[None, :] * sqn_d, mask=hm[:, None] & (d < LKV)[None, :], other=0.0)
+    q = tl.load(
+        qn_ptr + t * sqn_t + h[:, None] * sqn_h + d[None, :] * sqn_d, mask=hm[:, None] & (d < LKV)[None, :], other=0.0
+    )
     e = tl.arange(0, R_P).to(tl.int64)
-    qp = tl.load(qp_ptr + t * sqp_t + h[:, None] * sqp_h + e[None, :] * sqp_d, mask=hm[:, None] & (e < R)[None, :], other=0.0)
+    qp = tl.load(
+        qp_ptr + t * sqp_t + h[:, None] * sqp_h + e[None, :] * sqp_d, mask=hm[:, None] & (e < R)[None, :], other=0.0
+    )
     if UPCAST:
         q = q.to(tl.float32)
         qp = qp.to(tl.float32)

@@ -1,4 +1,5 @@
 """Importing Triton the one way hetero does: lazily, with the interpreter switched on first when asked."""
+
 from __future__ import annotations
 
 import os

@@ -33,6 +33,7 @@ Under the interpreter, bf16 operands of ``tl.dot`` are upcast to float32 (the in
 of triton 3.9 returns garbage for a bf16 dot). Float32 dots run at IEEE precision (no
 TF32), so a float32 call is as accurate as float32 arithmetic.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -50,16 +51,33 @@ triton, tl = triton_modules()
 
 from hetero.kernels import dsa  # noqa: E402  (after Triton is set up)
 from hetero.kernels._attention_launch import (  # noqa: E402
-    KERNEL_DTYPES, STAT_DTYPES, check_gqa, check_options, is_int, check_out, launch, results,
+    KERNEL_DTYPES,
+    STAT_DTYPES,
+    check_gqa,
+    check_options,
+    check_out,
+    is_int,
+    launch,
+    results,
 )
 
 __all__ = ["paged_attention", "varlen_attention", "mla_attention"]
 
 
 def paged_attention(
-    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta, *, scale: float, causal: bool = True,
-    window: tuple[int, int] = (-1, -1), softcap: float = 0.0, sinks: torch.Tensor | None = None, out: torch.Tensor | None = None,
-    return_lse: bool = False, tuning: Tuning,
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMeta,
+    *,
+    scale: float,
+    causal: bool = True,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    tuning: Tuning,
 ) -> Any:
     op = "paged_attention"
     scale, window, softcap = check_options(op, scale, causal, window, softcap, return_lse)
@@ -82,17 +100,49 @@ def paged_attention(
     lse = torch.empty((t, hq), dtype=torch.float32, device=query.device) if return_lse else None
     if t == 0 or hq == 0:
         return results(res, lse, return_lse)
-    launch(kernel=op, tuning=tuning, query=query, q2=None, key=k_cache, k2=None, value=v_cache, out=res, lse=lse, sinks=sinks,
-            paged=True, table=meta.block_table, kv_lens=meta.seq_lens, cu_q=meta.query_start_loc, cu_k=None,
-            batch=meta.num_seqs, num_kv_heads=hkv, longest_q=min(meta.max_query_len, t) or t, block_size=bs,
-            scale=scale, causal=causal, window=window, softcap=softcap)
+    launch(
+        kernel=op,
+        tuning=tuning,
+        query=query,
+        q2=None,
+        key=k_cache,
+        k2=None,
+        value=v_cache,
+        out=res,
+        lse=lse,
+        sinks=sinks,
+        paged=True,
+        table=meta.block_table,
+        kv_lens=meta.seq_lens,
+        cu_q=meta.query_start_loc,
+        cu_k=None,
+        batch=meta.num_seqs,
+        num_kv_heads=hkv,
+        longest_q=min(meta.max_query_len, t) or t,
+        block_size=bs,
+        scale=scale,
+        causal=causal,
+        window=window,
+        softcap=softcap,
+    )
     return results(res, lse, return_lse)
 
 
 def varlen_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int, max_seqlen_k: int, *, scale: float, causal: bool = True, window: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0, return_lse: bool = False, tuning: Tuning,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    scale: float,
+    causal: bool = True,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    tuning: Tuning,
 ) -> Any:
     op = "varlen_attention"
     scale, window, softcap = check_options(op, scale, causal, window, softcap, return_lse)
@@ -115,16 +165,46 @@ def varlen_attention(
     if tq == 0 or hq == 0:
         return results(res, lse, return_lse)
     expect(batch >= 1, op, "cu_seqlens_q", f"at least one sequence for {tq} tokens", "none")
-    launch(kernel=op, tuning=tuning, query=query, q2=None, key=key[:, None], k2=None, value=value[:, None], out=res, lse=lse,
-            sinks=None, paged=False, table=None, kv_lens=None, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k,
-            batch=batch, num_kv_heads=hkv, longest_q=min(max_seqlen_q, tq) or tq, block_size=1,
-            scale=scale, causal=causal, window=window, softcap=softcap)
+    launch(
+        kernel=op,
+        tuning=tuning,
+        query=query,
+        q2=None,
+        key=key[:, None],
+        k2=None,
+        value=value[:, None],
+        out=res,
+        lse=lse,
+        sinks=None,
+        paged=False,
+        table=None,
+        kv_lens=None,
+        cu_q=cu_seqlens_q,
+        cu_k=cu_seqlens_k,
+        batch=batch,
+        num_kv_heads=hkv,
+        longest_q=min(max_seqlen_q, tq) or tq,
+        block_size=1,
+        scale=scale,
+        causal=causal,
+        window=window,
+        softcap=softcap,
+    )
     return results(res, lse, return_lse)
 
 
 def mla_attention(
-    q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor, meta: AttentionMeta, *,
-    scale: float, causal: bool = True, return_lse: bool = False, topk_indices: torch.Tensor | None = None, tuning: Tuning,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv_cache: torch.Tensor,
+    kpe_cache: torch.Tensor,
+    meta: AttentionMeta,
+    *,
+    scale: float,
+    causal: bool = True,
+    return_lse: bool = False,
+    topk_indices: torch.Tensor | None = None,
+    tuning: Tuning,
 ) -> Any:
     op = "mla_attention"
     scale, _, _ = check_options(op, scale, causal, (-1, -1), 0.0, return_lse)
@@ -139,12 +219,44 @@ def mla_attention(
     if t == 0 or h == 0:
         return results(res, lse, return_lse)
     if topk_indices is not None:  # DSA: each row attends to the positions its index row lists
-        dsa.sparse_mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, topk_indices, scale=scale, causal=causal,
-                                 out=res, lse=lse, tuning=tuning)
+        dsa.sparse_mla_attention(
+            q_nope,
+            q_pe,
+            ckv_cache,
+            kpe_cache,
+            meta,
+            topk_indices,
+            scale=scale,
+            causal=causal,
+            out=res,
+            lse=lse,
+            tuning=tuning,
+        )
         return results(res, lse, return_lse)
     # one latent KV head shared by all H query heads: the GQA group is H; values are ckv itself
-    launch(kernel=op, tuning=tuning, query=q_nope, q2=q_pe, key=ckv_cache[:, :, None], k2=kpe_cache[:, :, None], value=None,
-            out=res, lse=lse, sinks=None, paged=True, table=meta.block_table, kv_lens=meta.seq_lens,
-            cu_q=meta.query_start_loc, cu_k=None, batch=meta.num_seqs, num_kv_heads=1,
-            longest_q=min(meta.max_query_len, t) or t, block_size=bs, scale=scale, causal=causal, window=(-1, -1), softcap=0.0)
+    launch(
+        kernel=op,
+        tuning=tuning,
+        query=q_nope,
+        q2=q_pe,
+        key=ckv_cache[:, :, None],
+        k2=kpe_cache[:, :, None],
+        value=None,
+        out=res,
+        lse=lse,
+        sinks=None,
+        paged=True,
+        table=meta.block_table,
+        kv_lens=meta.seq_lens,
+        cu_q=meta.query_start_loc,
+        cu_k=None,
+        batch=meta.num_seqs,
+        num_kv_heads=1,
+        longest_q=min(meta.max_query_len, t) or t,
+        block_size=bs,
+        scale=scale,
+        causal=causal,
+        window=(-1, -1),
+        softcap=0.0,
+    )
     return results(res, lse, return_lse)

@@ -5,6 +5,7 @@ A chip with a Triton compiler gets all ops by subclassing it and setting
 its architecture names differ from the default, ``arch()``. Nothing here imports
 Triton until an op runs.
 """
+
 from __future__ import annotations
 
 import functools
@@ -60,8 +61,9 @@ class KernelOp:
         self.__name__, self.__qualname__, self.__module__ = op, f"TritonBackend.{op}", __name__
         self.__doc__ = f"``{module}.{op}``" + (" with this backend's tuning." if self.tuned else ".")
         spec = OPS[op].signature
-        self.__signature__ = spec.replace(parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
-                                                      *spec.parameters.values()])
+        self.__signature__ = spec.replace(
+            parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *spec.parameters.values()]
+        )
 
     def __get__(self, backend: Any, owner: type | None = None) -> Callable:
         if backend is None:
@@ -102,8 +104,12 @@ class TritonBackend(Backend):
         missing = triton_missing_reason()
         if missing:
             return Availability(ok=False, reason=f"HETERO_TRITON_INTERPRET=1 but {missing}")
-        return Availability(ok=True, reason="interpreted on CPU (HETERO_TRITON_INTERPRET=1)", device_name="cpu (triton interpreter)",
-                            details={"arch": "interpreter"})
+        return Availability(
+            ok=True,
+            reason="interpreted on CPU (HETERO_TRITON_INTERPRET=1)",
+            device_name="cpu (triton interpreter)",
+            details={"arch": "interpreter"},
+        )
 
     @classmethod
     def process_group_backend(cls) -> str:
@@ -117,7 +123,9 @@ class TritonBackend(Backend):
 
     @classmethod
     def probe(cls) -> Availability:
-        return cls.probe_interpreter() or Availability(ok=False, reason="the portable Triton backend needs a subclass for a device")
+        return cls.probe_interpreter() or Availability(
+            ok=False, reason="the portable Triton backend needs a subclass for a device"
+        )
 
 
 TritonBackend.bind_from({op: KernelOp(module, op) for module, ops in KERNEL_OPS.items() for op in ops})

@@ -25,6 +25,7 @@ Tiles come from the tuning table's "elementwise" entry (``BLOCK`` elements per p
 bf16 outputs are rounded through ``layers.cast_out`` (round-to-nearest-even by hand under the
 interpreter, which truncates).
 """
+
 from __future__ import annotations
 
 import torch
@@ -67,7 +68,7 @@ def _scatter_kv_kernel(
     skc_b, skc_s, skc_h, skc_d,
     svc_b, svc_s, svc_h, svc_d,
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-):
+):  # fmt: skip
     """k_cache[slot // BS, slot % BS, h, :] = key[t, h, :] (and the same for value) for the
     tokens [pid0 * BLOCK_T, ...) and heads [pid1 * BLOCK_H, ...); nothing where the slot is -1.
 
@@ -110,7 +111,7 @@ def _merge_kernel(
     sla_t, sla_h, slb_t, slb_h,
     so_t, so_h,
     ACC: tl.constexpr, RNE_BF16: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-):
+):  # fmt: skip
     """Rows r = t * H + h of [BLOCK_R]: lse = logaddexp(lse_a, lse_b), out = wa*out_a + wb*out_b
     with a side of weight 0 (lse -inf, or underflow) contributing exactly nothing."""
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -141,10 +142,18 @@ def _merge_kernel(
         d = d0 + dd
         m = rm[:, None] & (d < dim)[None, :]
         # a side of weight 0 is not even read: its out may hold NaN/Inf garbage
-        oa = tl.load(oa_ptr + t[:, None] * soa_t + h[:, None] * soa_h + d[None, :] * soa_d, mask=m & use_a, other=0.0).to(ACC)
-        ob = tl.load(ob_ptr + t[:, None] * sob_t + h[:, None] * sob_h + d[None, :] * sob_d, mask=m & use_b, other=0.0).to(ACC)
+        oa = tl.load(
+            oa_ptr + t[:, None] * soa_t + h[:, None] * soa_h + d[None, :] * soa_d, mask=m & use_a, other=0.0
+        ).to(ACC)
+        ob = tl.load(
+            ob_ptr + t[:, None] * sob_t + h[:, None] * sob_h + d[None, :] * sob_d, mask=m & use_b, other=0.0
+        ).to(ACC)
         o = tl.where(use_a, wa2 * oa, 0.0) + tl.where(use_b, wb2 * ob, 0.0)
-        tl.store(out_ptr + t[:, None] * so_t + h[:, None] * so_h + d[None, :], cast_out(o, out_ptr.dtype.element_ty, RNE_BF16), mask=m)
+        tl.store(
+            out_ptr + t[:, None] * so_t + h[:, None] * so_h + d[None, :],
+            cast_out(o, out_ptr.dtype.element_ty, RNE_BF16),
+            mask=m,
+        )
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -169,7 +178,7 @@ def _scatter(op: str, key, value, k_cache, v_cache, slot_mapping, tuning: Tuning
         *key.stride(), *value.stride(),
         *k_cache.stride(), *v_cache.stride(),
         BLOCK_T=bt, BLOCK_H=bh, BLOCK_DK=bdk, BLOCK_DV=bdv, **launch,
-    )
+    )  # fmt: skip
 
 
 def _check_slots(op: str, slot_mapping, tokens: int) -> None:
@@ -198,7 +207,9 @@ def write_mla_kv(kv_c, k_pe, ckv_cache, kpe_cache, slot_mapping, *, tuning: Tuni
     check_same_device(op, kv_c=kv_c, k_pe=k_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, slot_mapping=slot_mapping)
     _check_slots(op, slot_mapping, t)
     # one latent "head": the [T, 1, *] / [NB, BS, 1, *] views share the storage (writes land in place)
-    _scatter(op, kv_c.unsqueeze(1), k_pe.unsqueeze(1), ckv_cache.unsqueeze(2), kpe_cache.unsqueeze(2), slot_mapping, tuning)
+    _scatter(
+        op, kv_c.unsqueeze(1), k_pe.unsqueeze(1), ckv_cache.unsqueeze(2), kpe_cache.unsqueeze(2), slot_mapping, tuning
+    )
 
 
 def write_index_k(k, index_cache, slot_mapping, *, index_scale=None, tuning: Tuning) -> None:
@@ -219,7 +230,7 @@ def write_index_k(k, index_cache, slot_mapping, *, index_scale=None, tuning: Tun
     ik.index_k_fp8_kernel[(triton.cdiv(t, bt),)](
         k, slot_mapping, cache, index_scale, t, nb * bs, bs, d // INDEX_SCALE_GROUP,
         *k.stride(), slot_mapping.stride(0), *cache.stride(), *index_scale.stride(), BLOCK_T=bt, **launch,
-    )
+    )  # fmt: skip
 
 
 def merge_attention(out_a, lse_a, out_b, lse_b, *, tuning: Tuning) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,5 +257,5 @@ def merge_attention(out_a, lse_a, out_b, lse_b, *, tuning: Tuning) -> tuple[torc
         *lse_a.stride(), *lse_b.stride(),
         out.stride(0), out.stride(1),
         ACC=tl.float64 if f64 else tl.float32, RNE_BF16=rne_bf16(out.dtype, tuning), BLOCK_R=br, BLOCK_D=bd, **launch,
-    )
+    )  # fmt: skip
     return out, lse

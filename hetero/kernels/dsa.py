@@ -18,6 +18,7 @@ Tuning entries ("indexer_topk": ``SPAN``, ``BLOCK_N``, ``FP8_BLOCK_N``, ``SELECT
 "mla_sparse": ``BLOCK_H``, ``BLOCK_N``; both with ``num_warps``) fall back to the defaults below.
 Under the interpreter, bf16 dot operands are upcast to float32 (see ``attention``).
 """
+
 from __future__ import annotations
 
 import numbers
@@ -27,12 +28,12 @@ import torch
 
 from hetero.kernels import _indexer_kernels as ik
 from hetero.kernels._meta import row_positions
-from hetero.spec._checks_meta import check_meta_shapes
 from hetero.kernels._rounding import rne_bf16
 from hetero.kernels._sparse_mla_kernel import sparse_mla_kernel
 from hetero.kernels._triton import triton_modules
 from hetero.kernels.tuning import Tuning
 from hetero.spec._checks_dsa import check_indexer_inputs
+from hetero.spec._checks_meta import check_meta_shapes
 from hetero.spec.checks import check_tensor, expect
 
 triton, tl = triton_modules()
@@ -72,7 +73,13 @@ def indexer_topk(q, weights, index_cache, meta, *, topk, index_scale=None, tunin
     check_tensor(op, "q", q, dtypes=KERNEL_DTYPES)  # float64 is the reference's
     meta = check_meta_shapes(op, meta, t)
     longest = meta.max_seq_len
-    expect(isinstance(longest, numbers.Integral) and not isinstance(longest, bool) and longest >= 0, op, "meta.max_seq_len", "an int >= 0", repr(longest))
+    expect(
+        isinstance(longest, numbers.Integral) and not isinstance(longest, bool) and longest >= 0,
+        op,
+        "meta.max_seq_len",
+        "an int >= 0",
+        repr(longest),
+    )
     out = torch.empty((t, topk), dtype=torch.int32, device=q.device)
     table, seq_lens = meta.block_table, meta.seq_lens
     keys = table.shape[1] * bs  # no row sees past its table
@@ -92,14 +99,26 @@ def indexer_topk(q, weights, index_cache, meta, *, topk, index_scale=None, tunin
             *q.stride(), *weights.stride(), *cache.stride(), *ss, *table.stride(), ws.stride(0),
             BS=bs, D=d, D_P=_pow2(d), HI_P=_pow2(hi), FP8=fp8, UPCAST=tuning.interpreted and q.dtype == torch.bfloat16,
             DOT_PREC="ieee", SPAN=span, BLOCK_N=block_n, **launch,
-        )
+        )  # fmt: skip
         ik.indexer_select_kernel[(rows,)](ws, out, seq, pos, seq_lens, row0, keys, width, topk, ws.stride(0), *out.stride(),
-                                          BLOCK=select, **launch)
+                                          BLOCK=select, **launch)  # fmt: skip
     return out
 
 
-def sparse_mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, topk_indices, *, scale: float, causal: bool,
-                         out: torch.Tensor, lse: torch.Tensor | None, tuning: Tuning) -> None:
+def sparse_mla_attention(
+    q_nope,
+    q_pe,
+    ckv_cache,
+    kpe_cache,
+    meta,
+    topk_indices,
+    *,
+    scale: float,
+    causal: bool,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    tuning: Tuning,
+) -> None:
     """Sparse absorbed MLA into ``out`` [T, H, Lkv] (and ``lse`` [T, H]); the caller checked every shape."""
     t, h, lkv = q_nope.shape
     nb, bs = ckv_cache.shape[:2]
@@ -117,4 +136,4 @@ def sparse_mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, topk_indices,
         BS=bs, LKV=lkv, R=r, LKV_P=_pow2(lkv), R_P=_pow2(r), CAUSAL=causal, RETURN_LSE=lse is not None,
         UPCAST=tuning.interpreted and q_nope.dtype == torch.bfloat16, RNE_BF16=rne_bf16(out.dtype, tuning),
         DOT_PREC="ieee", BLOCK_H=block_h, BLOCK_N=min(_pow2(meta_p["BLOCK_N"]), _pow2(topk_indices.shape[1])), **launch,
-    )
+    )  # fmt: skip

@@ -6,6 +6,7 @@ Semantics: ``hetero.spec.gemm``. The kernels and their launch design are in
 ``a`` is never copied). Only cheap checks run here (ranks, dtypes, shapes, devices): nothing
 reads a tensor's values on the host, so no op synchronizes with the device.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,6 +29,7 @@ _FORMS = {"tensor": kern.TENSOR, "row": kern.ROW, "block": kern.BLOCK}
 
 # ----------------------------------------------------------------------------- checks
 
+
 def _dt(d: object) -> str:
     return str(d).replace("torch.", "")
 
@@ -39,8 +41,13 @@ def check_operands(op: str, a: object, b: object, dtypes: tuple, b_ndim: int = 2
     expect(b.dtype == a.dtype, op, "b", f"dtype {_dt(a.dtype)} (that of 'a')", _dt(b.dtype))
     expect(b.device == a.device, op, "b", f"device {a.device} (that of 'a')", b.device)
     layout = "[N, K]" if b_ndim == 2 else "[G, N, K]"
-    expect(b.shape[-1] == a.shape[1], op, "b", f"shape {layout} with K = {a.shape[1]} (a's columns; nn.Linear layout)",
-           f"shape {list(b.shape)}")
+    expect(
+        b.shape[-1] == a.shape[1],
+        op,
+        "b",
+        f"shape {layout} with K = {a.shape[1]} (a's columns; nn.Linear layout)",
+        f"shape {list(b.shape)}",
+    )
 
 
 def _check_out_dtype(op: str, out_dtype: object, allowed: tuple) -> None:
@@ -55,6 +62,7 @@ def _check_bias(op: str, bias: object, n: int, dtypes: tuple, device: torch.devi
 
 
 # ----------------------------------------------------------------------------- launch helpers
+
 
 def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
@@ -106,8 +114,20 @@ def grouped_work_tiles(m: int, groups: int, block_m: int) -> int:
     return triton.cdiv(m, block_m) + min(groups + 1, m)
 
 
-def launch_grouped(a, b, group_ends, c, *, tuning: Tuning, kernel: str = "grouped_gemm", perm=None, topk: int = 1,
-                   swiglu: bool = False, act: tuple[int, float, float] = (0, 0.0, 0.0), bias=None) -> torch.Tensor:
+def launch_grouped(
+    a,
+    b,
+    group_ends,
+    c,
+    *,
+    tuning: Tuning,
+    kernel: str = "grouped_gemm",
+    perm=None,
+    topk: int = 1,
+    swiglu: bool = False,
+    act: tuple[int, float, float] = (0, 0.0, 0.0),
+    bias=None,
+) -> torch.Tensor:
     """c[rows] = grouped product (see _grouped_gemm_kernel); c's row count is the row count M.
     ``act`` = (ACT, ALPHA, LIMIT) of the SWIGLU epilogue; ``bias`` [G, N] ([G, 2N] with swiglu) or None."""
     m, n = c.shape
@@ -125,11 +145,12 @@ def launch_grouped(a, b, group_ends, c, *, tuning: Tuning, kernel: str = "groupe
         bias_at.stride(0), bias_at.stride(-1),
         GATHER=perm is not None, SWIGLU=swiglu, ACT=int(code), HAS_BIAS=bias is not None, G_POW2=_pow2(groups),
         **float_flags(a.dtype, tuning), BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], **launch,
-    )
+    )  # fmt: skip
     return c
 
 
 # ----------------------------------------------------------------------------- ops
+
 
 def gemm(a, b, *, bias=None, out_dtype=None, tuning: Tuning) -> torch.Tensor:
     op = "gemm"
@@ -148,7 +169,7 @@ def gemm(a, b, *, bias=None, out_dtype=None, tuning: Tuning) -> torch.Tensor:
         a, b, bias if bias is not None else c, c, m, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None, **float_flags(a.dtype, tuning), **meta, **launch,
-    )
+    )  # fmt: skip
     return c
 
 
@@ -177,7 +198,7 @@ def scaled_gemm(a, b, a_scale, b_scale, *, bias=None, out_dtype=torch.bfloat16, 
         c.stride(0), c.stride(1),
         A_FORM=_FORMS[a_form], B_FORM=_FORMS[b_form], SCALE_BLOCK=SCALE_BLOCK,
         IS_INT=a.dtype == torch.int8, HAS_BIAS=bias is not None, SOFT_RTNE=interpreted(tuning), **meta, **launch,
-    )
+    )  # fmt: skip
     return c
 
 

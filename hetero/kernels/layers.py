@@ -25,6 +25,7 @@ The kernels are in ``hetero.kernels._layer_kernels``; bf16 outputs are rounded t
 ``cast_out`` (``hetero.kernels._rounding``, re-exported here), which rounds to nearest
 even under the interpreter as a GPU does.
 """
+
 from __future__ import annotations
 
 import torch
@@ -104,7 +105,7 @@ def rms_norm(x, weight, eps, *, residual=None, weight_offset=0.0, gate=None, gat
             HAS_RES=residual is not None, HAS_GATE=gate is not None, SIGMOID_GATE=gate_act == "sigmoid",
             ACC=_acc(x, weight), ONE_PASS=bh >= hidden, RNE_BF16=rne_bf16(x.dtype, tuning),
             BLOCK_R=br, BLOCK_H=bh, **launch,
-        )
+        )  # fmt: skip
     return y if residual is None else (y, h)
 
 
@@ -123,14 +124,15 @@ def layer_norm(x, weight, bias, eps, *, tuning: Tuning):
         x2, weight, b, y.view(-1, hidden), rows, hidden, float(eps),
         x2.stride(0), x2.stride(1), weight.stride(0), b.stride(0), hidden,
         HAS_BIAS=bias is not None, ACC=_acc(x, weight, bias), RNE_BF16=rne_bf16(x.dtype, tuning), BLOCK_R=br, BLOCK_H=bh, **launch,
-    )
+    )  # fmt: skip
     return y
 
 
 def rotary_embedding(positions, q, k, cos_sin_cache, *, is_neox=True, tuning: Tuning):
     """``(q, k)`` rotated by the cos/sin rows of ``positions`` (NeoX halves or interleaved pairs)."""
-    tokens, head_dim, max_pos, rot = check_rotary("rotary_embedding", positions, q, k, cos_sin_cache, is_neox,
-                                                  read_positions=False)  # hetero.spec.validate's, when on
+    tokens, head_dim, max_pos, rot = check_rotary(
+        "rotary_embedding", positions, q, k, cos_sin_cache, is_neox, read_positions=False
+    )  # hetero.spec.validate's, when on
     hq = q.shape[1]
 
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -151,7 +153,7 @@ def rotary_embedding(positions, q, k, cos_sin_cache, *, is_neox=True, tuning: Tu
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
         IS_NEOX=is_neox, ACC=_acc(q, k, cos_sin_cache), RNE_Q=rne_bf16(q.dtype, tuning), RNE_K=rne_bf16(k.dtype, tuning),
         BLOCK_H=bh, BLOCK_HALF=b_half, BLOCK_PASS=b_pass, **launch,
-    )
+    )  # fmt: skip
     return q_out, k_out
 
 
@@ -176,5 +178,5 @@ def silu_and_mul(x, *, tuning: Tuning) -> torch.Tensor:
         x2, y.view(-1, inter), rows, inter,
         x2.stride(0), x2.stride(1), inter,
         ACC=_acc(x), RNE_BF16=rne_bf16(x.dtype, tuning), BLOCK_R=br, BLOCK_I=bi, **launch,
-    )
+    )  # fmt: skip
     return y

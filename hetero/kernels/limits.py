@@ -3,22 +3,44 @@
 ``kernel_reason(op, static)`` is ``TritonBackend.supports``; a vendor backend adds
 its architecture's own limits (bf16 or fp8 support per generation) in front of it.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from hetero.spec.moe import ACTIVATIONS
 
-__all__ = ["dtype_name", "dtype_reason", "shape_reason", "kernel_reason", "quant_dtype", "MAX_HEAD_DIM", "MAX_KEY_DIM",
-           "FLOATS", "QUANTS", "DOT_OPS", "QUANT_OPS"]
+__all__ = [
+    "dtype_name",
+    "dtype_reason",
+    "shape_reason",
+    "kernel_reason",
+    "quant_dtype",
+    "MAX_HEAD_DIM",
+    "MAX_KEY_DIM",
+    "FLOATS",
+    "QUANTS",
+    "DOT_OPS",
+    "QUANT_OPS",
+]
 
 #: The attention kernels pad head dims to a power of two; 576 (MLA: 512 latent + 64 rope) is the largest case.
 MAX_HEAD_DIM = 576
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 QUANTS = ("float8_e4m3fn", "float8_e4m3fnuz", "int8")
 #: Ops whose kernels multiply with tl.dot (tensor or matrix cores): no float64 path there.
-DOT_OPS = frozenset({"paged_attention", "varlen_attention", "mla_attention", "gemm", "grouped_gemm", "fused_moe",
-                     "gated_delta_rule", "indexer_topk"})
+DOT_OPS = frozenset(
+    {
+        "paged_attention",
+        "varlen_attention",
+        "mla_attention",
+        "gemm",
+        "grouped_gemm",
+        "fused_moe",
+        "gated_delta_rule",
+        "indexer_topk",
+    }
+)
 #: Ops whose operands are quantized (``dtype`` names the quantized dtype).
 QUANT_OPS = frozenset({"scaled_gemm", "scaled_grouped_gemm"})
 #: The gated_delta_rule kernels keep whole key rows in registers (every released model has K = 128).
@@ -26,7 +48,7 @@ MAX_KEY_DIM = 256
 
 
 def dtype_name(dtype: Any) -> str | None:
-    """"bfloat16" for torch.bfloat16, "torch.bfloat16" or "bfloat16"; None for None."""
+    """ "bfloat16" for torch.bfloat16, "torch.bfloat16" or "bfloat16"; None for None."""
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
@@ -76,7 +98,9 @@ def shape_reason(op: str, static: Mapping[str, Any]) -> str | None:
         for key in ("head_dim", "head_dim_k", "key_head_dim"):
             value = static.get(key)
             if value is not None and int(value) > MAX_KEY_DIM:
-                return f"{key} {int(value)} > {MAX_KEY_DIM}: the gated_delta_rule kernels keep whole key rows in registers"
+                return (
+                    f"{key} {int(value)} > {MAX_KEY_DIM}: the gated_delta_rule kernels keep whole key rows in registers"
+                )
     return None
 
 

@@ -24,6 +24,7 @@ composition (permute, grouped_gemm, activation, grouped_gemm, unpermute; each bi
 float32 before its rounding). Only cheap checks run (ranks, dtypes, shapes, devices): expert ids
 and perm are not range-checked, since that would read them on the host.
 """
+
 from __future__ import annotations
 
 import math
@@ -71,15 +72,28 @@ def _params(tuning: Tuning, kernel: str) -> tuple[dict, dict]:
 
 # ----------------------------------------------------------------------------- route (torch)
 
-def route(router_logits, *, top_k, scoring="softmax", renormalize=True, n_group=1, topk_group=1,
-          correction_bias=None, routed_scaling_factor=1.0):
+
+def route(
+    router_logits,
+    *,
+    top_k,
+    scoring="softmax",
+    renormalize=True,
+    n_group=1,
+    topk_group=1,
+    correction_bias=None,
+    routed_scaling_factor=1.0,
+):
     op = "route"
     check_tensor(op, "router_logits", router_logits, ndim=2, dtypes=FLOAT_DTYPES)
     experts = router_logits.shape[1]
     expect(scoring in SCORING, op, "scoring", "one of " + ", ".join(repr(s) for s in SCORING), repr(scoring))
     expect(isinstance(renormalize, bool), op, "renormalize", "a bool", repr(renormalize))
-    factor_ok = isinstance(routed_scaling_factor, numbers.Real) and not isinstance(routed_scaling_factor, bool) \
+    factor_ok = (
+        isinstance(routed_scaling_factor, numbers.Real)
+        and not isinstance(routed_scaling_factor, bool)
         and math.isfinite(routed_scaling_factor)
+    )
     expect(factor_ok, op, "routed_scaling_factor", "a finite number", repr(routed_scaling_factor))
     groups = check_int(op, "n_group", n_group, 1)
     expect(experts % groups == 0, op, "n_group", f"a divisor of the expert count E = {experts}", groups)
@@ -90,7 +104,9 @@ def route(router_logits, *, top_k, scoring="softmax", renormalize=True, n_group=
     if correction_bias is not None:
         check_tensor(op, "correction_bias", correction_bias, shape=(experts,), dtypes=FLOAT_DTYPES)
         check_same_device(op, router_logits=router_logits, correction_bias=correction_bias)
-        expect(groups == 1 or per_group >= 2, op, "n_group", "groups of at least 2 experts with correction_bias", groups)
+        expect(
+            groups == 1 or per_group >= 2, op, "n_group", "groups of at least 2 experts with correction_bias", groups
+        )
 
     wide = torch.float64 in (router_logits.dtype, getattr(correction_bias, "dtype", None))
     acc = torch.float64 if wide else torch.float32
@@ -116,6 +132,7 @@ def route(router_logits, *, top_k, scoring="softmax", renormalize=True, n_group=
 
 # ----------------------------------------------------------------------------- the stable sort
 
+
 def _sort_pairs(flat_ids: torch.Tensor, experts: int, tuning: Tuning, *, want_inv: bool):
     """(perm int64 [P], group_ends int32 [E], inv int32 [P] or None) of the expert ids of the P pairs."""
     device, pairs = flat_ids.device, flat_ids.numel()
@@ -134,9 +151,9 @@ def _sort_pairs(flat_ids: torch.Tensor, experts: int, tuning: Tuning, *, want_in
     inv = torch.empty(pairs, dtype=torch.int32, device=device) if want_inv else None
     kern._count_kernel[(nb,)](flat_ids, counts, totals, pairs, experts, E_POW2=e_pow2, BLOCK_P=block_p, **launch)
     kern._offsets_kernel[(triton.cdiv(experts, block_e),)](
-        counts, totals, offsets, ends, nb, experts, E_POW2=e_pow2, BLOCK_E=block_e, BLOCK_B=int(meta["BLOCK_B"]), **launch)
+        counts, totals, offsets, ends, nb, experts, E_POW2=e_pow2, BLOCK_E=block_e, BLOCK_B=int(meta["BLOCK_B"]), **launch)  # fmt: skip
     kern._place_kernel[(nb,)](flat_ids, offsets, perm, inv if want_inv else perm, pairs, experts,
-                              WRITE_INV=want_inv, E_POW2=e_pow2, BLOCK_P=block_p, **launch)
+                              WRITE_INV=want_inv, E_POW2=e_pow2, BLOCK_P=block_p, **launch)  # fmt: skip
     return perm, ends, inv
 
 
@@ -152,11 +169,12 @@ def _combine(y_sorted: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor, t
     kern._combine_kernel[(triton.cdiv(rows, bt), triton.cdiv(hidden, bh))](
         y_sorted, inv, weights, out, rows, hidden, k,
         y_sorted.stride(0), y_sorted.stride(1), weights.stride(0), weights.stride(1), out.stride(0), out.stride(1),
-        ACC=tl.float64 if wide else tl.float32, SOFT_RTNE=interpreted(tuning), BLOCK_T=bt, BLOCK_H=bh, **launch)
+        ACC=tl.float64 if wide else tl.float32, SOFT_RTNE=interpreted(tuning), BLOCK_T=bt, BLOCK_H=bh, **launch)  # fmt: skip
     return out
 
 
 # ----------------------------------------------------------------------------- ops
+
 
 def moe_permute(x, ids, num_experts, *, tuning: Tuning):
     op = "moe_permute"
@@ -167,8 +185,11 @@ def moe_permute(x, ids, num_experts, *, tuning: Tuning):
     check_same_device(op, x=x, ids=ids)
     pairs = rows * k
     if pairs == 0:
-        return (x.new_empty(0, hidden), torch.zeros(experts, dtype=torch.int32, device=x.device),
-                torch.empty(0, dtype=torch.int64, device=x.device))
+        return (
+            x.new_empty(0, hidden),
+            torch.zeros(experts, dtype=torch.int32, device=x.device),
+            torch.empty(0, dtype=torch.int64, device=x.device),
+        )
     perm, ends, _ = _sort_pairs(ids.reshape(-1).contiguous(), experts, tuning, want_inv=False)
     x_sorted = x.new_empty(pairs, hidden)
     if hidden:
@@ -176,7 +197,7 @@ def moe_permute(x, ids, num_experts, *, tuning: Tuning):
         br, bh = min(int(meta["BLOCK_R"]), _pow2(pairs)), min(int(meta["BLOCK_H"]), _pow2(hidden))
         kern._gather_rows_kernel[(triton.cdiv(pairs, br), triton.cdiv(hidden, bh))](
             x, perm, x_sorted, pairs, hidden, k, x.stride(0), x.stride(1), x_sorted.stride(0), x_sorted.stride(1),
-            BLOCK_R=br, BLOCK_H=bh, **launch)
+            BLOCK_R=br, BLOCK_H=bh, **launch)  # fmt: skip
     return x_sorted, ends, perm
 
 
@@ -197,8 +218,24 @@ def moe_unpermute(y_sorted, perm, weights, *, tuning: Tuning):
     return _combine(y_sorted, inv, weights, tuning)
 
 
-def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit=None, w13_bias=None, w2_bias=None,
-              w13_scale=None, w2_scale=None, act_quant=None, act_scale_fmt="float", tuning: Tuning):
+def fused_moe(
+    x,
+    w13,
+    w2,
+    weights,
+    ids,
+    *,
+    activation="silu",
+    alpha=1.702,
+    limit=None,
+    w13_bias=None,
+    w2_bias=None,
+    w13_scale=None,
+    w2_scale=None,
+    act_quant=None,
+    act_scale_fmt="float",
+    tuning: Tuning,
+):
     k = check_fused("fused_moe", x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias)
     forms = check_fused_moe_quant("fused_moe", w13, w2, w13_scale, w2_scale, act_quant, act_scale_fmt)
     check_same_device("fused_moe", x=x, w13_scale=w13_scale, w2_scale=w2_scale)
@@ -210,12 +247,28 @@ def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit
     perm, ends, inv = _sort_pairs(flat_ids, w13.shape[0], tuning, want_inv=True)
     act = (ACTIVATIONS.index(activation), alpha, 0.0 if limit is None else limit)
     if forms is not None:
-        y_sorted = quant_experts(x, w13, w2, w13_scale, w2_scale, forms, ends, perm, k, act, w13_bias, w2_bias,
-                                 act_quant, act_scale_fmt, tuning)
+        y_sorted = quant_experts(
+            x,
+            w13,
+            w2,
+            w13_scale,
+            w2_scale,
+            forms,
+            ends,
+            perm,
+            k,
+            act,
+            w13_bias,
+            w2_bias,
+            act_quant,
+            act_scale_fmt,
+            tuning,
+        )
         return _combine(y_sorted, inv, weights, tuning)
     h = x.new_empty(pairs, w13.shape[1] // 2)  # bias, rounding, activation and rounding in the first GEMM's epilogue
-    launch_grouped(x, w13, ends, h, tuning=tuning, kernel="fused_moe", perm=perm, topk=k, swiglu=True, act=act,
-                   bias=w13_bias)
+    launch_grouped(
+        x, w13, ends, h, tuning=tuning, kernel="fused_moe", perm=perm, topk=k, swiglu=True, act=act, bias=w13_bias
+    )
     y_sorted = x.new_empty(pairs, hidden)
     launch_grouped(h, w2, ends, y_sorted, tuning=tuning, kernel="fused_moe", bias=w2_bias)
     return _combine(y_sorted, inv, weights, tuning)

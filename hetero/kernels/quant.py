@@ -5,6 +5,7 @@ Semantics: ``hetero.spec.gemm``. Kernels: ``hetero.kernels._quant_kernels`` (the
 ``hetero.kernels._scaled_grouped_kernels`` (the GEMM). Only cheap checks run here; nothing reads
 a tensor's values on the host, so no op synchronizes with the device.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,9 @@ def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
 
-def quantize(x: torch.Tensor, dtype: torch.dtype, group_size: int | None, ue8m0: bool, asymmetric: bool,
-             tuning: Tuning):
+def quantize(
+    x: torch.Tensor, dtype: torch.dtype, group_size: int | None, ue8m0: bool, asymmetric: bool, tuning: Tuning
+):
     """(q, scale[, zero_point]) of x [M, K] (the checked arguments of quantize_activation)."""
     m, k = x.shape
     width = k if group_size is None else int(group_size)
@@ -49,7 +51,7 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, group_size: int | None, ue8m0:
         x, qv, scale, zpt, m, k, width,
         x.stride(0), x.stride(1), qv.stride(0), qv.stride(1), scale.stride(0), scale.stride(1), zpt.stride(0), zpt.stride(1),
         QMAX=float(QMAX[dtype]), MODE=_MODES[dtype], ASYM=asymmetric, UE8M0=ue8m0, BLOCK_M=block_m, BLOCK_K=block_k,
-        **launch)
+        **launch)  # fmt: skip
     return (q, scale, zp) if asymmetric else (q, scale)
 
 
@@ -58,8 +60,23 @@ def quantize_activation(x, *, dtype, group_size=128, scale_fmt="float", asymmetr
     return quantize(x, dtype, group_size, scale_fmt == "ue8m0", asymmetric, tuning)
 
 
-def launch_scaled_grouped(a, b, a_scale, b_scale, group_ends, c, *, forms: tuple[str, str], tuning: Tuning, zp=None,
-                          perm=None, topk: int = 1, swiglu: bool = False, act=(0, 0.0, 0.0), bias=None) -> torch.Tensor:
+def launch_scaled_grouped(
+    a,
+    b,
+    a_scale,
+    b_scale,
+    group_ends,
+    c,
+    *,
+    forms: tuple[str, str],
+    tuning: Tuning,
+    zp=None,
+    perm=None,
+    topk: int = 1,
+    swiglu: bool = False,
+    act=(0, 0.0, 0.0),
+    bias=None,
+) -> torch.Tensor:
     """c[rows] = the scaled grouped product (see scaled_grouped_kernel); ``forms`` = (a form, b form),
     a form "none" for a float ``a`` (weight-only; a_scale unused)."""
     m, n = c.shape
@@ -85,14 +102,17 @@ def launch_scaled_grouped(a, b, a_scale, b_scale, group_ends, c, *, forms: tuple
         UPCAST=interpreted(tuning) and a.dtype != torch.int8, GATHER=perm is not None, SWIGLU=swiglu, ACT=int(code),
         HAS_BIAS=bias is not None, SOFT_RTNE=interpreted(tuning) and c.dtype == torch.bfloat16, G_POW2=_pow2(groups),
         BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], **launch,
-    )
+    )  # fmt: skip
     return c
 
 
-def scaled_grouped_gemm(a, b, a_scale, b_scale, group_ends, *, a_zero_point=None, out_dtype=torch.bfloat16,
-                        tuning: Tuning) -> torch.Tensor:
-    a_form, b_form = check_scaled_grouped("scaled_grouped_gemm", a, b, a_scale, b_scale, group_ends, a_zero_point,
-                                          out_dtype)
+def scaled_grouped_gemm(
+    a, b, a_scale, b_scale, group_ends, *, a_zero_point=None, out_dtype=torch.bfloat16, tuning: Tuning
+) -> torch.Tensor:
+    a_form, b_form = check_scaled_grouped(
+        "scaled_grouped_gemm", a, b, a_scale, b_scale, group_ends, a_zero_point, out_dtype
+    )
     c = torch.empty(a.shape[0], b.shape[1], dtype=out_dtype, device=a.device)
-    return launch_scaled_grouped(a, b, a_scale, b_scale, group_ends, c, forms=(a_form, b_form), zp=a_zero_point,
-                                 tuning=tuning)
+    return launch_scaled_grouped(
+        a, b, a_scale, b_scale, group_ends, c, forms=(a_form, b_form), zp=a_zero_point, tuning=tuning
+    )

@@ -26,10 +26,10 @@ none: "tf32x3" on NVIDIA (three TF32 products on tensor cores, float32 accuracy;
 an "ieee" float32 dot to FMA loops that spill heavily there), "ieee" elsewhere and under the
 interpreter.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
 
 import torch
 
@@ -70,12 +70,14 @@ def _conv_tiles(tuning: Tuning, tokens: int, seqs: int, width: int, channels: in
     return {"BLOCK_T": block_t, "BLOCK_C": block_c}, launch, min(parts, 65535)
 
 
-def causal_conv1d(x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, *, activation="silu",
-                  tuning: Tuning) -> torch.Tensor:
+def causal_conv1d(
+    x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, *, activation="silu", tuning: Tuning
+) -> torch.Tensor:
     """``hetero.spec.recurrent.causal_conv1d``: one launch for the whole batch."""
     op = "causal_conv1d"
-    t, c, w, s = check_causal_conv1d(op, x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state,
-                                     activation)
+    t, c, w, s = check_causal_conv1d(
+        op, x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, activation
+    )
     n = query_start_loc.shape[0] - 1
     out = torch.empty(t, c, dtype=x.dtype, device=x.device)
     if t == 0 or c == 0 or n == 0:
@@ -90,7 +92,7 @@ def causal_conv1d(x, weight, bias, conv_state, query_start_loc, state_slots, has
         W=w, W1_P=_pow2(w - 1), HAS_BIAS=bias is not None, SILU=activation == "silu",
         ACC=tl.float64 if x.dtype == torch.float64 else tl.float32, RNE_BF16=rne_bf16(x.dtype, tuning),
         **tiles, **launch,
-    )
+    )  # fmt: skip
     return out
 
 
@@ -106,8 +108,12 @@ def _delta_params(tuning: Tuning, tokens: int, seqs: int, vdim: int) -> tuple[st
         return "recurrent", {"BV": min(_pow2(meta.get("BLOCK_V", 32), 16), _pow2(vdim, 16))}, launch
     bt = _pow2(chunked.get("BLOCK_T", 64), 16)  # tl.dot needs 16 on every dimension
     nvidia = tuning.table.vendor == "nvidia" and not tuning.interpreted
-    consts = {"BV": min(_pow2(chunked.get("BLOCK_V", 32), 16), _pow2(vdim, 16)), "BT": bt, "LOG_BT": int(math.log2(bt)),
-              "DOT_PREC": str(chunked.get("DOT_PREC") or ("tf32x3" if nvidia else "ieee"))}
+    consts = {
+        "BV": min(_pow2(chunked.get("BLOCK_V", 32), 16), _pow2(vdim, 16)),
+        "BT": bt,
+        "LOG_BT": int(math.log2(bt)),
+        "DOT_PREC": str(chunked.get("DOT_PREC") or ("tf32x3" if nvidia else "ieee")),
+    }
     return "chunked", consts, launch
 
 
@@ -131,14 +137,33 @@ def _launch_chunked(grid: tuple, args: tuple, consts: dict, launch: dict, device
         _FITTED_CHUNK[key] = bt
 
 
-def gated_delta_rule(q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state, *, scale,
-                     use_qk_l2norm=True, tuning: Tuning) -> torch.Tensor:
+def gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    ssm_state,
+    query_start_loc,
+    state_slots,
+    has_initial_state,
+    *,
+    scale,
+    use_qk_l2norm=True,
+    tuning: Tuning,
+) -> torch.Tensor:
     """``hetero.spec.recurrent.gated_delta_rule``: one launch for the whole batch, chunked or token by token."""
     op = "gated_delta_rule"
-    t, h, kdim, hv, vdim, s = check_gated_delta_rule(op, q, k, v, g, beta, ssm_state, query_start_loc, state_slots,
-                                                     has_initial_state, scale, use_qk_l2norm)
-    expect(q.dtype in _DOT_DTYPES, op, "q", "dtype float16, bfloat16 or float32 (the Triton kernels have no float64 path)",
-           str(q.dtype).replace("torch.", ""))
+    t, h, kdim, hv, vdim, s = check_gated_delta_rule(
+        op, q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state, scale, use_qk_l2norm
+    )
+    expect(
+        q.dtype in _DOT_DTYPES,
+        op,
+        "q",
+        "dtype float16, bfloat16 or float32 (the Triton kernels have no float64 path)",
+        str(q.dtype).replace("torch.", ""),
+    )
     n = query_start_loc.shape[0] - 1
     out = torch.empty(t, hv, vdim, dtype=v.dtype, device=v.device)
     if t == 0 or n == 0 or hv == 0 or vdim == 0:
@@ -148,11 +173,38 @@ def gated_delta_rule(q, k, v, g, beta, ssm_state, query_start_loc, state_slots, 
     kda = g.ndim == 3
     sg = (*g.stride(), 0) if not kda else g.stride()  # per head: no key-channel stride
     grid = (n, hv, triton.cdiv(vdim, consts["BV"]))
-    args = (q, k, v, g, beta, ssm_state, out, qsl, slots, init,
-            *q.stride(), *k.stride(), *v.stride(), *sg, *beta.stride(), *ssm_state.stride(), *out.stride(),
-            float(scale), L2NORM_EPS, t, s)
-    consts.update(GROUP=hv // h, K=kdim, V=vdim, K_P=_pow2(kdim, 16), KDA=kda, L2NORM=use_qk_l2norm,
-                  RNE_BF16=rne_bf16(v.dtype, tuning))
+    args = (
+        q,
+        k,
+        v,
+        g,
+        beta,
+        ssm_state,
+        out,
+        qsl,
+        slots,
+        init,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *sg,
+        *beta.stride(),
+        *ssm_state.stride(),
+        *out.stride(),
+        float(scale),
+        L2NORM_EPS,
+        t,
+        s,
+    )
+    consts.update(
+        GROUP=hv // h,
+        K=kdim,
+        V=vdim,
+        K_P=_pow2(kdim, 16),
+        KDA=kda,
+        L2NORM=use_qk_l2norm,
+        RNE_BF16=rne_bf16(v.dtype, tuning),
+    )
     if which == "recurrent":
         kern.gdn_recurrent_kernel[grid](*args, **consts, **launch)
     else:

@@ -2,6 +2,7 @@
 
 Each wraps the Triton op it stands in for and hands it every input it does not take.
 """
+
 from __future__ import annotations
 
 from typing import Callable

@@ -5,6 +5,7 @@ of one kernel on the current architecture (``table.get(arch, "gemm")``) and get
 the architecture's entry merged over the table's defaults, so a missing entry
 never breaks a launch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,41 +15,45 @@ from typing import Any, Mapping
 __all__ = ["TuningTable", "Tuning", "PORTABLE_DEFAULTS", "INTERPRETER"]
 
 #: Safe parameters every Triton target compiles: modest tiles, 4 warps, 2 stages.
-PORTABLE_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 2},
-    "grouped_gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
-    "scaled_gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 2},
-    "fused_moe": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
-    "scaled_grouped_gemm": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2},
-    "quantize_activation": {"BLOCK_M": 4, "BLOCK_K": 128, "num_warps": 4},
-    "paged_attention": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
-    "varlen_attention": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
-    "mla_attention": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
-    "elementwise": {"BLOCK": 1024, "num_warps": 4},
-    "rows": {"num_warps": 4},
-    # recurrent ops (hetero.kernels.recurrent), untimed on hardware so far: chunk 64 as fla / vLLM; the
-    # conv tile is the largest that ptxas (sm90, compiled without a GPU) fits without spilling
-    "causal_conv1d": {"BLOCK_T": 32, "BLOCK_C": 128, "TILES_PER_PROGRAM": 4, "num_warps": 4},
-    "gated_delta_rule": {"BLOCK_T": 64, "BLOCK_V": 32, "RECURRENT_ROWS": 1, "num_warps": 8, "num_stages": 1},
-    "gated_delta_rule_decode": {"BLOCK_V": 32, "num_warps": 4},
-})
+PORTABLE_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 2},
+        "grouped_gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
+        "scaled_gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 2},
+        "fused_moe": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},
+        "scaled_grouped_gemm": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2},
+        "quantize_activation": {"BLOCK_M": 4, "BLOCK_K": 128, "num_warps": 4},
+        "paged_attention": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+        "varlen_attention": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+        "mla_attention": {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+        "elementwise": {"BLOCK": 1024, "num_warps": 4},
+        "rows": {"num_warps": 4},
+        # recurrent ops (hetero.kernels.recurrent), untimed on hardware so far: chunk 64 as fla / vLLM; the
+        # conv tile is the largest that ptxas (sm90, compiled without a GPU) fits without spilling
+        "causal_conv1d": {"BLOCK_T": 32, "BLOCK_C": 128, "TILES_PER_PROGRAM": 4, "num_warps": 4},
+        "gated_delta_rule": {"BLOCK_T": 64, "BLOCK_V": 32, "RECURRENT_ROWS": 1, "num_warps": 8, "num_stages": 1},
+        "gated_delta_rule_decode": {"BLOCK_V": 32, "num_warps": 4},
+    }
+)
 
 #: The interpreter runs each program in NumPy: bigger tiles mean fewer Python-level steps.
-INTERPRETER: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    "gemm": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 512},
-    "grouped_gemm": {"BLOCK_M": 8, "BLOCK_N": 256, "BLOCK_K": 1024},
-    "scaled_gemm": {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 512},
-    "fused_moe": {"BLOCK_M": 4, "BLOCK_N": 4096, "BLOCK_K": 4096},
-    "scaled_grouped_gemm": {"BLOCK_M": 8, "BLOCK_N": 512, "BLOCK_K": 128},
-    "quantize_activation": {"BLOCK_M": 64, "BLOCK_K": 1024},
-    "paged_attention": {"BLOCK_M": 32, "BLOCK_N": 64},
-    "varlen_attention": {"BLOCK_M": 32, "BLOCK_N": 64},
-    "mla_attention": {"BLOCK_M": 16, "BLOCK_N": 64},
-    "elementwise": {"BLOCK": 16384},
-    "causal_conv1d": {"BLOCK_C": 1024, "TILES_PER_PROGRAM": 64},
-    "gated_delta_rule": {"BLOCK_T": 16, "BLOCK_V": 128},
-    "gated_delta_rule_decode": {"BLOCK_V": 128},
-})
+INTERPRETER: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "gemm": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 512},
+        "grouped_gemm": {"BLOCK_M": 8, "BLOCK_N": 256, "BLOCK_K": 1024},
+        "scaled_gemm": {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 512},
+        "fused_moe": {"BLOCK_M": 4, "BLOCK_N": 4096, "BLOCK_K": 4096},
+        "scaled_grouped_gemm": {"BLOCK_M": 8, "BLOCK_N": 512, "BLOCK_K": 128},
+        "quantize_activation": {"BLOCK_M": 64, "BLOCK_K": 1024},
+        "paged_attention": {"BLOCK_M": 32, "BLOCK_N": 64},
+        "varlen_attention": {"BLOCK_M": 32, "BLOCK_N": 64},
+        "mla_attention": {"BLOCK_M": 16, "BLOCK_N": 64},
+        "elementwise": {"BLOCK": 16384},
+        "causal_conv1d": {"BLOCK_C": 1024, "TILES_PER_PROGRAM": 64},
+        "gated_delta_rule": {"BLOCK_T": 16, "BLOCK_V": 128},
+        "gated_delta_rule_decode": {"BLOCK_V": 128},
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """``hetero serve``: an OpenAI-compatible HTTP server over hetero's engine (FastAPI and uvicorn, the
 ``hetero[serve]`` extra; imported on first use, so the ``hetero`` command runs without them)."""
+
 from __future__ import annotations
 
 import importlib

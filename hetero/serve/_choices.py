@@ -1,5 +1,6 @@
 """One request's choice as the OpenAI API shapes it: text (with stop strings), logprobs, token ids,
 streamed as deltas or returned whole."""
+
 from __future__ import annotations
 
 from hetero.engine import SamplingParams
@@ -10,9 +11,16 @@ __all__ = ["Choice", "ChoiceStream", "sampling_params", "usage"]
 
 def sampling_params(body, max_tokens: int, logprobs: int | None) -> SamplingParams:
     """The engine's parameters of an API request (values checked by SamplingParams: a 400 if bad)."""
-    return SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, max_tokens=max_tokens,
-                          seed=body.seed, ignore_eos=body.ignore_eos, stop_token_ids=tuple(body.stop_token_ids),
-                          logprobs=logprobs)
+    return SamplingParams(
+        temperature=body.temperature,
+        top_k=body.top_k,
+        top_p=body.top_p,
+        max_tokens=max_tokens,
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+        stop_token_ids=tuple(body.stop_token_ids),
+        logprobs=logprobs,
+    )
 
 
 def usage(out: RequestOutput) -> dict:
@@ -66,7 +74,7 @@ class ChoiceStream:
             # held back: a character not complete yet, and what could be the start of a stop string
             keep = len(text.rstrip("\ufffd")) - max((len(s) - 1 for s in self.choice.stop), default=0)
             text = text[: max(keep, len(self.sent))]
-        new_text = text[len(self.sent):] if text.startswith(self.sent) else ""
+        new_text = text[len(self.sent) :] if text.startswith(self.sent) else ""
         self.sent += new_text
         if not (new_text or new_ids or self.done):
             return None
@@ -93,15 +101,30 @@ class ChoiceStream:
 
     def _logprob(self, token_id: int, top: dict) -> tuple[str, float, list[tuple[str, float]]]:
         sampled = top.get(token_id)
-        return (self.choice.token(token_id), sampled.logprob if sampled is not None else float("-inf"),
-                [(self.choice.token(t), lp.logprob) for t, lp in top.items()])
+        return (
+            self.choice.token(token_id),
+            sampled.logprob if sampled is not None else float("-inf"),
+            [(self.choice.token(t), lp.logprob) for t, lp in top.items()],
+        )
 
     def _logprobs(self, entries: list) -> dict | None:
         if not self.choice.logprobs:
             return None
         if self.chat:
-            return {"content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()),
-                                 "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in top]}
-                                for tok, lp, top in entries]}
-        return {"tokens": [e[0] for e in entries], "token_logprobs": [e[1] for e in entries],
-                "top_logprobs": [dict(e[2]) for e in entries], "text_offset": []}
+            return {
+                "content": [
+                    {
+                        "token": tok,
+                        "logprob": lp,
+                        "bytes": list(tok.encode()),
+                        "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in top],
+                    }
+                    for tok, lp, top in entries
+                ]
+            }
+        return {
+            "tokens": [e[0] for e in entries],
+            "token_logprobs": [e[1] for e in entries],
+            "top_logprobs": [dict(e[2]) for e in entries],
+            "text_offset": [],
+        }

@@ -1,4 +1,5 @@
 """Waiting on something for a client that may close its connection first (a request not streamed)."""
+
 from __future__ import annotations
 
 import asyncio

@@ -7,6 +7,7 @@ request aborted and its blocks freed. A bad request gets OpenAI's error body wit
 the server goes on serving. With a ``pd`` role the endpoints also take ``kv_transfer_params``
 (prefill/decode disaggregation, ``hetero.serve.pd``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +23,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from hetero.engine import LLM
 from hetero.errors import UsageError
-from hetero.serve._disconnect import ClientGone, unless_gone
 from hetero.serve._choices import Choice, ChoiceStream, sampling_params, usage
+from hetero.serve._disconnect import ClientGone, unless_gone
 from hetero.serve.engine_loop import EngineLoop
 from hetero.serve.metrics import ServerMetrics
 from hetero.serve.pd.roles import DecodeRole, PrefillRole, Unavailable
@@ -38,8 +39,9 @@ class BadRequest(Exception):
         self.param = param
 
 
-def build_app(llm: LLM, model_name: str, pd: PrefillRole | DecodeRole | None = None,
-              metrics: ServerMetrics | None = None) -> FastAPI:
+def build_app(
+    llm: LLM, model_name: str, pd: PrefillRole | DecodeRole | None = None, metrics: ServerMetrics | None = None
+) -> FastAPI:
     """The app serving ``llm`` as ``model_name``; its engine thread runs while the app is up (lifespan).
     ``pd``: this instance's side of prefill/decode disaggregation (its counters in ``metrics``)."""
     metrics = metrics or ServerMetrics(model_name)
@@ -81,8 +83,14 @@ def _errors(app: FastAPI) -> None:
         return JSONResponse(error_body(str(exc), 400, getattr(exc, "arg", None)), status_code=400)
 
 
-def _routes(app: FastAPI, llm: LLM, engine: EngineLoop, metrics: ServerMetrics, model_name: str,
-            pd: PrefillRole | DecodeRole | None) -> None:
+def _routes(
+    app: FastAPI,
+    llm: LLM,
+    engine: EngineLoop,
+    metrics: ServerMetrics,
+    model_name: str,
+    pd: PrefillRole | DecodeRole | None,
+) -> None:
     max_model_len = llm.config.max_model_len
     vocab = getattr(llm.config.hf_config, "vocab_size", None)
 
@@ -98,8 +106,14 @@ def _routes(app: FastAPI, llm: LLM, engine: EngineLoop, metrics: ServerMetrics, 
 
     @app.get("/v1/models")
     async def models() -> dict:
-        card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "hetero",
-                "max_model_len": max_model_len, "vocab_size": vocab}
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "hetero",
+            "max_model_len": max_model_len,
+            "vocab_size": vocab,
+        }
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
@@ -137,8 +151,10 @@ def _prefill_only(body, pd) -> bool:
     if not (body.kv_transfer_params or {}).get("do_remote_decode"):
         return False
     if not isinstance(pd, PrefillRole):
-        raise BadRequest("kv_transfer_params.do_remote_decode: this server is not a prefill instance "
-                         "(hetero serve --role prefill)", "kv_transfer_params")
+        raise BadRequest(
+            "kv_transfer_params.do_remote_decode: this server is not a prefill instance (hetero serve --role prefill)",
+            "kv_transfer_params",
+        )
     return True
 
 
@@ -156,8 +172,10 @@ async def _imported(body, pd):
     if params.get("transfer_id") is None:
         return None
     if not isinstance(pd, DecodeRole):
-        raise BadRequest("kv_transfer_params.transfer_id: this server is not a decode instance "
-                         "(hetero serve --role decode)", "kv_transfer_params")
+        raise BadRequest(
+            "kv_transfer_params.transfer_id: this server is not a decode instance (hetero serve --role decode)",
+            "kv_transfer_params",
+        )
     return await pd.cache(params)
 
 
@@ -195,13 +213,15 @@ class _Shape:
         return body
 
 
-async def _respond(engine: EngineLoop, prompt, params, choice: Choice, shape: _Shape, stream: bool,
-                   request: Request, cache=None):
+async def _respond(
+    engine: EngineLoop, prompt, params, choice: Choice, shape: _Shape, stream: bool, request: Request, cache=None
+):
     outputs = engine.generate(prompt, params, cache)
     first = await anext(outputs)  # raises UsageError for a request the engine refuses: a 400 before any byte
     if stream:
-        return StreamingResponse(_events(first, outputs, ChoiceStream(choice, shape.chat), shape),
-                                 media_type="text/event-stream")
+        return StreamingResponse(
+            _events(first, outputs, ChoiceStream(choice, shape.chat), shape), media_type="text/event-stream"
+        )
     try:
         state, out = await unless_gone(request, _whole(first, outputs, ChoiceStream(choice, shape.chat)))
     except ClientGone:  # cancelled, which aborted the request and freed its blocks

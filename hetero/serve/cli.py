@@ -1,12 +1,13 @@
 """``hetero serve`` and ``hetero bench-serve``: the OpenAI-compatible server and its load generator."""
+
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 from typing import Any
 
-from hetero.tools._cli_common import EXIT_FAIL, EXIT_OK, compile_arg, model_args
 from hetero.errors import UsageError
+from hetero.tools._cli_common import EXIT_FAIL, EXIT_OK, compile_arg, model_args
 
 __all__ = ["add_parser"]
 
@@ -20,9 +21,12 @@ def add_parser(sub: Any) -> None:
 
 
 def _add_serve_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="serve a checkpoint behind an OpenAI-compatible HTTP API",
-                       description="Serve a checkpoint directory: /v1/completions, /v1/chat/completions (with a "
-                                   "tokenizer and chat template), /v1/models, /health and /metrics (Prometheus).")
+    p = sub.add_parser(
+        "serve",
+        help="serve a checkpoint behind an OpenAI-compatible HTTP API",
+        description="Serve a checkpoint directory: /v1/completions, /v1/chat/completions (with a "
+        "tokenizer and chat template), /v1/models, /health and /metrics (Prometheus).",
+    )
     p.add_argument("--model", default=None, metavar="DIR", help="checkpoint directory (every role but router)")
     model_args(p)
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the directory name)")
@@ -32,31 +36,51 @@ def _add_serve_parser(sub: Any) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="ranks; launch with torchrun --nproc-per-node N (rank 0 serves)")
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="ranks; launch with torchrun --nproc-per-node N (rank 0 serves)",
+    )
     p.add_argument("--expert-parallel", action="store_true", help="split MoE experts over the ranks")
     compile_arg(p)
     pd = p.add_argument_group("prefill/decode disaggregation")
-    pd.add_argument("--role", choices=("prefill", "decode", "router"), default=None,
-                    help="prefill: compute prompts' caches and send them to the decode instance; decode: generate "
-                         "from them; router: the OpenAI API in front of both (default: serve alone)")
-    pd.add_argument("--kv-transfer-addr", default=None, metavar="HOST:PORT",
-                    help="prefill and decode: where they meet (the decode instance listens there)")
-    pd.add_argument("--kv-connect-timeout", type=float, default=600.0, metavar="S",
-                    help="prefill and decode: how long to wait for the other (default 600)")
+    pd.add_argument(
+        "--role",
+        choices=("prefill", "decode", "router"),
+        default=None,
+        help="prefill: compute prompts' caches and send them to the decode instance; decode: generate "
+        "from them; router: the OpenAI API in front of both (default: serve alone)",
+    )
+    pd.add_argument(
+        "--kv-transfer-addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="prefill and decode: where they meet (the decode instance listens there)",
+    )
+    pd.add_argument(
+        "--kv-connect-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="prefill and decode: how long to wait for the other (default 600)",
+    )
     pd.add_argument("--prefill-url", default=None, help="router: the prefill instance, http://HOST:PORT")
     pd.add_argument("--decode-url", default=None, help="router: the decode instance, http://HOST:PORT")
     p.set_defaults(func=_cmd_serve)
 
 
 def _check_role(args: argparse.Namespace) -> None:
-    need = {"router": ("prefill_url", "decode_url"), "prefill": ("model", "kv_transfer_addr"),
-            "decode": ("model", "kv_transfer_addr"), None: ("model",)}[args.role]
+    need = {
+        "router": ("prefill_url", "decode_url"),
+        "prefill": ("model", "kv_transfer_addr"),
+        "decode": ("model", "kv_transfer_addr"),
+        None: ("model",),
+    }[args.role]
     for name in need:
         if getattr(args, name) is None:
             role = f"--role {args.role}" if args.role else "serving"
-            raise UsageError(f"{role} needs --{name.replace('_', '-')}", arg=f"--{name}",
-                             expected="a value", got=None)
+            raise UsageError(f"{role} needs --{name.replace('_', '-')}", arg=f"--{name}", expected="a value", got=None)
     if args.kv_transfer_addr is not None:
         from hetero.serve.pd.link import parse_addr
 
@@ -70,10 +94,13 @@ def _cmd_serve(args: argparse.Namespace, registry: Any, console: Any) -> int:
     if args.role == "router":
         from hetero.serve.pd.router import build_router
 
-        console.print(f"routing {args.prefill_url} (prefill) -> {args.decode_url} (decode) on "
-                      f"http://{args.host}:{args.port}/v1", highlight=False)
-        uvicorn.run(build_router(args.prefill_url, args.decode_url), host=args.host, port=args.port,
-                    log_level="warning")
+        console.print(
+            f"routing {args.prefill_url} (prefill) -> {args.decode_url} (decode) on http://{args.host}:{args.port}/v1",
+            highlight=False,
+        )
+        uvicorn.run(
+            build_router(args.prefill_url, args.decode_url), host=args.host, port=args.port, log_level="warning"
+        )
         return EXIT_OK
     return _serve_model(args, console)
 
@@ -87,10 +114,19 @@ def _serve_model(args: argparse.Namespace, console: Any) -> int:
     from hetero.serve.metrics import ServerMetrics
 
     extra = {"max_model_len": args.max_model_len} if args.max_model_len else {}
-    llm = LLM(args.model, backend=args.backend, dtype=args.dtype or "auto", block_size=args.block_size,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, seed=args.seed,
-              compile=args.compile, tensor_parallel_size=args.tensor_parallel_size,
-              expert_parallel=args.expert_parallel, **extra)
+    llm = LLM(
+        args.model,
+        backend=args.backend,
+        dtype=args.dtype or "auto",
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        seed=args.seed,
+        compile=args.compile,
+        tensor_parallel_size=args.tensor_parallel_size,
+        expert_parallel=args.expert_parallel,
+        **extra,
+    )
     if llm.rank != 0:
         follow(llm)
         return EXIT_OK
@@ -99,15 +135,19 @@ def _serve_model(args: argparse.Namespace, console: Any) -> int:
     if args.role is not None:
         from hetero.serve.pd import open_role
 
-        console.print(f"{args.role}: meeting the {'decode' if args.role == 'prefill' else 'prefill'} instance at "
-                      f"{args.kv_transfer_addr}", highlight=False)
+        console.print(
+            f"{args.role}: meeting the {'decode' if args.role == 'prefill' else 'prefill'} instance at "
+            f"{args.kv_transfer_addr}",
+            highlight=False,
+        )
         try:
             pd = open_role(llm, args.role, args.kv_transfer_addr, args.kv_connect_timeout, metrics.registry)
         except TimeoutError as e:
             console.print(f"[red]error:[/] {e}", highlight=False)
             return EXIT_FAIL
     role = f" as the {args.role} instance" if args.role else ""
-    console.print(f"serving {name} (backend {args.backend or 'auto'}){role} on http://{args.host}:{args.port}/v1",
-                  highlight=False)
+    console.print(
+        f"serving {name} (backend {args.backend or 'auto'}){role} on http://{args.host}:{args.port}/v1", highlight=False
+    )
     uvicorn.run(build_app(llm, name, pd, metrics), host=args.host, port=args.port, log_level="warning")
     return EXIT_OK

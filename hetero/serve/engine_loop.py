@@ -11,6 +11,7 @@ Under tensor or expert parallelism (torchrun) rank 0 serves and every other rank
 before each step rank 0 broadcasts what the ranks do next ("step", "idle" or "stop"), so they step
 together and an idle server still meets its followers every ``IDLE_S`` seconds.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -70,8 +71,9 @@ class EngineLoop:
         self._wake.set()
         self._thread.join(timeout)
 
-    async def generate(self, prompt: str | Sequence[int], params: SamplingParams,
-                       cache: SequenceCache | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams, cache: SequenceCache | None = None
+    ) -> AsyncIterator[RequestOutput]:
         """Add a request (its first ``cache.num_tokens`` prompt tokens imported from ``cache``) and
         yield its outputs as steps produce them, the last one finished.
 
@@ -109,8 +111,15 @@ class EngineLoop:
 
     def _add(self, prompt, params: SamplingParams, cache: SequenceCache | None = None, export: bool = False) -> _Add:
         loop = asyncio.get_running_loop()
-        return _Add(f"req-{next(self._ids)}", prompt, params, _Stream(loop, asyncio.Queue()), loop.create_future(),
-                    cache, export)
+        return _Add(
+            f"req-{next(self._ids)}",
+            prompt,
+            params,
+            _Stream(loop, asyncio.Queue()),
+            loop.create_future(),
+            cache,
+            export,
+        )
 
     def _send(self, command: tuple) -> None:
         self._commands.put(command)
@@ -168,8 +177,9 @@ class EngineLoop:
         self._exports.discard(out.request_id)
         try:
             if out.finished:
-                raise RuntimeError(f"request {out.request_id} finished ({out.finish_reason}) before its cache was "
-                                   f"exported")
+                raise RuntimeError(
+                    f"request {out.request_id} finished ({out.finish_reason}) before its cache was exported"
+                )
             item: object = self.llm.export_cache(out.request_id)
             self.llm.abort(out.request_id)
         except Exception as e:  # noqa: BLE001  (the exporter learns why)

@@ -1,4 +1,5 @@
 """The server's Prometheus metrics, updated by the engine thread after every step."""
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -21,18 +22,28 @@ class ServerMetrics:
         label = {"labelnames": ("model_name",), "registry": self.registry}
         self.running = Gauge("hetero_num_requests_running", "Requests in the running batch", **label).labels(model)
         self.waiting = Gauge("hetero_num_requests_waiting", "Requests waiting to be scheduled", **label).labels(model)
-        self.kv_usage = Gauge("hetero_kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1)",
-                              **label).labels(model)
-        self.preemptions = Counter("hetero_num_preemptions", "Preemptions (blocks taken back from a running request)",
-                                   **label).labels(model)
-        self.finished = Counter("hetero_request_success", "Finished requests", ("model_name", "finished_reason"),
-                                registry=self.registry)
-        self.prompt_tokens = Counter("hetero_prompt_tokens", "Prompt tokens of finished requests", **label).labels(model)
+        self.kv_usage = Gauge("hetero_kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1)", **label).labels(
+            model
+        )
+        self.preemptions = Counter(
+            "hetero_num_preemptions", "Preemptions (blocks taken back from a running request)", **label
+        ).labels(model)
+        self.finished = Counter(
+            "hetero_request_success", "Finished requests", ("model_name", "finished_reason"), registry=self.registry
+        )
+        self.prompt_tokens = Counter("hetero_prompt_tokens", "Prompt tokens of finished requests", **label).labels(
+            model
+        )
         self.generation_tokens = Counter("hetero_generation_tokens", "Generated tokens", **label).labels(model)
-        self.ttft = Histogram("hetero_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS,
-                              **label).labels(model)
-        self.tpot = Histogram("hetero_time_per_output_token_seconds", "Mean time per output token after the first",
-                              buckets=LATENCY_BUCKETS, **label).labels(model)
+        self.ttft = Histogram(
+            "hetero_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, **label
+        ).labels(model)
+        self.tpot = Histogram(
+            "hetero_time_per_output_token_seconds",
+            "Mean time per output token after the first",
+            buckets=LATENCY_BUCKETS,
+            **label,
+        ).labels(model)
         self._model = model
         self._preempted = 0
 

@@ -6,6 +6,7 @@ generated ``token_ids``, and the prompt's as ``prompt_token_ids``), and ``kv_tra
 a disaggregated pair's router sets (``hetero.serve.pd``). Unknown fields are ignored, as
 OpenAI's own server does with fields it does not know.
 """
+
 from __future__ import annotations
 
 from typing import Literal, Union

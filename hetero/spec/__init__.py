@@ -17,6 +17,7 @@ Malformed input, for every op of every backend:
   never reads or writes outside its tensors and never kills the process: every
   kernel masks each index it loads from a metadata tensor.
 """
+
 from __future__ import annotations
 
 from types import MappingProxyType, ModuleType
@@ -27,8 +28,18 @@ from hetero.spec.comm import REDUCE_OPS, Communicator
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta, EPDispatch
 
 __all__ = [
-    "SPEC_VERSION", "OPS", "OP_NAMES", "FAMILIES", "OpSpec", "Output", "COMPARISONS", "AttentionMeta", "EPDispatch",
-    "Communicator", "REDUCE_OPS", "FLOAT_DTYPES",
+    "SPEC_VERSION",
+    "OPS",
+    "OP_NAMES",
+    "FAMILIES",
+    "OpSpec",
+    "Output",
+    "COMPARISONS",
+    "AttentionMeta",
+    "EPDispatch",
+    "Communicator",
+    "REDUCE_OPS",
+    "FLOAT_DTYPES",
 ]
 
 #: Semver of the interface and of its checks API (``hetero.spec.checks``). Major: an op's meaning or signature

@@ -3,6 +3,7 @@
 Each helper returns the sizes or host values the op goes on with, so the op
 itself never indexes with an unchecked value.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,6 @@ import numbers
 import torch
 
 from hetero.errors import OpError
-from hetero.spec._checks_dsa import check_topk_indices
-from hetero.spec._checks_meta import check_meta
 from hetero.spec._checks_core import (
     check_cu_seqlens,
     check_mla_inputs,
@@ -21,6 +20,8 @@ from hetero.spec._checks_core import (
     check_tensor,
     meta_tensors,
 )
+from hetero.spec._checks_dsa import check_topk_indices
+from hetero.spec._checks_meta import check_meta
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
 
 __all__ = [
@@ -125,8 +126,16 @@ def check_max_len(op: str, arg: str, value: object, cu: list[int]) -> None:
         raise OpError(op, arg, f"at least the longest sequence ({longest})", str(value))
 
 
-def check_varlen(op: str, query: object, key: object, value: object, cu_seqlens_q: object, cu_seqlens_k: object,
-                 max_seqlen_q: object, max_seqlen_k: object) -> tuple[list[int], list[int]]:
+def check_varlen(
+    op: str,
+    query: object,
+    key: object,
+    value: object,
+    cu_seqlens_q: object,
+    cu_seqlens_k: object,
+    max_seqlen_q: object,
+    max_seqlen_k: object,
+) -> tuple[list[int], list[int]]:
     """query [Tq, Hq, D], key [Tk, Hkv, D], value [Tk, Hkv, Dv] of one dtype, GQA heads, one device, and the
     cumulative lengths with their maxima; returns the host cumulative lengths (cu_q, cu_k)."""
     check_tensor(op, "query", query, ndim=3, dtypes=FLOAT_DTYPES)
@@ -143,8 +152,9 @@ def check_varlen(op: str, query: object, key: object, value: object, cu_seqlens_
     return cq, ck
 
 
-def check_mla_kv_write(op: str, kv_c: object, k_pe: object, ckv_cache: object, kpe_cache: object,
-                       slot_mapping: object) -> None:
+def check_mla_kv_write(
+    op: str, kv_c: object, k_pe: object, ckv_cache: object, kpe_cache: object, slot_mapping: object
+) -> None:
     """kv_c [T, Lkv] and k_pe [T, R] into ckv_cache [NB, BS, Lkv] and kpe_cache [NB, BS, R] of one dtype and
     device, through slot_mapping (its values checked against NB * BS)."""
     check_tensor(op, "kv_c", kv_c, ndim=2, dtypes=FLOAT_DTYPES)
@@ -158,8 +168,15 @@ def check_mla_kv_write(op: str, kv_c: object, k_pe: object, ckv_cache: object, k
     check_slot_mapping(op, slot_mapping, t, nb * bs)
 
 
-def check_mla(op: str, q_nope: object, q_pe: object, ckv_cache: object, kpe_cache: object, meta: AttentionMeta,
-              topk_indices: object) -> tuple[int, int, int, int, list[int], list[int]]:
+def check_mla(
+    op: str,
+    q_nope: object,
+    q_pe: object,
+    ckv_cache: object,
+    kpe_cache: object,
+    meta: AttentionMeta,
+    topk_indices: object,
+) -> tuple[int, int, int, int, list[int], list[int]]:
     """mla_attention's tensors, metadata (read on the host) and optional topk_indices; returns
     (T, H, Lkv, BS, query_start_loc, seq_lens)."""
     t, h, lkv, nb, bs = check_mla_inputs(op, q_nope, q_pe, ckv_cache, kpe_cache, FLOAT_DTYPES)

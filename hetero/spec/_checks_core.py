@@ -4,6 +4,7 @@ OpError naming the op, the argument, what was expected and what came.
 The metadata checks read tensors on the host; a backend calls them where a
 host sync is acceptable (the reference always does).
 """
+
 from __future__ import annotations
 
 import math
@@ -111,7 +112,9 @@ def check_cu_seqlens(op: str, arg: str, cu: torch.Tensor, total: int, batch: int
         raise OpError(op, arg, "first entry 0", str(host[:1].tolist()))
     bad = _first(host[1:] < host[:-1])
     if bad is not None:
-        raise OpError(op, arg, "non-decreasing values", f"{int(host[bad])} then {int(host[bad + 1])} at index {bad + 1}")
+        raise OpError(
+            op, arg, "non-decreasing values", f"{int(host[bad])} then {int(host[bad + 1])} at index {bad + 1}"
+        )
     if not (int(host[-1]) == total):
         raise OpError(op, arg, f"last entry equal to the token count {total}", str(int(host[-1])))
     return host.tolist()
@@ -151,8 +154,16 @@ def check_ids(op: str, ids: torch.Tensor, rows: int, num_experts: int, *, read_v
     return ids.shape[1]
 
 
-def check_rotary(op: str, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
-                 is_neox: object, *, read_positions: bool = True) -> tuple[int, int, int, int]:
+def check_rotary(
+    op: str,
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    is_neox: object,
+    *,
+    read_positions: bool = True,
+) -> tuple[int, int, int, int]:
     """The arguments of rotary_embedding; returns (tokens, head_dim, max_pos, rot).
 
     ``read_positions=False`` skips the range check of ``positions``, which reads them on the host.
@@ -168,7 +179,12 @@ def check_rotary(op: str, positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
     check_tensor(op, "cos_sin_cache", cos_sin_cache, ndim=2, dtypes=FLOAT_DTYPES)
     max_pos, rot = cos_sin_cache.shape
     if not (rot > 0 and rot % 2 == 0 and rot <= head_dim):
-        raise OpError(op, "cos_sin_cache", f"a positive even number of columns (rot) <= the head dim {head_dim}", f"shape {list(cos_sin_cache.shape)}")
+        raise OpError(
+            op,
+            "cos_sin_cache",
+            f"a positive even number of columns (rot) <= the head dim {head_dim}",
+            f"shape {list(cos_sin_cache.shape)}",
+        )
     if not isinstance(is_neox, bool):
         raise OpError(op, "is_neox", "a bool", type(is_neox).__name__)
     check_same_device(op, q=q, k=k, positions=positions, cos_sin_cache=cos_sin_cache)
@@ -182,7 +198,9 @@ def check_positions(op: str, positions: torch.Tensor, max_pos: int) -> None:
     if positions.numel():
         lo, hi = int(positions.min()), int(positions.max())
         if not (lo >= 0 and hi < max_pos):
-            raise OpError(op, "positions", f"positions in [0, {max_pos}) (rows of 'cos_sin_cache')", f"values in [{lo}, {hi}]")
+            raise OpError(
+                op, "positions", f"positions in [0, {max_pos}) (rows of 'cos_sin_cache')", f"values in [{lo}, {hi}]"
+            )
 
 
 def check_perm(op: str, perm: object, rows: int) -> None:
@@ -239,8 +257,9 @@ def check_kv_write(op: str, key: object, value: object, k_cache: object, v_cache
     return t, nb * bs
 
 
-def check_mla_inputs(op: str, q_nope: object, q_pe: object, ckv_cache: object, kpe_cache: object,
-                     dtypes: Sequence[torch.dtype]) -> tuple[int, int, int, int, int]:
+def check_mla_inputs(
+    op: str, q_nope: object, q_pe: object, ckv_cache: object, kpe_cache: object, dtypes: Sequence[torch.dtype]
+) -> tuple[int, int, int, int, int]:
     """The tensors of mla_attention (the metadata and devices are the caller's); returns (T, H, Lkv, NB, BS)."""
     check_tensor(op, "q_nope", q_nope, ndim=3, dtypes=dtypes)
     assert isinstance(q_nope, torch.Tensor)
@@ -270,8 +289,10 @@ def check_scale_form(op: str, arg: str, scale: object, rows: int, block_rows: in
     k_blocks = scale_blocks(k)
     per = "token" if arg == "a_scale" else "output channel"
     brows = "M" if arg == "a_scale" else "ceil(N/128)"
-    accepted = (f"float32 of one of the forms: per tensor (shape [], [1] or [1, 1]); per {per} [{rows}, 1]; "
-                f"128-blocks [{brows}, ceil(K/128)] = [{block_rows}, {k_blocks}]")
+    accepted = (
+        f"float32 of one of the forms: per tensor (shape [], [1] or [1, 1]); per {per} [{rows}, 1]; "
+        f"128-blocks [{brows}, ceil(K/128)] = [{block_rows}, {k_blocks}]"
+    )
     if not isinstance(scale, torch.Tensor):
         raise OpError(op, arg, "a torch.Tensor " + accepted, type(scale).__name__)
     if not (scale.dtype == torch.float32):
@@ -286,4 +307,3 @@ def check_scale_form(op: str, arg: str, scale: object, rows: int, block_rows: in
     if shape == (block_rows, k_blocks):
         return "block"
     raise OpError(op, arg, accepted, f"shape {list(shape)}")
-

@@ -8,6 +8,7 @@ index contents (``slot_mapping``, ``meta``) are read by ``hetero.spec.validate``
 entries of ``topk_indices`` need no check at all, as every entry outside a row's visible
 positions is skipped by definition (a kernel masks it).
 """
+
 from __future__ import annotations
 
 import math
@@ -15,9 +16,9 @@ import numbers
 
 import torch
 
-from hetero.spec.attention import INDEX_SCALE_GROUP
 from hetero.errors import OpError
 from hetero.spec._checks_core import INDEX_DTYPES, check_at_least_1d, check_same_device, check_tensor, meta_tensors
+from hetero.spec.attention import INDEX_SCALE_GROUP
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
 
 __all__ = [
@@ -35,17 +36,26 @@ INDEX_FP8 = torch.float8_e4m3fn
 SCALE_DTYPES = (torch.float32, torch.float64)
 
 
-def _check_index_cache(op: str, index_cache: object, index_scale: object, d: int, plain: torch.dtype) -> tuple[int, int]:
+def _check_index_cache(
+    op: str, index_cache: object, index_scale: object, d: int, plain: torch.dtype
+) -> tuple[int, int]:
     """index_cache [NB, BS, D] of ``plain`` dtype, or float8_e4m3fn with index_scale float32
     [NB, BS, D // 128] (D a multiple of 128). Returns (NB, BS)."""
     if index_scale is None:
         if not (not isinstance(index_cache, torch.Tensor) or index_cache.dtype != INDEX_FP8):
-            raise OpError(op, "index_scale", "a float32 [NB, BS, D // 128] tensor with a float8_e4m3fn index_cache", "None")
+            raise OpError(
+                op, "index_scale", "a float32 [NB, BS, D // 128] tensor with a float8_e4m3fn index_cache", "None"
+            )
         cache = check_tensor(op, "index_cache", index_cache, shape=(None, None, d), dtypes=(plain,))
     else:
         cache = check_tensor(op, "index_cache", index_cache, shape=(None, None, d), dtypes=(INDEX_FP8,))
         if not (d % INDEX_SCALE_GROUP == 0):
-            raise OpError(op, "index_cache", f"a key dim that is a multiple of {INDEX_SCALE_GROUP} in the fp8 format", f"shape {list(cache.shape)}")
+            raise OpError(
+                op,
+                "index_cache",
+                f"a key dim that is a multiple of {INDEX_SCALE_GROUP} in the fp8 format",
+                f"shape {list(cache.shape)}",
+            )
         nb, bs = cache.shape[:2]
         check_tensor(op, "index_scale", index_scale, shape=(nb, bs, d // INDEX_SCALE_GROUP), dtypes=SCALE_DTYPES)
     if not (cache.shape[1] >= 1):
@@ -53,8 +63,9 @@ def _check_index_cache(op: str, index_cache: object, index_scale: object, d: int
     return cache.shape[0], cache.shape[1]
 
 
-def check_index_k_write(op: str, k: object, index_cache: object, slot_mapping: object,
-                        index_scale: object = None) -> tuple[int, int]:
+def check_index_k_write(
+    op: str, k: object, index_cache: object, slot_mapping: object, index_scale: object = None
+) -> tuple[int, int]:
     """The tensors of write_index_k: k [T, D] float; index_cache [NB, BS, D] of k's dtype, or
     float8_e4m3fn with index_scale float32 [NB, BS, D // 128]; slot_mapping int64 [T] (its
     values are the caller's: ``check_slot_mapping``). Returns (T, NB * BS)."""
@@ -67,8 +78,9 @@ def check_index_k_write(op: str, k: object, index_cache: object, slot_mapping: o
     return t, nb * bs
 
 
-def check_indexer_inputs(op: str, q: object, weights: object, index_cache: object, meta: object, topk: object,
-                         index_scale: object = None) -> tuple[int, int, int, int, int, int]:
+def check_indexer_inputs(
+    op: str, q: object, weights: object, index_cache: object, meta: object, topk: object, index_scale: object = None
+) -> tuple[int, int, int, int, int, int]:
     """The arguments of indexer_topk but the metadata's values (``check_meta`` reads those):
     q [T, Hi, D] float; weights float32 [T, Hi]; index_cache [NB, BS, D] of q's dtype or the fp8
     format with its index_scale; meta an AttentionMeta; topk an int >= 1; one device.

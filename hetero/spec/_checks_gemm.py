@@ -3,6 +3,7 @@
 Every failure is a hetero.OpError naming the op, the argument, what was expected
 and what came.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,7 +41,12 @@ def check_operands(op: str, a: object, b: object, dtypes: tuple[torch.dtype, ...
         raise OpError(op, "b", f"device {a.device} (that of 'a')", str(b.device))
     layout = "[N, K]" if b_ndim == 2 else "[G, N, K]"
     if not (b.shape[-1] == a.shape[1]):
-        raise OpError(op, "b", f"shape {layout} with K = {a.shape[1]} (a's columns; b is in nn.Linear layout)", f"shape {list(b.shape)}")
+        raise OpError(
+            op,
+            "b",
+            f"shape {layout} with K = {a.shape[1]} (a's columns; b is in nn.Linear layout)",
+            f"shape {list(b.shape)}",
+        )
 
 
 def check_out_dtype(op: str, out_dtype: object, allowed: tuple[torch.dtype, ...]) -> None:
@@ -58,8 +64,9 @@ def check_bias(op: str, bias: object, n: int, dtypes: tuple[torch.dtype, ...], d
         raise OpError(op, "bias", f"device {device} (that of 'a')", str(bias.device))
 
 
-def check_scaled_gemm(op: str, a: object, b: object, a_scale: object, b_scale: object, bias: object,
-                      out_dtype: object) -> tuple[int, int, int, str, str]:
+def check_scaled_gemm(
+    op: str, a: object, b: object, a_scale: object, b_scale: object, bias: object, out_dtype: object
+) -> tuple[int, int, int, str, str]:
     """scaled_gemm's operands, scale forms, bias and out_dtype; returns (M, K, N, a_scale's form, b_scale's form)."""
     check_operands(op, a, b, QUANT_DTYPES)
     (m, k), n = a.shape, b.shape[0]

@@ -1,5 +1,6 @@
 """The AttentionMeta checks: its layout (types, dtypes, shapes: no host read) and its values
 against the token count and the cache (on one host copy of each tensor)."""
+
 from __future__ import annotations
 
 import numbers
@@ -38,7 +39,9 @@ def check_meta_shapes(op: str, meta: object, num_tokens: int) -> AttentionMeta:
     return meta
 
 
-def check_meta(op: str, meta: AttentionMeta, num_tokens: int, num_blocks: int, block_size: int) -> tuple[list[int], list[int]]:
+def check_meta(
+    op: str, meta: AttentionMeta, num_tokens: int, num_blocks: int, block_size: int
+) -> tuple[list[int], list[int]]:
     """Validate AttentionMeta against T tokens and a cache of NB blocks of BS slots, in whole-tensor
     operations on one host copy of each tensor. Returns host lists (query_start_loc, seq_lens)."""
     batch = check_meta_shapes(op, meta, num_tokens).seq_lens.shape[0]
@@ -52,15 +55,24 @@ def check_meta(op: str, meta: AttentionMeta, num_tokens: int, num_blocks: int, b
     cols = meta.block_table.shape[1]
     b = _first(used > cols)
     if b is not None:
-        raise OpError(op, "meta.block_table", f"at least {int(used[b])} columns for seq_lens[{b}]={int(seq[b])} "
-                      f"with block size {block_size}", str(cols))
+        raise OpError(
+            op,
+            "meta.block_table",
+            f"at least {int(used[b])} columns for seq_lens[{b}]={int(seq[b])} with block size {block_size}",
+            str(cols),
+        )
     table = meta.block_table.to("cpu", torch.int64)
     in_use = torch.arange(cols)[None, :] < used[:, None]
     bad = _first(in_use & ((table < 0) | (table >= num_blocks)))
     if bad is not None:
         row, col = divmod(bad, cols)
-        raise OpError(op, "meta.block_table", f"block ids in [0, {num_blocks})", f"{int(table[row, col])} at [{row}, {col}]")
-    for arg, value, need, what in (("max_query_len", meta.max_query_len, qlen, "query"), ("max_seq_len", meta.max_seq_len, seq, "sequence")):
+        raise OpError(
+            op, "meta.block_table", f"block ids in [0, {num_blocks})", f"{int(table[row, col])} at [{row}, {col}]"
+        )
+    for arg, value, need, what in (
+        ("max_query_len", meta.max_query_len, qlen, "query"),
+        ("max_seq_len", meta.max_seq_len, seq, "sequence"),
+    ):
         longest = int(need.max()) if batch else 0
         ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= longest
         if not ok:

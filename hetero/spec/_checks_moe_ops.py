@@ -3,6 +3,7 @@
 Every failure is a hetero.OpError naming the op, the argument, what was expected
 and what came.
 """
+
 from __future__ import annotations
 
 import math
@@ -10,10 +11,10 @@ import numbers
 
 import torch
 
-from hetero.spec._checks_moe import check_fused_moe_options, check_fused_moe_weights
-from hetero.spec._checks_quant import check_fused_moe_quant
 from hetero.errors import OpError
 from hetero.spec._checks_core import check_ids, check_same_device, check_tensor
+from hetero.spec._checks_moe import check_fused_moe_options, check_fused_moe_weights
+from hetero.spec._checks_quant import check_fused_moe_quant
 from hetero.spec.moe import SCORING
 from hetero.spec.types import FLOAT_DTYPES
 
@@ -34,8 +35,17 @@ def check_int(op: str, arg: str, value: object, lo: int, hi: int | None = None, 
     return int(value)
 
 
-def check_route(op: str, logits: object, top_k: object, scoring: object, renormalize: object, n_group: object,
-                topk_group: object, bias: object, factor: object) -> None:
+def check_route(
+    op: str,
+    logits: object,
+    top_k: object,
+    scoring: object,
+    renormalize: object,
+    n_group: object,
+    topk_group: object,
+    bias: object,
+    factor: object,
+) -> None:
     """Validate every argument of route."""
     check_tensor(op, "router_logits", logits, ndim=2, dtypes=FLOAT_DTYPES)
     assert isinstance(logits, torch.Tensor)
@@ -54,13 +64,20 @@ def check_route(op: str, logits: object, top_k: object, scoring: object, renorma
     kept = check_int(op, "topk_group", topk_group, 1, groups, f" (n_group = {groups})")
     per_group = experts // groups
     if not (kept * per_group >= k):
-        raise OpError(op, "topk_group", f"topk_group * E/n_group >= top_k = {k} (groups of {per_group} experts)", str(kept))
+        raise OpError(
+            op, "topk_group", f"topk_group * E/n_group >= top_k = {k} (groups of {per_group} experts)", str(kept)
+        )
     if bias is None:
         return
     check_tensor(op, "correction_bias", bias, shape=(experts,), dtypes=FLOAT_DTYPES)
     check_same_device(op, router_logits=logits, correction_bias=bias)
     if not (groups == 1 or per_group >= 2):
-        raise OpError(op, "n_group", f"groups of at least 2 experts with correction_bias (the group score sums the top 2; E = {experts})", str(groups))
+        raise OpError(
+            op,
+            "n_group",
+            f"groups of at least 2 experts with correction_bias (the group score sums the top 2; E = {experts})",
+            str(groups),
+        )
 
 
 def check_weights(op: str, weights: object, ids_shape: tuple[int, ...] | None) -> None:
@@ -74,10 +91,22 @@ def check_weights(op: str, weights: object, ids_shape: tuple[int, ...] | None) -
         raise OpError(op, "weights", "at least one column (top_k >= 1)", f"shape {list(weights.shape)}")
 
 
-def check_fused_moe(op: str, x: object, w13: object, w2: object, weights: object, ids: object, activation: object,
-                    alpha: object = 1.702, limit: object = None, w13_bias: object = None, w2_bias: object = None,
-                    quant: tuple[object, object, object, object] = (None, None, None, "float"), *,
-                    read_ids: bool = True) -> tuple[str, str] | None:
+def check_fused_moe(
+    op: str,
+    x: object,
+    w13: object,
+    w2: object,
+    weights: object,
+    ids: object,
+    activation: object,
+    alpha: object = 1.702,
+    limit: object = None,
+    w13_bias: object = None,
+    w2_bias: object = None,
+    quant: tuple[object, object, object, object] = (None, None, None, "float"),
+    *,
+    read_ids: bool = True,
+) -> tuple[str, str] | None:
     """Validate every argument of fused_moe; ``quant`` is (w13_scale, w2_scale, act_quant, act_scale_fmt).
     Returns the weight scales' forms, or None for float weights. ``read_ids=False`` leaves the ids'
     range check (a host read) to the caller."""
@@ -88,8 +117,18 @@ def check_fused_moe(op: str, x: object, w13: object, w2: object, weights: object
     w13_scale, w2_scale = quant[0], quant[1]
     check_tensor(op, "ids", ids)
     check_tensor(op, "weights", weights)
-    check_same_device(op, x=x, w13=w13, w2=w2, w13_bias=w13_bias, w2_bias=w2_bias, w13_scale=w13_scale,
-                      w2_scale=w2_scale, weights=weights, ids=ids)  # before reading values
+    check_same_device(
+        op,
+        x=x,
+        w13=w13,
+        w2=w2,
+        w13_bias=w13_bias,
+        w2_bias=w2_bias,
+        w13_scale=w13_scale,
+        w2_scale=w2_scale,
+        weights=weights,
+        ids=ids,
+    )  # before reading values
     check_ids(op, ids, rows, experts, read_values=read_ids)
     assert isinstance(ids, torch.Tensor)
     check_weights(op, weights, tuple(ids.shape))

@@ -3,6 +3,7 @@ shapes, dtypes and scale forms of ``quantize_activation``, ``scaled_grouped_gemm
 ``fused_moe``'s quantized mode. No tensor value is read (group_ends' values are
 ``hetero.spec.validate``'s).
 """
+
 from __future__ import annotations
 
 import numbers
@@ -36,8 +37,9 @@ def _dt(d: object) -> str:
     return str(d).replace("torch.", "")
 
 
-def check_quantize_inputs(op: str, x: object, dtype: object, group_size: object, scale_fmt: object,
-                          asymmetric: object) -> tuple[int, int, int]:
+def check_quantize_inputs(
+    op: str, x: object, dtype: object, group_size: object, scale_fmt: object, asymmetric: object
+) -> tuple[int, int, int]:
     """x [M, K] floating (K >= 1), dtype in QMAX, group_size a positive int or None, scale_fmt in
     SCALE_FORMATS, asymmetric a bool (True only with int8 and scale_fmt "float"); returns (M, K, G)."""
     check_tensor(op, "x", x, ndim=2, dtypes=FLOAT_DTYPES)
@@ -47,8 +49,9 @@ def check_quantize_inputs(op: str, x: object, dtype: object, group_size: object,
         raise OpError(op, "x", "at least one column", f"shape {list(x.shape)}")
     if dtype not in QMAX:
         raise OpError(op, "dtype", "one of " + ", ".join(_dt(d) for d in QMAX), str(_dt(dtype)))
-    ok_group = group_size is None or (isinstance(group_size, numbers.Integral) and not isinstance(group_size, bool)
-                                      and int(group_size) >= 1)
+    ok_group = group_size is None or (
+        isinstance(group_size, numbers.Integral) and not isinstance(group_size, bool) and int(group_size) >= 1
+    )
     if not ok_group:
         raise OpError(op, "group_size", "a positive int or None (one group per row)", repr(group_size))
     if scale_fmt not in SCALE_FORMATS:
@@ -64,8 +67,15 @@ def check_quantize_inputs(op: str, x: object, dtype: object, group_size: object,
     return rows, k, groups
 
 
-def _scale(op: str, arg: str, scale: object, accepted: str, device: torch.device, dtypes: tuple[torch.dtype, ...],
-           owner: str = "a") -> torch.Tensor:
+def _scale(
+    op: str,
+    arg: str,
+    scale: object,
+    accepted: str,
+    device: torch.device,
+    dtypes: tuple[torch.dtype, ...],
+    owner: str = "a",
+) -> torch.Tensor:
     if not isinstance(scale, torch.Tensor):
         raise OpError(op, arg, "a torch.Tensor " + accepted, type(scale).__name__)
     if scale.dtype not in dtypes:
@@ -75,12 +85,15 @@ def _scale(op: str, arg: str, scale: object, accepted: str, device: torch.device
     return scale
 
 
-def check_a_scale(op: str, a_scale: object, m: int, k: int, device: torch.device,
-                  dtypes: tuple[torch.dtype, ...] = _F32) -> str:
+def check_a_scale(
+    op: str, a_scale: object, m: int, k: int, device: torch.device, dtypes: tuple[torch.dtype, ...] = _F32
+) -> str:
     """scaled_grouped_gemm's a_scale: "block" [M, ceil(K/128)], "row" [M, 1] or "tensor" (one element)."""
     kb = scale_blocks(k)
-    accepted = (f"{'/'.join(_dt(d) for d in dtypes)} of one of the forms: 1x128 groups [M, ceil(K/128)] = [{m}, {kb}]; "
-                f"per token [{m}, 1]; per tensor (shape [], [1] or [1, 1])")
+    accepted = (
+        f"{'/'.join(_dt(d) for d in dtypes)} of one of the forms: 1x128 groups [M, ceil(K/128)] = [{m}, {kb}]; "
+        f"per token [{m}, 1]; per tensor (shape [], [1] or [1, 1])"
+    )
     shape = tuple(_scale(op, "a_scale", a_scale, accepted, device, dtypes).shape)
     if shape == (m, 1):
         return "row"
@@ -91,12 +104,23 @@ def check_a_scale(op: str, a_scale: object, m: int, k: int, device: torch.device
     raise OpError(op, "a_scale", accepted, f"shape {list(shape)}")
 
 
-def check_b_scale(op: str, arg: str, b_scale: object, groups: int, n: int, k: int, device: torch.device,
-                  dtypes: tuple[torch.dtype, ...] = _F32, owner: str = "a") -> str:
+def check_b_scale(
+    op: str,
+    arg: str,
+    b_scale: object,
+    groups: int,
+    n: int,
+    k: int,
+    device: torch.device,
+    dtypes: tuple[torch.dtype, ...] = _F32,
+    owner: str = "a",
+) -> str:
     """A grouped weight scale: "block" [G, ceil(N/128), ceil(K/128)], "row" [G, N, 1] or "group" [G]."""
     nb, kb = scale_blocks(n), scale_blocks(k)
-    accepted = (f"{'/'.join(_dt(d) for d in dtypes)} of one of the forms: 128x128 blocks [G, ceil(N/128), ceil(K/128)] = "
-                f"[{groups}, {nb}, {kb}]; per output channel [{groups}, {n}, 1]; one per group [{groups}]")
+    accepted = (
+        f"{'/'.join(_dt(d) for d in dtypes)} of one of the forms: 128x128 blocks [G, ceil(N/128), ceil(K/128)] = "
+        f"[{groups}, {nb}, {kb}]; per output channel [{groups}, {n}, 1]; one per group [{groups}]"
+    )
     shape = tuple(_scale(op, arg, b_scale, accepted, device, dtypes, owner).shape)
     forms = {(groups, nb, kb): "block", (groups, n, 1): "row", (groups,): "group"}
     if shape not in forms:
@@ -104,9 +128,17 @@ def check_b_scale(op: str, arg: str, b_scale: object, groups: int, n: int, k: in
     return forms[shape]
 
 
-def check_scaled_grouped(op: str, a: object, b: object, a_scale: object, b_scale: object, group_ends: object,
-                         a_zero_point: object, out_dtype: object,
-                         scale_dtypes: tuple[torch.dtype, ...] = _F32) -> tuple[str, str]:
+def check_scaled_grouped(
+    op: str,
+    a: object,
+    b: object,
+    a_scale: object,
+    b_scale: object,
+    group_ends: object,
+    a_zero_point: object,
+    out_dtype: object,
+    scale_dtypes: tuple[torch.dtype, ...] = _F32,
+) -> tuple[str, str]:
     """Every cheap check of scaled_grouped_gemm (group_ends' values are the validator's);
     returns the forms (a_form, b_form). ``scale_dtypes``: float32 (the reference also takes float64)."""
     check_tensor(op, "a", a, ndim=2, dtypes=QUANT_DTYPES)
@@ -115,7 +147,9 @@ def check_scaled_grouped(op: str, a: object, b: object, a_scale: object, b_scale
     assert isinstance(b, torch.Tensor)
     (m, k), (groups, n, kb) = a.shape, b.shape
     if not (kb == k):
-        raise OpError(op, "b", f"shape [G, N, K] with K = {k} (a's columns; nn.Linear layout)", f"shape {list(b.shape)}")
+        raise OpError(
+            op, "b", f"shape [G, N, K] with K = {k} (a's columns; nn.Linear layout)", f"shape {list(b.shape)}"
+        )
     if not (b.device == a.device):
         raise OpError(op, "b", f"device {a.device} (that of 'a')", str(b.device))
     a_form = check_a_scale(op, a_scale, m, k, a.device, scale_dtypes)
@@ -127,7 +161,12 @@ def check_scaled_grouped(op: str, a: object, b: object, a_scale: object, b_scale
             raise OpError(op, "a_zero_point", f"None with dtype {_dt(a.dtype)} (zero points are int8 only)", "a tensor")
         assert isinstance(a_scale, torch.Tensor)
         if not (tuple(a_scale.shape) == (m, 1)):
-            raise OpError(op, "a_zero_point", f"None unless a_scale is per token [{m}, 1]", f"a_scale of shape {list(a_scale.shape)}")
+            raise OpError(
+                op,
+                "a_zero_point",
+                f"None unless a_scale is per token [{m}, 1]",
+                f"a_scale of shape {list(a_scale.shape)}",
+            )
         check_tensor(op, "a_zero_point", a_zero_point, shape=(m, 1), dtypes=(torch.int32,))
         check_same_device(op, a=a, a_zero_point=a_zero_point)
     if out_dtype not in SCALED_OUT_DTYPES:
@@ -135,9 +174,16 @@ def check_scaled_grouped(op: str, a: object, b: object, a_scale: object, b_scale
     return a_form, b_form
 
 
-def check_fused_moe_quant(op: str, w13: torch.Tensor, w2: torch.Tensor, w13_scale: object, w2_scale: object,
-                          act_quant: object, act_scale_fmt: object,
-                          scale_dtypes: tuple[torch.dtype, ...] = _F32) -> tuple[str, str] | None:
+def check_fused_moe_quant(
+    op: str,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: object,
+    w2_scale: object,
+    act_quant: object,
+    act_scale_fmt: object,
+    scale_dtypes: tuple[torch.dtype, ...] = _F32,
+) -> tuple[str, str] | None:
     """fused_moe's quantized options, after ``check_fused_moe_weights`` (w13 [E, 2I, H], w2 [E, H, I]).
 
     Quantized weights need both scales, float weights take neither; act_quant in ACT_QUANT or None,
@@ -151,13 +197,22 @@ def check_fused_moe_quant(op: str, w13: torch.Tensor, w2: torch.Tensor, w13_scal
     if w13.dtype not in QUANT_DTYPES:
         for arg, value in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
             if value is not None:
-                raise OpError(op, arg, f"None with {_dt(w13.dtype)} weights (scales only with quantized weights)", "a tensor")
+                raise OpError(
+                    op, arg, f"None with {_dt(w13.dtype)} weights (scales only with quantized weights)", "a tensor"
+                )
         if act_quant is not None:
-            raise OpError(op, "act_quant", f"None with {_dt(w13.dtype)} weights (activation quantization needs quantized weights)", repr(act_quant))
+            raise OpError(
+                op,
+                "act_quant",
+                f"None with {_dt(w13.dtype)} weights (activation quantization needs quantized weights)",
+                repr(act_quant),
+            )
         return None
     for arg, value in (("w13_scale", w13_scale), ("w2_scale", w2_scale)):
         if not (value is not None):
-            raise OpError(op, arg, f"a scale with {_dt(w13.dtype)} weights (w13_scale and w2_scale: both or neither)", "None")
+            raise OpError(
+                op, arg, f"a scale with {_dt(w13.dtype)} weights (w13_scale and w2_scale: both or neither)", "None"
+            )
     experts, two_i, hidden = w13.shape
     f13 = check_b_scale(op, "w13_scale", w13_scale, experts, two_i, hidden, w13.device, scale_dtypes, "w13")
     f2 = check_b_scale(op, "w2_scale", w2_scale, experts, hidden, two_i // 2, w13.device, scale_dtypes, "w13")

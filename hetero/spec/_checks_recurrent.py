@@ -7,6 +7,7 @@ dtypes, devices): they are the always-on checks. ``check_state_batch`` reads the
 tensors' values (a device-to-host copy on an accelerator): it is what
 ``hetero.spec.validate`` runs when validation is on, and what the reference always runs.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,8 +53,14 @@ def check_state_index(op: str, query_start_loc: object, state_slots: object, has
     return n
 
 
-def check_state_batch(op: str, query_start_loc: torch.Tensor, state_slots: torch.Tensor, has_initial_state: torch.Tensor,
-                      tokens: int, num_slots: int) -> tuple[list[int], list[int], list[bool]]:
+def check_state_batch(
+    op: str,
+    query_start_loc: torch.Tensor,
+    state_slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    tokens: int,
+    num_slots: int,
+) -> tuple[list[int], list[int], list[bool]]:
     """The index contents: query_start_loc from 0 to T non-decreasing, state slots in [-1, S).
 
     Returns host lists (query_start_loc, state_slots, has_initial_state).
@@ -64,12 +71,23 @@ def check_state_batch(op: str, query_start_loc: torch.Tensor, state_slots: torch
     if slots:
         lo, hi = min(slots), max(slots)
         if not (lo >= -1 and hi < num_slots):
-            raise OpError(op, "state_slots", f"slots in [-1, {num_slots}) (-1 skips the sequence)", f"values in [{lo}, {hi}]")
+            raise OpError(
+                op, "state_slots", f"slots in [-1, {num_slots}) (-1 skips the sequence)", f"values in [{lo}, {hi}]"
+            )
     return starts, slots, [bool(b) for b in has_initial_state.tolist()]
 
 
-def check_causal_conv1d(op: str, x: object, weight: object, bias: object, conv_state: object, query_start_loc: object,
-                        state_slots: object, has_initial_state: object, activation: object) -> tuple[int, int, int, int]:
+def check_causal_conv1d(
+    op: str,
+    x: object,
+    weight: object,
+    bias: object,
+    conv_state: object,
+    query_start_loc: object,
+    state_slots: object,
+    has_initial_state: object,
+    activation: object,
+) -> tuple[int, int, int, int]:
     """x [T, C], weight [C, W] (W >= 2), bias [C] or None, conv_state [S, W-1, C], all of x's
     float dtype; the index tensors; activation "silu" or None. Returns (T, C, W, S)."""
     check_tensor(op, "x", x, ndim=2, dtypes=FLOAT_DTYPES)
@@ -87,8 +105,16 @@ def check_causal_conv1d(op: str, x: object, weight: object, bias: object, conv_s
     check_state_index(op, query_start_loc, state_slots, has_initial_state)
     if activation not in CONV_ACTIVATIONS:
         raise OpError(op, "activation", "'silu' or None", repr(activation))
-    check_same_device(op, x=x, weight=weight, bias=bias, conv_state=conv_state, query_start_loc=query_start_loc,
-                      state_slots=state_slots, has_initial_state=has_initial_state)
+    check_same_device(
+        op,
+        x=x,
+        weight=weight,
+        bias=bias,
+        conv_state=conv_state,
+        query_start_loc=query_start_loc,
+        state_slots=state_slots,
+        has_initial_state=has_initial_state,
+    )
     return t, c, w, conv_state.shape[0]
 
 
@@ -98,14 +124,27 @@ def _check_gates(op: str, g: object, beta: object, t: int, hv: int, kdim: int, v
     assert isinstance(g, torch.Tensor)
     ok = tuple(g.shape) in ((t, hv), (t, hv, kdim))
     if not ok:
-        raise OpError(op, "g", f"shape [{t}, {hv}] (per head) or [{t}, {hv}, {kdim}] (per key channel)", f"shape {list(g.shape)}")
+        raise OpError(
+            op, "g", f"shape [{t}, {hv}] (per head) or [{t}, {hv}, {kdim}] (per key channel)", f"shape {list(g.shape)}"
+        )
     beta_dtypes = tuple(dict.fromkeys((*STATE_DTYPES, v_dtype)))
     check_tensor(op, "beta", beta, shape=(t, hv), dtypes=beta_dtypes)
 
 
-def check_gated_delta_rule(op: str, q: object, k: object, v: object, g: object, beta: object, ssm_state: object,
-                           query_start_loc: object, state_slots: object, has_initial_state: object, scale: object,
-                           use_qk_l2norm: object) -> tuple[int, int, int, int, int, int]:
+def check_gated_delta_rule(
+    op: str,
+    q: object,
+    k: object,
+    v: object,
+    g: object,
+    beta: object,
+    ssm_state: object,
+    query_start_loc: object,
+    state_slots: object,
+    has_initial_state: object,
+    scale: object,
+    use_qk_l2norm: object,
+) -> tuple[int, int, int, int, int, int]:
     """q, k [T, H, K] and v [T, HV, V] of one float dtype with HV a multiple of H; the gates;
     ssm_state [S, HV, K, V] float32; the index tensors; scale a finite number; use_qk_l2norm a bool.
     Returns (T, H, K, HV, V, S)."""
@@ -117,7 +156,12 @@ def check_gated_delta_rule(op: str, q: object, k: object, v: object, g: object, 
     assert isinstance(v, torch.Tensor)
     hv, vdim = v.shape[1], v.shape[2]
     if not (h >= 1 and hv % h == 0):
-        raise OpError(op, "v", f"a value head count that is a multiple of the {h} key heads (shape [T, HV, V])", f"shape {list(v.shape)}")
+        raise OpError(
+            op,
+            "v",
+            f"a value head count that is a multiple of the {h} key heads (shape [T, HV, V])",
+            f"shape {list(v.shape)}",
+        )
     _check_gates(op, g, beta, t, hv, kdim, v.dtype)
     check_tensor(op, "ssm_state", ssm_state, shape=(None, hv, kdim, vdim), dtypes=STATE_DTYPES)
     assert isinstance(ssm_state, torch.Tensor)
@@ -127,6 +171,16 @@ def check_gated_delta_rule(op: str, q: object, k: object, v: object, g: object, 
         raise OpError(op, "scale", "a finite number (K**-0.5 for Gated DeltaNet)", repr(scale))
     if not isinstance(use_qk_l2norm, bool):
         raise OpError(op, "use_qk_l2norm", "a bool", repr(use_qk_l2norm))
-    check_same_device(op, q=q, k=k, v=v, g=g, beta=beta, ssm_state=ssm_state, query_start_loc=query_start_loc,
-                      state_slots=state_slots, has_initial_state=has_initial_state)
+    check_same_device(
+        op,
+        q=q,
+        k=k,
+        v=v,
+        g=g,
+        beta=beta,
+        ssm_state=ssm_state,
+        query_start_loc=query_start_loc,
+        state_slots=state_slots,
+        has_initial_state=has_initial_state,
+    )
     return t, h, kdim, hv, vdim, ssm_state.shape[0]

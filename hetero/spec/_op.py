@@ -1,5 +1,6 @@
 """How a spec module declares an operator: a documented, typed function with an empty body,
 and the metadata a harness needs to call it and judge its results without knowing the op."""
+
 from __future__ import annotations
 
 import inspect

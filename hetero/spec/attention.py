@@ -6,6 +6,7 @@ Softmax statistics (``lse``) are float32 ``[T, H]``, natural log, ``-inf`` for a
 row that sees no key (its output is 0). Accumulation is at least float32; outputs
 take the query's dtype.
 """
+
 from __future__ import annotations
 
 import torch

@@ -14,48 +14,146 @@ major one. The implementations live in private modules, one per family; import t
   ``check_gated_delta_rule``. ``check_meta`` and ``check_state_batch`` also read index values on
   the host, as the reference does on every call (``hetero.spec.validate`` is the opt-in form).
 """
+
 from __future__ import annotations
 
-from hetero.spec._checks_attention import (STAT_DTYPES, check_flag, check_gqa, check_max_len, check_mla,
-                                           check_mla_kv_write, check_options, check_out, check_paged_cache,
-                                           check_sinks, check_varlen)
-from hetero.spec._checks_core import (INDEX_DTYPES, check_at_least_1d, check_cu_seqlens, check_group_ends, check_ids,
-                                      check_kv_write, check_mla_inputs, check_perm, check_positions, check_rms_norm,
-                                      check_rotary, check_same_device, check_scale_form, check_slot_mapping,
-                                      check_tensor, expect, meta_tensors, scale_blocks)
-from hetero.spec._checks_dsa import (INDEX_FP8, SCALE_DTYPES, check_index_k_write, check_indexer_inputs,
-                                     check_layer_norm, check_topk_indices)
-from hetero.spec._checks_gemm import (QUANT_DTYPES, SCALED_OUT_DTYPES, check_bias, check_operands, check_out_dtype,
-                                      check_scaled_gemm)
+from hetero.spec._checks_attention import (
+    STAT_DTYPES,
+    check_flag,
+    check_gqa,
+    check_max_len,
+    check_mla,
+    check_mla_kv_write,
+    check_options,
+    check_out,
+    check_paged_cache,
+    check_sinks,
+    check_varlen,
+)
+from hetero.spec._checks_core import (
+    INDEX_DTYPES,
+    check_at_least_1d,
+    check_cu_seqlens,
+    check_group_ends,
+    check_ids,
+    check_kv_write,
+    check_mla_inputs,
+    check_perm,
+    check_positions,
+    check_rms_norm,
+    check_rotary,
+    check_same_device,
+    check_scale_form,
+    check_slot_mapping,
+    check_tensor,
+    expect,
+    meta_tensors,
+    scale_blocks,
+)
+from hetero.spec._checks_dsa import (
+    INDEX_FP8,
+    SCALE_DTYPES,
+    check_index_k_write,
+    check_indexer_inputs,
+    check_layer_norm,
+    check_topk_indices,
+)
+from hetero.spec._checks_gemm import (
+    QUANT_DTYPES,
+    SCALED_OUT_DTYPES,
+    check_bias,
+    check_operands,
+    check_out_dtype,
+    check_scaled_gemm,
+)
 from hetero.spec._checks_meta import check_meta, check_meta_shapes
 from hetero.spec._checks_moe import check_fused_moe_options, check_fused_moe_weights
 from hetero.spec._checks_moe_ops import WEIGHT_DTYPES, check_fused_moe, check_int, check_route, check_weights
-from hetero.spec._checks_quant import (check_a_scale, check_b_scale, check_fused_moe_quant, check_quantize_inputs,
-                                       check_scaled_grouped)
-from hetero.spec._checks_recurrent import (CONV_ACTIVATIONS, L2NORM_EPS, STATE_DTYPES, check_causal_conv1d,
-                                           check_gated_delta_rule, check_state_batch, check_state_index)
+from hetero.spec._checks_quant import (
+    check_a_scale,
+    check_b_scale,
+    check_fused_moe_quant,
+    check_quantize_inputs,
+    check_scaled_grouped,
+)
+from hetero.spec._checks_recurrent import (
+    CONV_ACTIVATIONS,
+    L2NORM_EPS,
+    STATE_DTYPES,
+    check_causal_conv1d,
+    check_gated_delta_rule,
+    check_state_batch,
+    check_state_index,
+)
 
 __all__ = [
     # general (spec 1.0; public since 1.5)
-    "expect", "check_tensor", "check_same_device", "check_at_least_1d", "meta_tensors", "INDEX_DTYPES",
-    "check_slot_mapping", "check_cu_seqlens", "check_group_ends", "check_ids", "check_perm", "check_positions",
+    "expect",
+    "check_tensor",
+    "check_same_device",
+    "check_at_least_1d",
+    "meta_tensors",
+    "INDEX_DTYPES",
+    "check_slot_mapping",
+    "check_cu_seqlens",
+    "check_group_ends",
+    "check_ids",
+    "check_perm",
+    "check_positions",
     # attention and AttentionMeta
-    "STAT_DTYPES", "check_options", "check_flag", "check_max_len", "check_paged_cache", "check_gqa", "check_sinks",
-    "check_out", "check_varlen", "check_kv_write", "check_mla_kv_write", "check_mla", "check_mla_inputs",
-    "check_meta", "check_meta_shapes",
+    "STAT_DTYPES",
+    "check_options",
+    "check_flag",
+    "check_max_len",
+    "check_paged_cache",
+    "check_gqa",
+    "check_sinks",
+    "check_out",
+    "check_varlen",
+    "check_kv_write",
+    "check_mla_kv_write",
+    "check_mla",
+    "check_mla_inputs",
+    "check_meta",
+    "check_meta_shapes",
     # sparse attention (DSA) and layer_norm
-    "INDEX_FP8", "SCALE_DTYPES", "check_index_k_write", "check_indexer_inputs", "check_topk_indices",
+    "INDEX_FP8",
+    "SCALE_DTYPES",
+    "check_index_k_write",
+    "check_indexer_inputs",
+    "check_topk_indices",
     "check_layer_norm",
     # layers
-    "check_rms_norm", "check_rotary",
+    "check_rms_norm",
+    "check_rotary",
     # gemm and quantization
-    "QUANT_DTYPES", "SCALED_OUT_DTYPES", "check_operands", "check_out_dtype", "check_bias", "check_scaled_gemm",
-    "check_scale_form", "scale_blocks", "check_quantize_inputs", "check_a_scale", "check_b_scale",
+    "QUANT_DTYPES",
+    "SCALED_OUT_DTYPES",
+    "check_operands",
+    "check_out_dtype",
+    "check_bias",
+    "check_scaled_gemm",
+    "check_scale_form",
+    "scale_blocks",
+    "check_quantize_inputs",
+    "check_a_scale",
+    "check_b_scale",
     "check_scaled_grouped",
     # moe
-    "WEIGHT_DTYPES", "check_int", "check_route", "check_weights", "check_fused_moe", "check_fused_moe_options",
-    "check_fused_moe_weights", "check_fused_moe_quant",
+    "WEIGHT_DTYPES",
+    "check_int",
+    "check_route",
+    "check_weights",
+    "check_fused_moe",
+    "check_fused_moe_options",
+    "check_fused_moe_weights",
+    "check_fused_moe_quant",
     # recurrent
-    "CONV_ACTIVATIONS", "STATE_DTYPES", "L2NORM_EPS", "check_state_index", "check_state_batch",
-    "check_causal_conv1d", "check_gated_delta_rule",
+    "CONV_ACTIVATIONS",
+    "STATE_DTYPES",
+    "L2NORM_EPS",
+    "check_state_index",
+    "check_state_batch",
+    "check_causal_conv1d",
+    "check_gated_delta_rule",
 ]

@@ -13,6 +13,7 @@ Launching many processes or hosts is torchrun's job; hetero never writes its
 own transport. ``hetero.distributed.TorchCommunicator`` implements this type
 over a ``torch.distributed`` process group of the backend's ``dist_backend``.
 """
+
 from __future__ import annotations
 
 import abc

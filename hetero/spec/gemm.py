@@ -3,14 +3,24 @@
 Weights are in nn.Linear layout, ``[N, K]``: every op computes ``a @ b.T``.
 Accumulation is at least float32 (exact int32 for int8).
 """
+
 from __future__ import annotations
 
 import torch
 
 from hetero.spec._op import Output, spec_op
 
-__all__ = ["gemm", "scaled_gemm", "grouped_gemm", "quantize_activation", "scaled_grouped_gemm", "SCALE_BLOCK",
-           "QMAX", "SCALE_FORMATS", "AMAX_FLOOR"]
+__all__ = [
+    "gemm",
+    "scaled_gemm",
+    "grouped_gemm",
+    "quantize_activation",
+    "scaled_grouped_gemm",
+    "SCALE_BLOCK",
+    "QMAX",
+    "SCALE_FORMATS",
+    "AMAX_FLOOR",
+]
 
 #: Block edge of the block-wise scales of ``scaled_gemm`` (DeepSeek-V3's 128x128 weights, 1x128 activations).
 SCALE_BLOCK = 128

@@ -1,4 +1,5 @@
 """Glue operators around attention and the MLP: normalization, rotary embedding, gated activation."""
+
 from __future__ import annotations
 
 import math
@@ -7,8 +8,8 @@ import numbers
 import torch
 
 from hetero.errors import OpError
-from hetero.spec._op import Output, spec_op
 from hetero.spec._checks_core import check_same_device, check_tensor
+from hetero.spec._op import Output, spec_op
 
 __all__ = ["rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"]
 
@@ -69,8 +70,9 @@ def layer_norm(
     """
 
 
-def check_rms_norm_options(op: str, x: torch.Tensor, residual: object, weight_offset: object, gate: object,
-                           gate_act: object) -> None:
+def check_rms_norm_options(
+    op: str, x: torch.Tensor, residual: object, weight_offset: object, gate: object, gate_act: object
+) -> None:
     """The 1.2 options of rms_norm (after ``hetero.spec.checks.check_rms_norm`` checked x):
     raises ``hetero.OpError`` naming the argument at fault."""
     ok_offset = isinstance(weight_offset, numbers.Real) and not isinstance(weight_offset, bool)

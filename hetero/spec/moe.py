@@ -3,6 +3,7 @@
 M tokens, hidden size H, E experts of intermediate size I, top-k slots per token.
 Expert ids are int32; routing weights are float32.
 """
+
 from __future__ import annotations
 
 import torch
@@ -11,7 +12,17 @@ from hetero.spec._op import Output, spec_op
 from hetero.spec.comm import Communicator
 from hetero.spec.types import EPDispatch
 
-__all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe", "ep_dispatch", "ep_combine", "SCORING", "ACTIVATIONS", "ACT_QUANT"]
+__all__ = [
+    "route",
+    "moe_permute",
+    "moe_unpermute",
+    "fused_moe",
+    "ep_dispatch",
+    "ep_combine",
+    "SCORING",
+    "ACTIVATIONS",
+    "ACT_QUANT",
+]
 
 SCORING = ("softmax", "sigmoid")
 #: fused_moe's activation quantization schemes (``act_quant``; None: none).
@@ -69,9 +80,7 @@ def moe_permute(
 
 
 @spec_op(returns=("out",))
-def moe_unpermute(
-    y_sorted: torch.Tensor, perm: torch.Tensor, weights: torch.Tensor
-) -> torch.Tensor:
+def moe_unpermute(y_sorted: torch.Tensor, perm: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Gather the expert outputs back to their tokens and sum them with the routing weights.
 
     y_sorted [M*k, H] in the order of ``moe_permute``; perm int64 [M*k] from it;

@@ -19,6 +19,7 @@ The logical state layouts are the ones below. A backend may keep another
 physical layout only behind ``supports()`` with the reason; callers always pass
 the spec's.
 """
+
 from __future__ import annotations
 
 import torch

@@ -6,6 +6,7 @@ fields (ints, splits, the communicator) the context, so ``tree_map`` over an
 op's arguments reaches every tensor inside them (widening to float64, moving to
 a device, recording) and rebuilds the same type.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -133,8 +134,13 @@ def _register_pytree(cls: type, static: tuple[str, ...]) -> None:
         children, context = flatten(obj)
         return [(pytree.GetAttrKey(n), c) for n, c in zip(dynamic, children)], context
 
-    pytree.register_pytree_node(cls, flatten, unflatten, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
-                                flatten_with_keys_fn=flatten_with_keys)
+    pytree.register_pytree_node(
+        cls,
+        flatten,
+        unflatten,
+        serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+        flatten_with_keys_fn=flatten_with_keys,
+    )
 
 
 _register_pytree(AttentionMeta, static=("max_query_len", "max_seq_len"))

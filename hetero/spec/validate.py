@@ -17,6 +17,7 @@ op's own shape checks. ``hetero.Ops`` runs them in front of a backend's ops when
 validation is on, unless the backend checks index contents itself
 (``Backend.validates_indices``, as the reference does).
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,8 @@ from typing import Mapping
 
 import torch
 
-from hetero.spec._checks_recurrent import check_state_batch
 from hetero.spec._checks_meta import check_meta
+from hetero.spec._checks_recurrent import check_state_batch
 from hetero.spec.checks import (
     check_cu_seqlens,
     check_group_ends,
@@ -92,37 +93,55 @@ def _tokens(op: str, arg: str, x: object, ndim: int) -> int:
     return x.shape[0]
 
 
-def write_kv(key: torch.Tensor, value: object, k_cache: torch.Tensor, v_cache: object, slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    key: torch.Tensor, value: object, k_cache: torch.Tensor, v_cache: object, slot_mapping: torch.Tensor
+) -> None:
     """slot_mapping int64 [T], every entry in [-1, NB*BS)."""
     nb, bs = _cache_slots("write_kv", "k_cache", k_cache, 4)
     check_slot_mapping("write_kv", slot_mapping, _tokens("write_kv", "key", key, 3), nb * bs)
 
 
-def write_mla_kv(kv_c: torch.Tensor, k_pe: object, ckv_cache: torch.Tensor, kpe_cache: object, slot_mapping: torch.Tensor) -> None:
+def write_mla_kv(
+    kv_c: torch.Tensor, k_pe: object, ckv_cache: torch.Tensor, kpe_cache: object, slot_mapping: torch.Tensor
+) -> None:
     """slot_mapping int64 [T], every entry in [-1, NB*BS)."""
     nb, bs = _cache_slots("write_mla_kv", "ckv_cache", ckv_cache, 3)
     check_slot_mapping("write_mla_kv", slot_mapping, _tokens("write_mla_kv", "kv_c", kv_c, 2), nb * bs)
 
 
-def _paged(op: str, query: object, q_arg: str, cache: object, cache_arg: str, cache_ndim: int, meta: AttentionMeta) -> None:
+def _paged(
+    op: str, query: object, q_arg: str, cache: object, cache_arg: str, cache_ndim: int, meta: AttentionMeta
+) -> None:
     nb, bs = _cache_slots(op, cache_arg, cache, cache_ndim)
     check_meta(op, meta, _tokens(op, q_arg, query, 3), nb, bs)
 
 
-def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: object, meta: AttentionMeta, **_: object) -> None:
+def paged_attention(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: object, meta: AttentionMeta, **_: object
+) -> None:
     """query_start_loc from 0 to T non-decreasing, seq_lens[b] >= its query length, enough
     block-table columns for seq_lens, block ids in [0, NB), max_query_len / max_seq_len bounds."""
     _paged("paged_attention", query, "query", k_cache, "k_cache", 4, meta)
 
 
-def mla_attention(q_nope: torch.Tensor, q_pe: object, ckv_cache: torch.Tensor, kpe_cache: object, meta: AttentionMeta, **_: object) -> None:
+def mla_attention(
+    q_nope: torch.Tensor, q_pe: object, ckv_cache: torch.Tensor, kpe_cache: object, meta: AttentionMeta, **_: object
+) -> None:
     """As paged_attention, over the latent cache. topk_indices needs no check: every entry outside
     a row's visible positions is skipped by definition (a kernel masks it)."""
     _paged("mla_attention", q_nope, "q_nope", ckv_cache, "ckv_cache", 3, meta)
 
 
-def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: object, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                     max_seqlen_q: int, max_seqlen_k: int, **_: object) -> None:
+def varlen_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: object,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    **_: object,
+) -> None:
     """cu_seqlens_q from 0 to Tq and cu_seqlens_k from 0 to Tk, non-decreasing, one entry more
     than sequences each; max_seqlen_q/k at least the longest query/key length."""
     op = "varlen_attention"
@@ -131,7 +150,13 @@ def varlen_attention(query: torch.Tensor, key: torch.Tensor, value: object, cu_s
     k = check_cu_seqlens(op, "cu_seqlens_k", cu_seqlens_k, tk, len(q) - 1)
     for arg, cu, longest in (("max_seqlen_q", q, max_seqlen_q), ("max_seqlen_k", k, max_seqlen_k)):
         need = max((cu[i + 1] - cu[i] for i in range(len(cu) - 1)), default=0)
-        expect(isinstance(longest, int) and longest >= need, op, arg, f"at least the longest sequence ({need})", repr(longest))
+        expect(
+            isinstance(longest, int) and longest >= need,
+            op,
+            arg,
+            f"at least the longest sequence ({need})",
+            repr(longest),
+        )
 
 
 def grouped_gemm(a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, **_: object) -> None:
@@ -140,8 +165,9 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, **_
     check_group_ends("grouped_gemm", group_ends, _tokens("grouped_gemm", "b", b, 3), rows)
 
 
-def scaled_grouped_gemm(a: torch.Tensor, b: torch.Tensor, a_scale: object, b_scale: object, group_ends: torch.Tensor,
-                        **_: object) -> None:
+def scaled_grouped_gemm(
+    a: torch.Tensor, b: torch.Tensor, a_scale: object, b_scale: object, group_ends: torch.Tensor, **_: object
+) -> None:
     """group_ends [G] non-decreasing within [0, M], as grouped_gemm's."""
     op = "scaled_grouped_gemm"
     check_group_ends(op, group_ends, _tokens(op, "b", b, 3), _tokens(op, "a", a, 2))
@@ -174,20 +200,50 @@ def rotary_embedding(positions: torch.Tensor, q: object, k: object, cos_sin_cach
     check_positions(op, positions, _tokens(op, "cos_sin_cache", cos_sin_cache, 2))
 
 
-def causal_conv1d(x: torch.Tensor, weight: object, bias: object, conv_state: torch.Tensor, query_start_loc: torch.Tensor,
-                  state_slots: torch.Tensor, has_initial_state: torch.Tensor, **_: object) -> None:
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: object,
+    bias: object,
+    conv_state: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    state_slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    **_: object,
+) -> None:
     """query_start_loc [N+1] from 0 to T non-decreasing; state_slots [N] in [-1, S); has_initial_state bool [N]."""
     op = "causal_conv1d"
-    check_state_batch(op, query_start_loc, state_slots, has_initial_state, _tokens(op, "x", x, 2),
-                      _tokens(op, "conv_state", conv_state, 3))
+    check_state_batch(
+        op,
+        query_start_loc,
+        state_slots,
+        has_initial_state,
+        _tokens(op, "x", x, 2),
+        _tokens(op, "conv_state", conv_state, 3),
+    )
 
 
-def gated_delta_rule(q: torch.Tensor, k: object, v: object, g: object, beta: object, ssm_state: torch.Tensor,
-                     query_start_loc: torch.Tensor, state_slots: torch.Tensor, has_initial_state: torch.Tensor, **_: object) -> None:
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: object,
+    v: object,
+    g: object,
+    beta: object,
+    ssm_state: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    state_slots: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    **_: object,
+) -> None:
     """As causal_conv1d, with S = ssm_state.shape[0] and T = q.shape[0]."""
     op = "gated_delta_rule"
-    check_state_batch(op, query_start_loc, state_slots, has_initial_state, _tokens(op, "q", q, 3),
-                      _tokens(op, "ssm_state", ssm_state, 4))
+    check_state_batch(
+        op,
+        query_start_loc,
+        state_slots,
+        has_initial_state,
+        _tokens(op, "q", q, 3),
+        _tokens(op, "ssm_state", ssm_state, 4),
+    )
 
 
 def write_index_k(k: torch.Tensor, index_cache: torch.Tensor, slot_mapping: torch.Tensor, **_: object) -> None:
@@ -202,6 +258,24 @@ def indexer_topk(q: torch.Tensor, weights: object, index_cache: torch.Tensor, me
 
 
 #: op name -> its index-content validator, for the ops that take index tensors.
-VALIDATORS = {f.__name__: f for f in (write_kv, write_mla_kv, paged_attention, mla_attention, varlen_attention,
-                                      grouped_gemm, scaled_grouped_gemm, moe_permute, moe_unpermute, fused_moe, ep_dispatch, rotary_embedding,
-                                      causal_conv1d, gated_delta_rule, write_index_k, indexer_topk)}
+VALIDATORS = {
+    f.__name__: f
+    for f in (
+        write_kv,
+        write_mla_kv,
+        paged_attention,
+        mla_attention,
+        varlen_attention,
+        grouped_gemm,
+        scaled_grouped_gemm,
+        moe_permute,
+        moe_unpermute,
+        fused_moe,
+        ep_dispatch,
+        rotary_embedding,
+        causal_conv1d,
+        gated_delta_rule,
+        write_index_k,
+        indexer_topk,
+    )
+}

@@ -1,4 +1,5 @@
 """What the engine's commands share: the model options, --prompt-ids parsing, the quantization line."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,15 +17,22 @@ def model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help="backend name (default: HETERO_BACKEND, else the best available)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (generate default: the checkpoint's)")
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens (default 16)")
-    p.add_argument("--quantization", default=None, metavar="METHOD",
-                   help="the quant_method the checkpoint must declare (fp8, compressed-tensors, none); "
-                        "a quantized checkpoint's detected format is printed to stderr either way")
+    p.add_argument(
+        "--quantization",
+        default=None,
+        metavar="METHOD",
+        help="the quant_method the checkpoint must declare (fp8, compressed-tensors, none); "
+        "a quantized checkpoint's detected format is printed to stderr either way",
+    )
 
 
 def compile_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the forward of decode-only steps (CUDA graphs on CUDA); the registry's "
-                        "value checks are off for the run")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the forward of decode-only steps (CUDA graphs on CUDA); the registry's "
+        "value checks are off for the run",
+    )
 
 
 def token_ids(text: str) -> list[int]:

@@ -5,6 +5,7 @@ The engine's ``QuantConfig`` says which layers quantize their inputs; transforme
 the engine's prefixes (q/k/v -> qkv_proj, gate/up -> gate_up_proj, fused experts -> experts). The
 model must run its experts through ``F.linear`` (``experts_implementation="eager"``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,8 +16,13 @@ import torch
 
 __all__ = ["quantized_inputs"]
 
-_PACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
-           "up_proj": "gate_up_proj"}
+_PACKED = {
+    "q_proj": "qkv_proj",
+    "k_proj": "qkv_proj",
+    "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
+}
 _GROUP = {"group128": 128, "token": None}
 
 
@@ -60,7 +66,7 @@ def quantized_inputs(model: torch.nn.Module, config: Any, ops: Any) -> Iterator[
         flat = x.reshape(-1, x.shape[-1])
         group = _GROUP[act]
         q, s = ops.quantize_activation(flat, dtype=dtype, group_size=group, scale_fmt=fmt)[:2]
-        full = s.repeat_interleave(group, dim=1)[:, :flat.shape[1]] if group else s
+        full = s.repeat_interleave(group, dim=1)[:, : flat.shape[1]] if group else s
         return (q.to(torch.float32) * full).to(x.dtype).reshape(x.shape)
 
     def patched(x, weight, bias=None):

@@ -6,6 +6,7 @@ the logits; then greedy generation token by token, and at the first position whe
 the two disagree, whether each side's token is among the other's top-k (vLLM's
 end-to-end acceptance rule: a near-tie may flip, a wrong model may not).
 """
+
 from __future__ import annotations
 
 import copy
@@ -15,8 +16,16 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["LayerError", "Divergence", "ModelCheck", "CheckReport", "default_prompts", "greedy_generation_config", "TOLERANCE",
-           "QUANTIZED_TOLERANCE"]
+__all__ = [
+    "LayerError",
+    "Divergence",
+    "ModelCheck",
+    "CheckReport",
+    "default_prompts",
+    "greedy_generation_config",
+    "TOLERANCE",
+    "QUANTIZED_TOLERANCE",
+]
 
 #: relative L2 error a layer may reach before it is where "the error starts"; per compute dtype
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
@@ -118,9 +127,17 @@ class ModelCheck:
     runs under that many torchrun ranks (the layer comparison runs the whole model on each).
     """
 
-    def __init__(self, model_dir: str | Path, backend: str | None = None, *, dtype: str = "float32",
-                 reference_dir: str | Path | None = None, block_size: int = 16, tolerance: float | None = None,
-                 tensor_parallel_size: int = 1):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        backend: str | None = None,
+        *,
+        dtype: str = "float32",
+        reference_dir: str | Path | None = None,
+        block_size: int = 16,
+        tolerance: float | None = None,
+        tensor_parallel_size: int = 1,
+    ):
         import transformers
 
         import hetero
@@ -135,8 +152,9 @@ class ModelCheck:
         self._scratch = None
         self.reference_dir = self._reference_dir(model_dir, reference_dir)
         extra = {"experts_implementation": "eager"} if self.quantized else {}
-        self.reference = transformers.AutoModelForCausalLM.from_pretrained(self.reference_dir, dtype=self.dtype,
-                                                                           **extra).eval()
+        self.reference = transformers.AutoModelForCausalLM.from_pretrained(
+            self.reference_dir, dtype=self.dtype, **extra
+        ).eval()
         self.vocab_size = int(self.reference.config.vocab_size)
         dynamic = self.quantized and self.quant_config.scheme.act_quant is not None
         default = QUANTIZED_TOLERANCE if dynamic else TOLERANCE.get(self.dtype, 5e-2)
@@ -194,7 +212,9 @@ class ModelCheck:
         tol = self.tolerance
         rows = []
         for j, name in enumerate(names):
-            a = torch.cat([(ours.hidden[i][j] if j < len(names) - 1 else ours.logits[i]).cpu() for i in range(len(prompts))])
+            a = torch.cat(
+                [(ours.hidden[i][j] if j < len(names) - 1 else ours.logits[i]).cpu() for i in range(len(prompts))]
+            )
             b = torch.cat([(refs[i][0][j] if j < len(names) - 1 else refs[i][1]) for i in range(len(prompts))])
             rel = _rel(a, b)
             rows.append(LayerError(name, rel, float((a - b).abs().max()), rel <= tol))
@@ -204,10 +224,16 @@ class ModelCheck:
         """hetero's greedy ``RequestOutput`` per prompt, with the top-``top_k`` logprobs of every token."""
         from hetero.engine import LLM, SamplingParams
 
-        llm = LLM(self.model_dir, backend=self.ops.name, dtype=str(self.dtype).removeprefix("torch."),
-                  block_size=self.block_size, tensor_parallel_size=self.tensor_parallel_size)
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                                logprobs=min(top_k, self.vocab_size))
+        llm = LLM(
+            self.model_dir,
+            backend=self.ops.name,
+            dtype=str(self.dtype).removeprefix("torch."),
+            block_size=self.block_size,
+            tensor_parallel_size=self.tensor_parallel_size,
+        )
+        params = SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=min(top_k, self.vocab_size)
+        )
         return llm.generate([list(p) for p in prompts], params, progress=False)
 
     @torch.inference_mode()
@@ -215,7 +241,7 @@ class ModelCheck:
         config = greedy_generation_config(self.reference, max_tokens)
         with self._reference_context():
             out = self.reference.generate(torch.tensor([list(prompt)]), generation_config=config)
-        return out[0, len(prompt):].tolist()
+        return out[0, len(prompt) :].tolist()
 
     def divergence(self, index: int, prompt: Sequence[int], ours: Any, theirs: list[int], top_k: int) -> Divergence:
         """Where ``ours`` (hetero's greedy ``RequestOutput``, with logprobs) and ``theirs`` first differ; hetero's
@@ -226,14 +252,29 @@ class ModelCheck:
             return Divergence(index, None)
         mine = [t for t, lp in ours.logprobs[pos].items() if lp.rank <= top_k]
         ref = self.reference_states(list(prompt) + tokens[:pos])[1][-1]
-        return Divergence(index, pos, tokens[pos], theirs[pos],
-                          hetero_in_reference_topk=tokens[pos] in ref.topk(top_k).indices.tolist(),
-                          reference_in_hetero_topk=theirs[pos] in mine)
+        return Divergence(
+            index,
+            pos,
+            tokens[pos],
+            theirs[pos],
+            hetero_in_reference_topk=tokens[pos] in ref.topk(top_k).indices.tolist(),
+            reference_in_hetero_topk=theirs[pos] in mine,
+        )
 
-    def run(self, prompts: Sequence[Sequence[int]] | None = None, *, max_tokens: int = 16, top_k: int = 5) -> CheckReport:
+    def run(
+        self, prompts: Sequence[Sequence[int]] | None = None, *, max_tokens: int = 16, top_k: int = 5
+    ) -> CheckReport:
         prompts = prompts or default_prompts(self.vocab_size)
-        report = CheckReport(self.model_dir, self.reference_dir, self.ops.name, str(self.dtype).removeprefix("torch."),
-                             self.tolerance, self.layer_errors(prompts), top_k=top_k, num_tokens=max_tokens)
+        report = CheckReport(
+            self.model_dir,
+            self.reference_dir,
+            self.ops.name,
+            str(self.dtype).removeprefix("torch."),
+            self.tolerance,
+            self.layer_errors(prompts),
+            top_k=top_k,
+            num_tokens=max_tokens,
+        )
         if max_tokens > 0:
             ours = self.hetero_greedy(prompts, max_tokens, top_k)
             for i, p in enumerate(prompts):

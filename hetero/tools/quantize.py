@@ -14,6 +14,7 @@ Schemes (every 2-D Linear ``*.weight`` except embeddings, norms, routers and lm_
 the values the 8-bit one means (``weight * scale``, through the engine's own dequantizer).
 Other files (tokenizer, generation config) are copied; shard files keep their names.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,30 +34,55 @@ __all__ = ["SCHEMES", "quantize_checkpoint", "dequantize_checkpoint", "is_quanti
 SCHEMES = ("fp8-block", "fp8-channel", "int8-channel")
 #: 2-D weights that stay in float: embeddings, the output head, MoE routers, Qwen's shared-expert gate, the
 #: DSA indexer's head weights (as in DeepSeek-V3.2's own checkpoint, whose indexer wq_b and wk are fp8)
-_KEEP = (r".*embed_tokens\.weight", r"(.*\.)?lm_head\.weight", r".*\.mlp\.gate\.weight", r".*shared_expert_gate\.weight",
-         r".*norm\.weight", r".*\.indexer\.weights_proj\.weight")
+_KEEP = (
+    r".*embed_tokens\.weight",
+    r"(.*\.)?lm_head\.weight",
+    r".*\.mlp\.gate\.weight",
+    r".*shared_expert_gate\.weight",
+    r".*norm\.weight",
+    r".*\.indexer\.weights_proj\.weight",
+)
 
 
 def is_quantizable(name: str, tensor: torch.Tensor) -> bool:
     """Whether ``hetero quantize`` quantizes checkpoint tensor ``name``: a float 2-D Linear weight not kept in float."""
-    return (name.endswith(".weight") and tensor.ndim == 2 and tensor.dtype.is_floating_point
-            and tensor.dtype.itemsize >= 2 and not any(re.fullmatch(p, name) for p in _KEEP))
+    return (
+        name.endswith(".weight")
+        and tensor.ndim == 2
+        and tensor.dtype.is_floating_point
+        and tensor.dtype.itemsize >= 2
+        and not any(re.fullmatch(p, name) for p in _KEEP)
+    )
 
 
 def _quantization_config(scheme: str, kept: list[str], scale_fmt: str) -> dict[str, Any]:
     if scheme == "fp8-block":
-        qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
-              "modules_to_not_convert": kept}
+        qc = {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128],
+            "modules_to_not_convert": kept,
+        }
         if scale_fmt != "float":
             qc["scale_fmt"] = scale_fmt
         return qc
     kind = "float" if scheme == "fp8-channel" else "int"
     fmt = f"{kind}-quantized"
-    group = {"targets": ["Linear"], "format": fmt,
-             "weights": {"num_bits": 8, "type": kind, "strategy": "channel", "symmetric": True, "dynamic": False},
-             "input_activations": {"num_bits": 8, "type": kind, "strategy": "token", "symmetric": True, "dynamic": True}}
-    return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
-            "ignore": kept, "config_groups": {"group_0": group}, "kv_cache_scheme": None}
+    group = {
+        "targets": ["Linear"],
+        "format": fmt,
+        "weights": {"num_bits": 8, "type": kind, "strategy": "channel", "symmetric": True, "dynamic": False},
+        "input_activations": {"num_bits": 8, "type": kind, "strategy": "token", "symmetric": True, "dynamic": True},
+    }
+    return {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "quantization_status": "compressed",
+        "ignore": kept,
+        "config_groups": {"group_0": group},
+        "kv_cache_scheme": None,
+    }
 
 
 def _quantized(name: str, tensor: torch.Tensor, scheme: str, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -97,8 +123,9 @@ def _rewrite(src: Path, dst: Path, convert, config_fn) -> dict[str, Any]:
     return seen
 
 
-def quantize_checkpoint(src: str | Path, dst: str | Path, scheme: str, *, scale_dtype: torch.dtype = torch.float32,
-                        scale_fmt: str = "float") -> dict[str, list[str]]:
+def quantize_checkpoint(
+    src: str | Path, dst: str | Path, scheme: str, *, scale_dtype: torch.dtype = torch.float32, scale_fmt: str = "float"
+) -> dict[str, list[str]]:
     """Write the ``scheme`` copy of float checkpoint ``src`` to ``dst``; {"converted": [...], "kept": [...]} module names.
 
     ``scale_dtype`` float32 (DeepSeek), bfloat16 or float16 (Qwen3-FP8, compressed-tensors);
@@ -139,8 +166,9 @@ def dequantize_checkpoint(src: str | Path, dst: str | Path, dtype: torch.dtype =
     scales = {}
     for path in checkpoint_files(src, "the quantized checkpoint"):
         with safe_open(str(path), framework="pt") as f:
-            scales.update({n.rsplit(".", 1)[0]: (path, n) for n in f.keys()
-                           if n.endswith((".weight_scale_inv", ".weight_scale"))})
+            scales.update(
+                {n.rsplit(".", 1)[0]: (path, n) for n in f.keys() if n.endswith((".weight_scale_inv", ".weight_scale"))}
+            )
 
     def convert(name, tensor, seen):
         if name.endswith((".weight_scale_inv", ".weight_scale")):

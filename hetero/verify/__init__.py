@@ -12,6 +12,7 @@ What a check is made of, shared by the conformance suite (``hetero_conformance``
 * :mod:`~hetero.verify.metrics`, :mod:`~hetero.verify.tolerances`, :mod:`~hetero.verify.judge`:
   the error metrics, the bounds and the one verdict rule.
 """
+
 from __future__ import annotations
 
 from hetero.verify.calls import call
@@ -23,7 +24,23 @@ from hetero.verify.outputs import OutputMismatch, comparable, kind_of, outputs_o
 from hetero.verify.tolerances import EXACT, Tolerance, tolerance
 
 __all__ = [
-    "Case", "DTYPES", "dtype_name", "call", "clone_inputs", "run_oracle", "to_device", "to_float64",
-    "OutputMismatch", "comparable", "kind_of", "outputs_of", "untouched_inputs", "Metrics", "compare",
-    "judge", "Tolerance", "tolerance", "EXACT",
+    "Case",
+    "DTYPES",
+    "dtype_name",
+    "call",
+    "clone_inputs",
+    "run_oracle",
+    "to_device",
+    "to_float64",
+    "OutputMismatch",
+    "comparable",
+    "kind_of",
+    "outputs_of",
+    "untouched_inputs",
+    "Metrics",
+    "compare",
+    "judge",
+    "Tolerance",
+    "tolerance",
+    "EXACT",
 ]

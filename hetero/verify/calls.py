@@ -1,4 +1,5 @@
 """Calling one implementation of an op with a case's arguments."""
+
 from __future__ import annotations
 
 from typing import Any, Callable

@@ -1,4 +1,5 @@
 """A conformance case: one op on one named shape in one dtype, with inputs drawn from a seed."""
+
 from __future__ import annotations
 
 import zlib

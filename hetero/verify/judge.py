@@ -6,6 +6,7 @@ oracle's, ``max_abs <= 2 * reference max_abs + floor * scale`` and
 ``"ids_as_sets"`` once sorted) passes only when every element equals the
 oracle's, NaN matching NaN.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,8 +27,16 @@ def _mismatched(got: torch.Tensor, want: torch.Tensor) -> int:
     return int((g.to(torch.int64) != w.to(torch.int64)).sum())
 
 
-def judge(name: str, got: torch.Tensor, oracle: torch.Tensor, reference: torch.Tensor | None, kind: str,
-          tol: Tolerance, report: dict[str, Any], problems: list[str]) -> None:
+def judge(
+    name: str,
+    got: torch.Tensor,
+    oracle: torch.Tensor,
+    reference: torch.Tensor | None,
+    kind: str,
+    tol: Tolerance,
+    report: dict[str, Any],
+    problems: list[str],
+) -> None:
     """Judge output ``name`` (same shape as ``oracle``): its metrics go to ``report``, what is wrong to ``problems``.
 
     ``reference`` is the reference implementation's result in the test dtype (None: taken as exact).
@@ -41,11 +50,19 @@ def judge(name: str, got: torch.Tensor, oracle: torch.Tensor, reference: torch.T
     m = compare(got, oracle)
     r = compare(oracle if reference is None else reference, oracle)
     bound = 2 * r.max_abs + tol.floor * m.scale
-    report[name] = {"kind": kind, **m.as_dict(), "ref_max_abs": r.max_abs, "ref_rel_l2": r.rel_l2,
-                    "bound_max_abs": bound, "bound_rel_l2": tol.max_rel_l2}
+    report[name] = {
+        "kind": kind,
+        **m.as_dict(),
+        "ref_max_abs": r.max_abs,
+        "ref_rel_l2": r.rel_l2,
+        "bound_max_abs": bound,
+        "bound_rel_l2": tol.max_rel_l2,
+    }
     if m.nonfinite_mismatch:
         problems.append(f"'{name}': {m.nonfinite_mismatch} elements NaN/Inf where the oracle is not (or the reverse)")
     if m.max_abs > bound:
-        problems.append(f"'{name}': max abs error {m.max_abs:.3g} > bound {bound:.3g} (2 x reference {r.max_abs:.3g} + floor)")
+        problems.append(
+            f"'{name}': max abs error {m.max_abs:.3g} > bound {bound:.3g} (2 x reference {r.max_abs:.3g} + floor)"
+        )
     if m.rel_l2 > tol.max_rel_l2:
         problems.append(f"'{name}': relative L2 error {m.rel_l2:.3g} > {tol.max_rel_l2:.3g}")

@@ -1,4 +1,5 @@
 """Error metrics of an output against the float64 oracle."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

@@ -1,4 +1,5 @@
 """The oracle: the reference backend on float64 copies of a case's inputs."""
+
 from __future__ import annotations
 
 from typing import Any, Callable

@@ -1,5 +1,6 @@
 """What each op produces, by name, and how each output is compared: read from the op's spec
 (``OpSpec.returns``, ``OpSpec.mutates``), never from a table of this package."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -28,6 +28,7 @@ bounds but misses the ``ssm_state`` bounds 36x (fp16) to 290x (bf16). That kerne
 coarser state than the spec's float32 one, and carries the loss into every later call: it
 fails here by design (a backend keeping a lower-precision state says so in ``supports()``).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -46,11 +47,25 @@ class Tolerance:
 
 
 _BY_DTYPE = {
-    "float32": Tolerance(1e-5, 1e-5, "fp32 eps 1.2e-7: ~100 ulps of slack for a different summation order, far below any indexing or scaling bug"),
-    "float16": Tolerance(1e-3, 5e-3, "fp16 half-ulp 4.9e-4 at 1.0: one rounding of the output plus a little; fp16 accumulation over thousands of terms exceeds it"),
-    "bfloat16": Tolerance(8e-3, 2e-2, "bf16 half-ulp 3.9e-3 at 1.0: one or two roundings of the output (kernels round P to bf16 before P@V)"),
+    "float32": Tolerance(
+        1e-5,
+        1e-5,
+        "fp32 eps 1.2e-7: ~100 ulps of slack for a different summation order, far below any indexing or scaling bug",
+    ),
+    "float16": Tolerance(
+        1e-3,
+        5e-3,
+        "fp16 half-ulp 4.9e-4 at 1.0: one rounding of the output plus a little; fp16 accumulation over thousands of terms exceeds it",
+    ),
+    "bfloat16": Tolerance(
+        8e-3,
+        2e-2,
+        "bf16 half-ulp 3.9e-3 at 1.0: one or two roundings of the output (kernels round P to bf16 before P@V)",
+    ),
     "float8_e4m3fn": Tolerance(8e-3, 2e-2, "fp8 operands are exact inputs; the bf16 output rounding dominates"),
-    "float8_e4m3fnuz": Tolerance(8e-3, 2e-2, "fp8 (fnuz) operands are exact inputs; the bf16 output rounding dominates"),
+    "float8_e4m3fnuz": Tolerance(
+        8e-3, 2e-2, "fp8 (fnuz) operands are exact inputs; the bf16 output rounding dominates"
+    ),
     "int8": Tolerance(8e-3, 2e-2, "int8 products are exact in int32; the bf16 output rounding dominates"),
 }
 
@@ -63,8 +78,12 @@ _BY_DTYPE = {
 #: bfloat16, 0.1-0.8% in float16, above those dtypes' rows. Another correct kernel flips other elements
 #: at the same rate, so its error is of the same size; 6e-2 still fails a wrong scale, group or expert
 #: (errors of order 1). The weight-only mode (act_quant None) quantizes nothing and keeps the dtype rows.
-QUANTIZED_ACTIVATIONS = Tolerance(1.6e-2, 6e-2, "the intermediate's quantization to fp8/int8 amplifies its rounding to "
-                                  "the case dtype by the quantization step (see tolerances.QUANTIZED_ACTIVATIONS)")
+QUANTIZED_ACTIVATIONS = Tolerance(
+    1.6e-2,
+    6e-2,
+    "the intermediate's quantization to fp8/int8 amplifies its rounding to "
+    "the case dtype by the quantization step (see tolerances.QUANTIZED_ACTIVATIONS)",
+)
 
 #: Pure data movement (an output the spec compares "exact"); also the distributed checks' copies.
 EXACT = Tolerance(0.0, 0.0, "pure data movement: every element must be copied bit for bit")

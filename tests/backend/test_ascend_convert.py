@@ -5,6 +5,7 @@ stated semantics (cited in hetero_ascend.convert), not from hetero's spec. The c
 fed to it and the result is compared with hetero_cpu_ref. What these tests cannot show is that the real
 operators behave as documented: none of the mapped ops has run on an NPU.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -33,30 +34,53 @@ ATOL = RTOL = 1e-5
 
 # ----------------------------------------------------------------------------- npu-semantics references
 
-def npu_fia(query, key, value, *, actual_seq_lengths, actual_seq_lengths_kv, num_heads, num_key_value_heads, scale,
-            sparse_mode, pre_tokens, next_tokens, input_layout, atten_mask=None, block_table=None, block_size=0,
-            softmax_lse_flag=False, query_rope=None, key_rope=None):
+
+def npu_fia(
+    query,
+    key,
+    value,
+    *,
+    actual_seq_lengths,
+    actual_seq_lengths_kv,
+    num_heads,
+    num_key_value_heads,
+    scale,
+    sparse_mode,
+    pre_tokens,
+    next_tokens,
+    input_layout,
+    atten_mask=None,
+    block_table=None,
+    block_size=0,
+    softmax_lse_flag=False,
+    query_rope=None,
+    key_rope=None,
+):
     """npu_fused_infer_attention_score as documented, TND only: cumulative actual_seq_lengths; with a
     block_table per-batch KV lengths over (blocknum, blocksize, H) or (blocknum, N, blocksize, D) caches,
     else cumulative KV lengths; sparse 0 (no mask), 3 (rightDownCausal), 4 (band, right-down aligned)."""
     assert input_layout == "TND" and query.is_contiguous() and query.shape[1] == num_heads
     if sparse_mode in (3, 4):
-        assert atten_mask is not None and torch.equal(atten_mask.cpu(), torch.ones(2048, 2048, dtype=torch.bool).triu(1))
+        assert atten_mask is not None and torch.equal(
+            atten_mask.cpu(), torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+        )
     t, n, _ = query.shape
     group = num_heads // num_key_value_heads
-    out = query.new_zeros(t, n, value.shape[-1] if block_table is None or value.dim() == 4 else value.shape[-1] // num_key_value_heads)
+    out = query.new_zeros(
+        t, n, value.shape[-1] if block_table is None or value.dim() == 4 else value.shape[-1] // num_key_value_heads
+    )
     lse = torch.full((t, n, 1), float("-inf"), dtype=torch.float64)
     q_start = kv_start = 0
     for b, q_end in enumerate(actual_seq_lengths):
         sq = q_end - q_start
         if block_table is None:
             skv = actual_seq_lengths_kv[b] - kv_start
-            k, v = key[kv_start:kv_start + skv], value[kv_start:kv_start + skv]
-            kr = None if key_rope is None else key_rope[kv_start:kv_start + skv]
+            k, v = key[kv_start : kv_start + skv], value[kv_start : kv_start + skv]
+            kr = None if key_rope is None else key_rope[kv_start : kv_start + skv]
             kv_start += skv
         else:
             skv = actual_seq_lengths_kv[b]
-            blocks = block_table[b, :math.ceil(skv / block_size)].long()
+            blocks = block_table[b, : math.ceil(skv / block_size)].long()
 
             def gather(c):
                 if c.dim() == 4:  # (blocknum, N, blocksize, D)
@@ -66,8 +90,11 @@ def npu_fia(query, key, value, *, actual_seq_lengths, actual_seq_lengths_kv, num
             k, v = gather(key), gather(value)
             kr = None if key_rope is None else gather(key_rope)
         i, j, off = torch.arange(sq)[:, None], torch.arange(skv)[None, :], skv - sq
-        vis = {0: torch.ones(sq, skv, dtype=torch.bool), 3: j <= i + off,
-               4: (j >= i + off - pre_tokens) & (j <= i + off + next_tokens)}[sparse_mode]
+        vis = {
+            0: torch.ones(sq, skv, dtype=torch.bool),
+            3: j <= i + off,
+            4: (j >= i + off - pre_tokens) & (j <= i + off + next_tokens),
+        }[sparse_mode]
         for h in range(n):
             q = query[q_start:q_end, h].double()
             s = q @ k[:, h // group].double().T
@@ -87,7 +114,7 @@ def npu_grouped_matmul(x, weights, *, group_list, group_list_type):
     counts = group_list if group_list_type == 1 else torch.diff(group_list, prepend=group_list.new_zeros(1))
     ys, start = [], 0
     for g, c in enumerate(counts.tolist()):
-        ys.append(x[start:start + c].double() @ weights[g].double())
+        ys.append(x[start : start + c].double() @ weights[g].double())
         start += c
     y = torch.zeros(x.shape[0], weights[0].shape[1], dtype=torch.float64)
     y[:start] = torch.cat(ys)
@@ -108,11 +135,16 @@ def npu_moe_init_routing_v2(x, expert_idx, *, expert_num):
 def npu_moe_token_unpermute(permuted, sorted_indices, probs):
     """out[i] = sum_j permuted[S[i*k + j]] * probs[i][j]."""
     m, k = probs.shape
-    return (permuted[sorted_indices.long()].reshape(m, k, -1).double() * probs.double()[..., None]).sum(1).to(permuted.dtype)
+    return (
+        (permuted[sorted_indices.long()].reshape(m, k, -1).double() * probs.double()[..., None])
+        .sum(1)
+        .to(permuted.dtype)
+    )
 
 
-def npu_moe_gating_top_k(x, *, k, bias, k_group, group_count, group_select_mode, renorm, norm_type, out_flag,
-                         routed_scaling_factor, eps):
+def npu_moe_gating_top_k(
+    x, *, k, bias, k_group, group_count, group_select_mode, renorm, norm_type, out_flag, routed_scaling_factor, eps
+):
     """aclnnMoeGatingTopK: norm, + bias for selection, group filter (max or top-2 sum), top-k on the
     biased values, y gathered from the unbiased norm, y / (sum y + eps) * routedScalingFactor."""
     norm = torch.softmax(x.double(), -1) if norm_type == 0 else torch.sigmoid(x.double())
@@ -135,6 +167,7 @@ def npu_rotary_mul(x, r1, r2):
 
 # ----------------------------------------------------------------------------- attention
 
+
 def _paged_case(seed, hq=4, hkv=2, d=16, bs=4, query_lens=(5, 1, 3, 1), seq_lens=(9, 6, 3, 12)):
     g = torch.Generator().manual_seed(seed)
     blocks = [math.ceil(s / bs) for s in seq_lens]
@@ -142,7 +175,7 @@ def _paged_case(seed, hq=4, hkv=2, d=16, bs=4, query_lens=(5, 1, 3, 1), seq_lens
     order = torch.randperm(nb, generator=g).tolist()
     table, at = [], 0
     for n in blocks:
-        table.append(order[at:at + n] + [0] * (max(blocks) - n))
+        table.append(order[at : at + n] + [0] * (max(blocks) - n))
         at += n
     meta = AttentionMeta.build(query_lens, seq_lens, table)
     q = torch.randn(sum(query_lens), hq, d, generator=g)
@@ -150,7 +183,9 @@ def _paged_case(seed, hq=4, hkv=2, d=16, bs=4, query_lens=(5, 1, 3, 1), seq_lens
     return q, kc, vc, meta
 
 
-@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (2, -1)), (False, (3, 1)), (False, (-1, 0))])
+@pytest.mark.parametrize(
+    "causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (2, -1)), (False, (3, 1)), (False, (-1, 0))]
+)
 @pytest.mark.parametrize("layout", ["bsh", "bnsd"])
 def test_paged_attention_conversion(causal, window, layout):
     q, kc, vc, meta = _paged_case(0)
@@ -158,10 +193,24 @@ def test_paged_attention_conversion(causal, window, layout):
     assert q_lens == [5, 6, 9, 10] and kv_lens == [9, 6, 3, 12]
     sp = cv.sparse_args(causal, window)
     to_npu = cv.paged_kv_bsh if layout == "bsh" else cv.paged_kv_bnsd
-    out, lse = npu_fia(cv.tnd_query(q), to_npu(kc), to_npu(vc), actual_seq_lengths=q_lens, actual_seq_lengths_kv=kv_lens,
-                       num_heads=4, num_key_value_heads=2, scale=0.3, sparse_mode=sp["sparse_mode"], pre_tokens=sp["pre_tokens"],
-                       next_tokens=sp["next_tokens"], input_layout="TND", atten_mask=cv.causal_mask() if sp["mask"] else None,
-                       block_table=meta.block_table, block_size=kc.shape[1], softmax_lse_flag=True)
+    out, lse = npu_fia(
+        cv.tnd_query(q),
+        to_npu(kc),
+        to_npu(vc),
+        actual_seq_lengths=q_lens,
+        actual_seq_lengths_kv=kv_lens,
+        num_heads=4,
+        num_key_value_heads=2,
+        scale=0.3,
+        sparse_mode=sp["sparse_mode"],
+        pre_tokens=sp["pre_tokens"],
+        next_tokens=sp["next_tokens"],
+        input_layout="TND",
+        atten_mask=cv.causal_mask() if sp["mask"] else None,
+        block_table=meta.block_table,
+        block_size=kc.shape[1],
+        softmax_lse_flag=True,
+    )
     want, want_lse = ref_attn.paged_attention(q, kc, vc, meta, scale=0.3, causal=causal, window=window, return_lse=True)
     torch.testing.assert_close(out, want, atol=ATOL, rtol=RTOL)
     torch.testing.assert_close(cv.lse_from_npu(lse), want_lse, atol=ATOL, rtol=RTOL)
@@ -172,13 +221,32 @@ def test_varlen_attention_conversion(causal):
     g = torch.Generator().manual_seed(1)
     ql, kl = [3, 1, 4], [5, 1, 4]
     cq, ck = torch.tensor([0, 3, 4, 8], dtype=torch.int32), torch.tensor([0, 5, 6, 10], dtype=torch.int32)
-    q, k, v = torch.randn(8, 4, 16, generator=g), torch.randn(10, 1, 16, generator=g), torch.randn(10, 1, 8, generator=g)
+    q, k, v = (
+        torch.randn(8, 4, 16, generator=g),
+        torch.randn(10, 1, 16, generator=g),
+        torch.randn(10, 1, 8, generator=g),
+    )
     q_lens, kv_lens = cv.varlen_lengths(cq, ck)
     sp = cv.sparse_args(causal, (-1, -1))
-    out, lse = npu_fia(q, k, v, actual_seq_lengths=q_lens, actual_seq_lengths_kv=kv_lens, num_heads=4, num_key_value_heads=1,
-                       scale=0.25, input_layout="TND", atten_mask=cv.causal_mask() if sp["mask"] else None, softmax_lse_flag=True,
-                       sparse_mode=sp["sparse_mode"], pre_tokens=sp["pre_tokens"], next_tokens=sp["next_tokens"])
-    want, want_lse = ref_attn.varlen_attention(q, k, v, cq, ck, max(ql), max(kl), scale=0.25, causal=causal, return_lse=True)
+    out, lse = npu_fia(
+        q,
+        k,
+        v,
+        actual_seq_lengths=q_lens,
+        actual_seq_lengths_kv=kv_lens,
+        num_heads=4,
+        num_key_value_heads=1,
+        scale=0.25,
+        input_layout="TND",
+        atten_mask=cv.causal_mask() if sp["mask"] else None,
+        softmax_lse_flag=True,
+        sparse_mode=sp["sparse_mode"],
+        pre_tokens=sp["pre_tokens"],
+        next_tokens=sp["next_tokens"],
+    )
+    want, want_lse = ref_attn.varlen_attention(
+        q, k, v, cq, ck, max(ql), max(kl), scale=0.25, causal=causal, return_lse=True
+    )
     torch.testing.assert_close(out, want, atol=ATOL, rtol=RTOL)
     torch.testing.assert_close(cv.lse_from_npu(lse), want_lse, atol=ATOL, rtol=RTOL)
 
@@ -193,16 +261,36 @@ def test_mla_attention_conversion(query_lens):
     q_lens, kv_lens = cv.paged_lengths(meta)
     sp = cv.sparse_args(meta.max_query_len > 1, (-1, -1))  # doc: Q_S = 1 takes only sparse 0 without a mask
     key = cv.paged_kv_bsh(ckv)
-    out, _ = npu_fia(q_nope, key, key, query_rope=q_pe, key_rope=cv.paged_kv_bsh(kpe), actual_seq_lengths=q_lens,
-                     actual_seq_lengths_kv=kv_lens, num_heads=h, num_key_value_heads=1, scale=0.1, input_layout="TND",
-                     sparse_mode=sp["sparse_mode"], pre_tokens=sp["pre_tokens"], next_tokens=sp["next_tokens"],
-                     atten_mask=cv.causal_mask() if sp["mask"] else None, block_table=meta.block_table, block_size=4)
+    out, _ = npu_fia(
+        q_nope,
+        key,
+        key,
+        query_rope=q_pe,
+        key_rope=cv.paged_kv_bsh(kpe),
+        actual_seq_lengths=q_lens,
+        actual_seq_lengths_kv=kv_lens,
+        num_heads=h,
+        num_key_value_heads=1,
+        scale=0.1,
+        input_layout="TND",
+        sparse_mode=sp["sparse_mode"],
+        pre_tokens=sp["pre_tokens"],
+        next_tokens=sp["next_tokens"],
+        atten_mask=cv.causal_mask() if sp["mask"] else None,
+        block_table=meta.block_table,
+        block_size=4,
+    )
     want = ref_attn.mla_attention(q_nope, q_pe, ckv, kpe, meta, scale=0.1, causal=True)
     torch.testing.assert_close(out, want, atol=ATOL, rtol=RTOL)
 
 
 def test_sparse_args_and_lse():
-    assert cv.sparse_args(True, (-1, -1)) == {"sparse_mode": 3, "pre_tokens": cv.INT_MAX, "next_tokens": 0, "mask": True}
+    assert cv.sparse_args(True, (-1, -1)) == {
+        "sparse_mode": 3,
+        "pre_tokens": cv.INT_MAX,
+        "next_tokens": 0,
+        "mask": True,
+    }
     assert cv.sparse_args(False, (-1, -1))["sparse_mode"] == 0 and not cv.sparse_args(False, (-1, -1))["mask"]
     assert cv.sparse_args(True, (127, 5)) == {"sparse_mode": 4, "pre_tokens": 127, "next_tokens": 0, "mask": True}
     assert cv.sparse_args(False, (-1, 3))["pre_tokens"] == cv.INT_MAX
@@ -212,6 +300,7 @@ def test_sparse_args_and_lse():
 
 
 # ----------------------------------------------------------------------------- gemm, moe, layers
+
 
 @pytest.mark.parametrize("group_list_type", [0, 1])
 def test_grouped_gemm_conversion(group_list_type):
@@ -238,16 +327,25 @@ def test_moe_permute_and_unpermute_conversion():
     torch.testing.assert_close(out, ref_moe.moe_unpermute(y_sorted, want_perm, weights), atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize("scoring,n_group,topk_group,bias,factor", [("sigmoid", 4, 2, True, 2.5), ("softmax", 1, 1, False, 1.0),
-                                                                    ("softmax", 4, 2, False, 1.0)])
+@pytest.mark.parametrize(
+    "scoring,n_group,topk_group,bias,factor",
+    [("sigmoid", 4, 2, True, 2.5), ("softmax", 1, 1, False, 1.0), ("softmax", 4, 2, False, 1.0)],
+)
 def test_route_conversion(scoring, n_group, topk_group, bias, factor):
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(7, 16, generator=g)
     cb = torch.randn(16, generator=g) * 0.1 if bias else None
     args = cv.gating_args(3, scoring, n_group, topk_group, bias, factor)
     w, ids, _ = npu_moe_gating_top_k(logits, bias=cb, **args)
-    want_w, want_ids = ref_moe.route(logits, top_k=3, scoring=scoring, n_group=n_group, topk_group=topk_group,
-                                     correction_bias=cb, routed_scaling_factor=factor)
+    want_w, want_ids = ref_moe.route(
+        logits,
+        top_k=3,
+        scoring=scoring,
+        n_group=n_group,
+        topk_group=topk_group,
+        correction_bias=cb,
+        routed_scaling_factor=factor,
+    )
     assert torch.equal(ids, want_ids)
     torch.testing.assert_close(w, want_w, atol=1e-6, rtol=1e-5)
 
@@ -265,6 +363,7 @@ def test_rotary_conversion(rot):
 
 
 # ----------------------------------------------------------------------------- backend surface
+
 
 def test_supports_states_documented_limits():
     be = AscendBackend("meta")

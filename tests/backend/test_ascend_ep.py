@@ -3,6 +3,7 @@
 No NPU here: the torch_npu path is never run; on CPU tensors the methods must run hetero._ep unchanged
 and never import torch_npu.
 """
+
 from __future__ import annotations
 
 import sys
@@ -82,8 +83,15 @@ def test_group_ends_match_spec_single_rank():
 
 def test_dispatch_args_layout():
     a = ep.dispatch_args(comm_name="hccl_ep", world=16, rank=3, num_experts=64, max_bs=8)
-    assert a == {"group_ep": "hccl_ep", "ep_world_size": 16, "ep_rank_id": 3, "moe_expert_num": 64,
-                 "expert_shard_type": 0, "shared_expert_rank_num": 0, "global_bs": 128}
+    assert a == {
+        "group_ep": "hccl_ep",
+        "ep_world_size": 16,
+        "ep_rank_id": 3,
+        "moe_expert_num": 64,
+        "expert_shard_type": 0,
+        "shared_expert_rank_num": 0,
+        "global_bs": 128,
+    }
 
 
 def test_from_dispatch_outputs_and_combine_args():
@@ -92,7 +100,15 @@ def test_from_dispatch_outputs_and_combine_args():
     token_nums = torch.tensor([2, 0, 3], dtype=torch.int64)
     ids = torch.tensor([[0, 2], [1, 2]], dtype=torch.int32)
     w = torch.rand(2, 2)
-    outs = (expand_x, None, torch.zeros(4, dtype=torch.int32), token_nums, torch.zeros(3, dtype=torch.int32), None, None)
+    outs = (
+        expand_x,
+        None,
+        torch.zeros(4, dtype=torch.int32),
+        token_nums,
+        torch.zeros(3, dtype=torch.int32),
+        None,
+        None,
+    )
     args = ep.dispatch_args(comm_name="c", world=8, rank=0, num_experts=24, max_bs=2)
     d = ep.from_dispatch_outputs(outs, ids=ids, weights=w, num_tokens=2, num_experts=24, comm=SoloComm(), args=args)
     assert d.x.shape == (5, h) and torch.equal(d.x, expand_x[:5])
@@ -122,8 +138,17 @@ def test_hccl_buffsize():
     assert ep.hccl_buffsize_mb({"HCCL_BUFFSIZE": "1024"}) == 1024
 
 
-_OK_A2 = dict(product="A2", world=16, num_experts=64, top_k=8, hidden=4096, min_bs=1, max_bs=64,
-              dtype=torch.bfloat16, buffsize_mb=1024)
+_OK_A2 = dict(
+    product="A2",
+    world=16,
+    num_experts=64,
+    top_k=8,
+    hidden=4096,
+    min_bs=1,
+    max_bs=64,
+    dtype=torch.bfloat16,
+    buffsize_mb=1024,
+)
 _OK_A3 = dict(_OK_A2, product="A3", hidden=7168, buffsize_mb=2048)
 
 
@@ -132,13 +157,24 @@ def test_limits_accept(base):
     assert ep.dispatch_limit_reason(**base) is None
 
 
-@pytest.mark.parametrize("change,word", [
-    (dict(top_k=9), "top_k"), (dict(top_k=0), "top_k"), (dict(dtype=torch.float32), "float16"),
-    (dict(duplicates=True), "distinct"), (dict(num_experts=60), "divisible"), (dict(num_experts=1024), "experts"),
-    (dict(min_bs=0), "BS"), (dict(max_bs=300), "BS <= 256"), (dict(world=8), "ep_world_size"),
-    (dict(hidden=4100), "multiples of 32"), (dict(hidden=8192), "hidden"),
-    (dict(num_experts=16 * 25), "per rank"), (dict(buffsize_mb=50), "HCCL_BUFFSIZE"),
-])
+@pytest.mark.parametrize(
+    "change,word",
+    [
+        (dict(top_k=9), "top_k"),
+        (dict(top_k=0), "top_k"),
+        (dict(dtype=torch.float32), "float16"),
+        (dict(duplicates=True), "distinct"),
+        (dict(num_experts=60), "divisible"),
+        (dict(num_experts=1024), "experts"),
+        (dict(min_bs=0), "BS"),
+        (dict(max_bs=300), "BS <= 256"),
+        (dict(world=8), "ep_world_size"),
+        (dict(hidden=4100), "multiples of 32"),
+        (dict(hidden=8192), "hidden"),
+        (dict(num_experts=16 * 25), "per rank"),
+        (dict(buffsize_mb=50), "HCCL_BUFFSIZE"),
+    ],
+)
 def test_limits_refuse_a2(change, word):
     why = ep.dispatch_limit_reason(**{**_OK_A2, **change})
     assert why is not None and word in why

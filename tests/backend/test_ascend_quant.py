@@ -7,6 +7,7 @@ each output dtype asks for, float32 per-token scales, a cumsum group_list ending
 output as NaN. The fake npu_dynamic_quant reproduces the A2/A3 kernel's arithmetic to show why
 quantize_activation is declined. None of this has run on an NPU.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -26,8 +27,18 @@ from hetero_ascend.plugin import AscendBackend  # noqa: E402
 I8 = torch.int8
 
 
-def npu_grouped_matmul(x, weight, *, group_list, split_item, group_type, group_list_type, scale=None,
-                       per_token_scale=None, output_dtype=None):
+def npu_grouped_matmul(
+    x,
+    weight,
+    *,
+    group_list,
+    split_item,
+    group_type,
+    group_list_type,
+    scale=None,
+    per_token_scale=None,
+    output_dtype=None,
+):
     """One 2-D x, one 3-D weight [G, K, N], one output (group_type 0): y_i = x_i @ weight_i over the rows of group
     i (cumsum group_list ending at x's rows, <= 1024 groups); the per-token full quantization form (doc table 2)
     scales it, y_i x scale_i x pertokenscale_i, with bfloat16 scales for bfloat16 output or float32 for float16."""
@@ -75,11 +86,16 @@ def _case(seed, rows=11, groups=4, n=24, k=40, a_form="row", b_form="row", ends=
     a = torch.randint(-127, 128, (rows, k), generator=g).to(I8)
     b = torch.randint(-127, 128, (groups, n, k), generator=g).to(I8)
     a_scale = torch.rand(rows, 1, generator=g) * 0.02 + 1e-3 if a_form == "row" else torch.tensor([0.013])
-    b_scale = torch.rand(groups, n, 1, generator=g) * 0.01 + 1e-4 if b_form == "row" else torch.rand(groups, generator=g) * 0.01
+    b_scale = (
+        torch.rand(groups, n, 1, generator=g) * 0.01 + 1e-4
+        if b_form == "row"
+        else torch.rand(groups, generator=g) * 0.01
+    )
     return a, b, a_scale, b_scale, torch.tensor(ends, dtype=torch.int32)
 
 
 # ----------------------------------------------------------------------------- the mapping against the fake
+
 
 @pytest.mark.parametrize("out_dtype,tol", [(torch.float16, 1e-3), (torch.bfloat16, 1.6e-2)])
 @pytest.mark.parametrize("a_form,b_form", [("row", "row"), ("tensor", "group")])
@@ -101,7 +117,7 @@ def test_grouped_gemm_against_the_reference(npu, groups, ends):
     ends = torch.tensor(ends or [min(i // 25, 10) for i in range(groups)], dtype=torch.int32)
     got = npu.grouped_gemm(a, b, ends)
     want = ref_gemm.grouped_gemm(a, b, ends)
-    assert not got.isnan().any() and got[int(ends[-1]):].abs().sum() == 0
+    assert not got.isnan().any() and got[int(ends[-1]) :].abs().sum() == 0
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert npu.grouped_gemm(a[:0], b, ends * 0).shape == (0, 6)
     assert "1024" in npu.supports("grouped_gemm", dtype="bfloat16", num_experts=2048)
@@ -136,7 +152,9 @@ def test_outside_the_documented_form_takes_the_triton_kernel(npu, monkeypatch, c
     else:
         kw["out_dtype"] = torch.float32
     calls = []
-    monkeypatch.setattr(plugin.TritonBackend, "scaled_grouped_gemm", lambda self, *args, **k: calls.append(k) or "triton")
+    monkeypatch.setattr(
+        plugin.TritonBackend, "scaled_grouped_gemm", lambda self, *args, **k: calls.append(k) or "triton"
+    )
     assert npu.scaled_grouped_gemm(a, b, sa, sb, ends, **kw) == "triton" and calls[0]["out_dtype"] == kw["out_dtype"]
 
 
@@ -151,6 +169,7 @@ def test_malformed_calls_raise_before_any_npu_call(monkeypatch):
 
 # ----------------------------------------------------------------------------- declines and the surface
 
+
 def test_npu_dynamic_quant_arithmetic_is_not_quantize_activation():
     """Why quantize_activation is declined: the kernel's scale (1 / (127 / amax)) is not the spec's amax / 127
     bit for bit, and a zero row's scale is 1 (the spec: 1e-10 / 127)."""
@@ -164,19 +183,38 @@ def test_npu_dynamic_quant_arithmetic_is_not_quantize_activation():
 
 def test_supports_states_the_documented_limits():
     be = AscendBackend("meta")
-    row = {"dtype": "int8", "num_experts": 256, "n": 4096, "k": 7168, "a_scale": "row", "b_scale": "row",
-           "a_zero_point": False, "out_dtype": "bfloat16"}
+    row = {
+        "dtype": "int8",
+        "num_experts": 256,
+        "n": 4096,
+        "k": 7168,
+        "a_scale": "row",
+        "b_scale": "row",
+        "a_zero_point": False,
+        "out_dtype": "bfloat16",
+    }
     assert be.supports("scaled_grouped_gemm", **row) is None
-    assert be.supports("scaled_grouped_gemm", **{**row, "b_scale": "group", "a_scale": "tensor", "out_dtype": "float16"}) is None
-    for change, words in (({"dtype": "float8_e4m3fn"}, "Ascend 950"), ({"dtype": "float8_e4m3fnuz"}, "no fp8"),
-                          ({"a_scale": "block"}, "1x128"), ({"b_scale": "block"}, "128x128"),
-                          ({"a_zero_point": True}, "offset"), ({"out_dtype": "float32"}, "bfloat16 or float16"),
-                          ({"num_experts": 2048}, "1024"), ({"k": 65536}, "65536")):
+    assert (
+        be.supports("scaled_grouped_gemm", **{**row, "b_scale": "group", "a_scale": "tensor", "out_dtype": "float16"})
+        is None
+    )
+    for change, words in (
+        ({"dtype": "float8_e4m3fn"}, "Ascend 950"),
+        ({"dtype": "float8_e4m3fnuz"}, "no fp8"),
+        ({"a_scale": "block"}, "1x128"),
+        ({"b_scale": "block"}, "128x128"),
+        ({"a_zero_point": True}, "offset"),
+        ({"out_dtype": "float32"}, "bfloat16 or float16"),
+        ({"num_experts": 2048}, "1024"),
+        ({"k": 65536}, "65536"),
+    ):
         assert words in be.supports("scaled_grouped_gemm", **{**row, **change}), change
     for qd in ("int8", "float8_e4m3fn"):
         why = be.supports("quantize_activation", dtype="bfloat16", quant_dtype=qd, group_size=None, scale_fmt="float")
         assert why and ("rint(x * inv)" in why if qd == "int8" else "fp8" in why)
-    assert "quantized composition" in be.supports("fused_moe", dtype="bfloat16", w13_scale="block", act_quant="group128")
+    assert "quantized composition" in be.supports(
+        "fused_moe", dtype="bfloat16", w13_scale="block", act_quant="group128"
+    )
     assert "fp8" in be.supports("fused_moe", w13_scale=True, act_quant="group128", weight_dtype="float8_e4m3fn")
 
 
@@ -184,8 +222,9 @@ def test_signatures_and_notes():
     for op in ("scaled_grouped_gemm", "quantize_activation", "fused_moe"):
         got = inspect.signature(getattr(AscendBackend, op)).parameters
         want = OPS[op].signature.parameters
-        assert [(p.name, p.kind, p.default) for p in want.values()] == \
-               [(p.name, p.kind, p.default) for p in got.values() if p.name != "self"], op
+        assert [(p.name, p.kind, p.default) for p in want.values()] == [
+            (p.name, p.kind, p.default) for p in got.values() if p.name != "self"
+        ], op
     notes = AscendBackend.op_notes()
     assert "never run on an NPU" in notes["scaled_grouped_gemm"] and "bfloat16" in notes["scaled_grouped_gemm"]
     assert "never run on an NPU" in AscendBackend.scaled_grouped_gemm.__doc__

@@ -7,6 +7,7 @@ cumulative TND query ends, PA_BSND keys, the valid-first index rule) and raises 
 tensor. The backend's methods run against it and are compared with hetero_cpu_ref. What these tests cannot
 show is that the real operators behave as documented: none has run on an NPU.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,19 @@ def _check_lengths(q_ends, kv_lens, block_table, key, t):
     assert bool((kv_lens >= 0).all()) and int(kv_lens.max()) <= block_table.shape[1] * key.shape[1]
 
 
-def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query, actual_seq_lengths_key, block_table,
-                          layout_query, layout_key, sparse_count, sparse_mode):
+def npu_lightning_indexer(
+    query,
+    key,
+    weights,
+    *,
+    actual_seq_lengths_query,
+    actual_seq_lengths_key,
+    block_table,
+    layout_query,
+    layout_key,
+    sparse_count,
+    sparse_mode,
+):
     """As the op-plugin test's reference: per batch, sum_h w * relu(q.k) over its keys, rightDownCausal
     masked (-inf) when sparse_mode 3, sorted descending; min(sparse_count, KV length) entries written (masked
     ones included), the rest -1. Returns (indices [T, 1, K] int32, values)."""
@@ -60,16 +72,32 @@ def npu_lightning_indexer(query, key, weights, *, actual_seq_lengths_query, actu
         score = (torch.einsum("nhd,ld->nhl", q, k).clamp_min(0) * w[..., None]).sum(1)
         if sparse_mode == 3:
             for i in range(end - start):  # row -1-i sees keys < s2 - i
-                score[end - start - 1 - i, s2 - i:] = float("-inf")
+                score[end - start - 1 - i, s2 - i :] = float("-inf")
         order = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :sparse_count]
         out[start:end, 0, : order.shape[1]] = order.to(INT32)
         start = end
     return out, torch.zeros(0)
 
 
-def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *, block_table, actual_seq_lengths_query,
-                               actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv,
-                               sparse_mode, attention_mode, return_softmax_lse):
+def npu_sparse_flash_attention(
+    query,
+    key,
+    value,
+    sparse_indices,
+    scale_value,
+    *,
+    block_table,
+    actual_seq_lengths_query,
+    actual_seq_lengths_kv,
+    query_rope,
+    key_rope,
+    sparse_block_size,
+    layout_query,
+    layout_kv,
+    sparse_mode,
+    attention_mode,
+    return_softmax_lse,
+):
     """MLA-absorb (attention_mode 2): logits over cat(nope, rope), values = the nope key; per row the valid
     (leading) indices, each a position of the batch read through its block table; rightDownCausal when
     sparse_mode 3. A row with no valid index gets NaN (undocumented: the caller must not rely on it)."""
@@ -100,7 +128,9 @@ def npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *
     return out, None, None
 
 
-FAKE = SimpleNamespace(npu_lightning_indexer=npu_lightning_indexer, npu_sparse_flash_attention=npu_sparse_flash_attention)
+FAKE = SimpleNamespace(
+    npu_lightning_indexer=npu_lightning_indexer, npu_sparse_flash_attention=npu_sparse_flash_attention
+)
 
 
 @pytest.fixture
@@ -114,12 +144,13 @@ def _meta(query_lens, seq_lens, bs, gen, spare=2):
     order = torch.randperm(sum(need) + spare, generator=gen).tolist()
     table, at = [], 0
     for n in need:
-        table.append(order[at:at + n] + [0] * (max(need) - n))
+        table.append(order[at : at + n] + [0] * (max(need) - n))
         at += n
     return AttentionMeta.build(query_lens, seq_lens, table), sum(need) + spare
 
 
 # ----------------------------------------------------------------------------- conversions
+
 
 def test_lengths_positions_and_clamps():
     meta = AttentionMeta.build([3, 0, 2], [7, 4, 2], [[4, 1], [0, 0], [9, 2]])
@@ -147,7 +178,11 @@ def test_sfa_indices_pack_valid_entries_first(causal):
     topk = torch.tensor([[-1, 4, 3, 9], [4, -1, 7, 0], [-5, 2, 3, 1]], dtype=torch.int64)
     idx, kept = sparse.sfa_indices(topk, lengths, causal)
     assert idx.dtype == INT32 and idx.shape == (3, 1, 4)
-    want = [[3, -1, -1, -1], [4, 0, -1, -1], [2, 1, -1, -1]] if causal else [[4, 3, -1, -1], [4, 0, -1, -1], [2, 1, -1, -1]]
+    want = (
+        [[3, -1, -1, -1], [4, 0, -1, -1], [2, 1, -1, -1]]
+        if causal
+        else [[4, 3, -1, -1], [4, 0, -1, -1], [2, 1, -1, -1]]
+    )
     assert idx[:, 0].tolist() == want and kept.tolist() == [True, True, True]
     none = torch.full((3, 2), -1)
     assert not sparse.sfa_indices(none, lengths, causal)[1].any()
@@ -155,18 +190,20 @@ def test_sfa_indices_pack_valid_entries_first(causal):
 
 # ----------------------------------------------------------------------------- the methods against the fake
 
+
 def _indexer_case(seed, query_lens, seq_lens, hi=64, d=16, bs=16):
     g = torch.Generator().manual_seed(seed)
     meta, nb = _meta(query_lens, seq_lens, bs, g)
     t = sum(query_lens)
     q = torch.randn(t, hi, d, generator=g).to(torch.bfloat16)
-    weights = torch.randn(t, hi, generator=g) * hi ** -0.5
+    weights = torch.randn(t, hi, generator=g) * hi**-0.5
     cache = torch.randn(nb, bs, d, generator=g).to(torch.bfloat16)
     return q, weights, cache, meta
 
 
-@pytest.mark.parametrize("query_lens,seq_lens,topk", [((1, 1, 1), (40, 7, 33), 8), ((9, 1, 4), (9, 50, 20), 6),
-                                                     ((5,), (5,), 16)])
+@pytest.mark.parametrize(
+    "query_lens,seq_lens,topk", [((1, 1, 1), (40, 7, 33), 8), ((9, 1, 4), (9, 50, 20), 6), ((5,), (5,), 16)]
+)
 def test_indexer_topk_against_the_reference(npu, monkeypatch, query_lens, seq_lens, topk):
     monkeypatch.setattr(sparse, "indexer_static", lambda *a: {})  # the doc's D 128; the conversion is shape-agnostic
     q, w, cache, meta = _indexer_case(0, query_lens, seq_lens)
@@ -179,8 +216,9 @@ def test_indexer_topk_against_the_reference(npu, monkeypatch, query_lens, seq_le
 def test_indexer_topk_outside_the_documented_limits_takes_the_triton_kernel(npu, monkeypatch):
     q, w, cache, meta = _indexer_case(1, (2,), (9,), hi=32)  # GLM-5's 32 heads: not the documented TND 64
     calls = []
-    monkeypatch.setattr(plugin.TritonBackend, "indexer_topk", lambda self, *a, **k: calls.append(k) or "triton",
-                        raising=False)
+    monkeypatch.setattr(
+        plugin.TritonBackend, "indexer_topk", lambda self, *a, **k: calls.append(k) or "triton", raising=False
+    )
     assert npu.indexer_topk(q, w, cache, meta, topk=4) == "triton" and calls[0]["topk"] == 4
 
 
@@ -189,7 +227,11 @@ def test_empty_steps_make_no_npu_call(npu, monkeypatch):
     monkeypatch.setattr(sparse, "sfa_static", lambda *a: {})
     monkeypatch.setattr(plugin, "_npu", lambda: None)  # the ops reject empty tensors (doc): never called
     meta = AttentionMeta.build([], [], [])
-    q, w, cache = torch.zeros(0, 64, 16, dtype=torch.bfloat16), torch.zeros(0, 64), torch.zeros(2, 16, 16, dtype=torch.bfloat16)
+    q, w, cache = (
+        torch.zeros(0, 64, 16, dtype=torch.bfloat16),
+        torch.zeros(0, 64),
+        torch.zeros(2, 16, 16, dtype=torch.bfloat16),
+    )
     got = npu.indexer_topk(q, w, cache, meta, topk=3)
     assert got.shape == (0, 3) and got.dtype == INT32
     qn, qp, ckv, kpe = torch.zeros(0, 4, 32), torch.zeros(0, 4, 8), torch.zeros(2, 16, 32), torch.zeros(2, 16, 8)
@@ -201,8 +243,14 @@ def _sparse_case(seed, query_lens, seq_lens, topk, h=4, lkv=32, r=8, bs=16):
     g = torch.Generator().manual_seed(seed)
     meta, nb = _meta(query_lens, seq_lens, bs, g)
     t = sum(query_lens)
-    q_nope, q_pe = torch.randn(t, h, lkv, generator=g).to(torch.bfloat16), torch.randn(t, h, r, generator=g).to(torch.bfloat16)
-    ckv, kpe = torch.randn(nb, bs, lkv, generator=g).to(torch.bfloat16), torch.randn(nb, bs, r, generator=g).to(torch.bfloat16)
+    q_nope, q_pe = (
+        torch.randn(t, h, lkv, generator=g).to(torch.bfloat16),
+        torch.randn(t, h, r, generator=g).to(torch.bfloat16),
+    )
+    ckv, kpe = (
+        torch.randn(nb, bs, lkv, generator=g).to(torch.bfloat16),
+        torch.randn(nb, bs, r, generator=g).to(torch.bfloat16),
+    )
     rows = [torch.randperm(max(seq_lens) + 6, generator=g)[:topk] - 3 for _ in range(t)]  # -3..: padding and past pos
     return q_nope, q_pe, ckv, kpe, meta, torch.stack(rows).to(INT32)
 
@@ -239,6 +287,7 @@ def test_layer_norm_against_the_reference():
 
 # ----------------------------------------------------------------------------- declines
 
+
 def test_supports_states_the_documented_dsa_limits():
     be = AscendBackend("meta")
     li = {"dtype": torch.bfloat16, "num_heads": 64, "head_dim": 128, "block_size": 64, "topk": 2048}
@@ -249,14 +298,25 @@ def test_supports_states_the_documented_dsa_limits():
     assert "multiple of 16" in be.supports("indexer_topk", **{**li, "block_size": 8})
     assert "fp8 index cache" in be.supports("indexer_topk", **li, index_scale=True)
     assert "float16 or bfloat16" in be.supports("indexer_topk", **{**li, "dtype": torch.float32})
-    sfa = {"dtype": "bfloat16", "topk_indices": True, "num_heads": 128, "block_size": 64, "head_dim": 576,
-           "head_dim_v": 512, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+    sfa = {
+        "dtype": "bfloat16",
+        "topk_indices": True,
+        "num_heads": 128,
+        "block_size": 64,
+        "head_dim": 576,
+        "head_dim_v": 512,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+    }
     assert be.supports("mla_attention", **sfa) is None
     assert "no lse" in be.supports("mla_attention", **sfa, return_lse=True)
     assert "query heads" in be.supports("mla_attention", **{**sfa, "num_heads": 24})
     assert "kv_lora_rank 512" in be.supports("mla_attention", **{**sfa, "kv_lora_rank": 256, "head_dim_v": None})
     assert "16 or 128" in be.supports("mla_attention", **{**sfa, "topk_indices": None})  # dense: FIA's blocks
-    assert "float64" in be.supports("layer_norm", dtype=torch.float64) and be.supports("layer_norm", dtype="bfloat16") is None
+    assert (
+        "float64" in be.supports("layer_norm", dtype=torch.float64)
+        and be.supports("layer_norm", dtype="bfloat16") is None
+    )
     notes = AscendBackend.op_notes()
     for op in ("indexer_topk", "mla_attention", "layer_norm"):
         assert "never run on an NPU" in notes[op] and "never run on an NPU" in getattr(AscendBackend, op).__doc__

@@ -1,4 +1,5 @@
 """Checks every installed backend must pass: signatures equal to the spec, and probes that answer."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,4 +29,6 @@ def test_probe_answers_with_availability(name):
 def test_reference_implements_every_op():
     cls = _REGISTRY.backends["cpu_ref"].cls
     assert set(cls.native_ops()) == set(OPS)
-    assert cls.priority < min((e.cls.priority for n, e in _REGISTRY.backends.items() if e.cls and n != "cpu_ref"), default=0)
+    assert cls.priority < min(
+        (e.cls.priority for n, e in _REGISTRY.backends.items() if e.cls and n != "cpu_ref"), default=0
+    )

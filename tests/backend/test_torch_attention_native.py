@@ -1,6 +1,7 @@
 """hetero-torch's native CPU paged attention and KV write (``_attention_native``): against the float64
 reference on real layouts and edges, unchecked metadata that must not read outside the cache, and
 the ops inside a compiled graph."""
+
 from __future__ import annotations
 
 import pytest
@@ -43,10 +44,10 @@ CASES = {
     "softcap and lse": dict(query_lens=[9, 1], seq_lens=[80, 129], softcap=7.5, return_lse=True),
     "sinks": dict(query_lens=[1, 12], seq_lens=[70, 12], sinks=True, window=(4, -1), return_lse=True),
     "bidirectional window": dict(query_lens=[40], seq_lens=[40], causal=False, window=(6, 3), return_lse=True),
-    "MQA, odd head dim, block size 1": dict(query_lens=[3, 1], seq_lens=[3, 90], heads=6, kv_heads=1, d=40, dv=24,
-                                            bs=1),
-    "8 heads a KV head, d 128": dict(query_lens=[5, 1], seq_lens=[70, 33], heads=16, kv_heads=2, d=128, dv=128,
-                                     bs=16),
+    "MQA, odd head dim, block size 1": dict(
+        query_lens=[3, 1], seq_lens=[3, 90], heads=6, kv_heads=1, d=40, dv=24, bs=1
+    ),
+    "8 heads a KV head, d 128": dict(query_lens=[5, 1], seq_lens=[70, 33], heads=16, kv_heads=2, d=128, dv=128, bs=16),
 }
 
 
@@ -63,8 +64,8 @@ def test_native_paged_attention_matches_float64(name):
     d = shape["d"]
     assert native.applies(k_cache, v_cache, q, spec.get("sinks"))
     out = torch.full((q.shape[0], shape["heads"], shape["dv"]), float("nan"))  # every row must be written
-    got = hetero.load("torch").paged_attention(q, k_cache, v_cache, meta, scale=d ** -0.5, out=out, **spec)
-    want = REF.paged_attention(q.double(), k_cache.double(), v_cache.double(), meta, scale=d ** -0.5, **spec)
+    got = hetero.load("torch").paged_attention(q, k_cache, v_cache, meta, scale=d**-0.5, out=out, **spec)
+    want = REF.paged_attention(q.double(), k_cache.double(), v_cache.double(), meta, scale=d**-0.5, **spec)
     got, want = (got, want) if spec.get("return_lse") else ((got,), (want,))
     assert got[0] is out
     for g, w in zip(got, want):
@@ -78,16 +79,25 @@ def test_native_paged_attention_of_no_tokens_and_strided_int64_metadata():
     q, k_cache, v_cache, meta = _layout(gen, [2, 1], [50, 9], 4, 2, 32, 32, 8)
     wide = torch.randn(q.shape[0], 4, 64, generator=gen)
     wide[:, :, :32] = q  # a query whose rows are strided
-    meta64 = AttentionMeta(meta.query_start_loc.long(), meta.seq_lens.long(), meta.block_table.long(),
-                           meta.max_query_len, meta.max_seq_len)
+    meta64 = AttentionMeta(
+        meta.query_start_loc.long(), meta.seq_lens.long(), meta.block_table.long(), meta.max_query_len, meta.max_seq_len
+    )
     got = ops.paged_attention(wide[:, :, :32], k_cache, v_cache, meta64, scale=0.2)
     torch.testing.assert_close(got, ops.paged_attention(q, k_cache, v_cache, meta, scale=0.2))
     empty = AttentionMeta.build([], [], torch.zeros(0, 3, dtype=torch.int32))
     assert ops.paged_attention(q[:0], k_cache, v_cache, empty, scale=0.2).shape == (0, 4, 32)
 
 
-@pytest.mark.parametrize("defect", ["block id past the cache", "negative block id", "seq_lens past the table",
-                                    "negative seq_lens", "query_start_loc out of order"])
+@pytest.mark.parametrize(
+    "defect",
+    [
+        "block id past the cache",
+        "negative block id",
+        "seq_lens past the table",
+        "negative seq_lens",
+        "query_start_loc out of order",
+    ],
+)
 def test_unchecked_metadata_reads_nothing_outside_the_cache(defect):
     """Validation off, a malformed layout gives undefined numbers but no out-of-bounds read: block ids,
     lengths and row starts are clamped into the tensors; rows no sequence covers get 0."""

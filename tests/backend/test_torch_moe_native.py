@@ -1,5 +1,6 @@
 """hetero-torch's native CPU expert GEMM (``_moe_native``): fused_moe against the float64 reference through
 it, its own bounds checks, in-place weight updates, and the portable path when it is off or cannot build."""
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,8 @@ def _module():
 
 def _case(gen, rows, hidden, inter, experts, k, bias):
     x = torch.randn(rows, hidden, generator=gen)
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden ** 0.5
-    w2 = torch.randn(experts, hidden, inter, generator=gen) / inter ** 0.5
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
     logits = torch.randn(rows, experts, generator=gen)
     logits[:, 0] = -1e4  # expert 0 owns no pair: its tiles must be skipped, not read
     weights, ids = REF.route(logits, top_k=k)
@@ -36,13 +37,16 @@ def _case(gen, rows, hidden, inter, experts, k, bias):
     return x, w13, w2, weights, ids, b13, b2
 
 
-@pytest.mark.parametrize("rows,hidden,inter,experts,k,bias,activation", [
-    (0, 64, 32, 4, 2, False, "silu"),           # no tokens
-    (1, 64, 32, 4, 2, False, "silu"),
-    (7, 72, 40, 5, 1, True, "silu"),            # columns not a multiple of the panel width
-    (33, 96, 48, 6, 3, False, "swiglu_clamp"),  # rows past one micro-tile, every tail of it
-    (130, 64, 96, 8, 2, True, "swigluoai"),
-])
+@pytest.mark.parametrize(
+    "rows,hidden,inter,experts,k,bias,activation",
+    [
+        (0, 64, 32, 4, 2, False, "silu"),  # no tokens
+        (1, 64, 32, 4, 2, False, "silu"),
+        (7, 72, 40, 5, 1, True, "silu"),  # columns not a multiple of the panel width
+        (33, 96, 48, 6, 3, False, "swiglu_clamp"),  # rows past one micro-tile, every tail of it
+        (130, 64, 96, 8, 2, True, "swigluoai"),
+    ],
+)
 def test_fused_moe_through_the_native_kernel_matches_float64(rows, hidden, inter, experts, k, bias, activation):
     _module()
     ops = hetero.load("torch")
@@ -70,27 +74,47 @@ def test_an_in_place_weight_update_repacks():
 
 def _kernel_args(module):
     width = module.panel_width()
-    return {"x": torch.randn(2, 16), "ids": torch.tensor([[1, 3], [0, 0]], dtype=torch.int32),
-            "weights": torch.rand(2, 2), "p13": torch.randn(4, 2, 16, width), "inter": 5,
-            "p2": torch.randn(4, 1, 5, width), "b13": None, "b2": None, "act": 0}
+    return {
+        "x": torch.randn(2, 16),
+        "ids": torch.tensor([[1, 3], [0, 0]], dtype=torch.int32),
+        "weights": torch.rand(2, 2),
+        "p13": torch.randn(4, 2, 16, width),
+        "inter": 5,
+        "p2": torch.randn(4, 1, 5, width),
+        "b13": None,
+        "b2": None,
+        "act": 0,
+    }
 
 
-@pytest.mark.parametrize("error,what,change", [
-    (IndexError, "an expert id is out of range: 4 at pair 1", lambda a: {**a, "ids": torch.tensor([[0, 4], [0, 0]], dtype=torch.int32)}),
-    (IndexError, "an expert id is out of range: -1", lambda a: {**a, "ids": torch.tensor([[-1, 0], [0, 0]])}),
-    (RuntimeError, "ids must be contiguous int32 or int64", lambda a: {**a, "ids": torch.zeros(3, 2, dtype=torch.int32)}),
-    (RuntimeError, "weights must be", lambda a: {**a, "weights": torch.rand(2, 3)}),
-    (RuntimeError, "K = 8", lambda a: {**a, "x": torch.randn(2, 8)}),
-    (RuntimeError, "expected 4 panels", lambda a: {**a, "inter": 40}),
-    (RuntimeError, "E experts in both projections", lambda a: {**a, "p2": torch.randn(3, 1, 5, a["p2"].shape[3])}),
-    (RuntimeError, "a bias must be", lambda a: {**a, "b13": torch.randn(4, 3)}),
-    (RuntimeError, "a known activation", lambda a: {**a, "act": 3}),
-])
+@pytest.mark.parametrize(
+    "error,what,change",
+    [
+        (
+            IndexError,
+            "an expert id is out of range: 4 at pair 1",
+            lambda a: {**a, "ids": torch.tensor([[0, 4], [0, 0]], dtype=torch.int32)},
+        ),
+        (IndexError, "an expert id is out of range: -1", lambda a: {**a, "ids": torch.tensor([[-1, 0], [0, 0]])}),
+        (
+            RuntimeError,
+            "ids must be contiguous int32 or int64",
+            lambda a: {**a, "ids": torch.zeros(3, 2, dtype=torch.int32)},
+        ),
+        (RuntimeError, "weights must be", lambda a: {**a, "weights": torch.rand(2, 3)}),
+        (RuntimeError, "K = 8", lambda a: {**a, "x": torch.randn(2, 8)}),
+        (RuntimeError, "expected 4 panels", lambda a: {**a, "inter": 40}),
+        (RuntimeError, "E experts in both projections", lambda a: {**a, "p2": torch.randn(3, 1, 5, a["p2"].shape[3])}),
+        (RuntimeError, "a bias must be", lambda a: {**a, "b13": torch.randn(4, 3)}),
+        (RuntimeError, "a known activation", lambda a: {**a, "act": 3}),
+    ],
+)
 def test_the_kernel_rejects_what_would_read_outside_its_tensors(error, what, change):
     a = change(_kernel_args(module := _module()))
     with pytest.raises(error, match=what):
-        module.fused_moe(a["x"], a["ids"], a["weights"], a["p13"], a["inter"], a["p2"], a["b13"], a["b2"], a["act"],
-                         1.702, 7.0)
+        module.fused_moe(
+            a["x"], a["ids"], a["weights"], a["p13"], a["inter"], a["p2"], a["b13"], a["b2"], a["act"], 1.702, 7.0
+        )
 
 
 def test_int64_ids_past_int32_are_rejected_not_wrapped():
@@ -104,14 +128,21 @@ def test_int64_ids_past_int32_are_rejected_not_wrapped():
 
 
 def test_off_by_environment_keeps_the_grouped_gemms():
-    code = ("import torch, hetero; from hetero_torch import _moe_native as m, _native, _attention_native as a; "
-            "print(_native.extension()[1]); assert not a.applies(torch.empty(1, 1, 1, 1), torch.empty(1, 1, 1, 1)); "
-            "x = torch.randn(3, 8); w, ids = hetero.load('cpu_ref').route(torch.randn(3, 4), top_k=2); "
-            "w13, w2 = torch.randn(4, 12, 8), torch.randn(4, 8, 6); "
-            "print(m.native_fused_moe(x, w13, w2, w, ids, 'silu', 1.702, None, None, None)); "
-            "print(hetero.load('torch').fused_moe(x, w13, w2, w, ids).shape)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "HETERO_TORCH_NATIVE": "0"})
+    code = (
+        "import torch, hetero; from hetero_torch import _moe_native as m, _native, _attention_native as a; "
+        "print(_native.extension()[1]); assert not a.applies(torch.empty(1, 1, 1, 1), torch.empty(1, 1, 1, 1)); "
+        "x = torch.randn(3, 8); w, ids = hetero.load('cpu_ref').route(torch.randn(3, 4), top_k=2); "
+        "w13, w2 = torch.randn(4, 12, 8), torch.randn(4, 8, 6); "
+        "print(m.native_fused_moe(x, w13, w2, w, ids, 'silu', 1.702, None, None, None)); "
+        "print(hetero.load('torch').fused_moe(x, w13, w2, w, ids).shape)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HETERO_TORCH_NATIVE": "0"},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:3] == ["HETERO_TORCH_NATIVE=0", "None", "torch.Size([3, 8])"]
 

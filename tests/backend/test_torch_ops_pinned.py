@@ -2,6 +2,7 @@
 the conformance catalog in test_torch_backend.py covers them all at model shapes, in minutes): the interleaved
 and partial rotary, rms_norm where eps matters, ue8m0 and asymmetric quantize_activation (bit for bit),
 and merge_attention with unequal sides."""
+
 from __future__ import annotations
 
 import pytest
@@ -47,9 +48,15 @@ def test_rms_norm_where_eps_is_as_large_as_the_mean_square(ops, offset):
     torch.testing.assert_close(got, ref.rms_norm(x, w, 1e-6, weight_offset=offset), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype, scale_fmt, asymmetric", [
-    (torch.float8_e4m3fn, "ue8m0", False), (torch.float8_e4m3fn, "float", False),
-    (torch.int8, "float", True), (torch.int8, "float", False)])
+@pytest.mark.parametrize(
+    "dtype, scale_fmt, asymmetric",
+    [
+        (torch.float8_e4m3fn, "ue8m0", False),
+        (torch.float8_e4m3fn, "float", False),
+        (torch.int8, "float", True),
+        (torch.int8, "float", False),
+    ],
+)
 def test_quantize_activation_is_bit_exact(ops, dtype, scale_fmt, asymmetric):
     torch_ops, ref = ops
     g = _gen(3)
@@ -60,8 +67,9 @@ def test_quantize_activation_is_bit_exact(ops, dtype, scale_fmt, asymmetric):
     got, want = torch_ops.quantize_activation(x, **kw), ref.quantize_activation(x, **kw)
     assert len(got) == len(want) == (3 if asymmetric else 2)
     for a, b in zip(got, want):
-        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
-                                                  b.view(torch.uint8) if b.element_size() == 1 else b)
+        assert a.dtype == b.dtype and torch.equal(
+            a.view(torch.uint8) if a.element_size() == 1 else a, b.view(torch.uint8) if b.element_size() == 1 else b
+        )
     if scale_fmt == "ue8m0":
         assert got[1][3, 0] == 4.0
 

@@ -1,4 +1,5 @@
 """The baseline format, the byte/flop model by hand, device ceilings and the roofline fraction."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,20 +11,30 @@ import torch
 
 import hetero
 from hetero.bench.baseline import (
-    SCHEMA, BaselineError, Comparison, Metric, check_environment, compare, confirm, environment, load_baseline,
+    SCHEMA,
+    BaselineError,
+    Comparison,
+    Metric,
+    check_environment,
+    compare,
+    confirm,
+    environment,
+    load_baseline,
     save_baseline,
 )
 from hetero.bench.devices import find_ceilings, load_ceilings, roofline
 from hetero.bench.model import Work, attention_pairs, work
-from hetero.spec import OP_NAMES, OPS, AttentionMeta
 from hetero.bench.perf import TIERS, UNBENCHED, perf_cases
+from hetero.spec import OP_NAMES, OPS, AttentionMeta
 
 ENV = {"backend": "cpu_ref", "device": "cpu/x", "python": "3.11.7", "platform": "p", "versions": {"torch": "2.13.0"}}
 
 
 def test_round_trip(tmp_path):
-    metrics = [Metric("gemm/perf/a/float32", 0.5, "s", samples=(0.4, 0.5, 0.6)),
-               Metric("throughput_tok_s", 120.0, "tok/s", higher_is_better=True)]
+    metrics = [
+        Metric("gemm/perf/a/float32", 0.5, "s", samples=(0.4, 0.5, 0.6)),
+        Metric("throughput_tok_s", 120.0, "tok/s", higher_is_better=True),
+    ]
     save_baseline(tmp_path / "b.json", "engine", ENV, metrics, "hetero bench-engine x")
     doc = json.loads((tmp_path / "b.json").read_text())
     assert doc["schema"] == SCHEMA and doc["kind"] == "engine" and doc["command"] == "hetero bench-engine x"
@@ -67,8 +78,12 @@ def test_environment_key_and_version_warnings():
 
 def test_compare_directions_and_missing_metrics():
     saved = {m.name: m for m in [Metric("t", 1.0, "s"), Metric("tok", 100.0, "tok/s", True), Metric("old", 1.0, "s")]}
-    got = {c.name: c for c in compare(saved, [Metric("t", 1.3, "s"), Metric("tok", 80.0, "tok/s", True),
-                                              Metric("new", 2.0, "s")], threshold=0.25)}
+    got = {
+        c.name: c
+        for c in compare(
+            saved, [Metric("t", 1.3, "s"), Metric("tok", 80.0, "tok/s", True), Metric("new", 2.0, "s")], threshold=0.25
+        )
+    }
     assert got["t"].change == pytest.approx(0.3) and got["t"].regressed
     assert got["tok"].change == pytest.approx(0.2) and not got["tok"].regressed  # 20% lower throughput
     faster = compare(saved, [Metric("t", 0.5, "s"), Metric("tok", 150.0, "tok/s", True)], 0.1)
@@ -101,8 +116,13 @@ def test_paged_attention_work_by_hand():
     # sequence 0 decodes one token at position 4 (5 keys); sequence 1 prefills 3 tokens (1 + 2 + 3 pairs)
     meta = AttentionMeta.build([1, 3], [5, 3], [[2, 0], [1, 3]])
     hq, hkv, d = 4, 2, 8
-    inputs = {"query": torch.zeros(4, hq, d), "k_cache": torch.zeros(4, 4, hkv, d), "v_cache": torch.zeros(4, 4, hkv, d),
-              "meta": meta, "scale": 0.3}
+    inputs = {
+        "query": torch.zeros(4, hq, d),
+        "k_cache": torch.zeros(4, 4, hkv, d),
+        "v_cache": torch.zeros(4, 4, hkv, d),
+        "meta": meta,
+        "scale": 0.3,
+    }
     w = work("paged_attention", inputs)
     pairs, keys = 5 + 6, 5 + 3
     assert w.flops == 2 * pairs * hq * (d + d)
@@ -159,5 +179,7 @@ def test_roofline_fraction():
     compute_bound, memory_bound = Work(4e12, 1e9), Work(1e9, 1e12)
     assert roofline(compute_bound, 8.0, "float32", ceilings) == (pytest.approx(0.5), "")  # 4 s of peak in 8 s
     assert roofline(memory_bound, 4.0, "float32", ceilings) == (pytest.approx(0.5), "")  # 2 s of bandwidth in 4 s
-    assert roofline(compute_bound, 8.0, "bfloat16", ceilings)[0] == pytest.approx(2e-3 / 8)  # no bf16 peak: bandwidth only
+    assert roofline(compute_bound, 8.0, "bfloat16", ceilings)[0] == pytest.approx(
+        2e-3 / 8
+    )  # no bf16 peak: bandwidth only
     assert roofline(memory_bound, 4.0, "float32", None) == (None, "device ceilings unknown")

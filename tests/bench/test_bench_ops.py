@@ -7,6 +7,7 @@ a CI run once saw an untouched op stay 1.54x slower through four
 re-measurements), save the baseline in two spaced rounds and let the command
 re-measure a flagged op before failing it.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ import torch
 
 import hetero
 import hetero_cpu_ref.plugin
-from hetero.bench.baseline import environment, save_baseline, Metric
+from hetero.bench.baseline import Metric, environment, save_baseline
 from hetero.cli import main
 from hetero_cpu_ref import gemm as ref_gemm
 from hetero_cpu_ref import layers as ref_layers
@@ -44,8 +45,9 @@ def _gemm_four_times(a, b, *, bias=None, out_dtype=None):
 
 def _registry(**ops) -> hetero.Registry:
     """A registry with the reference and backend ``twin``: the reference with ``ops`` replaced."""
-    cls = type("Twin", (CpuRefBackend,), {"name": "twin", "priority": 0,
-                                          **{k: staticmethod(v) for k, v in ops.items()}})
+    cls = type(
+        "Twin", (CpuRefBackend,), {"name": "twin", "priority": 0, **{k: staticmethod(v) for k, v in ops.items()}}
+    )
 
     class Plugin:
         @hetero.hookimpl
@@ -63,8 +65,10 @@ def test_save_then_compare_the_same_backend_exits_0(tmp_path, capsys):
     assert main(["bench", "cpu_ref", "--ops", "gemm", "rms_norm", "--save", str(base), *COMPARED]) == 0
     doc = json.loads(base.read_text())
     assert doc["kind"] == "ops" and doc["environment"]["backend"] == "cpu_ref"
-    assert [m["name"] for m in doc["metrics"]] == ["gemm/perf/qwen3-8b-o-proj-t16/float32",
-                                                  "rms_norm/perf/qwen3-8b-residual-t256/float32"]
+    assert [m["name"] for m in doc["metrics"]] == [
+        "gemm/perf/qwen3-8b-o-proj-t16/float32",
+        "rms_norm/perf/qwen3-8b-residual-t256/float32",
+    ]
     assert all(m["unit"] == "s" and m["value"] > 0 and len(m["samples"]) >= 10 for m in doc["metrics"])
     capsys.readouterr()
     assert main(["bench", "cpu_ref", "--ops", "gemm", "rms_norm", "--compare", str(base), *COMPARED]) == 0
@@ -114,7 +118,9 @@ def test_load_lasting_past_the_first_re_measurement_is_forgiven(tmp_path, capsys
             time.sleep(0.03)
         return ref_layers.rms_norm(*args, **kwargs)
 
-    assert main([*argv, "--compare", str(base), "--repeats", "3"], registry=_registry(rms_norm=rms_norm_under_load)) == 0
+    assert (
+        main([*argv, "--compare", str(base), "--repeats", "3"], registry=_registry(rms_norm=rms_norm_under_load)) == 0
+    )
     out = capsys.readouterr().out
     assert "re-measuring in this process after 1 s (1/3)" in out and "after 2 s (2/3)" in out
     assert "after 4 s" not in out and "regressed:" not in out
@@ -168,8 +174,10 @@ def test_other_versions_warn_and_unmeasured_metrics_are_reported(tmp_path, capsy
     assert "warning:" in out and "torch 1.0.0 in the baseline" in out
     assert "1 baseline metric(s) not measured" in out
     notes = {m["name"]: m["note"] for m in json.loads(json_out.read_text())["comparison"]["metrics"]}
-    assert notes == {"rms_norm/perf/qwen3-8b-residual-t256/float32": "not in the baseline",
-                     "gemm/perf/retired-shape/float32": "not measured in this run"}
+    assert notes == {
+        "rms_norm/perf/qwen3-8b-residual-t256/float32": "not in the baseline",
+        "gemm/perf/retired-shape/float32": "not measured in this run",
+    }
 
 
 def test_usage_errors_exit_2(tmp_path, capsys):
@@ -189,8 +197,16 @@ def test_fallback_declined_and_multi_rank_ops_are_marked(capsys, tmp_path):
         return "float32 is not tuned" if op == "gemm" else None
 
     registry = _registry()
-    partial = type("Partial", (hetero.Backend,), {"name": "partial", "spec_version": hetero.SPEC_VERSION,
-                                                  "gemm": staticmethod(ref_gemm.gemm), "supports": supports})
+    partial = type(
+        "Partial",
+        (hetero.Backend,),
+        {
+            "name": "partial",
+            "spec_version": hetero.SPEC_VERSION,
+            "gemm": staticmethod(ref_gemm.gemm),
+            "supports": supports,
+        },
+    )
 
     class Plugin:
         @hetero.hookimpl
@@ -214,8 +230,21 @@ def test_plot_is_a_png(tmp_path):
     assert main(["bench", "cpu_ref", "--ops", "rms_norm", "--save", str(base), *FAST]) == 0
     ceilings = tmp_path / "c.json"
     ceilings.write_text(json.dumps({"name": "toy", "tb_s": 0.01}))
-    argv = ["bench", "cpu_ref", "--ops", "rms_norm", "--compare", str(base), "--threshold", "100",
-            "--ceilings", str(ceilings), "--plot", str(png), *FAST]
+    argv = [
+        "bench",
+        "cpu_ref",
+        "--ops",
+        "rms_norm",
+        "--compare",
+        str(base),
+        "--threshold",
+        "100",
+        "--ceilings",
+        str(ceilings),
+        "--plot",
+        str(png),
+        *FAST,
+    ]
     assert main(argv) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -252,7 +281,20 @@ def test_cpu_thread_counts_do_not_compare(tmp_path, capsys):
 
 def test_the_reference_runs_the_same_inputs_for_the_speedup_column(tmp_path):
     report = tmp_path / "r.json"
-    argv = ["bench", "twin", "--ops", "rms_norm", "--json", str(report), "--warmup", "2", "--reps", "5", "--min-time", "0.05"]
+    argv = [
+        "bench",
+        "twin",
+        "--ops",
+        "rms_norm",
+        "--json",
+        str(report),
+        "--warmup",
+        "2",
+        "--reps",
+        "5",
+        "--min-time",
+        "0.05",
+    ]
     assert main(argv, registry=_registry()) == 0
     row = json.loads(report.read_text())["results"][0]
     assert row["reference_s"] > 0 and row["speedup_vs_reference"] == pytest.approx(row["reference_s"] / row["seconds"])

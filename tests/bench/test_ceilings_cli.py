@@ -1,4 +1,5 @@
 """`hetero ceilings`: measured ceilings written in the --ceilings format, and used by hetero profile."""
+
 from __future__ import annotations
 
 import json
@@ -13,13 +14,32 @@ def test_measured_ceilings_feed_the_profile_roofline(tmp_path, capsys):
     from hetero.tools import tiny
 
     out = tmp_path / "cpu.json"
-    assert main(["ceilings", "cpu_ref", "--out", str(out), "--size", "256", "--copy-mib", "8", "--dtypes", "float32"]) == 0
+    assert (
+        main(["ceilings", "cpu_ref", "--out", str(out), "--size", "256", "--copy-mib", "8", "--dtypes", "float32"]) == 0
+    )
     doc = load_ceilings(out)
     assert set(doc["tflops"]) == {"float32"} and doc["tflops"]["float32"] > 0 and doc["tb_s"] > 0
     assert "(measured)" in json.loads(out.read_text())["name"] and "cpu" in capsys.readouterr().out
     model = tiny.build("qwen3", tmp_path / "m")
-    assert main(["profile", "--model", str(model), "--backend", "cpu_ref", "--num-requests", "2", "--output-len", "2:2",
-                 "--ceilings", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                str(model),
+                "--backend",
+                "cpu_ref",
+                "--num-requests",
+                "2",
+                "--output-len",
+                "2:2",
+                "--ceilings",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["ceilings"] is not None
     fractions = [phase["roofline_fraction"] for phase in report["ops"]["gemm"].values()]

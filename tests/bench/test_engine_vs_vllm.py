@@ -1,4 +1,5 @@
 """benchmarks/engine_vs_vllm.py's hetero-only path end to end (no vLLM started), and its argument checks."""
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,27 @@ def script():
 def test_hetero_configs_run_and_agree(tmp_path):
     """Two hetero configs, one tiny workload each: a row per config, positive rates, the same greedy tokens."""
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--configs", "hetero-torch,hetero-cpu_ref",
-                           "--requests", "4", "--max-tokens", "4", "--models", "qwen3", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--quick",
+            "--configs",
+            "hetero-torch,hetero-cpu_ref",
+            "--requests",
+            "4",
+            "--max-tokens",
+            "4",
+            "--models",
+            "qwen3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"hetero-torch", "hetero-cpu_ref"}
@@ -46,12 +65,15 @@ def test_quick_picks_its_subset_and_caps_nothing(script):
     assert [c.name for c in cuda.configs] == ["hetero-cuda", "hetero-torch", "vllm-eager", "hf-batched"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--configs", "hetero-torch,nope"], "--configs takes names from"),
-    (["--configs", "hetero-cuda"], "--configs takes names from"),
-    (["--models", "llama"], "--models takes qwen3,qwen3_moe"),
-    (["--max-tokens", "4", "--configs", "vllm-eager"], "--max-tokens takes an integer >= 1 and no vllm-* config"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--configs", "hetero-torch,nope"], "--configs takes names from"),
+        (["--configs", "hetero-cuda"], "--configs takes names from"),
+        (["--models", "llama"], "--models takes qwen3,qwen3_moe"),
+        (["--max-tokens", "4", "--configs", "vllm-eager"], "--max-tokens takes an integer >= 1 and no vllm-* config"),
+    ],
+)
 def test_bad_arguments_are_named(script, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:
         script.parse(argv)
@@ -62,10 +84,18 @@ def test_failed_and_unavailable_configs_are_rows_not_crashes(script):
     """A config that could not start is a row with its reason; ratios only against vLLM configs that ran."""
     ok = {"seconds": [2.0], "rates": [100.0], "init_s": 1.0, "load": [0.5], "torch_threads": 2, "tokens": [[1, 2], [3]]}
     other = {**ok, "rates": [50.0], "tokens": [[1, 2], [4]]}
-    configs = [script.Config("hetero-torch", "hetero", "torch"), script.Config("vllm-eager", "vllm"),
-               script.Config("vllm-compiled", "vllm", compiled=True), script.Config("hf-batched", "hf")]
-    runs = {"hetero-torch": [ok, ok], "vllm-eager": [other], "vllm-compiled": [{"unavailable": "no vLLM"}],
-            "hf-batched": [{"failed": "rc 1: boom"}]}
+    configs = [
+        script.Config("hetero-torch", "hetero", "torch"),
+        script.Config("vllm-eager", "vllm"),
+        script.Config("vllm-compiled", "vllm", compiled=True),
+        script.Config("hf-batched", "hf"),
+    ]
+    runs = {
+        "hetero-torch": [ok, ok],
+        "vllm-eager": [other],
+        "vllm-compiled": [{"unavailable": "no vLLM"}],
+        "hf-batched": [{"failed": "rc 1: boom"}],
+    }
     from _engine_report import model_rows, verdict
 
     rows = {r["name"]: r for r in model_rows("qwen3", configs, runs)}

@@ -1,6 +1,7 @@
 """scripts/gpu_check.py's cases without a GPU: every op of the spec has one, the smoke cases build on the
 CPU and bind to the spec's signature, and the reference runs them; ``--list`` prints them. (The whole
 script runs end to end, interpreted, in tests/kernels/test_backends.py::test_gpu_check_smoke.)"""
+
 from __future__ import annotations
 
 import subprocess
@@ -31,14 +32,18 @@ def test_every_op_has_a_case_and_files_stay_small(cases):
         assert {b.op for b in cases.benches(sizes)} == TIMED
     names = [f"{b.op} {b.case}" for b in cases.benches(cases.FULL)]
     assert len(names) == len(set(names)), "case names repeat"
-    for want in ("indexer_topk decode B64 KV32768 Hi64 D128 top2048", "mla_attention dsa decode B64 KV32768",
-                 "fused_moe gpt-oss-20b swigluoai+bias T256 E32 top4 H2880 I2880", "layer_norm T8192 H128",
-                 "paged_attention gpt-oss Hq64 Hkv8 D64 window128 sinks decode",
-                 "quantize_activation deepseek-v3 T4096 K7168 group128 fp8 ue8m0",
-                 "quantize_activation deepseek-v3 T4096 K7168 per-token int8",
-                 "scaled_grouped_gemm deepseek-v3 T4096 gate_up 128-blocks E256 rows32768 N4096 K7168",
-                 "scaled_grouped_gemm deepseek-v3 T4096 gate_up row-wise E256 rows32768",
-                 "fused_moe deepseek-v3 fp8 128-blocks T256 E256 top8 H7168 I2048"):
+    for want in (
+        "indexer_topk decode B64 KV32768 Hi64 D128 top2048",
+        "mla_attention dsa decode B64 KV32768",
+        "fused_moe gpt-oss-20b swigluoai+bias T256 E32 top4 H2880 I2880",
+        "layer_norm T8192 H128",
+        "paged_attention gpt-oss Hq64 Hkv8 D64 window128 sinks decode",
+        "quantize_activation deepseek-v3 T4096 K7168 group128 fp8 ue8m0",
+        "quantize_activation deepseek-v3 T4096 K7168 per-token int8",
+        "scaled_grouped_gemm deepseek-v3 T4096 gate_up 128-blocks E256 rows32768 N4096 K7168",
+        "scaled_grouped_gemm deepseek-v3 T4096 gate_up row-wise E256 rows32768",
+        "fused_moe deepseek-v3 fp8 128-blocks T256 E256 top8 H7168 I2048",
+    ):
         assert any(n.startswith(want) for n in names), want
     for path in SCRIPTS.glob("gpu_check*.py"):
         assert len(path.read_text().splitlines()) <= 300, path.name
@@ -62,7 +67,7 @@ def test_sparse_indices_are_what_indexer_topk_returns(cases):
     for row, pos in zip(idx.tolist(), [2, 3, 4, 8]):
         kept = [j for j in row if j >= 0]
         assert len(kept) == len(set(kept)) == min(4, pos + 1) and all(j <= pos for j in kept)
-        assert row[len(kept):] == [-1] * (4 - len(kept))
+        assert row[len(kept) :] == [-1] * (4 - len(kept))
 
 
 def test_rel_err_compares_row_sets_as_sets(monkeypatch):
@@ -76,8 +81,13 @@ def test_rel_err_compares_row_sets_as_sets(monkeypatch):
 
 def test_list_prints_every_case():
     for extra in ([], ["--smoke"]):
-        res = subprocess.run([sys.executable, str(SCRIPTS / "gpu_check.py"), "--list", *extra], capture_output=True,
-                             text=True, cwd=ROOT, timeout=300)
+        res = subprocess.run(
+            [sys.executable, str(SCRIPTS / "gpu_check.py"), "--list", *extra],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+        )
         assert res.returncode == 0, res.stderr[-2000:]
         listed = {line.split()[0] for line in res.stdout.splitlines() if line.strip()}
         assert listed == TIMED

@@ -4,11 +4,10 @@ Pure functions on given numbers (``baseline.compare``, ``baseline.confirm`` and
 the report's ``verdict`` word), nothing timed. Values are chosen exact in binary
 (1.0 -> 1.25 is a change of exactly 0.25) so the threshold cases are exact.
 """
+
 from __future__ import annotations
 
 import math
-
-import pytest
 
 from hetero.bench.baseline import Comparison, Metric, compare, confirm
 from hetero.bench.report import report_dict, verdict
@@ -113,7 +112,8 @@ def test_confirm_on_a_throughput_keeps_the_highest():
 
 def test_only_regressed_metrics_are_listed_as_regressed_in_the_json_report():
     saved = {n: Metric(n, 1.0, "s") for n in ("slower", "faster", "same")}
-    comparisons = compare(saved, [Metric("slower", 2.0, "s"), Metric("faster", 0.5, "s"), Metric("same", 1.0, "s")],
-                          THRESHOLD)
+    comparisons = compare(
+        saved, [Metric("slower", 2.0, "s"), Metric("faster", 0.5, "s"), Metric("same", 1.0, "s")], THRESHOLD
+    )
     doc = report_dict([], {}, None, "", comparisons, THRESHOLD)
     assert doc["comparison"]["regressed"] == ["slower"]

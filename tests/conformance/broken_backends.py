@@ -5,22 +5,22 @@ another op would be the suite's fault. The attention bugs live in a compact,
 independent paged attention (``mini_paged_attention``) whose bug-free form
 must itself pass, which shows the bugs are the only difference.
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
+from broken_dsa import BUGS as DSA_BUGS
+from broken_moe import BUGS as MOE_BUGS
+from broken_quant import BUGS as QUANT_BUGS
+from broken_recurrent import BUGS as RECURRENT_BUGS
 
 import hetero
 from hetero_cpu_ref import gemm as ref_gemm
 from hetero_cpu_ref import layers as ref_layers
 from hetero_cpu_ref import moe as ref_moe
 from hetero_cpu_ref.plugin import CpuRefBackend
-
-from broken_dsa import BUGS as DSA_BUGS
-from broken_moe import BUGS as MOE_BUGS
-from broken_quant import BUGS as QUANT_BUGS
-from broken_recurrent import BUGS as RECURRENT_BUGS
 
 __all__ = ["BUGS", "make_plugin"]
 
@@ -52,7 +52,20 @@ def _sequence_kv(k_cache, v_cache, table_row, length, bug):
 def mini_paged_attention(bug: str | None):
     """An independent paged attention; ``bug`` names the one mistake it makes (None: correct)."""
 
-    def paged_attention(query, k_cache, v_cache, meta, *, scale, causal=True, window=(-1, -1), softcap=0.0, sinks=None, out=None, return_lse=False):
+    def paged_attention(
+        query,
+        k_cache,
+        v_cache,
+        meta,
+        *,
+        scale,
+        causal=True,
+        window=(-1, -1),
+        softcap=0.0,
+        sinks=None,
+        out=None,
+        return_lse=False,
+    ):
         t, hq, _ = query.shape
         hkv, dv = k_cache.shape[2], v_cache.shape[3]
         acc = torch.float64 if query.dtype == torch.float64 else torch.float32
@@ -66,7 +79,11 @@ def mini_paged_attention(bug: str | None):
                 continue
             k, v = _sequence_kv(k_cache, v_cache, table[b], length, bug)
             k, v = k[:, heads].to(acc), v[:, heads].to(acc)
-            s = torch.einsum("nhd,lhd->hnl", query[a:e].to(acc), k) * scale * (math.log2(math.e) if bug == "scale_wrong" else 1.0)
+            s = (
+                torch.einsum("nhd,lhd->hnl", query[a:e].to(acc), k)
+                * scale
+                * (math.log2(math.e) if bug == "scale_wrong" else 1.0)
+            )
             if softcap > 0:
                 s = softcap * torch.tanh(s / softcap)
             s = s.masked_fill(~_visible(e - a, length, k.shape[0], causal, window, bug), _NEG_INF)
@@ -93,7 +110,7 @@ def _gemm_fp16_accumulation(a, b, *, bias=None, out_dtype=None):
         return ref_gemm.gemm(a, b, bias=bias, out_dtype=out_dtype)
     acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float16)
     for k0 in range(0, a.shape[1], 16):  # partial sums kept in float16, as a buggy kernel's accumulator
-        acc = acc + (a[:, k0:k0 + 16].float() @ b[:, k0:k0 + 16].float().T).half()
+        acc = acc + (a[:, k0 : k0 + 16].float() @ b[:, k0 : k0 + 16].float().T).half()
     out = acc.float() + (bias.float() if bias is not None else 0)
     return out.to(out_dtype or a.dtype)
 
@@ -102,15 +119,51 @@ def _gemm_drops_bias(a, b, *, bias=None, out_dtype=None):
     return ref_gemm.gemm(a, b, out_dtype=out_dtype)
 
 
-def _route_ignores_bias(router_logits, *, top_k, scoring="softmax", renormalize=True, n_group=1, topk_group=1, correction_bias=None, routed_scaling_factor=1.0):
+def _route_ignores_bias(
+    router_logits,
+    *,
+    top_k,
+    scoring="softmax",
+    renormalize=True,
+    n_group=1,
+    topk_group=1,
+    correction_bias=None,
+    routed_scaling_factor=1.0,
+):
     bias = None if correction_bias is None else torch.zeros_like(correction_bias)
-    return ref_moe.route(router_logits, top_k=top_k, scoring=scoring, renormalize=renormalize, n_group=n_group,
-                         topk_group=topk_group, correction_bias=bias, routed_scaling_factor=routed_scaling_factor)
+    return ref_moe.route(
+        router_logits,
+        top_k=top_k,
+        scoring=scoring,
+        renormalize=renormalize,
+        n_group=n_group,
+        topk_group=topk_group,
+        correction_bias=bias,
+        routed_scaling_factor=routed_scaling_factor,
+    )
 
 
-def _route_no_renormalize(router_logits, *, top_k, scoring="softmax", renormalize=True, n_group=1, topk_group=1, correction_bias=None, routed_scaling_factor=1.0):
-    return ref_moe.route(router_logits, top_k=top_k, scoring=scoring, renormalize=False, n_group=n_group,
-                         topk_group=topk_group, correction_bias=correction_bias, routed_scaling_factor=routed_scaling_factor)
+def _route_no_renormalize(
+    router_logits,
+    *,
+    top_k,
+    scoring="softmax",
+    renormalize=True,
+    n_group=1,
+    topk_group=1,
+    correction_bias=None,
+    routed_scaling_factor=1.0,
+):
+    return ref_moe.route(
+        router_logits,
+        top_k=top_k,
+        scoring=scoring,
+        renormalize=False,
+        n_group=n_group,
+        topk_group=topk_group,
+        correction_bias=correction_bias,
+        routed_scaling_factor=routed_scaling_factor,
+    )
 
 
 def _unpermute_drops_weights(y_sorted, perm, weights):

@@ -4,6 +4,7 @@ keys read through the block table one position at a time. Their bug-free forms m
 quick case (``make_control``), which shows each planted bug is the only difference.
 ``broken_backends.BUGS`` includes ``BUGS`` from here.
 """
+
 from __future__ import annotations
 
 import torch
@@ -93,7 +94,9 @@ def mini_indexer_topk(bug: str | None):
 def mini_mla_attention(bug: str | None):
     """mla_attention, dense and sparse; ``bug`` names its one mistake (None: correct)."""
 
-    def mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, *, scale, causal=True, return_lse=False, topk_indices=None):
+    def mla_attention(
+        q_nope, q_pe, ckv_cache, kpe_cache, meta, *, scale, causal=True, return_lse=False, topk_indices=None
+    ):
         acc = _acc(q_nope)
         t, h, lkv = q_nope.shape
         out = torch.zeros(t, h, lkv, dtype=acc)
@@ -127,8 +130,12 @@ def mini_layer_norm(bug: str | None):
     return staticmethod(layer_norm)
 
 
-_MINI = {"write_index_k": mini_write_index_k, "indexer_topk": mini_indexer_topk, "mla_attention": mini_mla_attention,
-         "layer_norm": mini_layer_norm}
+_MINI = {
+    "write_index_k": mini_write_index_k,
+    "indexer_topk": mini_indexer_topk,
+    "mla_attention": mini_mla_attention,
+    "layer_norm": mini_layer_norm,
+}
 _BUG_OPS = {
     "indexer_relu_missing": "indexer_topk",
     "indexer_weights_unapplied": "indexer_topk",

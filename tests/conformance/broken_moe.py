@@ -5,15 +5,15 @@ fake-quantized activations. Its bug-free form must pass every quick case
 (``make_control``), which shows each planted bug is the only difference. ``broken_backends.BUGS``
 includes ``BUGS`` from here.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from broken_quant import mini_quantize_activation
 
 import hetero
 from hetero_cpu_ref.plugin import CpuRefBackend
-
-from broken_quant import mini_quantize_activation
 
 __all__ = ["BUGS", "mini_fused_moe", "make_control"]
 
@@ -44,22 +44,39 @@ def _dequant(w: torch.Tensor, scale: torch.Tensor | None, acc: torch.dtype) -> t
     return w.to(acc) * s
 
 
-def _fake_quant(a: torch.Tensor, qdtype: torch.dtype, act_quant: str | None, fmt: str, acc: torch.dtype) -> torch.Tensor:
+def _fake_quant(
+    a: torch.Tensor, qdtype: torch.dtype, act_quant: str | None, fmt: str, acc: torch.dtype
+) -> torch.Tensor:
     """a as the spec's quantize_activation sees it: quantized (mini_quantize_activation), then dequantized."""
     if act_quant is None:
         return a.to(acc)
     group = 128 if act_quant == "group128" else None
     q, s = mini_quantize_activation(None).__func__(a, dtype=qdtype, group_size=group, scale_fmt=fmt)
     width = a.shape[1] if group is None else group
-    return q.to(acc) * s.to(acc).repeat_interleave(width, dim=1)[:, :a.shape[1]]
+    return q.to(acc) * s.to(acc).repeat_interleave(width, dim=1)[:, : a.shape[1]]
 
 
 def mini_fused_moe(bug: str | None):
     """fused_moe; ``bug`` names its one mistake (None: correct). Quantized experts (spec 1.4) run on the
     dequantized weights and fake-quantized activations."""
 
-    def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit=None, w13_bias=None, w2_bias=None,
-                  w13_scale=None, w2_scale=None, act_quant=None, act_scale_fmt="float"):
+    def fused_moe(
+        x,
+        w13,
+        w2,
+        weights,
+        ids,
+        *,
+        activation="silu",
+        alpha=1.702,
+        limit=None,
+        w13_bias=None,
+        w2_bias=None,
+        w13_scale=None,
+        w2_scale=None,
+        act_quant=None,
+        act_scale_fmt="float",
+    ):
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         r = lambda t: t.to(x.dtype).to(acc)  # noqa: E731  the spec's roundings to x's dtype
         fq = lambda t: _fake_quant(t, w13.dtype, act_quant, act_scale_fmt, acc)  # noqa: E731
@@ -89,9 +106,16 @@ def mini_fused_moe(bug: str | None):
 _BUG_ACT = {"swigluoai_no_clamp": "swigluoai", "swiglu_clamp_up_unclamped": "swiglu_clamp"}
 
 #: bug name -> (the op it breaks, its implementation)
-BUGS = {b: ("fused_moe", mini_fused_moe(b))
-        for b in ("swigluoai_no_clamp", "swiglu_clamp_up_unclamped", "w2_bias_unweighted", "gate_up_interleaved",
-                  "quant_scale_wrong_expert")}
+BUGS = {
+    b: ("fused_moe", mini_fused_moe(b))
+    for b in (
+        "swigluoai_no_clamp",
+        "swiglu_clamp_up_unclamped",
+        "w2_bias_unweighted",
+        "gate_up_interleaved",
+        "quant_scale_wrong_expert",
+    )
+}
 
 
 def make_control(op: str):

@@ -4,6 +4,7 @@ groups at once on a padded [M, G, group] view, ue8m0 through log2 in float64) an
 every quick case (``make_control``), which shows each planted bug is the only difference.
 ``broken_backends.BUGS`` includes ``BUGS`` from here.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,7 +50,11 @@ def mini_quantize_activation(bug: str | None):
             zp = _to_int8(-128.0 - lo / s, bug)
             q = (_rint(g / s, bug) + zp).clamp(-128, 127)
             groups = g.shape[1]
-            return q.reshape(m, groups * width)[:, :k].to(torch.int8), s.reshape(m, groups), zp.reshape(m, groups).to(torch.int32)
+            return (
+                q.reshape(m, groups * width)[:, :k].to(torch.int8),
+                s.reshape(m, groups),
+                zp.reshape(m, groups).to(torch.int32),
+            )
         qmax = 448.0 if bug == "fnuz_treated_as_fn" and dtype == torch.float8_e4m3fnuz else _QMAX[dtype]
         s = torch.clamp(g.abs().amax(dim=2, keepdim=True), min=1e-10) / qmax
         if scale_fmt == "ue8m0" and bug != "ue8m0_ignored":
@@ -66,9 +71,15 @@ def _full_scale(scale: torch.Tensor, rows: int, cols: int, bug: str | None) -> t
     s = scale.float().reshape(1, 1) if scale.numel() == 1 else scale.float()
     if s.shape == (1, 1) or s.shape == (rows, 1):
         return s.expand(rows, cols)
-    if bug == "partial_block_scale_misread":  # blocks counted with floor(n / 128): a partial last block reads its neighbour's
+    if (
+        bug == "partial_block_scale_misread"
+    ):  # blocks counted with floor(n / 128): a partial last block reads its neighbour's
         col_idx = (torch.arange(cols) // _BLOCK).clamp(max=max(cols // _BLOCK - 1, 0))
-        row_idx = (torch.arange(rows) // _BLOCK).clamp(max=max(rows // _BLOCK - 1, 0)) if s.shape[0] != rows else torch.arange(rows)
+        row_idx = (
+            (torch.arange(rows) // _BLOCK).clamp(max=max(rows // _BLOCK - 1, 0))
+            if s.shape[0] != rows
+            else torch.arange(rows)
+        )
     else:
         col_idx = torch.arange(cols) // _BLOCK
         row_idx = torch.arange(rows) if s.shape[0] == rows else torch.arange(rows) // _BLOCK

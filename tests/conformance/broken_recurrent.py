@@ -3,6 +3,7 @@ delta rule: the convolution through ``F.conv1d`` over each sequence, the delta r
 with einsum. Their bug-free forms must pass every quick case (``make_control``), which shows each
 planted bug is the only difference. ``broken_backends.BUGS`` includes ``BUGS`` from here.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,7 +27,9 @@ def _batch(query_start_loc, state_slots, has_initial_state):
 def mini_causal_conv1d(bug: str | None):
     """causal_conv1d; ``bug`` names its one mistake (None: correct)."""
 
-    def causal_conv1d(x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, *, activation="silu"):
+    def causal_conv1d(
+        x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, *, activation="silu"
+    ):
         acc, (c, w) = _acc(x, weight), weight.shape
         out = torch.zeros_like(x)
         for a, e, slot, initial in _batch(query_start_loc, state_slots, has_initial_state):
@@ -35,10 +38,12 @@ def mini_causal_conv1d(bug: str | None):
             read = initial or bug == "conv_ignores_has_initial_state"
             prev = conv_state[slot] if read else x.new_zeros(w - 1, c)
             xx = torch.cat([prev, x[a:e]])  # [W-1+L, C]
-            y = F.conv1d(xx.T[None].to(acc), weight[:, None, :].to(acc), None if bias is None else bias.to(acc), groups=c)[0].T
+            y = F.conv1d(
+                xx.T[None].to(acc), weight[:, None, :].to(acc), None if bias is None else bias.to(acc), groups=c
+            )[0].T
             out[a:e] = (F.silu(y) if activation == "silu" else y).to(x.dtype)
             shift = 1 if bug == "conv_state_shifted_by_one" else 0  # keeps one input too old, drops the newest
-            conv_state[slot] = xx[e - a - shift: e - a - shift + w - 1]
+            conv_state[slot] = xx[e - a - shift : e - a - shift + w - 1]
         return out
 
     return staticmethod(causal_conv1d)
@@ -60,8 +65,9 @@ def _normalized(x: torch.Tensor) -> torch.Tensor:
 def mini_gated_delta_rule(bug: str | None):
     """gated_delta_rule; ``bug`` names its one mistake (None: correct)."""
 
-    def gated_delta_rule(q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state, *, scale,
-                         use_qk_l2norm=True):
+    def gated_delta_rule(
+        q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state, *, scale, use_qk_l2norm=True
+    ):
         acc, (h, hv) = _acc(q, ssm_state), (q.shape[1], v.shape[1])
         heads = torch.arange(hv) % h if bug == "gdr_gva_head_mod" else torch.arange(hv) // (hv // h)
         out = torch.zeros(q.shape[0], hv, v.shape[2], dtype=v.dtype)
@@ -90,12 +96,20 @@ def mini_gated_delta_rule(bug: str | None):
 
 
 _CONV = ("conv_state_shifted_by_one", "conv_ignores_has_initial_state", "conv_padding_slot_not_skipped")
-_GDR = ("gdr_decay_after_update", "gdr_beta_dropped", "gdr_l2norm_missing", "gdr_state_not_written_back",
-        "gdr_gva_head_mod", "kda_decay_per_head_only")
+_GDR = (
+    "gdr_decay_after_update",
+    "gdr_beta_dropped",
+    "gdr_l2norm_missing",
+    "gdr_state_not_written_back",
+    "gdr_gva_head_mod",
+    "kda_decay_per_head_only",
+)
 
 #: bug name -> (the op it breaks, its implementation)
-BUGS = {**{b: ("causal_conv1d", mini_causal_conv1d(b)) for b in _CONV},
-        **{b: ("gated_delta_rule", mini_gated_delta_rule(b)) for b in _GDR}}
+BUGS = {
+    **{b: ("causal_conv1d", mini_causal_conv1d(b)) for b in _CONV},
+    **{b: ("gated_delta_rule", mini_gated_delta_rule(b)) for b in _GDR},
+}
 
 _MINI = {"causal_conv1d": mini_causal_conv1d, "gated_delta_rule": mini_gated_delta_rule}
 

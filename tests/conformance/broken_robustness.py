@@ -6,11 +6,12 @@ subclass of the reference that replaces one op with a version skipping one
 bounds check, as a careless kernel would. Every other op is the reference's,
 which rejects every malformed call, so any failure elsewhere is the tier's fault.
 """
+
 from __future__ import annotations
 
 __all__ = ["PLANTED", "plugin_source"]
 
-_HEADER = '''
+_HEADER = """
 import ctypes, time
 import torch
 import hetero
@@ -21,52 +22,52 @@ from hetero_cpu_ref.plugin import CpuRefBackend
 class Planted(CpuRefBackend):
     name = "{name}"
     priority = -2000
-'''
+"""
 
-_FOOTER = '''
+_FOOTER = """
 
 @hetero.hookimpl
 def hetero_backends():
     return [Planted]
-'''
+"""
 
 # write_kv checks shapes and dtypes but neither validates nor masks slot contents: out-of-range
 # slots are dropped without a word (its class says it validates indices, so hetero adds no check)
-_SILENT = '''
+_SILENT = """
     def write_kv(self, key, value, k_cache, v_cache, slot_mapping):
         tokens, slots = check_kv_write("write_kv", key, value, k_cache, v_cache)
         check_tensor("write_kv", "slot_mapping", slot_mapping, shape=(tokens,), dtypes=(torch.int64,))
         keep = (slot_mapping >= 0) & (slot_mapping < slots)
         k_cache.view(slots, *k_cache.shape[2:])[slot_mapping[keep]] = key[keep]
         v_cache.view(slots, *v_cache.shape[2:])[slot_mapping[keep]] = value[keep]
-'''
+"""
 
 # grouped_gemm's "kernel" reads row group_ends[-1] - 1 unchecked: past M it faults (SIGSEGV)
-_CRASH = '''
+_CRASH = """
     def grouped_gemm(self, a, b, group_ends, *, out_dtype=None):
         if group_ends.numel() and int(group_ends.max()) > a.shape[0]:
             ctypes.string_at(0)
         return CpuRefBackend.grouped_gemm(a, b, group_ends, out_dtype=out_dtype)
-'''
+"""
 
 # moe_permute counts rows per expert with an unchecked index_add_: torch's own IndexError escapes
-_UNCLEAR = '''
+_UNCLEAR = """
     def moe_permute(self, x, ids, num_experts):
         check_tensor("moe_permute", "ids", ids, ndim=2, dtypes=INDEX_DTYPES)
         flat = ids.flatten().long()
         torch.zeros(num_experts, dtype=torch.int64).index_add_(0, flat, torch.ones_like(flat))
         return CpuRefBackend.moe_permute(x, ids, num_experts)
-'''
+"""
 
 # rms_norm refines its scale until the step falls under eps: a negative eps never gets there
-_HANG = '''
+_HANG = """
     def rms_norm(self, x, weight, eps, *, residual=None):
         step = 1.0
         while step >= eps:
             step = step / 2 if step > 1e-300 else step
             time.sleep(0.01)
         return CpuRefBackend.rms_norm(x, weight, eps, residual=residual)
-'''
+"""
 
 #: planted bug -> (the op it breaks, the status its malformed calls get, its methods' source)
 PLANTED = {

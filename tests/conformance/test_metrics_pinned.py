@@ -8,6 +8,7 @@ and just outside (must fail) its bounds, so a row swapped for a looser or a
 tighter one is caught. Outputs are given in float64 so the errors are exact;
 the case's dtype only selects the tolerance row, as in a real run.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,8 @@ import torch
 from hetero.spec import OPS
 from hetero.verify.case import DTYPES, Case
 from hetero.verify.metrics import compare
-from hetero_conformance.runner import CaseResult, Expected, Runner
 from hetero.verify.tolerances import tolerance
+from hetero_conformance.runner import CaseResult, Expected, Runner
 
 NAN, INF = float("nan"), float("inf")
 
@@ -38,14 +39,25 @@ def t(*values: float) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
 
-def verdict(got: torch.Tensor, oracle: torch.Tensor, reference: torch.Tensor | None = None, *,
-            op: str = "gemm", dtype: str = "float32", name: str = "out",
-            layout_dtype: torch.dtype = torch.float64) -> CaseResult:
+def verdict(
+    got: torch.Tensor,
+    oracle: torch.Tensor,
+    reference: torch.Tensor | None = None,
+    *,
+    op: str = "gemm",
+    dtype: str = "float32",
+    name: str = "out",
+    layout_dtype: torch.dtype = torch.float64,
+) -> CaseResult:
     """The runner's verdict on one output ``got``, with the oracle and the reference run (default: exact)."""
     case = Case(op, "pinned", dtype, build=lambda gen, dt: {})
     reference = oracle.clone() if reference is None else reference
-    exp = Expected(inputs={}, oracle={name: oracle}, reference={name: reference},
-                   layout={name: (tuple(oracle.shape), layout_dtype)})
+    exp = Expected(
+        inputs={},
+        oracle={name: oracle},
+        reference={name: reference},
+        layout={name: (tuple(oracle.shape), layout_dtype)},
+    )
     return Runner(None, None)._verdict(case, {name: got}, exp, [])  # type: ignore[arg-type]
 
 
@@ -129,8 +141,16 @@ def test_tolerance_row_values(dtype):
     assert (tol.floor, tol.max_rel_l2) == ROWS[dtype] and tol.rationale
 
 
-@pytest.mark.parametrize("op, name", [("write_kv", "k_cache"), ("write_kv", "v_cache"), ("write_mla_kv", "ckv_cache"),
-                                      ("write_mla_kv", "kpe_cache"), ("moe_permute", "x_sorted")])
+@pytest.mark.parametrize(
+    "op, name",
+    [
+        ("write_kv", "k_cache"),
+        ("write_kv", "v_cache"),
+        ("write_mla_kv", "ckv_cache"),
+        ("write_mla_kv", "kpe_cache"),
+        ("moe_permute", "x_sorted"),
+    ],
+)
 def test_data_movement_outputs_are_declared_exact_by_the_spec(op, name):
     assert OPS[op].output(name).compare == "exact"
 
@@ -211,8 +231,12 @@ def test_route_weights_in_bfloat16_are_held_to_the_float32_row():
     got = bumped(oracle, 1e-5)  # 2e-5 of the scale: inside bfloat16's floor, outside float32's 1e-5
     res = verdict(got, oracle, op="route", dtype="bfloat16", name="weights", layout_dtype=torch.float32)
     assert res.status == "fail" and "max abs error" in res.message
-    assert verdict(bumped(oracle, 4e-6), oracle, op="route", dtype="bfloat16", name="weights",
-                   layout_dtype=torch.float32).status == "pass"
+    assert (
+        verdict(
+            bumped(oracle, 4e-6), oracle, op="route", dtype="bfloat16", name="weights", layout_dtype=torch.float32
+        ).status
+        == "pass"
+    )
 
 
 # ---------------------------------------------------------------- verdict rules

@@ -1,18 +1,18 @@
 """The suite proves itself: every planted bug fails on its op and on no other op."""
+
 from __future__ import annotations
 
 import pytest
-
-import hetero
-import hetero_cpu_ref.plugin
-from hetero_conformance.cases import catalog
-from hetero_conformance.runner import FAILING, Runner
-
 from broken_backends import BUGS, make_plugin
 from broken_dsa import make_control as make_dsa_control
 from broken_moe import make_control as make_moe_control
 from broken_quant import make_control as make_quant_control
 from broken_recurrent import make_control
+
+import hetero
+import hetero_cpu_ref.plugin
+from hetero_conformance.cases import catalog
+from hetero_conformance.runner import FAILING, Runner
 
 QUICK = catalog(quick=True)
 
@@ -34,7 +34,9 @@ def suite():
             registry.register(obj, name)
         ops = registry.load(name)
         runner = Runner(ops, reference, cache=cache)
-        changed = {op for op in {c.op for c in QUICK} if name == "cpu_ref" or getattr(ops, op) is not getattr(reference, op)}
+        changed = {
+            op for op in {c.op for c in QUICK} if name == "cpu_ref" or getattr(ops, op) is not getattr(reference, op)
+        }
         if plugin is not None:
             assert changed == {plugin[2]}, changed
         failed: dict[str, list[str]] = {}
@@ -104,7 +106,9 @@ def test_unimplemented_ops_are_fallback_never_pass():
     runner = Runner(registry.load("gemm_only"), registry.backends["cpu_ref"].cls())
     statuses = {(c.op, runner.run(c).status) for c in QUICK if c.op in ("gemm", "rms_norm", "silu_and_mul")}
     assert ("rms_norm", "fallback") in statuses and ("silu_and_mul", "fallback") in statuses
-    assert all(s == "pass" for op, s in statuses if op == "gemm") and all(s == "fallback" for op, s in statuses if op != "gemm")
+    assert all(s == "pass" for op, s in statuses if op == "gemm") and all(
+        s == "fallback" for op, s in statuses if op != "gemm"
+    )
 
 
 def test_reference_passes_the_full_catalog():

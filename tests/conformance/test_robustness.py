@@ -1,4 +1,5 @@
 """`hetero conformance NAME --robustness`: the malformed-call catalog, its statuses, reports and planted bugs."""
+
 from __future__ import annotations
 
 import json
@@ -10,17 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from broken_robustness import PLANTED, plugin_source
 
 import hetero
 from hetero import Registry
 from hetero.cli import main
 from hetero.spec import OP_NAMES
+from hetero.verify.calls import call as bind
 from hetero_conformance import report
 from hetero_conformance.cases.malformed import catalog
 from hetero_conformance.robustness import attempt, one_rank_comm
-from hetero.verify.calls import call as bind
-
-from broken_robustness import PLANTED, plugin_source
 
 CALLS = catalog()
 
@@ -44,8 +44,18 @@ def test_catalog_spans_every_op_with_index_defects_well_represented():
     assert all(c.id == f"{c.op}/{c.defect}" and c.arg for c in CALLS)
     index_ops = {c.op for c in CALLS if c.index}
     assert sum(c.index for c in CALLS) >= 25
-    assert {"paged_attention", "mla_attention", "varlen_attention", "write_kv", "write_mla_kv", "grouped_gemm",
-            "moe_permute", "moe_unpermute", "fused_moe", "rotary_embedding"} <= index_ops
+    assert {
+        "paged_attention",
+        "mla_attention",
+        "varlen_attention",
+        "write_kv",
+        "write_mla_kv",
+        "grouped_gemm",
+        "moe_permute",
+        "moe_unpermute",
+        "fused_moe",
+        "rotary_embedding",
+    } <= index_ops
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +89,11 @@ def test_cpu_ref_passes_and_every_report_has_the_tier(tmp_path, capsys):
     tier = suites["hetero_conformance.cpu_ref.robustness"]
     assert tier.get("tests") == str(len(CALLS)) and tier.get("failures") == "0"
     text = md.read_text()
-    assert "#### Robustness" in text and f"| paged_attention | {sum(c.op == 'paged_attention' for c in CALLS)} |" in text and "PASSED" in capsys.readouterr().out
+    assert (
+        "#### Robustness" in text
+        and f"| paged_attention | {sum(c.op == 'paged_attention' for c in CALLS)} |" in text
+        and "PASSED" in capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize("bug", ["skips_slot_check", "faults_past_group_end"])
@@ -137,15 +151,43 @@ def test_no_validate_needs_the_tier():
 
 
 def test_list_options_take_commas_spaces_and_repeats(capsys):
-    assert main(["conformance", "cpu_ref", "--robustness", "--list", "--ops", "gemm", "rms_norm", "--ops", "route,silu_and_mul"]) == 0
+    assert (
+        main(
+            [
+                "conformance",
+                "cpu_ref",
+                "--robustness",
+                "--list",
+                "--ops",
+                "gemm",
+                "rms_norm",
+                "--ops",
+                "route,silu_and_mul",
+            ]
+        )
+        == 0
+    )
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "/" in line]
     assert {i.split("/")[0] for i in listed} == {"gemm", "rms_norm", "route", "silu_and_mul"}
     assert len(listed) == sum(c.op in ("gemm", "rms_norm", "route", "silu_and_mul") for c in CALLS)
 
 
 def test_the_pytest_plugin_runs_the_tier(tmp_path):
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "hetero_conformance",
-           "--hetero-backend", "cpu_ref", "--hetero-robustness", "--hetero-ops", "grouped_gemm,rotary_embedding"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--pyargs",
+        "hetero_conformance",
+        "--hetero-backend",
+        "cpu_ref",
+        "--hetero-robustness",
+        "--hetero-ops",
+        "grouped_gemm,rotary_embedding",
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     expected = sum(c.op in ("grouped_gemm", "rotary_embedding") for c in CALLS)

@@ -1,4 +1,5 @@
 """`hetero conformance NAME --world-size N`: collectives and expert parallelism on spawned ranks."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from hetero_conformance import report
 
 ROOT = Path(__file__).resolve().parents[2]
 
-BAD_COMM_PLUGIN = '''
+BAD_COMM_PLUGIN = """
 import os
 import hetero
 from hetero.distributed import TorchCommunicator
@@ -53,7 +54,7 @@ class Bad(CpuRefBackend):
 @hetero.hookimpl
 def hetero_backends():
     return [Bad]
-'''
+"""
 
 
 def _validate(doc: dict) -> None:
@@ -64,14 +65,25 @@ def _validate(doc: dict) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_cpu_ref_passes_every_distributed_case(world, tmp_path):
     path = tmp_path / "r.json"
-    assert main(["conformance", "cpu_ref", "--world-size", str(world), "--quick", "--timeout", "60", "--json", str(path)]) == 0
+    assert (
+        main(["conformance", "cpu_ref", "--world-size", str(world), "--quick", "--timeout", "60", "--json", str(path)])
+        == 0
+    )
     doc = json.loads(path.read_text())
     _validate(doc)
     assert doc["run"]["world_size"] == world
     cases = doc["cases"]
     assert cases and all(c["status"] == "pass" for c in cases), [c for c in cases if c["status"] != "pass"]
     ops = {c["op"] for c in cases}
-    assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "barrier", "ep_dispatch+ep_combine"} <= ops
+    assert {
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all",
+        "broadcast",
+        "barrier",
+        "ep_dispatch+ep_combine",
+    } <= ops
     shapes = {c["shape"] for c in cases if c["op"] == "ep_dispatch+ep_combine"}
     assert any("qwen3-30b-a3b" in s for s in shapes) and any("deepseek-v3" in s for s in shapes)
     assert all(s.startswith(f"world{world}.") for s in shapes)
@@ -89,7 +101,13 @@ def test_an_interpreted_triton_backend_runs_its_ranks_over_gloo(monkeypatch, tmp
 def test_an_unreduced_all_reduce_fails(make_dist, tmp_path):
     make_dist("unreduced", BAD_COMM_PLUGIN.format(name="unreduced", comm="Unreduced"))
     path = tmp_path / "r.json"
-    assert main(["conformance", "unreduced", "--world-size", "2", "--quick", "--timeout", "60", "--json", str(path)], registry=Registry()) == 1
+    assert (
+        main(
+            ["conformance", "unreduced", "--world-size", "2", "--quick", "--timeout", "60", "--json", str(path)],
+            registry=Registry(),
+        )
+        == 1
+    )
     doc = json.loads(path.read_text())
     _validate(doc)
     failed = {c["op"] for c in doc["cases"] if c["status"] == "fail"}
@@ -100,7 +118,13 @@ def test_an_unreduced_all_reduce_fails(make_dist, tmp_path):
 def test_a_dying_rank_is_reported_not_hung(make_dist, tmp_path):
     make_dist("dies", BAD_COMM_PLUGIN.format(name="dies", comm="DiesInBroadcast"))
     path = tmp_path / "r.json"
-    assert main(["conformance", "dies", "--world-size", "2", "--quick", "--timeout", "20", "--json", str(path)], registry=Registry()) == 1
+    assert (
+        main(
+            ["conformance", "dies", "--world-size", "2", "--quick", "--timeout", "20", "--json", str(path)],
+            registry=Registry(),
+        )
+        == 1
+    )
     doc = json.loads(path.read_text())
     _validate(doc)
     by_op: dict[str, set] = {}
@@ -123,8 +147,23 @@ def test_torchrun_entry_point():
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip("no torchrun next to this interpreter")
-    proc = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "hetero_conformance.distributed",
-                           "cpu_ref", "--quick"], capture_output=True, text=True, timeout=60, cwd=ROOT, env={**os.environ, "HETERO_COMM_TIMEOUT": "30"})
+    proc = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "hetero_conformance.distributed",
+            "cpu_ref",
+            "--quick",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "HETERO_COMM_TIMEOUT": "30"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pass     ep_dispatch+ep_combine/world2.deepseek-v3.t4/float32" in proc.stdout
 
@@ -159,7 +198,13 @@ def hetero_backends():
 def test_a_combine_without_routing_weights_fails_on_ep_only(make_dist, tmp_path):
     make_dist("unweighted", EP_DROPS_WEIGHTS_PLUGIN.format(name="unweighted"))
     path = tmp_path / "r.json"
-    assert main(["conformance", "unweighted", "--world-size", "2", "--quick", "--timeout", "60", "--json", str(path)], registry=Registry()) == 1
+    assert (
+        main(
+            ["conformance", "unweighted", "--world-size", "2", "--quick", "--timeout", "60", "--json", str(path)],
+            registry=Registry(),
+        )
+        == 1
+    )
     doc = json.loads(path.read_text())
     failed = {c["op"] for c in doc["cases"] if c["status"] == "fail"}
     assert failed == {"ep_dispatch+ep_combine"}, doc["cases"]
@@ -172,7 +217,13 @@ def test_a_hanging_rank_is_reported_as_timeout(make_dist, tmp_path):
     make_dist("hangs", BAD_COMM_PLUGIN.format(name="hangs", comm="HangsInBroadcast"))
     path = tmp_path / "r.json"
     start = time.monotonic()
-    assert main(["conformance", "hangs", "--world-size", "2", "--quick", "--timeout", "8", "--json", str(path)], registry=Registry()) == 1
+    assert (
+        main(
+            ["conformance", "hangs", "--world-size", "2", "--quick", "--timeout", "8", "--json", str(path)],
+            registry=Registry(),
+        )
+        == 1
+    )
     elapsed = time.monotonic() - start
     doc = json.loads(path.read_text())
     first = next(c for c in doc["cases"] if c["op"] == "broadcast")

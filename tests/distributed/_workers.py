@@ -3,6 +3,7 @@
 Each takes the rank's communicator first (``hetero.distributed.spawn`` calls ``fn(comm, *args)``)
 and raises AssertionError on a wrong result, which spawn re-raises in the parent.
 """
+
 from __future__ import annotations
 
 import os
@@ -92,12 +93,18 @@ def ep_case(comm, case: dict) -> None:
     total = sum(tokens)
     x_all = torch.randn(total, hidden, generator=g, dtype=torch.float32)
     logits = torch.randn(total, experts, generator=g) * 2
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden ** 0.5
-    w2 = torch.randn(experts, hidden, inter, generator=g) / inter ** 0.5
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, generator=g) / inter**0.5
     bias = torch.randn(experts, generator=g) * 0.1 if case.get("n_group", 1) > 1 else None
-    weights_all, ids_all = ref.route(logits, top_k=top_k, scoring=case.get("scoring", "softmax"), n_group=case.get("n_group", 1),
-                                     topk_group=case.get("topk_group", 1), correction_bias=bias,
-                                     routed_scaling_factor=case.get("scale", 1.0))
+    weights_all, ids_all = ref.route(
+        logits,
+        top_k=top_k,
+        scoring=case.get("scoring", "softmax"),
+        n_group=case.get("n_group", 1),
+        topk_group=case.get("topk_group", 1),
+        correction_bias=bias,
+        routed_scaling_factor=case.get("scale", 1.0),
+    )
     want_all = ref.fused_moe(x_all, w13, w2, weights_all, ids_all)
 
     lo = sum(tokens[:r])
@@ -116,8 +123,8 @@ def ep_case(comm, case: dict) -> None:
     sent = sum(len(set((ids[m].long() // local).tolist())) for m in range(ids.shape[0]))
     assert sum(d.send_splits) == sent
 
-    h = ref.grouped_gemm(d.x, w13[e0:e0 + local], d.group_ends)
-    y_local = ref.grouped_gemm(ref.silu_and_mul(h), w2[e0:e0 + local], d.group_ends)
+    h = ref.grouped_gemm(d.x, w13[e0 : e0 + local], d.group_ends)
+    y_local = ref.grouped_gemm(ref.silu_and_mul(h), w2[e0 : e0 + local], d.group_ends)
     y = backend.ep_combine(y_local, d)
     assert y.shape == x.shape and y.dtype == x.dtype
     torch.testing.assert_close(y, want_all[sl], rtol=1e-5, atol=1e-5)

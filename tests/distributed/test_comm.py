@@ -1,12 +1,13 @@
 """TorchCommunicator over gloo on 2 and 4 spawned ranks, init's errors, and a dead rank raising in time."""
+
 from __future__ import annotations
 
 import time
 
+import _workers
 import pytest
 import torch.distributed as dist
 
-import _workers
 import hetero
 from hetero.distributed import TorchCommunicator, comm_timeout, init, spawn
 from hetero.spec import OPS, Communicator

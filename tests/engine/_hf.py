@@ -1,4 +1,5 @@
 """transformers as the end-to-end oracle: greedy tokens with EOS disabled."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -25,7 +26,7 @@ def hf_greedy(path, prompts, max_tokens: int) -> list[list[int]]:
     outs = []
     for p in prompts:
         out = model.generate(torch.tensor([list(p)]), generation_config=config)
-        outs.append(out[0, len(p):].tolist())
+        outs.append(out[0, len(p) :].tolist())
     return outs
 
 

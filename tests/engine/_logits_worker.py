@@ -8,6 +8,7 @@ its own process group. The group's rank 0 writes OUT_DIR/<name>.pt: the logits o
 every prompt (float32 [n, vocab], from ``hetero.engine.forward.prefill``) and what
 the model looked like on that rank (tp, local and total KV heads, o_proj bias).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,9 +44,16 @@ def main(jobs_path: str, out_dir: str) -> None:
         logits = prefill(model, job["prompts"]).logits
         attn = model.model.layers[0].self_attn
         if comm.rank == 0:
-            torch.save({"logits": logits, "tp": comm.world_size, "local_kv_heads": attn.num_kv_heads,
-                        "kv_heads": attn.qkv_proj.total_kv_heads, "o_proj_bias": attn.o_proj.bias is not None},
-                       os.path.join(out_dir, f"{job['name']}.pt"))
+            torch.save(
+                {
+                    "logits": logits,
+                    "tp": comm.world_size,
+                    "local_kv_heads": attn.num_kv_heads,
+                    "kv_heads": attn.qkv_proj.total_kv_heads,
+                    "o_proj_bias": attn.o_proj.bias is not None,
+                },
+                os.path.join(out_dir, f"{job['name']}.pt"),
+            )
     # leave together: a rank that exits while its peer still holds the gloo group can abort the peer
     dist.barrier()
     dist.destroy_process_group()

@@ -4,6 +4,7 @@ rank 0 owns the requests, so it must change nothing.
 
     torchrun --nproc-per-node 2 _parallel_worker.py jobs.json out.json
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,15 @@ def main(jobs_path: str, out_path: str) -> None:
 
     results = []
     for job in json.loads(open(jobs_path).read()):
-        llm = LLM(job["model"], backend=job["backend"], dtype="float32", tensor_parallel_size=job["tp"],
-                  expert_parallel=job["ep"], max_num_seqs=16, block_size=8)
+        llm = LLM(
+            job["model"],
+            backend=job["backend"],
+            dtype="float32",
+            tensor_parallel_size=job["tp"],
+            expert_parallel=job["ep"],
+            max_num_seqs=16,
+            block_size=8,
+        )
         params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
         if job.get("stray") and llm.rank == 1:
             llm.add_request([5, 6, 7], params, request_id="stray")

@@ -1,7 +1,8 @@
 """Run by torchrun: ``per_op_check`` under tensor parallelism; rank r writes its report's JSON to out.json.r.
 
-    torchrun --nproc-per-node 2 _per_op_worker.py MODEL BACKEND out.json
+torchrun --nproc-per-node 2 _per_op_worker.py MODEL BACKEND out.json
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,9 @@ import sys
 def main(model: str, backend: str, out_path: str) -> None:
     from hetero.tools.replay import per_op_check
 
-    report = per_op_check(model, backend, [list(range(3, 40)), [5, 6, 7]], max_tokens=3, samples=2,
-                          tensor_parallel_size=2)
+    report = per_op_check(
+        model, backend, [list(range(3, 40)), [5, 6, 7]], max_tokens=3, samples=2, tensor_parallel_size=2
+    )
     with open(f"{out_path}.{os.environ['RANK']}", "w") as f:
         json.dump(report.as_dict(), f)
     import torch.distributed as dist

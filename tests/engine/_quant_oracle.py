@@ -5,6 +5,7 @@ Tiny models sized so 128-blocks matter: hidden 192 (a partial 64-column block in
 DeepSeek-V3's ``kv_a_proj_with_mqa`` 128 + 64 = 192 rows (a partial row block, as the real 576 rows),
 moe_intermediate 128 (gate and up scales pack at block granularity), q/k/v 128 rows each.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,17 +19,30 @@ from hetero.tools.quantize import dequantize_checkpoint, quantize_checkpoint
 
 OVERRIDES = {
     "qwen3": dict(hidden_size=192, num_key_value_heads=4, intermediate_size=256),
-    "qwen3_moe": dict(hidden_size=192, head_dim=32, num_key_value_heads=4, intermediate_size=256,
-                      moe_intermediate_size=128),
-    "deepseek_v3": dict(hidden_size=192, kv_lora_rank=128, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
-                        q_lora_rank=128, moe_intermediate_size=128, intermediate_size=256),
+    "qwen3_moe": dict(
+        hidden_size=192, head_dim=32, num_key_value_heads=4, intermediate_size=256, moe_intermediate_size=128
+    ),
+    "deepseek_v3": dict(
+        hidden_size=192,
+        kv_lora_rank=128,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        q_lora_rank=128,
+        moe_intermediate_size=128,
+        intermediate_size=256,
+    ),
     # kv_a_proj_with_mqa 128 + 8 rows; the indexer's wq_b [256, 128] and wk [16, 192] quantized too
-    "deepseek_v32": dict(hidden_size=192, kv_lora_rank=128, q_lora_rank=128, moe_intermediate_size=128,
-                         intermediate_size=256),
+    "deepseek_v32": dict(
+        hidden_size=192, kv_lora_rank=128, q_lora_rank=128, moe_intermediate_size=128, intermediate_size=256
+    ),
 }
 #: the activation quantization of each scheme: (dtype, group size)
-ACT = {"fp8-block": (torch.float8_e4m3fn, 128), "fp8-channel": (torch.float8_e4m3fn, None),
-       "int8-channel": (torch.int8, None)}
+ACT = {
+    "fp8-block": (torch.float8_e4m3fn, 128),
+    "fp8-channel": (torch.float8_e4m3fn, None),
+    "int8-channel": (torch.int8, None),
+}
 PROMPTS = [[5, 7, 9, 11, 13, 2, 3, 4, 100, 17], [42], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]]
 
 

@@ -1,4 +1,5 @@
 """What the serving tests share: uvicorn in a thread, ``hetero serve`` processes, small HTTP helpers."""
+
 from __future__ import annotations
 
 import contextlib
@@ -72,8 +73,14 @@ def concurrent_streams(c: openai.OpenAI, model: str, prompt_list: list[list[int]
     import concurrent.futures
 
     def one(p):
-        chunks = c.completions.create(model=model, prompt=p, max_tokens=max_tokens, stream=True, temperature=0.0,
-                                      extra_body={"ignore_eos": True, "return_token_ids": True})
+        chunks = c.completions.create(
+            model=model,
+            prompt=p,
+            max_tokens=max_tokens,
+            stream=True,
+            temperature=0.0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
         return [t for ch in chunks for t in ch.choices[0].token_ids]
 
     with concurrent.futures.ThreadPoolExecutor(len(prompt_list)) as pool:
@@ -95,8 +102,10 @@ def leave_a_whole_request(port: int, llm, message: str = "the request never ran"
 
     body = json.dumps({"prompt": [9, 8, 7, 6], "max_tokens": 400, "temperature": 0.0, "ignore_eos": True}).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         deadline = time.monotonic() + 60
         while not llm.scheduler.running:
             assert time.monotonic() < deadline, message
@@ -111,8 +120,9 @@ def healthy(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def command_servers(commands: Sequence[tuple[list[str], list[str]]], seconds: float, stop_s: float,
-                    env: dict | None = None) -> Iterator[list[str]]:
+def command_servers(
+    commands: Sequence[tuple[list[str], list[str]]], seconds: float, stop_s: float, env: dict | None = None
+) -> Iterator[list[str]]:
     """``hetero serve`` processes, one per ``(launcher, args)``, all started at once on free ports; their
     URLs once every /health answers within ``seconds``. Each is terminated on exit and must end
     within ``stop_s``."""
@@ -121,8 +131,11 @@ def command_servers(commands: Sequence[tuple[list[str], list[str]]], seconds: fl
     try:
         for (launcher, args), port in zip(commands, ports):
             cmd = [*launcher, "-m", "hetero.cli", "serve", *args, "--port", str(port)]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                          env={**os.environ, **(env or {})}))
+            procs.append(
+                subprocess.Popen(
+                    cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
+                )
+            )
         urls = [f"http://127.0.0.1:{port}" for port in ports]
         deadline = time.monotonic() + seconds
         for proc, url in zip(procs, urls):

@@ -6,6 +6,7 @@ output, so every token depends on the whole history through the state pool and
 through the paged KV of the attention next to it. It is written in plain torch,
 one row at a time: it is the reference, not a kernel.
 """
+
 from __future__ import annotations
 
 import json

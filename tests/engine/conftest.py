@@ -4,6 +4,7 @@ TRITON_INTERPRET is set at collection, before anything imports triton, so the
 engine tests that run the cuda backend through Triton's interpreter can do so in
 the same session (hetero's own HETERO_TRITON_INTERPRET is set per test).
 """
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """docs/adding-a-model.md works as written: its python blocks run, in order, in one fresh interpreter, and every
 file it names exists."""
+
 from __future__ import annotations
 
 import os
@@ -58,7 +59,8 @@ def test_the_page_runs(tmp_path):
     script = tmp_path / "page.py"
     script.write_text("\n\n".join(blocks(PAGE.read_text())) + "\nprint('PAGE OK')\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
-    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=900)
+    run = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
     assert "PAGE OK" in run.stdout

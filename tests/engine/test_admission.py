@@ -1,5 +1,6 @@
 """Requests are checked when they are admitted, before any op runs: a malformed one raises a UsageError
 naming the request index, the argument, what was expected and what came, and leaves the engine idle."""
+
 from __future__ import annotations
 
 import re
@@ -21,6 +22,7 @@ def engine(checkpoints) -> LLM:
 @pytest.fixture
 def no_ops(checkpoints, monkeypatch):
     """A fresh engine (request indices from 0) on which any step that reaches the model runner fails the test."""
+
     def run(batch):
         raise AssertionError("an op ran for a request that should have been refused")
 
@@ -29,18 +31,27 @@ def no_ops(checkpoints, monkeypatch):
     return fresh
 
 
-@pytest.mark.parametrize("prompts, message", [
-    ([[1, 256]], "request 0: argument 'prompt': token ids must be integers in [0, vocab_size=256), got 256 at position 1"),
-    ([[1, -1]], "got -1 at position 1"),
-    ([1, 2.5], "got 2.5 at position 1"),
-    ([[1, True]], "got True at position 1"),
-    ([[1, "2"]], "got '2' at position 1"),
-    ([[5, 6], [7, 8, 999, 1000]], "request 1: argument 'prompt': token ids must be integers in [0, vocab_size=256), "
-                                  "got 999 at position 2, 1000 at position 3"),
-    ([[5, 6], []], "request 1: argument 'prompt': expected at least one token, got an empty prompt"),
-    ([[5, 6], [7] * 513], "request 1: argument 'prompt': prompt of 513 tokens is longer than max_model_len (512)"),
-    ([[5, 6], None], "request 1: argument 'prompt': expected a string or a list of token ids, got None"),
-])
+@pytest.mark.parametrize(
+    "prompts, message",
+    [
+        (
+            [[1, 256]],
+            "request 0: argument 'prompt': token ids must be integers in [0, vocab_size=256), got 256 at position 1",
+        ),
+        ([[1, -1]], "got -1 at position 1"),
+        ([1, 2.5], "got 2.5 at position 1"),
+        ([[1, True]], "got True at position 1"),
+        ([[1, "2"]], "got '2' at position 1"),
+        (
+            [[5, 6], [7, 8, 999, 1000]],
+            "request 1: argument 'prompt': token ids must be integers in [0, vocab_size=256), "
+            "got 999 at position 2, 1000 at position 3",
+        ),
+        ([[5, 6], []], "request 1: argument 'prompt': expected at least one token, got an empty prompt"),
+        ([[5, 6], [7] * 513], "request 1: argument 'prompt': prompt of 513 tokens is longer than max_model_len (512)"),
+        ([[5, 6], None], "request 1: argument 'prompt': expected a string or a list of token ids, got None"),
+    ],
+)
 def test_malformed_prompts_are_refused_before_any_op(no_ops, prompts, message):
     with pytest.raises(UsageError, match=re.escape(message)) as err:
         no_ops.generate(prompts, GREEDY, progress=False)
@@ -48,15 +59,18 @@ def test_malformed_prompts_are_refused_before_any_op(no_ops, prompts, message):
     assert not no_ops.has_unfinished(), "a refused batch leaves nothing behind"
 
 
-@pytest.mark.parametrize("field, value, expected", [
-    ("temperature", -0.5, "a finite number >= 0 (0 = greedy)"),
-    ("temperature", float("nan"), "a finite number >= 0 (0 = greedy)"),
-    ("top_p", 0.0, "a number in (0, 1]"),
-    ("top_p", 1.5, "a number in (0, 1]"),
-    ("top_k", -1, "an integer >= 0 (0 = off)"),
-    ("max_tokens", 0, "an integer >= 1"),
-    ("max_tokens", -2, "an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("temperature", -0.5, "a finite number >= 0 (0 = greedy)"),
+        ("temperature", float("nan"), "a finite number >= 0 (0 = greedy)"),
+        ("top_p", 0.0, "a number in (0, 1]"),
+        ("top_p", 1.5, "a number in (0, 1]"),
+        ("top_k", -1, "an integer >= 0 (0 = off)"),
+        ("max_tokens", 0, "an integer >= 1"),
+        ("max_tokens", -2, "an integer >= 1"),
+    ],
+)
 def test_invalid_sampling_params_are_usage_errors(field, value, expected):
     with pytest.raises(UsageError, match=re.escape(f"SamplingParams.{field} must be {expected}, got {value!r}")) as err:
         SamplingParams(**{field: value})
@@ -75,14 +89,18 @@ def test_a_request_the_kv_cache_can_never_hold(checkpoints, monkeypatch):
     small = LLM(str(checkpoints("qwen3")), backend="cpu_ref", dtype="float32", block_size=8, num_kv_blocks=2)
     monkeypatch.setattr(small.runner, "run", lambda batch: pytest.fail("an op ran"))
     params = SamplingParams(temperature=0.0, max_tokens=20)
-    with pytest.raises(UsageError, match=r"request 0: prompt of 10 tokens with max_tokens=20 needs 4 KV blocks .* has 2"):
+    with pytest.raises(
+        UsageError, match=r"request 0: prompt of 10 tokens with max_tokens=20 needs 4 KV blocks .* has 2"
+    ):
         small.generate([[1] * 10], params, progress=False)
     assert not small.has_unfinished()
 
 
 def test_a_prompt_near_max_model_len_stops_there(engine):
     """Prompt and max_tokens beyond max_model_len are accepted: the output stops at max_model_len tokens."""
-    out = engine.generate([[7] * 510], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), progress=False)[0]
+    out = engine.generate([[7] * 510], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True), progress=False)[
+        0
+    ]
     assert (len(out.token_ids), out.finish_reason) == (2, "length")
 
 

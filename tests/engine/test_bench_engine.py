@@ -1,22 +1,35 @@
 """`hetero bench-engine`: the workload, the latency math, the report and the baseline decision."""
+
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
-from hetero.cli import main
 from hetero.bench.engine import Workload, parse_range, percentiles, request_latencies, summarize
+from hetero.cli import main
 from hetero.engine.llm import RequestOutput
 
-SMALL = ["--backend", "cpu_ref", "--dtype", "float32", "--input-len", "4:40", "--output-len", "1:12", "--seed", "3",
-         "--warmup", "1"]
+SMALL = [
+    "--backend",
+    "cpu_ref",
+    "--dtype",
+    "float32",
+    "--input-len",
+    "4:40",
+    "--output-len",
+    "1:12",
+    "--seed",
+    "3",
+    "--warmup",
+    "1",
+]
 
 
 def _output(arrival: float, first: float, finish: float, num_out: int, prompt_len: int = 5) -> RequestOutput:
-    metrics = dict(arrival_time=arrival, first_token_time=first, finish_time=finish, num_cached_tokens=0,
-                   num_preemptions=0)
+    metrics = dict(
+        arrival_time=arrival, first_token_time=first, finish_time=finish, num_cached_tokens=0, num_preemptions=0
+    )
     return RequestOutput("r", [1] * prompt_len, [7] * num_out, None, "length", metrics)
 
 
@@ -33,8 +46,16 @@ def test_latencies_and_percentiles_by_hand():
 
 def test_summarize_throughput_and_kv_cache():
     outs = [_output(0.0, 0.5, 2.5, 5, prompt_len=10), _output(0.0, 1.0, 1.0, 1, prompt_len=30)]
-    stats = dict(num_kv_blocks=8, block_size=16, steps=3, preemptions=1, cached_prompt_tokens=16,
-                 kv_blocks_in_use=[2, 4, 6], step_tokens=[40, 2, 1], step_seconds=[0.1, 0.1, 0.1])
+    stats = dict(
+        num_kv_blocks=8,
+        block_size=16,
+        steps=3,
+        preemptions=1,
+        cached_prompt_tokens=16,
+        kv_blocks_in_use=[2, 4, 6],
+        step_tokens=[40, 2, 1],
+        step_seconds=[0.1, 0.1, 0.1],
+    )
     s = summarize(outs, stats, elapsed=2.0)
     assert (s["requests"], s["prompt_tokens"], s["output_tokens"]) == (2, 40, 6)
     assert (s["request_throughput"], s["output_throughput"], s["total_throughput"]) == (1.0, 3.0, 23.0)
@@ -65,8 +86,18 @@ def baseline(checkpoints, tmp_path_factory):
     """One measured run of 8 requests: its --json document and its --save baseline."""
     d = tmp_path_factory.mktemp("bench")
     model = str(checkpoints("qwen3"))
-    argv = ["bench-engine", "--model", model, "--num-requests", "8", *SMALL, "--json", str(d / "run.json"),
-            "--save", str(d / "base.json")]
+    argv = [
+        "bench-engine",
+        "--model",
+        model,
+        "--num-requests",
+        "8",
+        *SMALL,
+        "--json",
+        str(d / "run.json"),
+        "--save",
+        str(d / "base.json"),
+    ]
     assert main(argv) == 0
     return model, json.loads((d / "run.json").read_text()), d / "base.json"
 
@@ -87,8 +118,13 @@ def test_report_and_json_are_consistent(baseline):
     assert env["backend"] == "cpu_ref" and env["device"].startswith("cpu/") and "thread" in env["device"]
     assert env["model"]["architecture"] == "Qwen3ForCausalLM"
     assert env["workload"] == {"num_requests": 8, "input_len": [4, 40], "output_len": [1, 12], "seed": 3}
-    assert {x["name"] for x in doc["baseline_metrics"]} == {"output_throughput", "ttft_p50", "ttft_p90",
-                                                            "tpot_p50", "tpot_p90"}
+    assert {x["name"] for x in doc["baseline_metrics"]} == {
+        "output_throughput",
+        "ttft_p50",
+        "ttft_p90",
+        "tpot_p50",
+        "tpot_p90",
+    }
 
 
 def test_table_shows_throughput_and_percentiles(baseline, capsys):
@@ -101,8 +137,18 @@ def test_table_shows_throughput_and_percentiles(baseline, capsys):
 
 def test_compare_with_a_generous_threshold_passes(baseline, capsys):
     model, _, base = baseline
-    argv = ["bench-engine", "--model", model, "--num-requests", "8", *SMALL, "--compare", str(base),
-            "--threshold", "1000"]
+    argv = [
+        "bench-engine",
+        "--model",
+        model,
+        "--num-requests",
+        "8",
+        *SMALL,
+        "--compare",
+        str(base),
+        "--threshold",
+        "1000",
+    ]
     assert main(argv) == 0
     assert "output_throughput" in capsys.readouterr().out
 
@@ -116,8 +162,18 @@ def test_a_far_faster_baseline_is_a_regression(baseline, tmp_path, capsys):
         metric["value"] *= 100 if metric["name"] == "output_throughput" else 1000
     edited = tmp_path / "faster.json"
     edited.write_text(json.dumps(doc))
-    argv = ["bench-engine", "--model", model, "--num-requests", "8", *SMALL, "--compare", str(edited),
-            "--json", str(tmp_path / "run.json")]
+    argv = [
+        "bench-engine",
+        "--model",
+        model,
+        "--num-requests",
+        "8",
+        *SMALL,
+        "--compare",
+        str(edited),
+        "--json",
+        str(tmp_path / "run.json"),
+    ]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "regressed" in err and "output_throughput" in err

@@ -1,4 +1,5 @@
 """BlockManager: allocation, reference counts, chained prefix caching and eviction order."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """`hetero check-model`: agreement on a sound checkpoint, and the first bad layer named on a corrupted one."""
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,15 @@ def test_sound_checkpoint_agrees_everywhere(four_layers):
 
     report = ModelCheck(four_layers, "cpu_ref").run(max_tokens=8)
     assert report.passed and report.first_bad is None
-    assert [r.name for r in report.layers] == ["embedding", "layer 0", "layer 1", "layer 2", "layer 3", "final norm", "logits"]
+    assert [r.name for r in report.layers] == [
+        "embedding",
+        "layer 0",
+        "layer 1",
+        "layer 2",
+        "layer 3",
+        "final norm",
+        "logits",
+    ]
     assert max(r.rel_l2 for r in report.layers) < 1e-5
     assert all(d.position is None for d in report.greedy) and len(report.greedy) == 3
 
@@ -41,12 +50,30 @@ def test_sound_checkpoint_agrees_everywhere(four_layers):
 def test_corrupted_layer_is_named_where_the_error_starts(four_layers, tmp_path, capsys):
     bad = tmp_path / "bad"
     _corrupt(four_layers, bad, "model.layers.2.mlp.down_proj.weight")
-    assert main(["check-model", str(bad), "--reference", str(four_layers), "--backend", "cpu_ref", "--max-tokens", "4", "--json"]) == 1
+    assert (
+        main(
+            [
+                "check-model",
+                str(bad),
+                "--reference",
+                str(four_layers),
+                "--backend",
+                "cpu_ref",
+                "--max-tokens",
+                "4",
+                "--json",
+            ]
+        )
+        == 1
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["first_bad"] == "layer 2" and not report["passed"]
     errors = {r["name"]: r["rel_l2"] for r in report["layers"]}
     assert errors["layer 1"] < 1e-5 < errors["layer 2"]
-    assert main(["check-model", str(bad), "--reference", str(four_layers), "--backend", "cpu_ref", "--max-tokens", "0"]) == 1
+    assert (
+        main(["check-model", str(bad), "--reference", str(four_layers), "--backend", "cpu_ref", "--max-tokens", "0"])
+        == 1
+    )
     assert "the error starts at layer 2" in capsys.readouterr().out
 
 

@@ -1,5 +1,6 @@
 """LLM(compile=True): decode-only steps run through torch.compile of the forward and give the greedy
 tokens of eager, dense and MoE, on the torch backend (the one whose ops Dynamo traces)."""
+
 from __future__ import annotations
 
 import pytest

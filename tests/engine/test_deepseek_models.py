@@ -7,6 +7,7 @@ without renormalization. Prefill (packed prompts, one of them a single token, wh
 takes the absorbed decode path), decode after a prefill, and a chunked prefill that
 reads its cached context back through kv_slots, all over one paged cache.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,11 +19,11 @@ import torch
 from safetensors.torch import save_file
 
 import hetero
-from hetero.tools import tiny
 from hetero.engine.forward import build_model, prefill
 from hetero.engine.loader import INDEX, UnexpectedWeightsError, load_weights, process_weights_after_loading
 from hetero.engine.runtime.kv_cache import allocate_kv_cache
 from hetero.engine.step_buffers import build_step
+from hetero.tools import tiny
 
 TOL = 1e-4
 ARCHS = ("deepseek_v2", "deepseek_v3")
@@ -30,14 +31,25 @@ ARCHS = ("deepseek_v2", "deepseek_v3")
 #: group limit changes the routing; V3's mscale != mscale_all_dim gives yarn a cos/sin factor != 1
 OVERRIDES = {
     "deepseek_v2": dict(num_experts_per_tok=3),
-    "deepseek_v3": dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                         "original_max_position_embeddings": 128, "beta_fast": 32.0, "beta_slow": 1.0,
-                                         "mscale": 1.0, "mscale_all_dim": 0.8}),
+    "deepseek_v3": dict(
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 128,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.8,
+        }
+    ),
 }
-PROMPTS = [[5, 7, 9, 11, 13, 2, 3, 4, 100, 200, 17],
-           [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
-           [42],
-           [250, 60, 61]]
+PROMPTS = [
+    [5, 7, 9, 11, 13, 2, 3, 4, 100, 200, 17],
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22],
+    [42],
+    [250, 60, 61],
+]
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -108,7 +120,7 @@ def run_steps(model, steps, *, block_size: int = 4, num_blocks: int = 32):
         logits = model.compute_logits(hidden)
         out, row = [], 0
         for n in qlens:
-            out.append(logits[row:row + n])
+            out.append(logits[row : row + n])
             row += n
         results.append(out)
     return results
@@ -120,15 +132,20 @@ def decode_and_chunked(pair: Pair) -> list[float]:
     a, b = PROMPTS[0] + [33], PROMPTS[1] + [44]
     na, nb = len(a), len(b)
     steps = [
-        [(a, 0, na - 2), (b, 0, 9)],            # prefill A[:-2], first chunk of B
+        [(a, 0, na - 2), (b, 0, 9)],  # prefill A[:-2], first chunk of B
         [(a, na - 2, na - 1), (b, 9, nb - 1)],  # decode A, chunked prefill of B over its cached context
-        [(a, na - 1, na), (b, nb - 1, nb)],     # two decodes
+        [(a, na - 1, na), (b, nb - 1, nb)],  # two decodes
     ]
     got = run_steps(pair.model, steps)
     ref_a, ref_b = pair.reference(a)[0], pair.reference(b)[0]
-    return [rel(got[0][0], ref_a[:na - 2]), rel(got[0][1], ref_b[:9]),
-            rel(got[1][0], ref_a[na - 2:na - 1]), rel(got[1][1], ref_b[9:nb - 1]),
-            rel(got[2][0], ref_a[na - 1:]), rel(got[2][1], ref_b[nb - 1:])]
+    return [
+        rel(got[0][0], ref_a[: na - 2]),
+        rel(got[0][1], ref_b[:9]),
+        rel(got[1][0], ref_a[na - 2 : na - 1]),
+        rel(got[1][1], ref_b[9 : nb - 1]),
+        rel(got[2][0], ref_a[na - 1 :]),
+        rel(got[2][1], ref_b[nb - 1 :]),
+    ]
 
 
 def prefill_errors(pair: Pair) -> tuple[list[float], list[list[float]]]:

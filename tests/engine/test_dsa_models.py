@@ -6,6 +6,7 @@ caching, preemption, check-model, and TP=2 of all three new families (gpt-oss in
 GLM-5's tiny checkpoint has ``indexer_types = [full, shared, full]``: layer 1 has no indexer and attends to the
 keys layer 0 selected.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -13,10 +14,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hetero
 from _hf import hf_greedy, prompts
-from hetero.engine.forward import build_model
 from test_qwen_models import PROMPT_LENS, assert_small, errors
+
+import hetero
+from hetero.engine.forward import build_model
 
 ARCHS = ("deepseek_v32", "glm_moe_dsa")
 
@@ -66,8 +68,8 @@ def test_prefill_and_every_layer_match_transformers(arch, checkpoints, models, p
 
 def test_structure_follows_config(models):
     from hetero.engine.layers.dsa import SparseMLAttention
-    from hetero.engine.models.deepseek import DeepseekMoE
     from hetero.engine.models.decoder import GatedMLP
+    from hetero.engine.models.deepseek import DeepseekMoE
 
     v32, glm = models("deepseek_v32").model.layers, models("glm_moe_dsa").model.layers
     assert all(isinstance(x.self_attn, SparseMLAttention) for x in [*v32, *glm])
@@ -80,7 +82,7 @@ def test_structure_follows_config(models):
     assert {e.name: e.shape for e in indexer.cache_spec()} == {"index_cache": (16,)}
     assert [e.name for e in glm[1].self_attn.cache_spec()] == ["ckv_cache", "kpe_cache"]
     assert indexer.weights_proj.weight.dtype == torch.float32 and indexer.topk == 6
-    assert indexer.weight_scale == pytest.approx(16 ** -0.5 * 16 ** -0.5)
+    assert indexer.weight_scale == pytest.approx(16**-0.5 * 16**-0.5)
 
 
 @pytest.mark.parametrize("change", ["dense", "rope_style", "no_sharing"])
@@ -150,11 +152,15 @@ def test_triton_kernels_under_the_interpreter(arch, checkpoints, triton_interpre
     """The cuda backend's indexer, sparse MLA, layer_norm, sink-attention and swigluoai MoE kernels inside the
     engine (Triton interpreter)."""
     from _hf import hf_model
+
     from hetero.engine.forward import prefill
 
     cuda = hetero.load("cuda")
-    needed = ("indexer_topk", "write_index_k", "mla_attention", "layer_norm") if arch != "gpt_oss" \
+    needed = (
+        ("indexer_topk", "write_index_k", "mla_attention", "layer_norm")
+        if arch != "gpt_oss"
         else ("paged_attention", "fused_moe")
+    )
     assert all(cuda.explain()[op].origin == "backend" for op in needed), {op: cuda.explain()[op] for op in needed}
     path = checkpoints(arch)
     ps = prompts(256, (4, 11, 23), seed=2)

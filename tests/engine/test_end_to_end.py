@@ -1,9 +1,9 @@
 """The whole engine against transformers: greedy tokens, batching, preemption, on cpu_ref and the Triton kernels."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from _hf import ARCHS, hf_greedy, prompts
 
 LENGTHS = (5, 17, 40)
@@ -49,8 +49,9 @@ def test_sixteen_requests_together_equal_one_at_a_time_and_survive_preemption(ar
 def test_triton_kernels_under_the_interpreter(arch, checkpoints, triton_interpreter):
     path = checkpoints(arch)
     ps = prompts(256, (4, 11, 23), seed=2)
-    import hetero
     from _hf import hf_model
+
+    import hetero
     from hetero.engine.forward import build_model, prefill
 
     ops = hetero.load("cuda")

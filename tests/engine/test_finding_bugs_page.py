@@ -1,4 +1,5 @@
 """docs/finding-bugs.md runs as written: every `$ ` command of its console blocks, in order, in one shell."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,11 @@ def commands(text: str) -> list[tuple[str, int]]:
 def script(cmds: list[tuple[str, int]]) -> str:
     lines = ["set -u"]
     for cmd, status in cmds:
-        lines += [f"echo '>>> {cmd.replace(chr(39), '')}'", cmd,
-                  f"s=$?; if [ $s -ne {status} ]; then echo \"FAILED (exit $s, expected {status})\"; exit 1; fi"]
+        lines += [
+            f"echo '>>> {cmd.replace(chr(39), '')}'",
+            cmd,
+            f's=$?; if [ $s -ne {status} ]; then echo "FAILED (exit $s, expected {status})"; exit 1; fi',
+        ]
     return "\n".join(lines)
 
 
@@ -44,11 +48,21 @@ def test_the_page_lists_the_walk():
 @pytest.mark.skipif(sys.platform != "linux", reason="the page's commands are POSIX shell")
 def test_every_command_of_the_page_runs(tmp_path):
     pytest.importorskip("triton")
-    env = {**os.environ, "HETERO": str(ROOT), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "HETERO": str(ROOT),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop("PYTHONPATH", None)
-    run = subprocess.run(["bash", "-c", script(commands(PAGE.read_text()))], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        ["bash", "-c", script(commands(PAGE.read_text()))],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
     assert "op at fault: paged_attention in layer 0" in run.stdout
     assert "paged_attention 0 self_attn.attn" in run.stdout

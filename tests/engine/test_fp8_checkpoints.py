@@ -8,21 +8,21 @@ format specifies (``_quant_oracle``). The only difference left there is accumula
 an 8-bit rounding: a flip moves the logits by ~1e-3 (research: up to 1.8e-2 on tiny models), hence the
 2e-2 tolerance and vLLM's top-k acceptance of greedy tokens.
 """
+
 from __future__ import annotations
 
 import json
 
 import pytest
 import torch
+from _quant_oracle import PROMPTS, checkpoints, hf_logits, hf_model, rel
 from safetensors import safe_open
 
 import hetero
 from hetero.engine import LLM, SamplingParams
+from hetero.engine.config import load_hf_config
 from hetero.engine.forward import build_model, prefill
 from hetero.engine.quant import quant_config_of, weights_only
-from hetero.engine.config import load_hf_config
-
-from _quant_oracle import PROMPTS, checkpoints, hf_logits, hf_model, rel
 
 #: (architecture, scheme, quantize options)
 CASES = {
@@ -92,8 +92,9 @@ def test_checkpoint_layout(case):
 
 def test_weights_load_exactly(case):
     """Activation quantization off: every scale, packing, partial block and expert stacking shows here."""
-    model = build_model(case.q, case.ops, torch.float32,
-                        quant_config=weights_only(quant_config_of(load_hf_config(case.q))))
+    model = build_model(
+        case.q, case.ops, torch.float32, quant_config=weights_only(quant_config_of(load_hf_config(case.q)))
+    )
     got = prefill(model, PROMPTS).logits
     ref = hf_logits(case.hf, PROMPTS)
     assert max(rel(a, b) for a, b in zip(got, ref)) < 2e-5
@@ -127,8 +128,11 @@ def test_greedy_tokens_within_the_oracles_top_k(case):
             assert token in top, (p, i, token, top)
 
 
-@pytest.mark.parametrize("case", ["deepseek_v3-fp8-block", "deepseek_v32-fp8-block", "qwen3_moe-fp8-block",
-                                  "qwen3-int8-channel"], indirect=True)
+@pytest.mark.parametrize(
+    "case",
+    ["deepseek_v3-fp8-block", "deepseek_v32-fp8-block", "qwen3_moe-fp8-block", "qwen3-int8-channel"],
+    indirect=True,
+)
 def test_triton_kernels_under_the_interpreter(case, triton_interpreter):
     """The cuda backend's quantizer, scaled GEMMs and quantized fused_moe inside the engine (Triton
     interpreter), against the same fake-quantized oracle; no layer's configuration falls back."""

@@ -1,4 +1,5 @@
 """`hetero generate` and the engine's user-facing errors."""
+
 from __future__ import annotations
 
 import json
@@ -12,16 +13,32 @@ def test_generate_json_text_and_ids(checkpoints, capsys):
     from hetero.engine import LLM, SamplingParams
 
     path = str(checkpoints("qwen3"))
-    argv = ["generate", "--model", path, "--backend", "cpu_ref", "--dtype", "float32", "--prompt", "Hello, hetero",
-            "--prompt-ids", "5 6 7 8", "--max-tokens", "6", "--ignore-eos", "--json"]
+    argv = [
+        "generate",
+        "--model",
+        path,
+        "--backend",
+        "cpu_ref",
+        "--dtype",
+        "float32",
+        "--prompt",
+        "Hello, hetero",
+        "--prompt-ids",
+        "5 6 7 8",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+        "--json",
+    ]
     assert main(argv) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["prompt_token_ids"][-4:] for r in lines][1] == [5, 6, 7, 8]
     assert all(len(r["token_ids"]) == 6 and r["finish_reason"] == "length" for r in lines)
     assert "text" in lines[0] and isinstance(lines[0]["text"], str)
     llm = LLM(path, backend="cpu_ref", dtype="float32")
-    want = llm.generate(["Hello, hetero", [5, 6, 7, 8]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
-                        progress=False)
+    want = llm.generate(
+        ["Hello, hetero", [5, 6, 7, 8]], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), progress=False
+    )
     assert [r["token_ids"] for r in lines] == [list(o.token_ids) for o in want]
     assert lines[0]["text"] == want[0].text
 

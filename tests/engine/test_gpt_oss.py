@@ -4,22 +4,23 @@ swiglu_limit of 1.5 so the clamps bite), on cpu_ref in float32: packed prefill l
 tokens, batching with chunked prefill, preemption, check-model, and MXFP4 expert weights dequantized at load.
 TP=2 runs in test_dsa_models.py (one torchrun for the three new families).
 """
+
 from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
-import hetero
 from _hf import hf_greedy, prompts
-from hetero.engine.forward import build_model, prefill
 from test_dsa_models import _greedy, _llm
 from test_qwen_models import PROMPT_LENS, assert_small, errors
+
+import hetero
+from hetero.engine.forward import build_model
 
 #: e2m1 by code, written out here so the test does not read the engine's table
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
@@ -56,8 +57,9 @@ def test_structure_follows_config(model, path):
     ref = hf_model(str(path)).model.layers[1].mlp.experts
     w13 = ref.gate_up_proj.detach().transpose(1, 2)  # [E, 2I, H], gate/up rows interleaved
     assert torch.equal(experts.w13, torch.cat([w13[:, 0::2], w13[:, 1::2]], dim=1))
-    assert torch.equal(experts.gate_up_proj_bias, torch.cat([ref.gate_up_proj_bias[:, 0::2],
-                                                             ref.gate_up_proj_bias[:, 1::2]], dim=1))
+    assert torch.equal(
+        experts.gate_up_proj_bias, torch.cat([ref.gate_up_proj_bias[:, 0::2], ref.gate_up_proj_bias[:, 1::2]], dim=1)
+    )
     assert torch.equal(experts.w2, ref.down_proj.detach().transpose(1, 2))
     assert (experts.alpha, experts.limit) == (1.702, 1.5)
 
@@ -138,8 +140,15 @@ def test_mxfp4_experts_are_dequantized_at_load(path, tmp_path, prompt_ids):
     save_file(tensors, str(single / "model.safetensors"), metadata={"format": "pt"})
     save_file(packed, str(quant / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((quant / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
-                                     "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+    }
     (quant / "config.json").write_text(json.dumps(config))
 
     model = build_model(quant, hetero.load("cpu_ref"), torch.float32)

@@ -4,6 +4,7 @@ The expected calls are derived from the model structure: one prefill step runs e
 layer's forward once, and each layer calls each of its ops once, except MLA, which
 takes both paths when the step has decodes and a prefill (a one-token prompt is a decode).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -14,13 +15,13 @@ import torch
 pytest.importorskip("transformers")
 
 import hetero
-from hetero.tools import tiny
 from hetero.engine.context import ModelContext, op_slots
 from hetero.engine.forward import build_model, prefill
 from hetero.engine.instrument import OpCounter, instrument, op_sites
 from hetero.engine.models import model_class
 from hetero.engine.parallel import Parallel
 from hetero.errors import UsageError
+from hetero.tools import tiny
 
 PROMPT_LENS = (1, 7, 20)  # the one-token prompt is a decode row: MLA's absorbed path runs too
 
@@ -33,8 +34,10 @@ def ops():
 @pytest.fixture(scope="module")
 def models(ops, tmp_path_factory):
     root = tmp_path_factory.mktemp("instrument")
-    return {arch: build_model(tiny.build(arch, root / arch, shard_size=None), ops, torch.float32)
-            for arch in ("qwen3", "deepseek_v3")}
+    return {
+        arch: build_model(tiny.build(arch, root / arch, shard_size=None), ops, torch.float32)
+        for arch in ("qwen3", "deepseek_v3")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +50,23 @@ def qwen3_calls(config) -> Counter:
     """(path, op) -> calls of one step: per layer 4 norms (input, post-attention, q, k), 4 gemms
     (qkv, o, gate_up, down), rope, write_kv, paged_attention and silu_and_mul; then the final norm
     and the lm_head gemm."""
-    per_layer = [("input_layernorm", "rms_norm"), ("post_attention_layernorm", "rms_norm"),
-                 ("self_attn.q_norm", "rms_norm"), ("self_attn.k_norm", "rms_norm"),
-                 ("self_attn.qkv_proj", "gemm"), ("self_attn.o_proj", "gemm"),
-                 ("self_attn.rotary_emb", "rotary_embedding"), ("self_attn.attn", "write_kv"),
-                 ("self_attn.attn", "paged_attention"), ("mlp.gate_up_proj", "gemm"),
-                 ("mlp.act_fn", "silu_and_mul"), ("mlp.down_proj", "gemm")]
-    calls = Counter({(f"model.layers.{i}.{sub}", op): 1 for i in range(config.num_hidden_layers) for sub, op in per_layer})
+    per_layer = [
+        ("input_layernorm", "rms_norm"),
+        ("post_attention_layernorm", "rms_norm"),
+        ("self_attn.q_norm", "rms_norm"),
+        ("self_attn.k_norm", "rms_norm"),
+        ("self_attn.qkv_proj", "gemm"),
+        ("self_attn.o_proj", "gemm"),
+        ("self_attn.rotary_emb", "rotary_embedding"),
+        ("self_attn.attn", "write_kv"),
+        ("self_attn.attn", "paged_attention"),
+        ("mlp.gate_up_proj", "gemm"),
+        ("mlp.act_fn", "silu_and_mul"),
+        ("mlp.down_proj", "gemm"),
+    ]
+    calls = Counter(
+        {(f"model.layers.{i}.{sub}", op): 1 for i in range(config.num_hidden_layers) for sub, op in per_layer}
+    )
     calls.update({("model.norm", "rms_norm"): 1, ("lm_head", "gemm"): 1})
     return calls
 
@@ -63,12 +76,23 @@ def deepseek_v3_calls(config) -> Counter:
     absorbed decode (two per-head grouped GEMMs around mla_attention) and the expanded prefill
     (kv_b_proj, varlen_attention); a dense MLP in the first ``first_k_dense_replace`` layers, else
     router gemm, route, fused_moe and the shared experts' MLP."""
-    attn = [("q_a_proj", "gemm"), ("q_a_layernorm", "rms_norm"), ("q_b_proj", "gemm"),
-            ("kv_a_proj_with_mqa", "gemm"), ("kv_a_layernorm", "rms_norm"), ("rotary", "rotary_embedding"),
-            ("", "write_mla_kv"), ("", "mla_attention"), ("", "varlen_attention"), ("kv_b_proj", "gemm"),
-            ("o_proj", "gemm")]
+    attn = [
+        ("q_a_proj", "gemm"),
+        ("q_a_layernorm", "rms_norm"),
+        ("q_b_proj", "gemm"),
+        ("kv_a_proj_with_mqa", "gemm"),
+        ("kv_a_layernorm", "rms_norm"),
+        ("rotary", "rotary_embedding"),
+        ("", "write_mla_kv"),
+        ("", "mla_attention"),
+        ("", "varlen_attention"),
+        ("kv_b_proj", "gemm"),
+        ("o_proj", "gemm"),
+    ]
     mlp = [("gate_up_proj", "gemm"), ("act_fn", "silu_and_mul"), ("down_proj", "gemm")]
-    moe = [("gate", "gemm"), ("experts", "route"), ("experts", "fused_moe")] + [(f"shared_experts.{s}", op) for s, op in mlp]
+    moe = [("gate", "gemm"), ("experts", "route"), ("experts", "fused_moe")] + [
+        (f"shared_experts.{s}", op) for s, op in mlp
+    ]
     calls: Counter = Counter()
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}"
@@ -95,8 +119,14 @@ def test_counts_per_path_and_op(models, prompts, arch):
     assert set(counter.per_op()) == {s.op for _, s in op_sites(model)}
     if arch == "qwen3":
         layers = model.config.num_hidden_layers
-        assert counter.per_op() == Counter(gemm=4 * layers + 1, rms_norm=4 * layers + 1, rotary_embedding=layers,
-                                           write_kv=layers, paged_attention=layers, silu_and_mul=layers)
+        assert counter.per_op() == Counter(
+            gemm=4 * layers + 1,
+            rms_norm=4 * layers + 1,
+            rotary_embedding=layers,
+            write_kv=layers,
+            paged_attention=layers,
+            silu_and_mul=layers,
+        )
 
 
 @pytest.mark.parametrize("arch", list(EXPECTED))
@@ -147,6 +177,8 @@ def test_every_op_a_layer_holds_is_declared(ops, arch):
     ctx = ModelContext(ops=ops, parallel=Parallel(), dtype=torch.float32, device=torch.device("cpu"))
     model = model_class(config.architectures)(config, ctx)
     for path, module in model.named_modules():
-        held = {k for k, v in vars(module).items() if callable(v) and not isinstance(v, type) and not k.startswith("__")}
+        held = {
+            k for k, v in vars(module).items() if callable(v) and not isinstance(v, type) and not k.startswith("__")
+        }
         assert held == set(op_slots(module)), path
     assert op_sites(model)

@@ -1,5 +1,6 @@
 """LLM on a tiny Qwen3 checkpoint (cpu_ref, float32): batching, preemption, chunked prefill and
 prefix caching never change greedy tokens; text in and out; seeded sampling; clear errors."""
+
 from __future__ import annotations
 
 import shutil

@@ -1,4 +1,5 @@
 """hetero.engine.loader against tiny transformers checkpoints, with small models built from the real layers."""
+
 from __future__ import annotations
 
 import json
@@ -12,23 +13,34 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import hetero
-from hetero.tools import tiny
 from hetero.engine.context import ModelContext
-from hetero.engine.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear,
-                                         copy_checked)
+from hetero.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, copy_checked
 from hetero.engine.layers.norm import RMSNorm
-from hetero.engine.loader import (INDEX, CheckpointFilesError, MissingWeightsError, UnexpectedWeightsError,
-                                  WeightLoadError, WeightMismatchError, checkpoint_name, load_weights, map_name,
-                                  render_pattern)
+from hetero.engine.loader import (
+    INDEX,
+    CheckpointFilesError,
+    MissingWeightsError,
+    UnexpectedWeightsError,
+    WeightLoadError,
+    WeightMismatchError,
+    checkpoint_name,
+    load_weights,
+    map_name,
+    render_pattern,
+)
 from hetero.engine.models.base import CausalLM, WeightMapping
 from hetero.engine.parallel import Parallel
+from hetero.tools import tiny
 
 EXPERT = r"model\.layers\.(?P<layer>\d+)\.mlp\.experts\.(?P<expert>\d+)\.{}_proj\.weight"
-EXPERTS = tuple((EXPERT.format(p), "model.layers.{layer}.mlp.experts." + ("w2" if p == "down" else "w13"), p)
-                for p in ("gate", "up", "down"))
+EXPERTS = tuple(
+    (EXPERT.format(p), "model.layers.{layer}.mlp.experts." + ("w2" if p == "down" else "w13"), p)
+    for p in ("gate", "up", "down")
+)
 
 
 # ---------------------------------------------------------------- test models
+
 
 class Table(nn.Module):
     """A plain parameter; with ``loader`` False it has no weight_loader/shards (the loader's default path)."""
@@ -59,9 +71,15 @@ class TinyQwen3(CausalLM):
     """The parameter names of a Qwen3 checkpoint, with packed qkv and gate_up."""
 
     mapping = WeightMapping(
-        packed=(("q_proj", "qkv_proj", "q"), ("k_proj", "qkv_proj", "k"), ("v_proj", "qkv_proj", "v"),
-                ("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 1)),
-        ignore=(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"model\.layers\.9\..*"))
+        packed=(
+            ("q_proj", "qkv_proj", "q"),
+            ("k_proj", "qkv_proj", "k"),
+            ("v_proj", "qkv_proj", "v"),
+            ("gate_proj", "gate_up_proj", 0),
+            ("up_proj", "gate_up_proj", 1),
+        ),
+        ignore=(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"model\.layers\.9\..*"),
+    )
 
     def __init__(self, c, ctx: ModelContext):
         super().__init__()
@@ -91,7 +109,7 @@ class Experts(nn.Module):
         e = expert - self.first
         if not 0 <= e < self.local:
             return False
-        dst = param.data[e] if proj == "down" else param.data[e, (proj == "up") * self.I:][: self.I]
+        dst = param.data[e] if proj == "down" else param.data[e, (proj == "up") * self.I :][: self.I]
         copy_checked(dst, tensor, f"expert {expert} {proj}")
         return True
 
@@ -114,9 +132,12 @@ class TinyMoeExperts(CausalLM):
 
 # ---------------------------------------------------------------- checkpoints and helpers
 
+
 @pytest.fixture(scope="module")
 def ctx() -> ModelContext:
-    return ModelContext(ops=hetero.load("cpu_ref"), parallel=Parallel(), dtype=torch.float32, device=torch.device("cpu"))
+    return ModelContext(
+        ops=hetero.load("cpu_ref"), parallel=Parallel(), dtype=torch.float32, device=torch.device("cpu")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +148,8 @@ def ckpts(tmp_path_factory) -> SimpleNamespace:
         sharded=tiny.build("qwen3", root / "sharded", shard_size="20KB"),
         single=tiny.build("qwen3", root / "single", shard_size=None),
         tied=tiny.build("qwen3", root / "tied", shard_size="20KB", tie_word_embeddings=True),
-        moe=tiny.build("qwen3_moe", root / "moe", shard_size="20KB"))
+        moe=tiny.build("qwen3_moe", root / "moe", shard_size="20KB"),
+    )
 
 
 def config(path: Path) -> SimpleNamespace:
@@ -164,6 +186,7 @@ def edit(src: Path, dst: Path, drop=(), replace=None, add=None) -> Path:
 
 # ---------------------------------------------------------------- name mapping
 
+
 def test_render_pattern_reverses_the_expert_regexes():
     for pattern, _, proj in EXPERTS:
         assert render_pattern(pattern, layer=2, expert=5) == f"model.layers.2.mlp.experts.5.{proj}_proj.weight"
@@ -171,7 +194,10 @@ def test_render_pattern_reverses_the_expert_regexes():
     assert render_pattern(EXPERTS[0][0], layer=1) is None  # no value for "expert"
     m = WeightMapping(experts=EXPERTS)
     assert map_name(m, "model.layers.4.mlp.experts.7.up_proj.weight") == ("model.layers.4.mlp.experts.w13", (7, "up"))
-    assert checkpoint_name(m, "model.layers.4.mlp.experts.w2", (3, "down")) == "model.layers.4.mlp.experts.3.down_proj.weight"
+    assert (
+        checkpoint_name(m, "model.layers.4.mlp.experts.w2", (3, "down"))
+        == "model.layers.4.mlp.experts.3.down_proj.weight"
+    )
 
 
 def test_packed_names_reverse():
@@ -179,11 +205,14 @@ def test_packed_names_reverse():
     assert map_name(m, "model.layers.0.self_attn.k_proj.weight") == ("model.layers.0.self_attn.qkv_proj.weight", "k")
     assert map_name(m, "model.layers.0.self_attn.rotary_emb.inv_freq") is None
     assert map_name(m, "x.model.layers.9.y") == ("x.model.layers.9.y", None)  # ignore rules are fullmatch
-    assert checkpoint_name(m, "model.layers.0.self_attn.qkv_proj.weight", "k") == "model.layers.0.self_attn.k_proj.weight"
+    assert (
+        checkpoint_name(m, "model.layers.0.self_attn.qkv_proj.weight", "k") == "model.layers.0.self_attn.k_proj.weight"
+    )
     assert checkpoint_name(m, "model.layers.1.mlp.gate_up_proj.weight", 1) == "model.layers.1.mlp.up_proj.weight"
 
 
 # ---------------------------------------------------------------- loading
+
 
 @pytest.mark.parametrize("which", ["sharded", "single"])
 def test_loads_every_tensor_at_its_offset(ckpts, ctx, which):
@@ -192,7 +221,9 @@ def test_loads_every_tensor_at_its_offset(ckpts, ctx, which):
     model = TinyQwen3(c, ctx)
     report = load_weights(model, path)
     assert report.loaded == len(want) and not report.ignored and report.skipped_experts == 0
-    assert len(report.files) == len(list(path.glob("*.safetensors"))) and (len(report.files) > 1) == (which == "sharded")
+    assert len(report.files) == len(list(path.glob("*.safetensors"))) and (len(report.files) > 1) == (
+        which == "sharded"
+    )
     params = dict(model.named_parameters())
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -219,8 +250,11 @@ def test_missing_tensor_is_named_by_its_checkpoint_name(ckpts, ctx, tmp_path, wh
 
 
 def test_unexpected_tensors_are_all_listed(ckpts, ctx, tmp_path):
-    extra = {"model.zzz.weight": torch.zeros(2), "model.layers.0.self_attn.extra.weight": torch.zeros(2),
-             "model.layers.0.mlp.gate_proj.bias": torch.zeros(2)}  # maps to a gate_up_proj.bias that does not exist
+    extra = {
+        "model.zzz.weight": torch.zeros(2),
+        "model.layers.0.self_attn.extra.weight": torch.zeros(2),
+        "model.layers.0.mlp.gate_proj.bias": torch.zeros(2),
+    }  # maps to a gate_up_proj.bias that does not exist
     path = edit(ckpts.sharded, tmp_path / "ck", add=extra)
     with pytest.raises(UnexpectedWeightsError) as e:
         load_weights(TinyQwen3(config(path), ctx), path)
@@ -238,8 +272,10 @@ def test_all_problems_reported_at_once(ckpts, ctx, tmp_path):
 
 
 def test_ignored_tensors_load_fine(ckpts, ctx, tmp_path):
-    extra = {"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(16),
-             "model.layers.9.mlp.gate_proj.weight": torch.ones(2, 2)}  # an MTP-like layer the mapping ignores
+    extra = {
+        "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(16),
+        "model.layers.9.mlp.gate_proj.weight": torch.ones(2, 2),
+    }  # an MTP-like layer the mapping ignores
     path = edit(ckpts.sharded, tmp_path / "ck", add=extra)
     report = load_weights(TinyQwen3(config(path), ctx), path)
     assert sorted(report.ignored) == sorted(extra)
@@ -267,6 +303,7 @@ def test_index_naming_a_missing_file(ckpts, ctx, tmp_path):
 def test_pickled_checkpoints_are_refused_unopened(ckpts, ctx, tmp_path, monkeypatch):
     def no_unpickling(*a, **k):
         raise AssertionError("torch.load called")
+
     monkeypatch.setattr(torch, "load", no_unpickling)
     shutil.copy(ckpts.single / "config.json", tmp_path / "config.json")
     (tmp_path / "pytorch_model.bin").write_bytes(b"not really a pickle")
@@ -295,14 +332,19 @@ def test_tied_embeddings_with_and_without_lm_head(ckpts, ctx, tmp_path):
     assert report.ignored == ["lm_head.weight"]  # the embedding, the Parameter's first name, wins
     torch.testing.assert_close(model.lm_head.weight, want["model.embed_tokens.weight"], rtol=0, atol=0)
 
-    only_head = edit(path, tmp_path / "ck2", drop=["model.embed_tokens.weight"],
-                     add={"lm_head.weight": want["model.embed_tokens.weight"]})
+    only_head = edit(
+        path,
+        tmp_path / "ck2",
+        drop=["model.embed_tokens.weight"],
+        add={"lm_head.weight": want["model.embed_tokens.weight"]},
+    )
     model = TinyQwen3(c, ctx)
     assert not load_weights(model, only_head).ignored
     torch.testing.assert_close(model.model.embed_tokens.weight, want["model.embed_tokens.weight"], rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------- experts
+
 
 @pytest.mark.parametrize("rank,ranks", [(0, 1), (1, 2)])
 def test_experts_stack_into_w13_and_w2(ckpts, rank, ranks):

@@ -1,4 +1,5 @@
 """SamplingParams.logprobs: the raw log_softmax of each generated token's logits, its top-k and the sampled token's rank."""
+
 from __future__ import annotations
 
 import json
@@ -44,7 +45,7 @@ def _reference(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
 
     with torch.inference_mode():
         logits = prefill(model, [prompt + tokens[:-1]]).logits[0].double()
-    return logits[len(prompt) - 1:].log_softmax(dim=-1)
+    return logits[len(prompt) - 1 :].log_softmax(dim=-1)
 
 
 def _check_position(entry: dict[int, Logprob], ref: torch.Tensor, token: int, k: int) -> None:
@@ -68,8 +69,9 @@ def _check_output(model, prompt: list[int], out: RequestOutput, k: int) -> None:
 
 def test_greedy_logprobs_match_an_independent_forward(llm, model):
     prompts = _prompts(5, 13)
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=4),
-                        progress=False)
+    outs = llm.generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=4), progress=False
+    )
     for prompt, out in zip(prompts, outs):
         _check_output(model, prompt, out, 4)
         assert all(entry[t].rank == 1 for t, entry in zip(out.token_ids, out.logprobs))
@@ -88,8 +90,11 @@ def test_sampled_logprobs_are_taken_before_temperature_top_k_and_top_p(llm, mode
 def test_sampled_token_outside_the_top_k_comes_with_its_true_rank(llm, model):
     prompt = _prompts(8)[0]
     for k in (0, 1):
-        out = llm.generate([prompt], SamplingParams(temperature=5.0, max_tokens=12, ignore_eos=True, seed=11, logprobs=k),
-                           progress=False)[0]
+        out = llm.generate(
+            [prompt],
+            SamplingParams(temperature=5.0, max_tokens=12, ignore_eos=True, seed=11, logprobs=k),
+            progress=False,
+        )[0]
         _check_output(model, prompt, out, k)
         assert any(entry[t].rank > 1 for t, entry in zip(out.token_ids, out.logprobs))
     assert max(len(e) for e in out.logprobs) == 2  # k = 1: the best token, and the sampled one when it is not
@@ -97,10 +102,16 @@ def test_sampled_token_outside_the_top_k_comes_with_its_true_rank(llm, model):
 
 def test_mixed_batch_and_tokens_unchanged_by_logprobs(llm):
     prompts = _prompts(4, 7, 10, 5)
-    plain = [SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
-             SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True, seed=1)] * 2
-    asking = [plain[0], SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True, seed=1, logprobs=0),
-              SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=2), plain[3]]
+    plain = [
+        SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
+        SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True, seed=1),
+    ] * 2
+    asking = [
+        plain[0],
+        SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True, seed=1, logprobs=0),
+        SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=2),
+        plain[3],
+    ]
     want = llm.generate(prompts, plain, progress=False)
     got = llm.generate(prompts, asking, progress=False)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
@@ -123,7 +134,8 @@ def test_streaming_reports_each_position_once(llm):
     got = [streamed[i] for i in ids]  # the prefix cache now serves the prompts: values agree to rounding
     assert [[list(e) for e in g] for g in got] == [[list(e) for e in w] for w in want]
     assert [lp.logprob for g in got for e in g for lp in e.values()] == pytest.approx(
-        [lp.logprob for w in want for e in w for lp in e.values()], abs=TOL)
+        [lp.logprob for w in want for e in w for lp in e.values()], abs=TOL
+    )
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "3"])
@@ -173,8 +185,14 @@ def test_check_model_takes_heteros_top_k_from_the_engine_logprobs():
 
     reference = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 4.0, 1.0, 0.0, 3.0]])
     stub = SimpleNamespace(reference_states=lambda prefix: ([], reference))
-    ours = RequestOutput("0", [1], [5, 6], None, "length", logprobs=[
-        {5: Logprob(-0.1, 1)}, {6: Logprob(-1.0, 1), 7: Logprob(-2.0, 2), 8: Logprob(-3.0, 3)}])
+    ours = RequestOutput(
+        "0",
+        [1],
+        [5, 6],
+        None,
+        "length",
+        logprobs=[{5: Logprob(-0.1, 1)}, {6: Logprob(-1.0, 1), 7: Logprob(-2.0, 2), 8: Logprob(-3.0, 3)}],
+    )
     wide = ModelCheck.divergence(stub, 0, [1], ours, [5, 8], top_k=3)
     assert (wide.position, wide.hetero_token, wide.reference_token) == (1, 6, 8)
     assert wide.reference_in_hetero_topk and wide.hetero_in_reference_topk and wide.acceptable
@@ -183,8 +201,23 @@ def test_check_model_takes_heteros_top_k_from_the_engine_logprobs():
 
 
 def test_generate_json_logprobs(path, capsys):
-    argv = ["generate", "--model", path, "--backend", "cpu_ref", "--dtype", "float32", "--prompt-ids", "5 6 7 8",
-            "--max-tokens", "4", "--ignore-eos", "--json", "--logprobs", "3"]
+    argv = [
+        "generate",
+        "--model",
+        path,
+        "--backend",
+        "cpu_ref",
+        "--dtype",
+        "float32",
+        "--prompt-ids",
+        "5 6 7 8",
+        "--max-tokens",
+        "4",
+        "--ignore-eos",
+        "--json",
+        "--logprobs",
+        "3",
+    ]
     assert main(argv) == 0
     record = json.loads(capsys.readouterr().out.splitlines()[0])
     assert len(record["logprobs"]) == len(record["token_ids"]) == 4

@@ -1,4 +1,5 @@
 """Tensor and expert parallelism over gloo, launched by torchrun: the same tokens as one process."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _hf import hf_greedy, prompts
 
 from hetero.distributed import free_port
@@ -20,9 +20,23 @@ MAX_TOKENS = 8
 def _torchrun(jobs: list[dict], tmp_path: Path, env: dict[str, str] | None = None) -> list[list[list[int]]]:
     jobs_path, out_path = tmp_path / "jobs.json", tmp_path / "out.json"
     jobs_path.write_text(json.dumps(jobs))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(WORKER), str(jobs_path), str(out_path)]
-    run = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, capture_output=True, text=True, timeout=600)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(WORKER),
+        str(jobs_path),
+        str(out_path),
+    ]
+    run = subprocess.run(
+        cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     got = json.loads(out_path.read_text())
     assert json.loads(Path(f"{out_path}.1").read_text()) == got, "rank 1 returned other outputs than rank 0"

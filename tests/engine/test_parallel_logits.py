@@ -12,6 +12,7 @@ One torchrun launch of 4 processes runs all four jobs (TP=4 on the whole world,
 TP=2 on the pairs of ranks), float32 on cpu_ref, same tolerance as the
 single-process logits tests (``test_qwen_models.py``): ||a - b|| / ||b|| < 1e-4.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,14 +44,28 @@ JOBS = [(name, tp) for tp in (4, 2) for name in MODELS]
 def launched(tmp_path_factory):
     """(checkpoint dirs, prompts, job name -> what rank 0 of its group saved), from one torchrun launch."""
     root = tmp_path_factory.mktemp("tp_logits")
-    dirs = {name: tiny.build(arch, root / name, shard_size=None, **overrides) for name, (arch, overrides) in MODELS.items()}
+    dirs = {
+        name: tiny.build(arch, root / name, shard_size=None, **overrides) for name, (arch, overrides) in MODELS.items()
+    }
     ps = prompts(256, PROMPT_LENS, seed=5)
     jobs = [{"name": f"{name}_tp{tp}", "model": str(dirs[name]), "tp": tp, "prompts": ps} for name, tp in JOBS]
     (root / "jobs.json").write_text(json.dumps(jobs))
     out = root / "out"
     out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(WORKER), str(root / "jobs.json"), str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "4",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(WORKER),
+        str(root / "jobs.json"),
+        str(out),
+    ]
     run = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     saved = {j["name"]: torch.load(out / f"{j['name']}.pt") for j in jobs}

@@ -1,6 +1,7 @@
 """The pieces of prefill/decode disaggregation below the HTTP servers: the wire layout, the model
 fingerprint and refusal, the gloo link, the sender and receiver threads, and caches of four model
 families crossing from cpu_ref to torch over the link with greedy tokens equal to one engine."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,8 +11,8 @@ import time
 
 import pytest
 import torch
-
 from _serving import TIMEOUT, linked, prompts
+
 from hetero.engine import LLM, SamplingParams
 from hetero.engine.runtime.cache_io import SequenceCache
 from hetero.serve.pd.identity import Identity, fingerprint, refusal
@@ -49,13 +50,16 @@ def test_the_wire_layout_round_trips_a_cache(n, per):
     assert torch.equal(out.state["b.s"], cache.state["b.s"])
 
 
-@pytest.mark.parametrize("change, words", [
-    (dict(fingerprint="0" * 32), "model fingerprint"),
-    (dict(num_tokens=65), "num_tokens must be"),
-    (dict(tokens_per_block=0), "tokens_per_block"),
-    (dict(token_ids=[1]), "token ids for 5 tokens"),
-    (dict(paged=[["a.k", "torch.float32", [2, 3]]]), "paged entries"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (dict(fingerprint="0" * 32), "model fingerprint"),
+        (dict(num_tokens=65), "num_tokens must be"),
+        (dict(tokens_per_block=0), "tokens_per_block"),
+        (dict(token_ids=[1]), "token ids for 5 tokens"),
+        (dict(paged=[["a.k", "torch.float32", [2, 3]]]), "paged entries"),
+    ],
+)
 def test_a_header_that_does_not_fit_this_instance_is_refused(change, words):
     ident = identity()
     header = dict(header_of(random_cache(ident, 5), "t1", ident, 4), **change)
@@ -74,8 +78,9 @@ def test_the_fingerprint_sees_other_weights_and_refusal_names_the_difference(che
     mine = identity()
     assert refusal(mine, mine) is None
     assert "serves another model" in refusal(mine, identity(fp="0" * 32))
-    assert "holds torch.float32 [2, 3], this decode instance (/m) torch.bfloat16" in \
-        refusal(mine, identity(paged=(("a.k", "torch.float32", (2, 3)),)))
+    assert "holds torch.float32 [2, 3], this decode instance (/m) torch.bfloat16" in refusal(
+        mine, identity(paged=(("a.k", "torch.float32", (2, 3)),))
+    )
     assert "different state cache entries" in refusal(mine, identity(state=()))
 
 

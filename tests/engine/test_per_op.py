@@ -1,4 +1,5 @@
 """`check-model --per-op`: the op call at fault in a real run, told apart from accumulated rounding."""
+
 from __future__ import annotations
 
 import sys
@@ -10,7 +11,6 @@ import torch
 import hetero
 import hetero.registry
 import hetero_cpu_ref.plugin
-
 from hetero.tools.check import ModelCheck
 from hetero.tools.replay import per_op_check
 from hetero.tools.tiny import ARCHS
@@ -29,6 +29,7 @@ class _Plugin:
             from hetero_demo_bug import DemoBugBackend
         finally:
             sys.path.pop(0)
+
         class LateBug(DemoBugBackend):  # reached only by decode steps after a 30-token prompt
             name, from_position = "late_bug", 40
 
@@ -58,7 +59,9 @@ def test_the_quick_tier_misses_the_planted_bug(planted):
 
     runner = Runner(planted.load("demo_bug"), planted.backends["cpu_ref"].cls())
     results = [runner.run(c) for c in catalog(quick=True) if c.op == "paged_attention" and c.dtype == "float32"]
-    assert results and all(r.status == "pass" for r in results), [(r.id, r.message) for r in results if r.status != "pass"]
+    assert results and all(r.status == "pass" for r in results), [
+        (r.id, r.message) for r in results if r.status != "pass"
+    ]
 
 
 def test_per_op_names_the_op_and_its_first_layer(planted, qwen3):
@@ -122,13 +125,15 @@ def test_weights_are_stored_once_and_a_replay_failure_is_not_a_fault(qwen3, monk
 
     monkeypatch.setattr(Replayer, "_expected", broken)
     failed = per_op_check(str(qwen3), "cpu_ref", [[5, 6, 7]], max_tokens=1)
-    assert failed.first_fault is None and failed.status() == "inconclusive" and "could not be replayed" in failed.verdict()
+    assert (
+        failed.first_fault is None and failed.status() == "inconclusive" and "could not be replayed" in failed.verdict()
+    )
 
 
 def test_compaction_keeps_what_a_call_reads_and_writes():
     """A paged call on the blocks it names only (renumbered) computes what it computes on the whole cache."""
-    from hetero.tools.replay._compact import compaction
     from hetero.spec.types import AttentionMeta
+    from hetero.tools.replay._compact import compaction
 
     gen = torch.Generator().manual_seed(0)
     k, v = (torch.randn(40, 4, 2, 8, generator=gen) for _ in range(2))
@@ -150,8 +155,15 @@ def test_store_round_trips_every_dtype_bit_for_bit(tmp_path):
 
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(5, 3, generator=gen)
-    tensors = {"f8": x.to(torch.float8_e4m3fn), "fnuz": x.to(torch.float8_e4m3fnuz), "i8": (x * 50).to(torch.int8),
-               "bf16": x.to(torch.bfloat16), "bool": x > 0, "scalar": torch.tensor(3.5), "empty": torch.zeros(0, 4)}
+    tensors = {
+        "f8": x.to(torch.float8_e4m3fn),
+        "fnuz": x.to(torch.float8_e4m3fnuz),
+        "i8": (x * 50).to(torch.int8),
+        "bf16": x.to(torch.bfloat16),
+        "bool": x > 0,
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 4),
+    }
     with TensorStore(1 << 20, root=tmp_path) as store:
         assert store.put(0, tensors)
         back = store.get(0)
@@ -172,8 +184,21 @@ def test_each_rank_replays_its_own_calls_under_tp2(qwen3, tmp_path):
 
     worker = Path(__file__).with_name("_per_op_worker.py")
     out = tmp_path / "out.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(worker), str(qwen3), "cpu_ref", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(worker),
+        str(qwen3),
+        "cpu_ref",
+        str(out),
+    ]
     run = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]
     reports = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
@@ -188,16 +213,34 @@ def test_a_correct_backend_in_bf16_is_drift_not_a_faulty_op(qwen3, triton_interp
     inputs copied to the host; with a stream tolerance tighter than bf16 rounding, the verdict is drift."""
     from hetero.cli import main
 
-    argv = ["check-model", str(qwen3), "--backend", "cuda", "--dtype", "bfloat16", "--max-tokens", "2",
-            "--prompt-ids", " ".join(map(str, LONG[0])), "--per-op", "--per-op-samples", "2", "--tolerance", "1e-4",
-            "--json"]
+    argv = [
+        "check-model",
+        str(qwen3),
+        "--backend",
+        "cuda",
+        "--dtype",
+        "bfloat16",
+        "--max-tokens",
+        "2",
+        "--prompt-ids",
+        " ".join(map(str, LONG[0])),
+        "--per-op",
+        "--per-op-samples",
+        "2",
+        "--tolerance",
+        "1e-4",
+        "--json",
+    ]
     assert main(argv) == 1  # the stream is over the tight tolerance ...
     import json
 
     report = json.loads(capsys.readouterr().out)
     per_op = report["per_op"]
     assert per_op["backend"] == "cuda" and per_op["passed"] and per_op["first_fault"] is None  # ... no op is at fault
-    assert per_op["verdict"].startswith("accumulated rounding, no op at fault") and report["first_bad"] in per_op["verdict"]
+    assert (
+        per_op["verdict"].startswith("accumulated rounding, no op at fault")
+        and report["first_bad"] in per_op["verdict"]
+    )
     ops = {row["op"] for row in per_op["rows"]}
     assert {"paged_attention", "gemm", "rms_norm", "rotary_embedding", "write_kv", "silu_and_mul"} <= ops
     worst = max(row["rel_l2_of_bound"] for row in per_op["rows"])
@@ -216,9 +259,9 @@ def test_bad_per_op_options_are_usage_errors(qwen3, capsys, option, value):
 def test_every_architecture_replays_within_bounds(arch, tmp_path):
     """Each architecture's op calls (MLA, DSA's indexer, linear attention's recurrent state, gpt-oss's sinks and
     windows, MoE) record and replay; the reference backend agrees with itself in float64's eyes."""
-    from hetero.tools import tiny
-    from hetero.engine.instrument import OpCounter, instrument
     from hetero.engine import LLM, SamplingParams
+    from hetero.engine.instrument import OpCounter, instrument
+    from hetero.tools import tiny
 
     model = tiny.build(arch, tmp_path / arch)
     report = per_op_check(str(model), "cpu_ref", [list(range(3, 40)), [7, 8]], max_tokens=3, samples=2)
@@ -226,6 +269,7 @@ def test_every_architecture_replays_within_bounds(arch, tmp_path):
     llm = LLM(str(model), backend="cpu_ref", dtype="float32")
     counter = OpCounter()
     with instrument(llm.runner.model, counter):
-        llm.generate([list(range(3, 40)), [7, 8]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
-                     progress=False)
+        llm.generate(
+            [list(range(3, 40)), [7, 8]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), progress=False
+        )
     assert {v.op for v in report.calls} == set(counter.per_op()) - {"ep_dispatch", "ep_combine"}

@@ -1,4 +1,5 @@
 """Every module a model builds knows its checkpoint prefix, and a QuantConfig picks each layer's method by it."""
+
 from __future__ import annotations
 
 import re
@@ -8,7 +9,6 @@ import torch
 from safetensors import safe_open
 
 import hetero
-from hetero.tools import tiny
 from hetero.engine.context import ModelContext
 from hetero.engine.layers.linear import Linear
 from hetero.engine.layers.moe import FusedMoE
@@ -18,17 +18,30 @@ from hetero.engine.models.qwen2 import Qwen2ForCausalLM
 from hetero.engine.models.qwen3 import Qwen3ForCausalLM
 from hetero.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from hetero.engine.parallel import Parallel
-from hetero.engine.quant import (QuantConfig, UnquantizedLinearMethod, UnquantizedMoEMethod, UnsupportedQuantization,
-                                 quant_config_of)
+from hetero.engine.quant import (
+    QuantConfig,
+    UnquantizedLinearMethod,
+    UnquantizedMoEMethod,
+    UnsupportedQuantization,
+    quant_config_of,
+)
 from hetero.errors import UsageError
+from hetero.tools import tiny
 
-MODELS = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM,
-          "deepseek_v2": DeepseekV2ForCausalLM, "deepseek_v3": DeepseekV3ForCausalLM}
+MODELS = {
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
+    "deepseek_v2": DeepseekV2ForCausalLM,
+    "deepseek_v3": DeepseekV3ForCausalLM,
+}
 
 
 @pytest.fixture(scope="module")
 def ctx() -> ModelContext:
-    return ModelContext(ops=hetero.load("cpu_ref"), parallel=Parallel(), dtype=torch.float32, device=torch.device("cpu"))
+    return ModelContext(
+        ops=hetero.load("cpu_ref"), parallel=Parallel(), dtype=torch.float32, device=torch.device("cpu")
+    )
 
 
 def build(arch: str, ctx: ModelContext, **overrides):
@@ -75,8 +88,11 @@ def test_quant_config_picks_methods_by_prefix(ctx):
         pass
 
     chosen = r"model\.layers\.\d+\.(self_attn|mlp)\.(?!gate$).*"
-    config = QuantConfig(name="test", linear=((r".*\.mlp\.gate", UnquantizedLinearMethod), (chosen, Marked)),
-                         moe=((r"model\.layers\.2\.mlp\.experts", MarkedMoE),))
+    config = QuantConfig(
+        name="test",
+        linear=((r".*\.mlp\.gate", UnquantizedLinearMethod), (chosen, Marked)),
+        moe=((r"model\.layers\.2\.mlp\.experts", MarkedMoE),),
+    )
     model = Qwen3MoeForCausalLM(tiny.tiny_config("qwen3_moe"), ctx, quant_config=config)
     assert model.quant_config is config
     linears = moes = 0
@@ -87,10 +103,14 @@ def test_quant_config_picks_methods_by_prefix(ctx):
             assert type(module.quant_method) is want, path
         elif isinstance(module, FusedMoE):
             moes += 1
-            assert type(module.quant_method) is (MarkedMoE if path.startswith("model.layers.2.") else UnquantizedMoEMethod)
+            assert type(module.quant_method) is (
+                MarkedMoE if path.startswith("model.layers.2.") else UnquantizedMoEMethod
+            )
     methods = [m.quant_method for m in model.modules() if isinstance(m, Linear)]
     # 3 layers of qkv_proj and o_proj, the routers of layers 0 and 2, layer 1's dense gate_up_proj and down_proj
-    assert linears == 3 * 2 + 2 + 2 and moes == 2 and len({id(m) for m in methods}) == len(methods)  # one object per layer
+    assert (
+        linears == 3 * 2 + 2 + 2 and moes == 2 and len({id(m) for m in methods}) == len(methods)
+    )  # one object per layer
 
 
 def test_quantization_config_chooses_the_default(ctx):

@@ -3,6 +3,7 @@
 The op table is checked against an ``OpCounter`` run of the same workload on a second,
 identical engine: the same calls per (module path, op), so every op of the run is in it.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,18 +14,20 @@ import pytest
 pytest.importorskip("transformers")
 
 from hetero.bench.devices import Ceilings
+from hetero.bench.engine import Workload, run_workload
 from hetero.cli import main
 from hetero.engine import LLM
-from hetero.bench.engine import Workload, run_workload
 from hetero.engine.instrument import OpCounter, instrument, op_sites
 from hetero.tools.profile import ALL, HOST_PARTS, Profiler, profile_run
 
 WORKLOAD = Workload(3, (5, 20), (3, 5), seed=0)
 #: a made-up device: 1 TFLOP/s float32, 0.1 TB/s
 CEILINGS = Ceilings("test device", {"float32": 1.0}, 0.1, "made up for the test")
-KINDS = {"qwen3": {"attention", "dense MLP", "other"},
-         "qwen3_moe": {"attention", "MoE", "dense MLP", "other"},
-         "deepseek_v3": {"attention", "MoE", "dense MLP", "other"}}
+KINDS = {
+    "qwen3": {"attention", "dense MLP", "other"},
+    "qwen3_moe": {"attention", "MoE", "dense MLP", "other"},
+    "deepseek_v3": {"attention", "MoE", "dense MLP", "other"},
+}
 
 
 def engine(path) -> LLM:
@@ -122,8 +125,12 @@ def test_profiling_leaves_the_engine_as_it_was(profiled):
     for module, site in op_sites(llm.runner.model):
         assert getattr(module, site.attr) is slots[id(module), site.attr]
         assert "_instrumented_ops" not in vars(module)
-    for owner, attr in ((llm, "step"), (llm.scheduler, "schedule"), (llm.scheduler, "postprocess"),
-                        (llm.runner.buffers, "fill")):
+    for owner, attr in (
+        (llm, "step"),
+        (llm.scheduler, "schedule"),
+        (llm.scheduler, "postprocess"),
+        (llm.runner.buffers, "fill"),
+    ):
         assert attr not in vars(owner)
     assert type(llm.runner.sampler).__name__ == "Sampler"
     with Profiler(llm):  # nothing left instrumented: profiling again is allowed
@@ -132,8 +139,26 @@ def test_profiling_leaves_the_engine_as_it_was(profiled):
 
 def test_cli_json_and_trace(checkpoints, capsys, tmp_path):
     trace = tmp_path / "t.json"
-    argv = ["profile", "--model", str(checkpoints("qwen3")), "--backend", "cpu_ref", "--dtype", "float32", "--json",
-            "--num-requests", "2", "--input-len", "4:9", "--output-len", "2:3", "--warmup", "1", "--trace", str(trace)]
+    argv = [
+        "profile",
+        "--model",
+        str(checkpoints("qwen3")),
+        "--backend",
+        "cpu_ref",
+        "--dtype",
+        "float32",
+        "--json",
+        "--num-requests",
+        "2",
+        "--input-len",
+        "4:9",
+        "--output-len",
+        "2:3",
+        "--warmup",
+        "1",
+        "--trace",
+        str(trace),
+    ]
     assert main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["run"]["requests"] == 2 and doc["run"]["backend"] == "cpu_ref"
@@ -145,8 +170,21 @@ def test_cli_json_and_trace(checkpoints, capsys, tmp_path):
 
 
 def test_cli_table(checkpoints, capsys):
-    argv = ["profile", "--model", str(checkpoints("qwen3")), "--backend", "cpu_ref", "--num-requests", "1",
-            "--input-len", "4", "--output-len", "2", "--warmup", "0"]
+    argv = [
+        "profile",
+        "--model",
+        str(checkpoints("qwen3")),
+        "--backend",
+        "cpu_ref",
+        "--num-requests",
+        "1",
+        "--input-len",
+        "4",
+        "--output-len",
+        "2",
+        "--warmup",
+        "0",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     for text in ("paged_attention", "roofline", "prefill", "decode", "dense MLP", "scheduler", "other host"):
@@ -161,11 +199,28 @@ def test_bad_option_values_are_usage_errors(checkpoints, capsys, option, value):
     assert option in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("option, value", [("--input-len", "9:2"), ("--trace", "/nonexistent/dir/t.json"),
-                                           ("--ceilings", "/nonexistent.json")])
+@pytest.mark.parametrize(
+    "option, value",
+    [("--input-len", "9:2"), ("--trace", "/nonexistent/dir/t.json"), ("--ceilings", "/nonexistent.json")],
+)
 def test_unusable_values_are_usage_errors(checkpoints, capsys, option, value):
-    argv = ["profile", "--model", str(checkpoints("qwen3")), "--backend", "cpu_ref", "--num-requests", "1",
-            "--input-len", "4", "--output-len", "2", "--warmup", "0", option, value]
+    argv = [
+        "profile",
+        "--model",
+        str(checkpoints("qwen3")),
+        "--backend",
+        "cpu_ref",
+        "--num-requests",
+        "1",
+        "--input-len",
+        "4",
+        "--output-len",
+        "2",
+        "--warmup",
+        "0",
+        option,
+        value,
+    ]
     assert main(argv) == 2
     assert f"argument {option}" in capsys.readouterr().err
 

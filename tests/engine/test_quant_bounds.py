@@ -1,5 +1,6 @@
 """The bounds of the scaled formats' weight math and layer choice (``hetero.engine.quant``), by hand: int8's
 symmetric range, ceil-div scale grids, e4m3fnuz's doubled scales, and which checkpoint modules a skip list names."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,14 +32,16 @@ def test_int8_blocks_round_to_nearest_and_keep_signs():
     assert torch.equal(torch.sign(q.to(torch.float32)) * (q != 0), torch.sign(w) * (q != 0))
 
 
-@pytest.mark.parametrize("shape, grid", [((576, 300), (5, 3)), ((128, 128), (1, 1)), ((129, 127), (2, 1)),
-                                         ((1, 257), (1, 3))])
+@pytest.mark.parametrize(
+    "shape, grid", [((576, 300), (5, 3)), ((128, 128), (1, 1)), ((129, 127), (2, 1)), ((1, 257), (1, 3))]
+)
 def test_scale_grids_are_ceil_div(shape, grid):
     assert block_grid(*shape) == grid
     rows, cols = shape
     # each block of its own magnitude, so a scale read from the wrong block shows
     w = torch.randn(shape, generator=torch.Generator().manual_seed(2)) * (
-        1 + torch.arange(rows)[:, None] // 128 * 10 + torch.arange(cols)[None] // 128 * 100)
+        1 + torch.arange(rows)[:, None] // 128 * 10 + torch.arange(cols)[None] // 128 * 100
+    )
     q, scale = quantize_blocks(w)
     assert scale.shape == grid
     full = scale.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
@@ -57,19 +60,29 @@ def test_e4m3fnuz_conversion_keeps_every_value():
 
 
 def _fp8(skip: list[str]):
-    return fp8_config({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                       "weight_block_size": [128, 128], "modules_to_not_convert": skip})
+    return fp8_config(
+        {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128],
+            "modules_to_not_convert": skip,
+        }
+    )
 
 
-@pytest.mark.parametrize("prefix, skipped", [
-    ("model.layers.1.mlp.down_proj", True),
-    ("model.layers.11.mlp.down_proj", False),  # ".1.mlp.down_proj" is not a suffix of it
-    ("model.layers.21.mlp.down_proj", False),
-    ("model.layers.1.self_attn.o_proj", False),
-    ("model.layers.2.self_attn.qkv_proj", True),  # all of q/k/v listed
-    ("model.layers.12.self_attn.qkv_proj", False),
-    ("lm_head", True),
-])
+@pytest.mark.parametrize(
+    "prefix, skipped",
+    [
+        ("model.layers.1.mlp.down_proj", True),
+        ("model.layers.11.mlp.down_proj", False),  # ".1.mlp.down_proj" is not a suffix of it
+        ("model.layers.21.mlp.down_proj", False),
+        ("model.layers.1.self_attn.o_proj", False),
+        ("model.layers.2.self_attn.qkv_proj", True),  # all of q/k/v listed
+        ("model.layers.12.self_attn.qkv_proj", False),
+        ("lm_head", True),
+    ],
+)
 def test_a_skip_entry_names_a_module_or_a_whole_dotted_suffix(prefix, skipped):
     config = _fp8(["1.mlp.down_proj", "2.self_attn.q_proj", "2.self_attn.k_proj", "2.self_attn.v_proj"])
     method = config.linear_method(prefix)

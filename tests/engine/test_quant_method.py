@@ -1,6 +1,7 @@
 """Quantization methods: a block-scaled test format (the shape fp8 checkpoints have) loads through the
 method's shard rules at any tensor-parallel rank, expert scales map by suffix, and the post-load pass
 runs after every load (MLA's absorbed weights included)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,7 +13,6 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import hetero
-from hetero.tools import tiny
 from hetero.engine.context import ModelContext
 from hetero.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from hetero.engine.layers.moe import FusedMoE, Routing
@@ -22,6 +22,7 @@ from hetero.engine.models.deepseek import DeepseekV3ForCausalLM
 from hetero.engine.models.qwen3 import Qwen3ForCausalLM
 from hetero.engine.parallel import Parallel
 from hetero.engine.quant import LinearMethod, MoEMethod, QuantConfig, register_weight
+from hetero.tools import tiny
 
 B = 4  # block size of the test format
 
@@ -76,10 +77,15 @@ class Int8BlockMoE(MoEMethod):
     """The same format for stacked experts: ``w13``/``w2`` int8 plus ``w13_weight_scale_inv``/``w2_weight_scale_inv``."""
 
     def create_weights(self, layer, num_experts, hidden, intermediate):
-        for name, shape, projs in (("w13", (2 * intermediate, hidden), ("gate", "up")), ("w2", (hidden, intermediate), ("down",))):
+        for name, shape, projs in (
+            ("w13", (2 * intermediate, hidden), ("gate", "up")),
+            ("w2", (hidden, intermediate), ("down",)),
+        ):
             kw = dict(loader=layer.load_expert, shards=layer.expert_shards(projs))
             register_weight(layer, name, torch.empty(num_experts, *shape, dtype=torch.int8), **kw)
-            register_weight(layer, f"{name}_weight_scale_inv", torch.empty(num_experts, cdiv(shape[0], B), cdiv(shape[1], B)), **kw)
+            register_weight(
+                layer, f"{name}_weight_scale_inv", torch.empty(num_experts, cdiv(shape[0], B), cdiv(shape[1], B)), **kw
+            )
         layer.ctx.bind_op(layer, "_fused_moe", "fused_moe", activation="silu")
 
     def shard_range(self, layer, param, dim, start, size):
@@ -97,8 +103,9 @@ class Int8BlockMoE(MoEMethod):
 def context(rank: int = 0, size: int = 1) -> ModelContext:
     """A context at ``rank`` of ``size``: loading only reads the rank (no collective runs here)."""
     comm = SimpleNamespace(rank=rank, world_size=size) if size > 1 else None
-    return ModelContext(ops=hetero.load("cpu_ref"), parallel=Parallel(comm=comm), dtype=torch.float32,
-                        device=torch.device("cpu"))
+    return ModelContext(
+        ops=hetero.load("cpu_ref"), parallel=Parallel(comm=comm), dtype=torch.float32, device=torch.device("cpu")
+    )
 
 
 def write(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
@@ -120,14 +127,20 @@ def quantized_checkpoint(names_shapes: dict[str, tuple[int, int]], seed: int = 0
 
 # ---------------------------------------------------------------- dtypes
 
+
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory) -> dict[str, torch.Tensor]:
     return load_file(tiny.build("qwen3", tmp_path_factory.mktemp("qwen3"), shard_size=None) / "model.safetensors")
 
 
-@pytest.mark.parametrize("name,dtype", [("model.layers.0.mlp.down_proj.weight", torch.float8_e4m3fn),
-                                        ("model.layers.1.self_attn.k_proj.weight", torch.int8),
-                                        ("model.norm.weight", torch.uint8)])
+@pytest.mark.parametrize(
+    "name,dtype",
+    [
+        ("model.layers.0.mlp.down_proj.weight", torch.float8_e4m3fn),
+        ("model.layers.1.self_attn.k_proj.weight", torch.int8),
+        ("model.norm.weight", torch.uint8),
+    ],
+)
 def test_quantized_tensor_is_never_cast_into_a_float_parameter(qwen3, tmp_path, name, dtype):
     path = write(tmp_path, {**qwen3, name: qwen3[name].to(dtype)})
     model = Qwen3ForCausalLM(tiny.tiny_config("qwen3"), context())
@@ -143,22 +156,39 @@ def test_float_tensors_of_another_width_are_cast(qwen3, tmp_path):
     path = write(tmp_path, {**qwen3, name: qwen3[name].to(torch.bfloat16)})
     model = Qwen3ForCausalLM(tiny.tiny_config("qwen3"), context())
     load_weights(model, path)
-    torch.testing.assert_close(model.model.layers[0].mlp.down_proj.weight, qwen3[name].bfloat16().float(), rtol=0, atol=0)
+    torch.testing.assert_close(
+        model.model.layers[0].mlp.down_proj.weight, qwen3[name].bfloat16().float(), rtol=0, atol=0
+    )
 
 
 # ---------------------------------------------------------------- linear layers
 
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_block_scaled_linears_load_their_rank_in_block_units(tmp_path, rank):
     H, D, I = 8, 4, 16  # hidden, head_dim, intermediate: 4 heads and 2 KV heads over 2 ranks
-    dense, ckpt = quantized_checkpoint({"attn.q_proj": (4 * D, H), "attn.k_proj": (2 * D, H), "attn.v_proj": (2 * D, H),
-                                        "attn.o_proj": (H, 4 * D), "mlp.gate_proj": (I, H), "mlp.up_proj": (I, H),
-                                        "mlp.down_proj": (H, I)})
+    dense, ckpt = quantized_checkpoint(
+        {
+            "attn.q_proj": (4 * D, H),
+            "attn.k_proj": (2 * D, H),
+            "attn.v_proj": (2 * D, H),
+            "attn.o_proj": (H, 4 * D),
+            "mlp.gate_proj": (I, H),
+            "mlp.up_proj": (I, H),
+            "mlp.down_proj": (H, I),
+        }
+    )
     ctx, quant = context(rank, 2), QuantConfig(linear=((r".*", Int8BlockLinear),))
     model = nn.Module()
-    model.mapping = WeightMapping(packed=(("q_proj", "qkv_proj", "q"), ("k_proj", "qkv_proj", "k"),
-                                          ("v_proj", "qkv_proj", "v"), ("gate_proj", "gate_up_proj", 0),
-                                          ("up_proj", "gate_up_proj", 1)))
+    model.mapping = WeightMapping(
+        packed=(
+            ("q_proj", "qkv_proj", "q"),
+            ("k_proj", "qkv_proj", "k"),
+            ("v_proj", "qkv_proj", "v"),
+            ("gate_proj", "gate_up_proj", 0),
+            ("up_proj", "gate_up_proj", 1),
+        )
+    )
     model.attn, model.mlp = nn.Module(), nn.Module()
     model.attn.qkv_proj = QKVParallelLinear(ctx, H, D, 4, 2, prefix="attn.qkv_proj", quant_config=quant)
     model.attn.o_proj = RowParallelLinear(ctx, 4 * D, H, prefix="attn.o_proj", quant_config=quant)
@@ -168,12 +198,14 @@ def test_block_scaled_linears_load_their_rank_in_block_units(tmp_path, rank):
     assert report.loaded == len(ckpt)
 
     def rows(name, n):
-        return dense[name][rank * n:(rank + 1) * n]
+        return dense[name][rank * n : (rank + 1) * n]
 
-    expect = {"attn.qkv_proj": torch.cat([rows("attn.q_proj", 2 * D), rows("attn.k_proj", D), rows("attn.v_proj", D)]),
-              "attn.o_proj": dense["attn.o_proj"][:, rank * 2 * D:(rank + 1) * 2 * D],
-              "mlp.gate_up_proj": torch.cat([rows("mlp.gate_proj", I // 2), rows("mlp.up_proj", I // 2)]),
-              "mlp.down_proj": dense["mlp.down_proj"][:, rank * I // 2:(rank + 1) * I // 2]}
+    expect = {
+        "attn.qkv_proj": torch.cat([rows("attn.q_proj", 2 * D), rows("attn.k_proj", D), rows("attn.v_proj", D)]),
+        "attn.o_proj": dense["attn.o_proj"][:, rank * 2 * D : (rank + 1) * 2 * D],
+        "mlp.gate_up_proj": torch.cat([rows("mlp.gate_proj", I // 2), rows("mlp.up_proj", I // 2)]),
+        "mlp.down_proj": dense["mlp.down_proj"][:, rank * I // 2 : (rank + 1) * I // 2],
+    }
     for path, want in expect.items():
         layer = model.get_submodule(path)
         assert layer.processed == 1 and layer.weight.dtype == torch.int8
@@ -195,9 +227,18 @@ def test_expert_rules_map_any_suffix():
     name = "model.layers.0.mlp.experts.3.gate_proj.weight_scale_inv"
     assert map_name(mapping, name) == (W13_SCALE, (3, "gate"))
     assert checkpoint_name(mapping, W13_SCALE, (3, "gate")) == name
-    assert map_name(mapping, "model.layers.5.mlp.experts.0.down_proj.weight") == ("model.layers.5.mlp.experts.w2", (0, "down"))
-    assert map_name(mapping, "model.layers.5.mlp.experts.1.up_proj.bias") == ("model.layers.5.mlp.experts.w13_bias", (1, "up"))
-    assert checkpoint_name(mapping, "model.layers.5.mlp.experts.w2", (2, "down")) == "model.layers.5.mlp.experts.2.down_proj.weight"
+    assert map_name(mapping, "model.layers.5.mlp.experts.0.down_proj.weight") == (
+        "model.layers.5.mlp.experts.w2",
+        (0, "down"),
+    )
+    assert map_name(mapping, "model.layers.5.mlp.experts.1.up_proj.bias") == (
+        "model.layers.5.mlp.experts.w13_bias",
+        (1, "up"),
+    )
+    assert (
+        checkpoint_name(mapping, "model.layers.5.mlp.experts.w2", (2, "down"))
+        == "model.layers.5.mlp.experts.2.down_proj.weight"
+    )
 
 
 class MoeModel(nn.Module):
@@ -209,24 +250,30 @@ class MoeModel(nn.Module):
         self.model = nn.Module()
         self.model.layers = nn.ModuleList([nn.Module()])
         self.model.layers[0].mlp = nn.Module()
-        self.model.layers[0].mlp.experts = FusedMoE(ctx, E, H, I, Routing(top_k=2), prefix="model.layers.0.mlp.experts",
-                                                    quant_config=quant)
+        self.model.layers[0].mlp.experts = FusedMoE(
+            ctx, E, H, I, Routing(top_k=2), prefix="model.layers.0.mlp.experts", quant_config=quant
+        )
 
 
 @pytest.mark.parametrize("rank,size", [(0, 1), (1, 2)])
 def test_expert_scales_stack_by_suffix(tmp_path, rank, size):
     E, H, I = 4, 8, 8
-    shapes = {f"model.layers.0.mlp.experts.{e}.{p}_proj": ((H, I) if p == "down" else (I, H))
-              for e in range(E) for p in ("gate", "up", "down")}
+    shapes = {
+        f"model.layers.0.mlp.experts.{e}.{p}_proj": ((H, I) if p == "down" else (I, H))
+        for e in range(E)
+        for p in ("gate", "up", "down")
+    }
     dense, ckpt = quantized_checkpoint(shapes)
     model = MoeModel(context(rank, size), E, H, I)
     assert load_weights(model, write(tmp_path, ckpt)).loaded == len(ckpt)
     experts, part = model.model.layers[0].mlp.experts, I // size
     for e in range(E):
         p = f"model.layers.0.mlp.experts.{e}."
-        gate_up = torch.cat([dense[p + x][rank * part:(rank + 1) * part] for x in ("gate_proj", "up_proj")])
+        gate_up = torch.cat([dense[p + x][rank * part : (rank + 1) * part] for x in ("gate_proj", "up_proj")])
         torch.testing.assert_close(experts.w13_dense[e], gate_up, rtol=0, atol=0)
-        torch.testing.assert_close(experts.w2_dense[e], dense[p + "down_proj"][:, rank * part:(rank + 1) * part], rtol=0, atol=0)
+        torch.testing.assert_close(
+            experts.w2_dense[e], dense[p + "down_proj"][:, rank * part : (rank + 1) * part], rtol=0, atol=0
+        )
     if size == 1:  # the method's apply runs the dequantized experts
         x, logits = torch.randn(5, H), torch.randn(5, E)
         weights, ids = torch.softmax(logits, -1).topk(2)
@@ -250,6 +297,7 @@ def test_missing_expert_scale_is_named_by_its_checkpoint_name(tmp_path):
 
 
 # ---------------------------------------------------------------- the post-load pass and MLA
+
 
 def test_mla_absorbs_after_every_load(tmp_path):
     path = tiny.build("deepseek_v3", tmp_path / "a", shard_size=None)

@@ -1,5 +1,6 @@
 """``hetero quantize`` and the scaled formats' rules: block math (partial blocks), refusals by name,
 tensor-parallel and packed cuts of 128-blocks, and the quantization line of the engine commands."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,6 @@ from torch import nn
 
 import hetero
 from hetero.cli import main
-from hetero.tools import tiny
 from hetero.engine.context import ModelContext
 from hetero.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from hetero.engine.layers.moe import FusedMoE, Routing
@@ -22,6 +22,7 @@ from hetero.engine.parallel import Parallel
 from hetero.engine.quant import UnsupportedQuantization, quant_config_of, weights_only
 from hetero.engine.quant._qmath import dequantize, quantize_blocks, quantize_channels
 from hetero.engine.quant.fp8 import fp8_config
+from hetero.tools import tiny
 
 FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 
@@ -40,27 +41,32 @@ def test_partial_blocks_scale_by_their_own_elements():
     q, s = quantize_blocks(w)
     assert q.dtype == torch.float8_e4m3fn and s.shape == (2, 2)
     for i, j in [(0, 0), (1, 1), (0, 1)]:
-        block = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+        block = w[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128]
         assert s[i, j] == block.abs().max() / 448
     back = dequantize(q, s)
-    assert ((back - w).abs() <= w.abs() * 2 ** -4 + s.repeat_interleave(128, 0)[:192].repeat_interleave(128, 1)[:, :200]
-            * 2 ** -6).all()
+    assert (
+        (back - w).abs()
+        <= w.abs() * 2**-4 + s.repeat_interleave(128, 0)[:192].repeat_interleave(128, 1)[:, :200] * 2**-6
+    ).all()
     qi, si = quantize_channels(w, torch.int8)
     assert qi.dtype == torch.int8 and si.shape == (192, 1) and qi.abs().max() == 127
     assert (dequantize(qi, si.bfloat16()) - w).abs().max() < 0.02 * w.abs().max()
 
 
-@pytest.mark.parametrize("qc,match", [
-    (dict(FP8_BLOCK, activation_scheme="static"), "static"),
-    ({k: v for k, v in FP8_BLOCK.items() if k != "weight_block_size"}, "per-tensor"),
-    (dict(FP8_BLOCK, fmt="e5m2"), "e5m2"),
-    (ct("pack-quantized"), "pack-quantized"),
-    (ct(acts={"dynamic": False}), "static activation"),
-    (ct("int-quantized", acts={"symmetric": False}), "asymmetric activations"),
-    (ct(weights={"strategy": "tensor"}), "weight strategy 'tensor'"),
-    ({"quant_method": "mxfp4"}, "'mxfp4' is not supported"),
-    ({"quant_method": "gptq", "bits": 4}, "'gptq' is not supported"),
-])
+@pytest.mark.parametrize(
+    "qc,match",
+    [
+        (dict(FP8_BLOCK, activation_scheme="static"), "static"),
+        ({k: v for k, v in FP8_BLOCK.items() if k != "weight_block_size"}, "per-tensor"),
+        (dict(FP8_BLOCK, fmt="e5m2"), "e5m2"),
+        (ct("pack-quantized"), "pack-quantized"),
+        (ct(acts={"dynamic": False}), "static activation"),
+        (ct("int-quantized", acts={"symmetric": False}), "asymmetric activations"),
+        (ct(weights={"strategy": "tensor"}), "weight strategy 'tensor'"),
+        ({"quant_method": "mxfp4"}, "'mxfp4' is not supported"),
+        ({"quant_method": "gptq", "bits": 4}, "'gptq' is not supported"),
+    ],
+)
 def test_unsupported_formats_are_refused_by_name(qc, match):
     config = tiny.tiny_config("qwen3")
     config.quantization_config = qc
@@ -69,9 +75,17 @@ def test_unsupported_formats_are_refused_by_name(qc, match):
 
 
 def test_skip_lists_and_float_layers():
-    qc = fp8_config(dict(FP8_BLOCK, modules_to_not_convert=["model.layers.0.self_attn.q_proj",
-                                                            "model.layers.0.self_attn.k_proj",
-                                                            "model.layers.0.self_attn.v_proj", "down_proj"]))
+    qc = fp8_config(
+        dict(
+            FP8_BLOCK,
+            modules_to_not_convert=[
+                "model.layers.0.self_attn.q_proj",
+                "model.layers.0.self_attn.k_proj",
+                "model.layers.0.self_attn.v_proj",
+                "down_proj",
+            ],
+        )
+    )
     assert type(qc.linear_method("model.layers.0.self_attn.qkv_proj")).__name__ == "UnquantizedLinearMethod"
     assert type(qc.linear_method("model.layers.1.self_attn.qkv_proj")).__name__ == "ScaledLinearMethod"
     assert type(qc.linear_method("model.layers.3.mlp.down_proj")).__name__ == "UnquantizedLinearMethod"
@@ -85,15 +99,18 @@ def test_skip_lists_and_float_layers():
     ct_config = quant_config_of(SimpleNamespace(quantization_config=ct(ignore=["lm_head", "re:.*o_proj$"])))
     assert type(ct_config.linear_method("model.layers.2.self_attn.o_proj")).__name__ == "UnquantizedLinearMethod"
     assert ct_config.linear_method("model.layers.2.mlp.gate_up_proj").scheme.act_quant == "token"
-    block = ct(weights={"strategy": "block", "block_structure": [128, 128]}, acts={"strategy": "group", "group_size": 128})
+    block = ct(
+        weights={"strategy": "block", "block_structure": [128, 128]}, acts={"strategy": "group", "group_size": 128}
+    )
     scheme = quant_config_of(SimpleNamespace(quantization_config=block)).scheme  # FP8_BLOCK: fp8's layers, weight_scale
     assert (scheme.weight_form, scheme.act_quant, scheme.scale_name) == ("block", "group128", "weight_scale")
 
 
 def context(rank: int = 0, size: int = 1) -> ModelContext:
     comm = SimpleNamespace(rank=rank, world_size=size) if size > 1 else None
-    return ModelContext(ops=hetero.load("cpu_ref"), parallel=Parallel(comm=comm), dtype=torch.float32,
-                        device=torch.device("cpu"))
+    return ModelContext(
+        ops=hetero.load("cpu_ref"), parallel=Parallel(comm=comm), dtype=torch.float32, device=torch.device("cpu")
+    )
 
 
 def _checkpoint(tmp_path, shapes):
@@ -107,15 +124,31 @@ def _checkpoint(tmp_path, shapes):
     return dense
 
 
-_PACKED = WeightMapping(packed=(("q_proj", "qkv_proj", "q"), ("k_proj", "qkv_proj", "k"), ("v_proj", "qkv_proj", "v"),
-                                ("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 1)))
+_PACKED = WeightMapping(
+    packed=(
+        ("q_proj", "qkv_proj", "q"),
+        ("k_proj", "qkv_proj", "k"),
+        ("v_proj", "qkv_proj", "v"),
+        ("gate_proj", "gate_up_proj", 0),
+        ("up_proj", "gate_up_proj", 1),
+    )
+)
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_rank_shares_cut_block_scales_in_blocks(tmp_path, rank):
     H, D, I = 256, 64, 512  # 4 heads and 4 KV heads over 2 ranks: q, k, v 128 rows each per rank, a block apiece
-    dense = _checkpoint(tmp_path, {"a.q_proj": (4 * D, H), "a.k_proj": (4 * D, H), "a.v_proj": (4 * D, H),
-                                   "a.o_proj": (H, 4 * D), "m.gate_proj": (I, H), "m.up_proj": (I, H)})
+    dense = _checkpoint(
+        tmp_path,
+        {
+            "a.q_proj": (4 * D, H),
+            "a.k_proj": (4 * D, H),
+            "a.v_proj": (4 * D, H),
+            "a.o_proj": (H, 4 * D),
+            "m.gate_proj": (I, H),
+            "m.up_proj": (I, H),
+        },
+    )
     ctx, quant = context(rank, 2), weights_only(fp8_config(FP8_BLOCK))
     model = nn.Module()
     model.mapping, model.a, model.m = _PACKED, nn.Module(), nn.Module()
@@ -123,10 +156,12 @@ def test_rank_shares_cut_block_scales_in_blocks(tmp_path, rank):
     model.a.o_proj = RowParallelLinear(ctx, 4 * D, H, prefix="a.o_proj", quant_config=quant)
     model.m.gate_up_proj = MergedColumnParallelLinear(ctx, H, [I, I], prefix="m.gate_up_proj", quant_config=quant)
     load_weights(model, tmp_path)
-    half = lambda name, n: dense[name][rank * n:(rank + 1) * n]  # noqa: E731
-    want = {"a.qkv_proj": torch.cat([half(f"a.{p}_proj", 2 * D) for p in "qkv"]),
-            "a.o_proj": dense["a.o_proj"][:, rank * 2 * D:(rank + 1) * 2 * D],
-            "m.gate_up_proj": torch.cat([half("m.gate_proj", I // 2), half("m.up_proj", I // 2)])}
+    half = lambda name, n: dense[name][rank * n : (rank + 1) * n]  # noqa: E731
+    want = {
+        "a.qkv_proj": torch.cat([half(f"a.{p}_proj", 2 * D) for p in "qkv"]),
+        "a.o_proj": dense["a.o_proj"][:, rank * 2 * D : (rank + 1) * 2 * D],
+        "m.gate_up_proj": torch.cat([half("m.gate_proj", I // 2), half("m.up_proj", I // 2)]),
+    }
     for path, w in want.items():
         torch.testing.assert_close(model.get_submodule(path).dense, w, rtol=0, atol=0)
 
@@ -135,24 +170,39 @@ def test_a_cut_inside_a_block_is_named(tmp_path):
     _checkpoint(tmp_path, {"m.gate_proj": (384, 256), "m.up_proj": (384, 256)})
     model = nn.Module()
     model.mapping, model.m = _PACKED, nn.Module()
-    model.m.gate_up_proj = MergedColumnParallelLinear(context(0, 2), 256, [384, 384], prefix="m.gate_up_proj",
-                                                      quant_config=fp8_config(FP8_BLOCK))
+    model.m.gate_up_proj = MergedColumnParallelLinear(
+        context(0, 2), 256, [384, 384], prefix="m.gate_up_proj", quant_config=fp8_config(FP8_BLOCK)
+    )
     with pytest.raises(WeightMismatchError, match=r"m\.gate_up_proj: splitting over 2 ranks leaves 192"):
         load_weights(model, tmp_path)
-    model.m.gate_up_proj = MergedColumnParallelLinear(context(), 256, [192, 192], prefix="m.gate_up_proj",
-                                                      quant_config=fp8_config(FP8_BLOCK))
+    model.m.gate_up_proj = MergedColumnParallelLinear(
+        context(), 256, [192, 192], prefix="m.gate_up_proj", quant_config=fp8_config(FP8_BLOCK)
+    )
     _checkpoint(tmp_path, {"m.gate_proj": (192, 256), "m.up_proj": (192, 256)})
     with pytest.raises(WeightMismatchError, match=r"m\.gate_up_proj: a packed shard starts at row 192"):
         load_weights(model, tmp_path)
     with pytest.raises(UnsupportedQuantization, match=r"layers\.1\.mlp\.experts: .* 32, is not a multiple of 128"):
-        FusedMoE(context(), 8, 64, 32, Routing(top_k=2), prefix="model.layers.1.mlp.experts",
-                 quant_config=fp8_config(FP8_BLOCK))
+        FusedMoE(
+            context(),
+            8,
+            64,
+            32,
+            Routing(top_k=2),
+            prefix="model.layers.1.mlp.experts",
+            quant_config=fp8_config(FP8_BLOCK),
+        )
 
 
 @pytest.fixture(scope="module")
 def src(tmp_path_factory):
-    return tiny.build("qwen3", tmp_path_factory.mktemp("cli") / "src", tokenizer=True, hidden_size=192,
-                      num_key_value_heads=4, intermediate_size=256)
+    return tiny.build(
+        "qwen3",
+        tmp_path_factory.mktemp("cli") / "src",
+        tokenizer=True,
+        hidden_size=192,
+        num_key_value_heads=4,
+        intermediate_size=256,
+    )
 
 
 @pytest.mark.parametrize("scheme,method", [("fp8-block", "fp8"), ("int8-channel", "compressed-tensors")])
@@ -189,7 +239,7 @@ def test_expert_parallel_composition_matches_fused_moe(scheme):
     for e in range(E):
         for proj, rows, cols in (("gate", I, H), ("up", I, H), ("down", H, I)):
             w = torch.randn(rows, cols, generator=gen)
-            q, s = (quantize_blocks(w) if scheme == "fp8-block" else quantize_channels(w, torch.int8))
+            q, s = quantize_blocks(w) if scheme == "fp8-block" else quantize_channels(w, torch.int8)
             layer.load_expert(layer.w2 if proj == "down" else layer.w13, q, (e, proj))
             scale = method.scales(layer)[proj == "down"]
             layer.load_expert(scale, s, (e, proj))

@@ -8,6 +8,7 @@ to a block boundary where a snapshot of every layer's conv and delta-rule state 
 prompt's prefill stops at its last full block and at each block boundary decoding crosses; paged KV alone is never
 reused (the linear layers would restart from a wrong state, with no error).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-import hetero
 from _hf import hf_greedy, prompts
-from hetero.engine.forward import build_model
 from test_qwen_models import PROMPT_LENS, assert_small, errors
+
+import hetero
+from hetero.engine.forward import build_model
 
 ARCHS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 #: greedy tokens compared with transformers' generate, per architecture
@@ -68,10 +70,18 @@ def test_structure_follows_config(checkpoints, ops):
 
     def kinds(arch):
         layers = build_model(checkpoints(arch), ops, torch.float32).model.layers
-        mixers = ["gdn" if isinstance(getattr(x, "linear_attn", None), GatedDeltaNet) else
-                  "attn" if isinstance(getattr(x, "self_attn", None), GatedAttention) else "?" for x in layers]
-        mlps = ["moe" if isinstance(x.mlp, HybridSparseMoeBlock) else "mlp" if isinstance(x.mlp, GatedMLP) else "?"
-                for x in layers]
+        mixers = [
+            "gdn"
+            if isinstance(getattr(x, "linear_attn", None), GatedDeltaNet)
+            else "attn"
+            if isinstance(getattr(x, "self_attn", None), GatedAttention)
+            else "?"
+            for x in layers
+        ]
+        mlps = [
+            "moe" if isinstance(x.mlp, HybridSparseMoeBlock) else "mlp" if isinstance(x.mlp, GatedMLP) else "?"
+            for x in layers
+        ]
         return layers, mixers, mlps
 
     layers, mixers, mlps = kinds("qwen3_next")
@@ -79,7 +89,9 @@ def test_structure_follows_config(checkpoints, ops):
     assert layers[1].mlp.experts.routing.renormalize and layers[0].linear_attn.in_proj.layout == "interleaved"
     gdn, attn = layers[0].linear_attn, layers[3].self_attn
     assert {e.name: (e.shape, e.dtype, e.init) for e in gdn.cache_spec()} == {
-        "conv_state": ((3, 2 * 2 * 16 + 4 * 16), None, "flag"), "ssm_state": ((4, 16, 16), torch.float32, "flag")}
+        "conv_state": ((3, 2 * 2 * 16 + 4 * 16), None, "flag"),
+        "ssm_state": ((4, 16, 16), torch.float32, "flag"),
+    }
     assert attn.rotary_emb.cos_sin_cache.shape[1] == 8  # partial_rotary_factor 0.25 of head_dim 32
     assert (attn.num_heads, attn.num_kv_heads, attn.head_dim) == (4, 2, 32)
     layers, mixers, mlps = kinds("qwen3_5")

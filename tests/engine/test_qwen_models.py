@@ -12,6 +12,7 @@ first L - 1 layers' outputs, and last the final norm's output (it overwrites the
 last layer's output with ``last_hidden_state``), so the last layer's own output is
 taken with a forward hook.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,8 @@ import torch
 pytest.importorskip("transformers")
 
 import hetero
-from hetero.tools import tiny
 from hetero.engine.forward import build_model, prefill
+from hetero.tools import tiny
 
 TOL = 1e-4
 PROMPT_LENS = (7, 1, 20, 33)  # block size 16: one, part of one, two and three blocks
@@ -35,8 +36,10 @@ CASES = {
     # layers 0, 2 MoE; 1 dense (mlp_only_layers); renormalized top-k
     "qwen3_moe": ("qwen3_moe", dict(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1])),
     # layers 1 MoE; 0, 2 dense (decoder_sparse_step); 3 dense (mlp_only_layers); top-k not renormalized
-    "qwen3_moe_step2": ("qwen3_moe", dict(num_hidden_layers=4, norm_topk_prob=False, decoder_sparse_step=2,
-                                          mlp_only_layers=[3])),
+    "qwen3_moe_step2": (
+        "qwen3_moe",
+        dict(num_hidden_layers=4, norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[3]),
+    ),
 }
 
 
@@ -44,8 +47,10 @@ CASES = {
 def qwen_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen")
     # the first two are sharded (the multi-file path); the variants one file each (faster)
-    return {name: tiny.build(arch, root / name, shard_size="20KB" if name in ("qwen2", "qwen3_moe") else None, **overrides)
-            for name, (arch, overrides) in CASES.items()}
+    return {
+        name: tiny.build(arch, root / name, shard_size="20KB" if name in ("qwen2", "qwen3_moe") else None, **overrides)
+        for name, (arch, overrides) in CASES.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +81,8 @@ def reference(model_dir, prompts):
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         last = []
         hook = hf.model.layers[-1].register_forward_hook(
-            lambda mod, args, out: last.append(out[0] if isinstance(out, tuple) else out))
+            lambda mod, args, out: last.append(out[0] if isinstance(out, tuple) else out)
+        )
         results = []
         for p in prompts:
             last.clear()
@@ -136,8 +142,10 @@ def test_structure_follows_config(qwen_checkpoints, ops):
     assert tied.model.layers[0].self_attn.o_proj.bias is not None
 
     def sparse(name):
-        return [isinstance(getattr(layer.mlp, "experts", None), FusedMoE)
-                for layer in build_model(qwen_checkpoints[name], ops, torch.float32).model.layers]
+        return [
+            isinstance(getattr(layer.mlp, "experts", None), FusedMoE)
+            for layer in build_model(qwen_checkpoints[name], ops, torch.float32).model.layers
+        ]
 
     assert sparse("qwen3_moe") == [True, False, True]
     assert sparse("qwen3_moe_step2") == [False, True, False, False]
@@ -157,5 +165,5 @@ def test_a_changed_weight_does_not_match(name, layer, qwen_checkpoints, ops, pro
         assert_small(errors(model, qwen_checkpoints[name], prompts))
     for logit_err, hidden_err in errors(model, qwen_checkpoints[name], prompts):
         assert logit_err > 1e-2
-        assert max(hidden_err[:layer + 1]) < TOL  # the embedding and the layers before still match
-        assert min(hidden_err[layer + 1:]) > 1e-2  # this layer's output on does not
+        assert max(hidden_err[: layer + 1]) < TOL  # the embedding and the layers before still match
+        assert min(hidden_err[layer + 1 :]) > 1e-2  # this layer's output on does not

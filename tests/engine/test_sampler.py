@@ -1,5 +1,6 @@
 """Sampler: greedy, temperature/top-k/top-p against a float64 hand computation, seeded determinism;
 SamplingParams and EngineConfig validation."""
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,7 @@ def by_hand(row: torch.Tensor, p: SamplingParams) -> list[float]:
     """The expected distribution, in float64 Python arithmetic."""
     x = [float(v) / p.temperature for v in row.double()]
     order = sorted(range(len(x)), key=lambda i: -x[i])
-    keep = order[:p.top_k] if p.top_k else order
+    keep = order[: p.top_k] if p.top_k else order
     z = sum(math.exp(x[i] - x[keep[0]]) for i in keep)
     prob = {i: math.exp(x[i] - x[keep[0]]) / z for i in keep}
     if p.top_p < 1:
@@ -42,14 +43,17 @@ def test_greedy_is_argmax():
     assert Sampler()(x, params, [None] * 6) == x.argmax(dim=-1).tolist()
 
 
-@pytest.mark.parametrize("p", [
-    SamplingParams(temperature=0.7),
-    SamplingParams(temperature=1.3, top_k=5),
-    SamplingParams(temperature=1.0, top_p=0.6),
-    SamplingParams(temperature=0.5, top_k=8, top_p=0.9),
-    SamplingParams(temperature=2.0, top_k=1),
-    SamplingParams(temperature=1.0, top_p=1e-6),
-])
+@pytest.mark.parametrize(
+    "p",
+    [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.3, top_k=5),
+        SamplingParams(temperature=1.0, top_p=0.6),
+        SamplingParams(temperature=0.5, top_k=8, top_p=0.9),
+        SamplingParams(temperature=2.0, top_k=1),
+        SamplingParams(temperature=1.0, top_p=1e-6),
+    ],
+)
 def test_probabilities_match_a_float64_hand_computation(p):
     x = logits(3, seed=1)
     got = Sampler.probabilities(x, [p] * 3)
@@ -86,11 +90,15 @@ def draw(sampler, x, params, indices):
 def test_seeded_request_draws_the_same_alone_or_in_a_batch():
     sampler = Sampler(seed=7)
     x = logits(4, seed=4)
-    params = [SamplingParams(temperature=1.0, seed=11), SamplingParams(temperature=0.8, top_k=10),
-              SamplingParams(temperature=0), SamplingParams(temperature=1.5, top_p=0.9)]
+    params = [
+        SamplingParams(temperature=1.0, seed=11),
+        SamplingParams(temperature=0.8, top_k=10),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.5, top_p=0.9),
+    ]
     batched = draw(sampler, x, params, [0, 1, 2, 3])
     for r in range(4):
-        alone = draw(sampler, x[r:r + 1], params[r:r + 1], [r])
+        alone = draw(sampler, x[r : r + 1], params[r : r + 1], [r])
         assert [step[r] for step in batched] == [step[0] for step in alone]
     seen = {step[0] for step in batched}
     assert len(seen) > 1, "temperature 1 over 50 tokens: 20 draws should not all agree"
@@ -118,19 +126,22 @@ def test_sampling_follows_the_distribution():
     assert counts[3] == 0 and abs(counts[0] / 2000 - 0.7) < 0.05 and abs(counts[2] / 2000 - 0.1) < 0.03
 
 
-@pytest.mark.parametrize("field, value, expected", [
-    ("temperature", -0.1, "finite number >= 0"),
-    ("temperature", float("nan"), "finite number >= 0"),
-    ("top_k", -1, "integer >= 0"),
-    ("top_k", 2.5, "integer >= 0"),
-    ("top_p", 0.0, r"in \(0, 1\]"),
-    ("top_p", 1.5, r"in \(0, 1\]"),
-    ("max_tokens", 0, "integer >= 1"),
-    ("seed", -3, "integer >= 0 or None"),
-    ("ignore_eos", "yes", "True or False"),
-    ("stop_token_ids", [1, -2], "token ids"),
-    ("stop_token_ids", 5, "sequence of token ids"),
-])
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("temperature", -0.1, "finite number >= 0"),
+        ("temperature", float("nan"), "finite number >= 0"),
+        ("top_k", -1, "integer >= 0"),
+        ("top_k", 2.5, "integer >= 0"),
+        ("top_p", 0.0, r"in \(0, 1\]"),
+        ("top_p", 1.5, r"in \(0, 1\]"),
+        ("max_tokens", 0, "integer >= 1"),
+        ("seed", -3, "integer >= 0 or None"),
+        ("ignore_eos", "yes", "True or False"),
+        ("stop_token_ids", [1, -2], "token ids"),
+        ("stop_token_ids", 5, "sequence of token ids"),
+    ],
+)
 def test_bad_sampling_params_name_the_field(field, value, expected):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field} must be .*{expected}.*got"):
         SamplingParams(**{field: value})
@@ -140,20 +151,23 @@ def test_stop_token_ids_become_a_tuple():
     assert SamplingParams(stop_token_ids=[4, 5]).stop_token_ids == (4, 5)
 
 
-@pytest.mark.parametrize("field, value, expected", [
-    ("dtype", "fp8", "'auto' or one of float32, bfloat16, float16"),
-    ("block_size", 0, "integer >= 1"),
-    ("max_num_seqs", True, "integer >= 1"),
-    ("max_num_batched_tokens", -5, "integer >= 1"),
-    ("max_model_len", 0, "integer >= 1"),
-    ("num_kv_blocks", 1.5, "integer >= 1"),
-    ("tensor_parallel_size", 0, "integer >= 1"),
-    ("enable_prefix_caching", 1, "True or False"),
-    ("expert_parallel", None, "True or False"),
-    ("seed", -1, "integer >= 0"),
-    ("backend", "", "backend name or None"),
-    ("device", 3, "device string"),
-])
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("dtype", "fp8", "'auto' or one of float32, bfloat16, float16"),
+        ("block_size", 0, "integer >= 1"),
+        ("max_num_seqs", True, "integer >= 1"),
+        ("max_num_batched_tokens", -5, "integer >= 1"),
+        ("max_model_len", 0, "integer >= 1"),
+        ("num_kv_blocks", 1.5, "integer >= 1"),
+        ("tensor_parallel_size", 0, "integer >= 1"),
+        ("enable_prefix_caching", 1, "True or False"),
+        ("expert_parallel", None, "True or False"),
+        ("seed", -1, "integer >= 0"),
+        ("backend", "", "backend name or None"),
+        ("device", 3, "device string"),
+    ],
+)
 def test_bad_engine_config_names_the_field(field, value, expected):
     with pytest.raises(ValueError, match=rf"EngineConfig\.{field} must be .*{expected}.*got {re.escape(repr(value))}"):
         EngineConfig(model="/some/dir", **{field: value})

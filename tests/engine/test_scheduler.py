@@ -5,6 +5,7 @@ token-level "KV cache" at the slot the block table gives, then derives the next
 token from everything the sequence reads back from that cache. Wrong block tables,
 prefix hits or recompute show up as different tokens (or a KeyError).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -54,16 +55,21 @@ def check_batch(batch: ScheduledBatch, budget: int, max_num_seqs: int, decoding:
 
 def run(prompts, *, num_blocks=64, budget=64, max_num_seqs=8, max_tokens=6, prefix=True, late=(), on_batch=None):
     """Serve ``prompts`` (and ``late`` ones added after two steps); token outputs by request id, and the scheduler."""
-    sched = Scheduler(BlockManager(num_blocks, BS, prefix), max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                      max_model_len=200, eos_token_ids=[EOS])
+    sched = Scheduler(
+        BlockManager(num_blocks, BS, prefix),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=200,
+        eos_token_ids=[EOS],
+    )
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     seqs = [Sequence(f"r{i}", p, params) for i, p in enumerate(list(prompts) + list(late))]
-    for s in seqs[:len(prompts)]:
+    for s in seqs[: len(prompts)]:
         sched.add(s)
     model, steps = FakeModel(), 0
     while sched.has_unfinished():
         if steps == 2:
-            for s in seqs[len(prompts):]:
+            for s in seqs[len(prompts) :]:
                 sched.add(s)
         decoding = {s.request_id for s in sched.running if s.num_tokens - s.num_computed_tokens == 1}
         batch = sched.schedule()
@@ -83,7 +89,7 @@ def reference(prompts, max_tokens=6):
         tokens = list(p)
         for _ in range(max_tokens):
             tokens.append(next_token(tokens))
-        out[f"r{i}"] = tokens[len(p):]
+        out[f"r{i}"] = tokens[len(p) :]
     return out
 
 
@@ -98,8 +104,13 @@ def test_batched_run_matches_one_at_a_time():
 
 def test_chunked_prefill_splits_a_long_prompt_with_decodes_first():
     seen = []
-    outputs, _ = run([[5, 6, 7], list(range(20, 70))], budget=16,
-                     on_batch=lambda i, b: seen.append([(s.request_id, n, smp) for s, n, smp in zip(b.seqs, b.query_lens, b.sample)]))
+    outputs, _ = run(
+        [[5, 6, 7], list(range(20, 70))],
+        budget=16,
+        on_batch=lambda i, b: seen.append(
+            [(s.request_id, n, smp) for s, n, smp in zip(b.seqs, b.query_lens, b.sample)]
+        ),
+    )
     assert outputs == reference([[5, 6, 7], list(range(20, 70))])
     chunks = [(n, smp) for step in seen for rid, n, smp in step if rid == "r1" and n > 1]
     assert sum(n for n, _ in chunks) == 50 and len(chunks) >= 4
@@ -113,8 +124,12 @@ def test_chunked_prefill_splits_a_long_prompt_with_decodes_first():
 def test_new_requests_join_a_running_batch():
     seen = []
     late = [[90, 91, 92, 93, 94]]
-    outputs, _ = run([[5, 6, 7], [8, 9]], late=late, max_tokens=8,
-                     on_batch=lambda i, b: seen.append((i, [(s.request_id, n) for s, n in zip(b.seqs, b.query_lens)])))
+    outputs, _ = run(
+        [[5, 6, 7], [8, 9]],
+        late=late,
+        max_tokens=8,
+        on_batch=lambda i, b: seen.append((i, [(s.request_id, n) for s, n in zip(b.seqs, b.query_lens)])),
+    )
     assert outputs == reference([[5, 6, 7], [8, 9]] + late, max_tokens=8)
     joined = next(step for i, step in seen if any(rid == "r2" for rid, _ in step))
     assert joined[0] in (("r0", 1), ("r1", 1)) and joined[-1] == ("r2", 5)
@@ -123,8 +138,9 @@ def test_new_requests_join_a_running_batch():
 def test_preemption_when_blocks_run_out_keeps_the_token_history():
     prompts = [list(range(30 + i, 41 + i)) for i in range(4)]
     preempted = []
-    outputs, sched = run(prompts, num_blocks=9, max_tokens=10,
-                         on_batch=lambda i, b: preempted.extend(s.request_id for s in b.preempted))
+    outputs, sched = run(
+        prompts, num_blocks=9, max_tokens=10, on_batch=lambda i, b: preempted.extend(s.request_id for s in b.preempted)
+    )
     assert sched.num_preemptions > 0 and preempted
     assert outputs == reference(prompts, max_tokens=10)
 
@@ -150,8 +166,9 @@ def test_preempted_sequence_is_the_most_recent_and_resumes_first():
     while b.status is not SequenceStatus.RUNNING:
         batch = sched.schedule()
         sched.postprocess(batch, [5] * len(batch.sampled_seqs))
-    assert c not in sched.running or sched.running.index(b) < sched.running.index(c), \
+    assert c not in sched.running or sched.running.index(b) < sched.running.index(c), (
         "the preempted sequence resumes before later arrivals"
+    )
 
 
 def test_prefix_caching_on_and_off_give_the_same_tokens_and_on_hits():
@@ -184,8 +201,13 @@ def test_max_num_seqs_limits_the_running_set():
 
 
 def finish(prompt, params, tokens, max_model_len=100):
-    sched = Scheduler(BlockManager(64, BS), max_num_seqs=4, max_num_batched_tokens=64, max_model_len=max_model_len,
-                      eos_token_ids=[EOS])
+    sched = Scheduler(
+        BlockManager(64, BS),
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=max_model_len,
+        eos_token_ids=[EOS],
+    )
     seq = Sequence("x", prompt, params)
     sched.add(seq)
     for t in tokens:

@@ -2,6 +2,7 @@
 and whole, equal to offline ``generate``; bad requests; a disconnect mid-stream; concurrency;
 /v1/models, /health and Prometheus /metrics. Every server is stopped by its fixture and every
 request is bounded in count and time."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -15,15 +16,23 @@ import pytest
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
+from _serving import (
+    TIMEOUT,
+    Server,
+    command_servers,
+    concurrent_streams,
+    get,
+    leave_a_whole_request,  # noqa: E402
+    prompts,
+    wait_aborted,
+    with_chat_template,
+)  # noqa: E402
+from _serving import client as serving_client  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from hetero.distributed import free_port  # noqa: E402
 from hetero.engine import LLM, SamplingParams  # noqa: E402
 from hetero.serve import build_app  # noqa: E402
-
-from _serving import (TIMEOUT, Server, command_servers, concurrent_streams, get, leave_a_whole_request,  # noqa: E402
-                      prompts, wait_aborted, with_chat_template)  # noqa: E402
-from _serving import client as serving_client  # noqa: E402
 
 ENGINE = dict(backend="cpu_ref", dtype="float32", block_size=8, max_num_seqs=16)
 
@@ -90,18 +99,22 @@ def test_chat_renders_the_template_and_streams(client, path, served):
     whole = client.chat.completions.create(model="tiny-qwen3", messages=messages, max_tokens=7, **GREEDY)
     assert whole.choices[0].token_ids == want
     assert whole.choices[0].message.content == tok.decode(want, skip_special_tokens=True)
-    chunks = list(client.chat.completions.create(model="tiny-qwen3", messages=messages, max_tokens=7, stream=True,
-                                                 **GREEDY))
+    chunks = list(
+        client.chat.completions.create(model="tiny-qwen3", messages=messages, max_tokens=7, stream=True, **GREEDY)
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
 
 
-@pytest.mark.parametrize("change,param", [
-    (dict(temperature=-1.0), "temperature"),
-    (dict(model="another-model"), "model"),
-    (dict(n=2), "n"),
-    (dict(prompt=[3, 4, 100000]), "prompt"),
-    (dict(max_tokens=0), "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "change,param",
+    [
+        (dict(temperature=-1.0), "temperature"),
+        (dict(model="another-model"), "model"),
+        (dict(n=2), "n"),
+        (dict(prompt=[3, 4, 100000]), "prompt"),
+        (dict(max_tokens=0), "max_tokens"),
+    ],
+)
 def test_bad_requests_get_a_400_and_the_server_goes_on(client, change, param):
     args = {"model": "tiny-qwen3", "prompt": [5, 6, 7], "max_tokens": 4, **change}
     with pytest.raises(openai.BadRequestError) as err:
@@ -124,8 +137,14 @@ def test_chat_without_a_template_is_a_400(checkpoints):
 
 def test_a_client_gone_mid_stream_aborts_its_request(client, served):
     llm = served[1]
-    stream = client.completions.create(model="tiny-qwen3", prompt=[9, 8, 7, 6], max_tokens=400, stream=True,
-                                       temperature=0.0, extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model="tiny-qwen3",
+        prompt=[9, 8, 7, 6],
+        max_tokens=400,
+        stream=True,
+        temperature=0.0,
+        extra_body={"ignore_eos": True},
+    )
     next(iter(stream))
     stream.close()
     wait_aborted(llm)
@@ -153,9 +172,14 @@ def test_models_health_and_metrics(client, served):
     client.completions.create(model="tiny-qwen3", prompt=[4, 5, 6], max_tokens=3, **GREEDY)
     text = get(server.url + "/metrics")[1]
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    for name in ("hetero_num_requests_running", "hetero_num_requests_waiting", "hetero_kv_cache_usage_perc",
-                 "hetero_num_preemptions", "hetero_time_to_first_token_seconds",
-                 "hetero_time_per_output_token_seconds"):
+    for name in (
+        "hetero_num_requests_running",
+        "hetero_num_requests_waiting",
+        "hetero_kv_cache_usage_perc",
+        "hetero_num_preemptions",
+        "hetero_time_to_first_token_seconds",
+        "hetero_time_per_output_token_seconds",
+    ):
         assert name in families, sorted(families)
     ttft = {s.name: s.value for s in families["hetero_time_to_first_token_seconds"].samples}
     assert ttft["hetero_time_to_first_token_seconds_count"] >= 1
@@ -179,8 +203,24 @@ def test_bench_serve_reports_percentiles_goodput_and_baselines(served, tmp_path,
     from hetero.cli import main
 
     url = served[0].url
-    base = ["bench-serve", "--url", url, "--num-prompts", "8", "--request-rate", "50", "--max-concurrency", "4",
-            "--random-input-len", "8", "--random-output-len", "4", "--ignore-eos", "--seed", "3"]
+    base = [
+        "bench-serve",
+        "--url",
+        url,
+        "--num-prompts",
+        "8",
+        "--request-rate",
+        "50",
+        "--max-concurrency",
+        "4",
+        "--random-input-len",
+        "8",
+        "--random-output-len",
+        "4",
+        "--ignore-eos",
+        "--seed",
+        "3",
+    ]
     out, saved = tmp_path / "run.json", tmp_path / "base.json"
     assert main([*base, "--slo", "ttft=600000,tpot=600000", "--json", str(out), "--save", str(saved)]) == 0
     text = capsys.readouterr().out
@@ -208,16 +248,40 @@ def test_bench_serve_arrivals():
 
 def test_tp2_under_torchrun_rank0_serves_and_the_ranks_step_together(path):
     """Two ranks over gloo: rank 0 answers, rank 1 follows; tokens equal one process's."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                "--master-port", str(free_port())]
-    args = ["--model", path, "--backend", "cpu_ref", "--dtype", "float32", "--tensor-parallel-size", "2",
-            "--served-model-name", "tiny"]
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+    ]
+    args = [
+        "--model",
+        path,
+        "--backend",
+        "cpu_ref",
+        "--dtype",
+        "float32",
+        "--tensor-parallel-size",
+        "2",
+        "--served-model-name",
+        "tiny",
+    ]
     with command_server(launcher, args, 300, 60, env={"OMP_NUM_THREADS": "1"}) as c:
         ps = prompts(3, seed=5)
         want = offline(path, ps, 6)
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            got = list(pool.map(lambda p: c.completions.create(model="tiny", prompt=p, max_tokens=6,
-                                                                **GREEDY).choices[0].token_ids, ps, timeout=TIMEOUT))
+            got = list(
+                pool.map(
+                    lambda p: c.completions.create(model="tiny", prompt=p, max_tokens=6, **GREEDY).choices[0].token_ids,
+                    ps,
+                    timeout=TIMEOUT,
+                )
+            )
         assert got == want
         time.sleep(2 * 0.5)  # idle: rank 0 keeps meeting rank 1, and the next request is served still
         assert c.completions.create(model="tiny", prompt=ps[0], max_tokens=6, **GREEDY).choices[0].token_ids == want[0]
@@ -225,8 +289,9 @@ def test_tp2_under_torchrun_rank0_serves_and_the_ranks_step_together(path):
 
 def test_a_stop_string_cuts_the_text_and_logprobs_come_back(client):
     # seeded sampling: the random model's greedy picks are mostly ids the char-level tokenizer lacks
-    base = dict(model="tiny-qwen3", prompt="abc", max_tokens=32, temperature=1.0, seed=7,
-                extra_body={"ignore_eos": True})
+    base = dict(
+        model="tiny-qwen3", prompt="abc", max_tokens=32, temperature=1.0, seed=7, extra_body={"ignore_eos": True}
+    )
     full = client.completions.create(**base).choices[0].text
     assert len(full) >= 6, full
     stop = full[3:5]

@@ -4,6 +4,7 @@ concurrent), bad requests are the instances' 400s and leave no cache behind, pro
 limit answer as one server does, and a client that leaves aborts the decode. The three ``hetero
 serve`` roles pair up as processes, and a pair of different models is refused at start. Every
 server is stopped and every wait is bounded. (The link itself: ``test_pd_link.py``.)"""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,19 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from _serving import (Server, client, command_servers, concurrent_streams, get, leave_a_whole_request,  # noqa: E402
-                      linked, prompts, wait_aborted, with_chat_template)
+from _serving import (
+    Server,
+    client,
+    command_servers,
+    concurrent_streams,
+    get,
+    leave_a_whole_request,  # noqa: E402
+    linked,
+    prompts,
+    wait_aborted,
+    with_chat_template,
+)
+
 from hetero.distributed import free_port  # noqa: E402
 from hetero.engine import LLM, SamplingParams  # noqa: E402
 from hetero.serve.pd.identity import Identity  # noqa: E402
@@ -71,10 +83,12 @@ def test_the_router_answers_like_one_server(pair, path):
         assert whole.choices[0].token_ids == w and whole.usage.prompt_tokens == len(p)
         chunks = list(c.completions.create(model="tiny", prompt=p, max_tokens=10, stream=True, **GREEDY))
         assert [t for ch in chunks for t in ch.choices[0].token_ids] == w
-    chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi!"}], max_tokens=5,
-                                     **GREEDY)
-    rendered = prefill.tokenizer.apply_chat_template([{"role": "user", "content": "hi!"}],
-                                                     add_generation_prompt=True, tokenize=True)
+    chat = c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi!"}], max_tokens=5, **GREEDY
+    )
+    rendered = prefill.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi!"}], add_generation_prompt=True, tokenize=True
+    )
     rendered = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
     assert chat.choices[0].token_ids == offline(path, [rendered], 5)[0]
     assert decode.stats["prompt_tokens"] == 2 * sum(map(len, ps)) + len(rendered)
@@ -101,9 +115,12 @@ def test_a_bad_request_through_the_router_is_the_instances_400_and_leaves_nothin
     with pytest.raises(openai.BadRequestError, match="not served here"):  # the decode instance refuses this one
         c.completions.create(model="nope", prompt=[5, 6, 7], max_tokens=3)
     for odd in ({"model": 123}, {"stream": "sometimes"}):  # the schema: both instances refuse these alike
-        req = urllib.request.Request(router.url + "/v1/completions", method="POST",
-                                     data=json.dumps({"prompt": [5, 6, 7], "max_tokens": 3, **odd}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            router.url + "/v1/completions",
+            method="POST",
+            data=json.dumps({"prompt": [5, 6, 7], "max_tokens": 3, **odd}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(req, timeout=30)
         assert refused.value.code == 400
@@ -127,8 +144,9 @@ def test_prompts_at_the_length_limit_answer_as_one_server(pair, path):
 
 def test_a_client_gone_from_the_router_aborts_the_decode(pair):
     router, prefill, decode, _ = pair
-    stream = client(router.url).completions.create(model="tiny", prompt=[9, 8, 7, 6], max_tokens=400, stream=True,
-                                                   temperature=0.0, extra_body={"ignore_eos": True})
+    stream = client(router.url).completions.create(
+        model="tiny", prompt=[9, 8, 7, 6], max_tokens=400, stream=True, temperature=0.0, extra_body={"ignore_eos": True}
+    )
     next(iter(stream))
     stream.close()
     wait_aborted(decode, "the decode request was not aborted")
@@ -140,26 +158,76 @@ def test_the_serve_roles_pair_up_and_a_mismatched_pair_is_refused(path, tmp_path
 
     addr = f"127.0.0.1:{free_port()}"
     base = [sys.executable]
-    roles = [(base, ["--model", path, "--backend", "cpu_ref", "--dtype", "float32", "--block-size", "8",
-                     "--role", "prefill", "--kv-transfer-addr", addr]),
-             (base, ["--model", path, "--backend", "torch", "--dtype", "float32", "--role", "decode",
-                     "--kv-transfer-addr", addr, "--served-model-name", "tiny"])]
+    roles = [
+        (
+            base,
+            [
+                "--model",
+                path,
+                "--backend",
+                "cpu_ref",
+                "--dtype",
+                "float32",
+                "--block-size",
+                "8",
+                "--role",
+                "prefill",
+                "--kv-transfer-addr",
+                addr,
+            ],
+        ),
+        (
+            base,
+            [
+                "--model",
+                path,
+                "--backend",
+                "torch",
+                "--dtype",
+                "float32",
+                "--role",
+                "decode",
+                "--kv-transfer-addr",
+                addr,
+                "--served-model-name",
+                "tiny",
+            ],
+        ),
+    ]
     with command_servers(roles, 300, 30) as (pre_url, dec_url):
-        with command_servers([(base, ["--role", "router", "--prefill-url", pre_url, "--decode-url", dec_url])],
-                             120, 30) as (url,):
+        with command_servers(
+            [(base, ["--role", "router", "--prefill-url", pre_url, "--decode-url", dec_url])], 120, 30
+        ) as (url,):
             c = client(url)
             ps = prompts(3, seed=9)
-            got = [c.completions.create(model="tiny", prompt=p, max_tokens=8, **GREEDY).choices[0].token_ids
-                   for p in ps]
+            got = [
+                c.completions.create(model="tiny", prompt=p, max_tokens=8, **GREEDY).choices[0].token_ids for p in ps
+            ]
             assert got == offline(path, ps, 8)
             assert [m.id for m in c.models.list().data] == ["tiny"]
     other = str(tiny.build("qwen3", tmp_path / "other", seed=1))
     addr = f"127.0.0.1:{free_port()}"
-    cmd = [sys.executable, "-m", "hetero.cli", "serve", "--backend", "cpu_ref", "--kv-transfer-addr", addr,
-           "--kv-connect-timeout", "120"]
-    procs = [subprocess.Popen([*cmd, "--model", m, "--role", role, "--port", str(free_port())],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for m, role in ((path, "decode"), (other, "prefill"))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hetero.cli",
+        "serve",
+        "--backend",
+        "cpu_ref",
+        "--kv-transfer-addr",
+        addr,
+        "--kv-connect-timeout",
+        "120",
+    ]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--model", m, "--role", role, "--port", str(free_port())],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for m, role in ((path, "decode"), (other, "prefill"))
+    ]
     try:
         outs = [proc.communicate(timeout=180)[0] for proc in procs]
     finally:

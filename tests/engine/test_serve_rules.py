@@ -2,6 +2,7 @@
 test_serve_pd.py run the real servers): metrics arithmetic, stop strings, request checks, the engine
 thread's abort and export, waiting on a client that may leave, the router's relay of a refusal, and the
 KV link's address, identity and unclaimed-cache rules."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,16 +34,21 @@ def _out(rid="r", tokens=(), new=(), reason=None, **metrics) -> RequestOutput:
 
 # ---------------------------------------------------------------- metrics
 
+
 def _llm(preemptions: int) -> SimpleNamespace:
     scheduler = SimpleNamespace(running=[1], waiting=[])
-    return SimpleNamespace(scheduler=scheduler, stats={"num_kv_blocks": 8, "preemptions": preemptions},
-                           block_manager=SimpleNamespace(num_used_blocks=2))
+    return SimpleNamespace(
+        scheduler=scheduler,
+        stats={"num_kv_blocks": 8, "preemptions": preemptions},
+        block_manager=SimpleNamespace(num_used_blocks=2),
+    )
 
 
 def test_tpot_is_the_time_after_the_first_token_over_the_tokens_after_it():
     m = ServerMetrics("m")
-    done = _out(tokens=[5, 6, 7, 8, 9], new=[9], reason="length", arrival_time=10.0, first_token_time=10.5,
-                finish_time=12.5)
+    done = _out(
+        tokens=[5, 6, 7, 8, 9], new=[9], reason="length", arrival_time=10.0, first_token_time=10.5, finish_time=12.5
+    )
     m.on_step(_llm(0), [done])
     value = lambda name: m.registry.get_sample_value(name, {"model_name": "m"})  # noqa: E731
     assert value("hetero_time_to_first_token_seconds_sum") == pytest.approx(0.5)
@@ -60,6 +66,7 @@ def test_preemptions_count_each_once_across_steps():
 
 # ---------------------------------------------------------------- stop strings and request checks
 
+
 class _Chars:
     """A tokenizer whose token i is the character chr(i)."""
 
@@ -72,12 +79,15 @@ def _ids(text: str) -> list[int]:
     return [ord(c) for c in text]
 
 
-@pytest.mark.parametrize("text, stop, want", [
-    ("hello world. bye", ["bye", "."], ("hello world", True)),  # the first of two stop strings cuts
-    ("hello world. bye", [".", "bye"], ("hello world", True)),
-    ("stop right there", ["stop"], ("", True)),  # a stop string at the very start
-    ("no stops here", ["xyz"], ("no stops here", False)),
-])
+@pytest.mark.parametrize(
+    "text, stop, want",
+    [
+        ("hello world. bye", ["bye", "."], ("hello world", True)),  # the first of two stop strings cuts
+        ("hello world. bye", [".", "bye"], ("hello world", True)),
+        ("stop right there", ["stop"], ("", True)),  # a stop string at the very start
+        ("no stops here", ["xyz"], ("no stops here", False)),
+    ],
+)
 def test_text_is_cut_before_the_first_stop_string(text, stop, want):
     assert Choice(_Chars(), stop, False, False).text(_ids(text)) == want
 
@@ -96,6 +106,7 @@ def test_n_other_than_one_is_refused(n):
 
 
 # ---------------------------------------------------------------- the engine thread
+
 
 class _FakeLLM:
     """Each step gives every request one token; a request ends after ``max_tokens`` of them."""
@@ -166,6 +177,7 @@ def test_export_hands_back_the_cache_of_the_computed_prompt_and_ends_the_request
 
 # ---------------------------------------------------------------- a client that may leave
 
+
 class _Request:
     def __init__(self, messages):
         self.messages = messages
@@ -204,6 +216,7 @@ def test_unless_gone_cancels_the_work_as_soon_as_the_client_leaves():
 
 # ---------------------------------------------------------------- the router
 
+
 class _Answer:
     def __init__(self, status: int, payload: dict):
         self.status_code, self.content = status, json.dumps(payload).encode()
@@ -225,16 +238,26 @@ def test_the_router_relays_a_refusal_of_the_prefill_instance_without_asking_the_
         def build_request(self, *a, **k):
             asked.append("decode")
 
-    response = asyncio.run(router._forward(Http(), {"prefill": "http://p", "decode": "http://d"}, "/v1/completions",
-                                           {"prompt": [1], "max_tokens": 0}, router._Metrics()))
+    response = asyncio.run(
+        router._forward(
+            Http(),
+            {"prefill": "http://p", "decode": "http://d"},
+            "/v1/completions",
+            {"prompt": [1], "max_tokens": 0},
+            router._Metrics(),
+        )
+    )
     assert response.status_code == 400 and b"max_tokens: bad" in response.body
     assert asked == ["http://p/v1/completions"]
 
 
 # ---------------------------------------------------------------- the KV link
 
-@pytest.mark.parametrize("addr, want", [("node1:29500", ("node1", 29500)), ("fe80::1:29500", ("fe80::1", 29500)),
-                                        ("10.0.0.2:65535", ("10.0.0.2", 65535))])
+
+@pytest.mark.parametrize(
+    "addr, want",
+    [("node1:29500", ("node1", 29500)), ("fe80::1:29500", ("fe80::1", 29500)), ("10.0.0.2:65535", ("10.0.0.2", 65535))],
+)
 def test_an_address_is_split_at_its_last_colon(addr, want):
     assert parse_addr(addr) == want
 

@@ -2,6 +2,7 @@
 snapshotted only where the computed tokens end exactly on a full block, a prefix hit is cut back to the
 longest prefix whose state snapshot exists, and the new sequence's slot starts from the snapshot at the
 end of that hit. (test_state_cache.py checks the same through a toy model's tokens.)"""
+
 from __future__ import annotations
 
 from hetero.engine.runtime.block_manager import BlockManager

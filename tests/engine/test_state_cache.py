@@ -1,17 +1,17 @@
 """Per-sequence state next to paged KV, on the toy hybrid model (``_toy_state``): batching, chunked
 prefill and preemption never change greedy tokens, prefix caching never serves KV without the state
 behind it, and a sequence's cache survives export and import."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from _toy_state import ARCH, ToyStateForCausalLM, make_checkpoint
 
 from hetero.engine import LLM, SamplingParams
 from hetero.engine.models import ARCHITECTURES
 from hetero.engine.runtime.kv_cache import bytes_per_block, bytes_per_state_slot
 from hetero.engine.runtime.sequence import Sequence
-
-from _toy_state import ARCH, ToyStateForCausalLM, make_checkpoint
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 BS = 4

@@ -1,5 +1,6 @@
 """StepBuffers: a step's tensors are views of buffers allocated once, equal to a plain per-step
 construction from the host lists, with no data of an earlier batch showing through."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,14 +14,22 @@ BS = 4
 
 def _reference(query_lens, seq_lens, tables, width, sample=None, state_slots=None) -> dict:
     """Every tensor of a step, built the straightforward way (one Python loop per field)."""
+
     def slot(b, p):
         return tables[b][p // BS] * BS + p % BS
 
     nd = 0
     while nd < len(query_lens) and query_lens[nd] == 1:
         nd += 1
-    ref = {"positions": [], "slot_mapping": [], "qsl": [0], "logits": [], "num_decodes": nd,
-           "table": [list(t) + [0] * (width - len(t)) for t in tables], "seq_lens": list(seq_lens)}
+    ref = {
+        "positions": [],
+        "slot_mapping": [],
+        "qsl": [0],
+        "logits": [],
+        "num_decodes": nd,
+        "table": [list(t) + [0] * (width - len(t)) for t in tables],
+        "seq_lens": list(seq_lens),
+    }
     for b, (n, length) in enumerate(zip(query_lens, seq_lens)):
         ref["positions"] += list(range(length - n, length))
         ref["slot_mapping"] += [slot(b, p) for p in range(length - n, length)]
@@ -74,15 +83,28 @@ def _assert_matches(step: Step, ref: dict, query_lens, seq_lens) -> None:
 
 
 # big: 2 decodes, then a chunk over cached context and a fresh prompt; small: one decode, one short prefill
-BIG = dict(query_lens=[1, 1, 5, 7], seq_lens=[9, 14, 13, 7], tables=[[8, 3, 5], [1, 0, 2, 6], [11, 4, 10, 9], [12, 7]],
-           sample=[True, True, False, True], state_slots=[3, 0, 2, 1], input_ids=list(range(100, 114)))
-SMALL = dict(query_lens=[1, 2], seq_lens=[2, 2], tables=[[13], [15]], sample=None, state_slots=[5, 4],
-             input_ids=[7, 8, 9])
+BIG = dict(
+    query_lens=[1, 1, 5, 7],
+    seq_lens=[9, 14, 13, 7],
+    tables=[[8, 3, 5], [1, 0, 2, 6], [11, 4, 10, 9], [12, 7]],
+    sample=[True, True, False, True],
+    state_slots=[3, 0, 2, 1],
+    input_ids=list(range(100, 114)),
+)
+SMALL = dict(
+    query_lens=[1, 2], seq_lens=[2, 2], tables=[[13], [15]], sample=None, state_slots=[5, 4], input_ids=[7, 8, 9]
+)
 
 
 def _fill(buffers: StepBuffers, batch: dict):
-    return buffers.fill(batch["query_lens"], batch["seq_lens"], batch["tables"], sample=batch["sample"],
-                        state_slots=batch["state_slots"], input_ids=batch["input_ids"])
+    return buffers.fill(
+        batch["query_lens"],
+        batch["seq_lens"],
+        batch["tables"],
+        sample=batch["sample"],
+        state_slots=batch["state_slots"],
+        input_ids=batch["input_ids"],
+    )
 
 
 def _buffers(**kw) -> StepBuffers:
@@ -96,14 +118,31 @@ def test_fill_twice_views_same_storage_and_matches_reference():
     ptrs = []
     for batch in (BIG, SMALL, BIG):
         step, ids = _fill(buffers, batch)
-        ref = _reference(batch["query_lens"], batch["seq_lens"], batch["tables"], buffers.max_blocks,
-                         batch["sample"], batch["state_slots"])
+        ref = _reference(
+            batch["query_lens"],
+            batch["seq_lens"],
+            batch["tables"],
+            buffers.max_blocks,
+            batch["sample"],
+            batch["state_slots"],
+        )
         _assert_matches(step, ref, batch["query_lens"], batch["seq_lens"])
         assert ids.tolist() == batch["input_ids"]
         assert step.meta.block_table.shape[1] == buffers.max_blocks == 10 and step.meta.block_table.is_contiguous()
-        tensors = (ids, step.positions, step.slot_mapping, step.logits_indices, step.state_slots, step.has_initial_state,
-                   step.meta.query_start_loc, step.meta.seq_lens, step.meta.block_table,
-                   step.prefill.cu_seqlens_q, step.prefill.cu_seqlens_k, step.prefill.kv_slots)
+        tensors = (
+            ids,
+            step.positions,
+            step.slot_mapping,
+            step.logits_indices,
+            step.state_slots,
+            step.has_initial_state,
+            step.meta.query_start_loc,
+            step.meta.seq_lens,
+            step.meta.block_table,
+            step.prefill.cu_seqlens_q,
+            step.prefill.cu_seqlens_k,
+            step.prefill.kv_slots,
+        )
         ptrs.append([t.data_ptr() for t in tensors])
         assert step.decode_meta.block_table.data_ptr() == step.meta.block_table.data_ptr()
     assert ptrs[0] == ptrs[1] == ptrs[2]
@@ -138,20 +177,27 @@ def test_kv_slots_grows_only_when_needed():
     assert buffers.kv_slots is first and step.prefill.kv_slots.data_ptr() == first.data_ptr()
     step, _ = _fill(buffers, BIG)  # 20 KV positions: grows
     assert buffers.kv_slots.shape[0] >= 20 and step.prefill.kv_slots.data_ptr() == buffers.kv_slots.data_ptr()
-    _assert_matches(step, _reference(BIG["query_lens"], BIG["seq_lens"], BIG["tables"], 10, BIG["sample"],
-                                     BIG["state_slots"]), BIG["query_lens"], BIG["seq_lens"])
+    _assert_matches(
+        step,
+        _reference(BIG["query_lens"], BIG["seq_lens"], BIG["tables"], 10, BIG["sample"], BIG["state_slots"]),
+        BIG["query_lens"],
+        BIG["seq_lens"],
+    )
 
 
-@pytest.mark.parametrize("kw, batch, match", [
-    (dict(max_num_seqs=3), BIG, "4 sequences exceed max_num_seqs=3"),
-    (dict(max_num_tokens=13), BIG, "14 tokens exceed max_num_batched_tokens=13"),
-    (dict(max_model_len=12), BIG, "block table of sequence 1 has 4 blocks, more than max_blocks=3"),
-    (dict(has_state=False), BIG, "state_slots given"),
-    ({}, dict(BIG, input_ids=[1, 2]), "2 input_ids for 14 query rows"),
-    ({}, dict(BIG, sample=[True]), "sample has 1 entries for 4 sequences"),
-    ({}, dict(BIG, seq_lens=[9, 14, 13, 17]), "sequence 3 has 2 blocks, too few for seq_len 17"),
-    ({}, dict(BIG, seq_lens=[9, 14, 4, 7]), "sequence 2 has query length 5 and seq_len 4"),
-])
+@pytest.mark.parametrize(
+    "kw, batch, match",
+    [
+        (dict(max_num_seqs=3), BIG, "4 sequences exceed max_num_seqs=3"),
+        (dict(max_num_tokens=13), BIG, "14 tokens exceed max_num_batched_tokens=13"),
+        (dict(max_model_len=12), BIG, "block table of sequence 1 has 4 blocks, more than max_blocks=3"),
+        (dict(has_state=False), BIG, "state_slots given"),
+        ({}, dict(BIG, input_ids=[1, 2]), "2 input_ids for 14 query rows"),
+        ({}, dict(BIG, sample=[True]), "sample has 1 entries for 4 sequences"),
+        ({}, dict(BIG, seq_lens=[9, 14, 13, 17]), "sequence 3 has 2 blocks, too few for seq_len 17"),
+        ({}, dict(BIG, seq_lens=[9, 14, 4, 7]), "sequence 2 has query length 5 and seq_len 4"),
+    ],
+)
 def test_overflow_and_mismatch_raise(kw, batch, match):
     with pytest.raises(ValueError, match=match):
         _fill(_buffers(**kw), batch)

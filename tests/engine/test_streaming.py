@@ -1,4 +1,5 @@
 """LLM.step streams per-request deltas; abort frees a request's blocks at once, waiting or running."""
+
 from __future__ import annotations
 
 import pytest

@@ -5,6 +5,7 @@ first on ``sys.meta_path`` that refuses it), as in a venv holding only hetero, h
 hetero-torch. The suite's ``hetero.commands`` entry point is still declared there, so loading it
 fails: the command reports it on stderr and goes on.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import os
 import subprocess
 import sys
 
-SITECUSTOMIZE = '''\
+SITECUSTOMIZE = """\
 import importlib.abc
 import sys
 
@@ -25,9 +26,9 @@ class _NoConformance(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _NoConformance())
-'''
+"""
 
-CHILD = '''\
+CHILD = """\
 import contextlib, io, json, sys
 from hetero.cli import main
 
@@ -53,15 +54,16 @@ except ModuleNotFoundError:
     hidden = True
 print(json.dumps({"codes": codes, "outputs": outputs, "hidden": hidden,
                   "loaded": sorted(m for m in sys.modules if m.startswith("hetero_conformance"))}))
-'''
+"""
 
 
 def test_check_model_per_op_bench_and_profile_run_without_the_conformance_suite(checkpoints, tmp_path):
     (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
     path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, PYTHONPATH=path, COLUMNS="200")
-    run = subprocess.run([sys.executable, "-c", CHILD, str(checkpoints("qwen3"))], capture_output=True, text=True,
-                         env=env, timeout=900)
+    run = subprocess.run(
+        [sys.executable, "-c", CHILD, str(checkpoints("qwen3"))], capture_output=True, text=True, env=env, timeout=900
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["hidden"] and result["loaded"] == []

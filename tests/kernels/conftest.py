@@ -5,6 +5,7 @@ when it is first imported, so TRITON_INTERPRET is set here, at collection, befor
 anything imports it. hetero's own flag is set per test (monkeypatch restores it),
 so backend selection elsewhere in the session never sees it.
 """
+
 from __future__ import annotations
 
 import importlib.util

@@ -5,6 +5,7 @@ branches on: GQA groups that are not powers of two, head dims padded to powers o
 block sizes that do not divide the lengths, several query tiles per sequence and several
 key tiles per row (two tunings), causal/window/softcap/sinks masks, empty rows, ``out=``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,12 +18,15 @@ from hetero.kernels.tuning import Tuning, TuningTable
 from hetero.spec import AttentionMeta
 from hetero_cpu_ref import attention as ref
 
-TILES = {"paged_attention": {"BLOCK_M": 16, "BLOCK_N": 16}, "varlen_attention": {"BLOCK_M": 16, "BLOCK_N": 16},
-         "mla_attention": {"BLOCK_M": 16, "BLOCK_N": 16}}
+TILES = {
+    "paged_attention": {"BLOCK_M": 16, "BLOCK_N": 16},
+    "varlen_attention": {"BLOCK_M": 16, "BLOCK_N": 16},
+    "mla_attention": {"BLOCK_M": 16, "BLOCK_N": 16},
+}
 
 
 def tuning(kind: str) -> Tuning:
-    """"small": 16x16 tiles (many query and key tiles per sequence); "wide": 32 rows x 64 keys."""
+    """ "small": 16x16 tiles (many query and key tiles per sequence); "wide": 32 rows x 64 keys."""
     wide = {k: {"BLOCK_M": 32, "BLOCK_N": 64} for k in TILES}
     table = TuningTable(vendor="test", archs={"small": TILES, "wide": wide})
     return Tuning(table, kind, interpreted=True)  # an arch other than "interpreter": the table's tiles apply
@@ -43,7 +47,7 @@ def paged_inputs(seqs, hq, hkv, d, dv, bs, dtype=torch.float32, seed=0):
     ids = torch.randperm(nb, generator=g).tolist()
     table, at = [], 0
     for k in need:
-        table.append(ids[at:at + k] + [ids[-1]] * (max(need) + 1 - k))
+        table.append(ids[at : at + k] + [ids[-1]] * (max(need) + 1 - k))
         at += k
     t = sum(n for n, _ in seqs)
     q = torch.randn(t, hq, d, generator=g).to(dtype)
@@ -79,7 +83,7 @@ def test_paged_gpt_oss_layers(attn, window):
     seqs = [(1, 128), (1, 129), (20, 150), (3, 3)]
     q, kc, vc, meta = paged_inputs(seqs, hq=16, hkv=2, d=64, dv=64, bs=16, seed=7)
     sinks = torch.linspace(-1.0, 9.0, 16)
-    opts = dict(scale=64 ** -0.5, window=window, sinks=sinks, return_lse=True)
+    opts = dict(scale=64**-0.5, window=window, sinks=sinks, return_lse=True)
     out, lse = attn.paged_attention(q, kc, vc, meta, tuning=tuning("wide"), **opts)
     want, want_lse = ref.paged_attention(q, kc, vc, meta, **opts)
     close(out, want)

@@ -10,14 +10,15 @@ groups 1 and 3 (a group that does not divide BLOCK_M puts a token's heads in two
 on and off. Varlen batches carry every length pair in one launch. MLA runs the V_IS_K path
 (values from the key tile in registers), the one a GPU takes.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
+from test_attention_kernels import paged_inputs
 
 from hetero.kernels.tuning import Tuning, TuningTable
 from hetero_cpu_ref import attention as ref
-from test_attention_kernels import paged_inputs
 
 BLOCK = 16
 #: (query length, key length): one query / key tile, one either side of a tile edge, fewer keys than queries
@@ -88,7 +89,14 @@ def sweep_inputs(group: int, bs: int, seed: int = 1):
 @pytest.mark.parametrize("group,bs", [(1, 7), (3, 8)])
 def test_paged_window_sweep(attn, group, bs):
     q, kc, vc, meta = sweep_inputs(group, bs)
-    for causal, window in [(True, (-1, -1)), (True, (6, -1)), (True, (17, -1)), (False, (5, 16)), (False, (-1, 1)), (False, (16, 0))]:
+    for causal, window in [
+        (True, (-1, -1)),
+        (True, (6, -1)),
+        (True, (17, -1)),
+        (False, (5, 16)),
+        (False, (-1, 1)),
+        (False, (16, 0)),
+    ]:
         opts = dict(scale=0.3, causal=causal, window=window, return_lse=True)
         out, lse = attn.paged_attention(q, kc, vc, meta, tuning=tuning(), **opts)
         want, want_lse = ref.paged_attention(q, kc, vc, meta, **opts)
@@ -106,7 +114,9 @@ def test_mla_values_from_key_tile(attn, causal):
     nb = int(meta.block_table.max()) + 1
     q_nope, q_pe = torch.randn(t, h, 32, generator=g), torch.randn(t, h, 16, generator=g)
     ckv, kpe = torch.randn(nb, 8, 32, generator=g), torch.randn(nb, 8, 16, generator=g)
-    out, lse = attn.mla_attention(q_nope, q_pe, ckv, kpe, meta, scale=0.2, causal=causal, return_lse=True, tuning=tuning())
+    out, lse = attn.mla_attention(
+        q_nope, q_pe, ckv, kpe, meta, scale=0.2, causal=causal, return_lse=True, tuning=tuning()
+    )
     want, want_lse = ref.mla_attention(q_nope, q_pe, ckv, kpe, meta, scale=0.2, causal=causal, return_lse=True)
     close(out, want)
     close(lse, want_lse)

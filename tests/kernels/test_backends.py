@@ -8,6 +8,7 @@ fall back to the portable defaults; vendor paths are bound only on real GPUs
 test_backends_vendor.py); the interpreted conformance runs every op through the
 Triton kernels; scripts/gpu_check.sh --smoke runs end to end.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,6 +67,7 @@ def explain(backend) -> dict[str, str]:
 
 # ----------------------------------------------------------------------------- probes
 
+
 def test_probes_on_a_cpu_build_of_torch(no_interpreter, monkeypatch):
     fake_build(monkeypatch)
     cuda, rocm = CudaBackend.probe(), RocmBackend.probe()
@@ -79,14 +81,20 @@ def test_probes_on_builds_without_a_device(no_interpreter, monkeypatch):
     assert "a CUDA 12.8 build" in RocmBackend.probe().reason
     fake_build(monkeypatch, hip="6.4.1")
     assert RocmBackend.probe().reason.startswith("no ROCm (HIP) device visible")
-    assert "ROCm (HIP 6.4.1) build" in CudaBackend.probe().reason and "use the rocm backend" in CudaBackend.probe().reason
+    assert (
+        "ROCm (HIP 6.4.1) build" in CudaBackend.probe().reason and "use the rocm backend" in CudaBackend.probe().reason
+    )
 
 
 def test_probes_with_a_device(no_interpreter, monkeypatch):
     fake_gpu(monkeypatch, capability=(9, 0))
     avail = CudaBackend.probe()
     assert avail.ok and avail.device_name == "NVIDIA H200"
-    assert avail.details["arch"] == "sm90" and avail.details["compute_capability"] == "9.0" and avail.details["tuning"] == "sm90"
+    assert (
+        avail.details["arch"] == "sm90"
+        and avail.details["compute_capability"] == "9.0"
+        and avail.details["tuning"] == "sm90"
+    )
     fake_gpu(monkeypatch, capability=(7, 0), name="Tesla V100")
     assert CudaBackend.probe().reason == "Tesla V100 is sm70; Triton needs sm75+"
     fake_gpu(monkeypatch, hip="6.4.1", name="AMD Instinct MI300X")
@@ -101,7 +109,9 @@ def test_probes_under_the_interpreter():
 
 
 def _backends_json(env: dict[str, str]) -> dict[str, dict]:
-    out = subprocess.run([sys.executable, "-m", "hetero.cli", "backends", "--json"], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "hetero.cli", "backends", "--json"], env=env, capture_output=True, text=True, check=True
+    )
     return {row["name"]: row for row in json.loads(out.stdout)["backends"]}
 
 
@@ -109,8 +119,12 @@ def test_hetero_backends_command():
     env = {k: v for k, v in os.environ.items() if k not in ("HETERO_TRITON_INTERPRET", "TRITON_INTERPRET")}
     plain = _backends_json(env)
     assert plain["cuda"]["status"] == plain["rocm"]["status"] == "unavailable"
-    assert plain["cuda"]["reason"].startswith("torch was built without CUDA") or plain["cuda"]["reason"].startswith("no CUDA device visible")
-    assert plain["rocm"]["reason"].startswith("torch was built without ROCm") or plain["rocm"]["reason"].startswith("no ROCm (HIP) device")
+    assert plain["cuda"]["reason"].startswith("torch was built without CUDA") or plain["cuda"]["reason"].startswith(
+        "no CUDA device visible"
+    )
+    assert plain["rocm"]["reason"].startswith("torch was built without ROCm") or plain["rocm"]["reason"].startswith(
+        "no ROCm (HIP) device"
+    )
     interpreted = _backends_json({**env, "HETERO_TRITON_INTERPRET": "1"})
     for name in ("cuda", "rocm"):
         row = interpreted[name]
@@ -127,6 +141,7 @@ def test_registry_loads_both_under_the_interpreter():
 
 
 # ----------------------------------------------------------------------------- supports
+
 
 def _cuda_on(capability):
     backend = CudaBackend(torch.device("meta"))
@@ -145,49 +160,75 @@ def test_cuda_supports_dtypes_per_capability():
     assert sm75.supports("gemm", dtype="bfloat16") == "bfloat16 needs sm80+, this device is sm75"
     assert sm75.supports("gemm", dtype=torch.float16) is None
     assert sm80.supports("paged_attention", dtype=torch.bfloat16, head_dim=128, block_size=16) is None
-    assert sm80.supports("scaled_gemm", dtype="float8_e4m3fn") == "float8_e4m3fn needs sm89+ (fp8 tensor cores), this device is sm80"
+    assert (
+        sm80.supports("scaled_gemm", dtype="float8_e4m3fn")
+        == "float8_e4m3fn needs sm89+ (fp8 tensor cores), this device is sm80"
+    )
     assert sm80.supports("scaled_gemm", dtype="int8") is None
     assert sm90.supports("scaled_gemm", dtype="float8_e4m3fn") is None
-    assert sm90.supports("scaled_gemm", dtype="float8_e4m3fnuz") == "float8_e4m3fnuz is AMD's fp8 (MI300); sm90 uses float8_e4m3fn"
-    assert sm90.supports("gemm", dtype="float8_e4m3fn") == "gemm takes floating tensors; float8_e4m3fn operands go through scaled_gemm"
+    assert (
+        sm90.supports("scaled_gemm", dtype="float8_e4m3fnuz")
+        == "float8_e4m3fnuz is AMD's fp8 (MI300); sm90 uses float8_e4m3fn"
+    )
+    assert (
+        sm90.supports("gemm", dtype="float8_e4m3fn")
+        == "gemm takes floating tensors; float8_e4m3fn operands go through scaled_gemm"
+    )
     assert "no float64" in sm90.supports("gemm", dtype="float64")
     assert sm90.supports("rms_norm", dtype="float64") is None
 
 
 def test_supports_shape_limits():
     for backend in (_cuda_on((9, 0)), _rocm_on("gfx942")):
-        assert backend.supports("paged_attention", dtype="bfloat16", head_dim=640, head_dim_v=640, block_size=16) == \
-            "head_dim 640 > 576 unsupported by the Triton paged_attention kernel"
+        assert (
+            backend.supports("paged_attention", dtype="bfloat16", head_dim=640, head_dim_v=640, block_size=16)
+            == "head_dim 640 > 576 unsupported by the Triton paged_attention kernel"
+        )
         assert backend.supports("mla_attention", dtype="bfloat16", head_dim=576, head_dim_v=512, block_size=1) is None
         assert backend.supports("write_kv", head_dim=128, block_size=0).startswith("block_size 0")
-        assert backend.supports("fused_moe", dtype="bfloat16", activation="gelu") == \
-            "the fused_moe kernel applies silu, swigluoai, swiglu_clamp, not 'gelu'"
+        assert (
+            backend.supports("fused_moe", dtype="bfloat16", activation="gelu")
+            == "the fused_moe kernel applies silu, swigluoai, swiglu_clamp, not 'gelu'"
+        )
 
 
 def test_rocm_supports_fp8_per_arch():
     fn, fnuz = "float8_e4m3fn", "float8_e4m3fnuz"
     gfx942, gfx950, gfx90a = _rocm_on("gfx942"), _rocm_on("gfx950"), _rocm_on("gfx90a")
     assert gfx942.supports("scaled_gemm", dtype=fnuz) is None
-    assert gfx942.supports("scaled_gemm", dtype=fn) == "float8_e4m3fn is OCP fp8; gfx942 (MI300) computes float8_e4m3fnuz"
+    assert (
+        gfx942.supports("scaled_gemm", dtype=fn) == "float8_e4m3fn is OCP fp8; gfx942 (MI300) computes float8_e4m3fnuz"
+    )
     assert gfx950.supports("scaled_gemm", dtype=fn) is None and gfx950.supports("scaled_gemm", dtype=fnuz) is None
     assert gfx90a.supports("scaled_gemm", dtype=fn).startswith("gfx90a (MI200) has no fp8 matrix instructions")
     assert gfx90a.supports("scaled_gemm", dtype="int8") is None and gfx90a.supports("gemm", dtype="bfloat16") is None
     # spec 1.4: the quantized grouped GEMM and fused_moe's fp8 experts follow scaled_gemm; the quantizer is integer
     # arithmetic, so it writes either fp8 flavour anywhere
-    assert gfx942.supports("scaled_grouped_gemm", dtype=fn) == "float8_e4m3fn is OCP fp8; gfx942 (MI300) computes float8_e4m3fnuz"
+    assert (
+        gfx942.supports("scaled_grouped_gemm", dtype=fn)
+        == "float8_e4m3fn is OCP fp8; gfx942 (MI300) computes float8_e4m3fnuz"
+    )
     assert gfx942.supports("scaled_grouped_gemm", dtype=fnuz) is None
     assert gfx942.supports("fused_moe", dtype="bfloat16", quant_dtype=fn).startswith("float8_e4m3fn is OCP fp8")
     assert gfx942.supports("fused_moe", dtype="bfloat16", quant_dtype="int8") is None
     assert gfx942.supports("quantize_activation", dtype="bfloat16", quant_dtype=fn) is None
-    assert gfx942.supports("quantize_activation", dtype="bfloat16", quant_dtype="float16").startswith("the quantize_activation kernels")
+    assert gfx942.supports("quantize_activation", dtype="bfloat16", quant_dtype="float16").startswith(
+        "the quantize_activation kernels"
+    )
 
 
 def test_supports_under_the_interpreter():
     cuda, rocm = CudaBackend(), RocmBackend()
     assert cuda.capability is None and rocm.gfx is None
     assert cuda.supports("scaled_gemm", dtype="float8_e4m3fn") is None
-    assert cuda.supports("scaled_gemm", dtype="float8_e4m3fnuz") == "float8_e4m3fnuz is AMD's fp8 (MI300); NVIDIA GPUs use float8_e4m3fn"
-    assert rocm.supports("scaled_gemm", dtype="float8_e4m3fn") is None and rocm.supports("scaled_gemm", dtype="float8_e4m3fnuz") is None
+    assert (
+        cuda.supports("scaled_gemm", dtype="float8_e4m3fnuz")
+        == "float8_e4m3fnuz is AMD's fp8 (MI300); NVIDIA GPUs use float8_e4m3fn"
+    )
+    assert (
+        rocm.supports("scaled_gemm", dtype="float8_e4m3fn") is None
+        and rocm.supports("scaled_gemm", dtype="float8_e4m3fnuz") is None
+    )
     assert cuda.supports("gemm", dtype="bfloat16") is None
     assert cuda.supports("scaled_grouped_gemm", dtype="float8_e4m3fnuz").startswith("float8_e4m3fnuz is AMD's fp8")
     assert cuda.supports("scaled_grouped_gemm", dtype="bfloat16").startswith("scaled_grouped_gemm takes float8_e4m3fn")
@@ -199,10 +240,13 @@ def test_resolve_records_the_reason(no_interpreter, monkeypatch):
     backend = CudaBackend(torch.device("cuda"))
     ops = Ops(backend, SimpleNamespace(gemm=ref_gemm.gemm), {})
     assert ops.resolve("gemm", dtype=torch.bfloat16) is ref_gemm.gemm
-    assert ops.explain()["gemm"].reasons == ["backend declined (dtype=torch.bfloat16): bfloat16 needs sm80+, this device is sm75"]
+    assert ops.explain()["gemm"].reasons == [
+        "backend declined (dtype=torch.bfloat16): bfloat16 needs sm80+, this device is sm75"
+    ]
 
 
 # ----------------------------------------------------------------------------- tuning
+
 
 def test_tuning_tables():
     cuda, rocm = CudaBackend.tuning, RocmBackend.tuning
@@ -216,7 +260,9 @@ def test_tuning_tables():
         for arch, kernels in table.archs.items():
             assert set(kernels) <= set(PORTABLE_DEFAULTS), f"{arch} tunes a kernel the defaults do not know"
             for kernel, params in kernels.items():
-                assert set(PORTABLE_DEFAULTS[kernel]) <= set(params) | {"GROUP_M"}, f"{arch}/{kernel} misses a default key"
+                assert set(PORTABLE_DEFAULTS[kernel]) <= set(params) | {"GROUP_M"}, (
+                    f"{arch}/{kernel} misses a default key"
+                )
         interp = table.get("interpreter", "gemm")
         assert all(interp[k] == v for k, v in INTERPRETER["gemm"].items())
 
@@ -233,6 +279,7 @@ def test_backends_bind_their_arch(no_interpreter, monkeypatch):
 
 # ----------------------------------------------------------------------------- vendor paths
 
+
 def test_explain_shows_vendor_paths_only_on_real_gpus(no_interpreter, monkeypatch):
     assert all(impl.startswith(TRITON_METHODS) for impl in explain(CudaBackend(torch.device("meta"))).values())
     fake_gpu(monkeypatch, capability=(9, 0))
@@ -241,11 +288,17 @@ def test_explain_shows_vendor_paths_only_on_real_gpus(no_interpreter, monkeypatc
     assert impls["grouped_gemm"] == "hetero_cuda.vendor.torch_grouped_gemm"
     assert impls["scaled_gemm"] == "hetero_cuda.vendor.torch_scaled_gemm"
     assert impls["scaled_grouped_gemm"] == "hetero_cuda.vendor.torch_scaled_grouped_gemm"
-    expected_varlen = "hetero_cuda.vendor.flash_attn_varlen" if cuda_vendor._flash_attn_varlen_func() else TRITON_METHODS + "varlen_attention"
+    expected_varlen = (
+        "hetero_cuda.vendor.flash_attn_varlen"
+        if cuda_vendor._flash_attn_varlen_func()
+        else TRITON_METHODS + "varlen_attention"
+    )
     assert impls["varlen_attention"] == expected_varlen
     assert impls["paged_attention"] == TRITON_METHODS + "paged_attention"
     backend = CudaBackend(torch.device("cuda"))
-    assert {op: OPS[op].check_signature(fn) for op, fn in backend.vendor_paths.items()} == dict.fromkeys(backend.vendor_paths)
+    assert {op: OPS[op].check_signature(fn) for op, fn in backend.vendor_paths.items()} == dict.fromkeys(
+        backend.vendor_paths
+    )
     fake_gpu(monkeypatch, capability=(8, 0), name="NVIDIA A100")
     sm80 = CudaBackend(torch.device("cuda"))
     assert set(sm80.vendor_paths) <= {"gemm", "varlen_attention"}  # no fp8, no CUTLASS grouped GEMM before sm89/sm90
@@ -259,7 +312,10 @@ def test_rocm_vendor_paths(no_interpreter, monkeypatch):
     backend = RocmBackend(torch.device("cuda"))
     assert backend.gfx == "gfx942"
     impls = explain(backend)
-    assert impls["gemm"] == "hetero_rocm.vendor.hipblaslt_gemm" and impls["scaled_gemm"] == "hetero_rocm.vendor.torch_scaled_gemm"
+    assert (
+        impls["gemm"] == "hetero_rocm.vendor.hipblaslt_gemm"
+        and impls["scaled_gemm"] == "hetero_rocm.vendor.torch_scaled_gemm"
+    )
     assert all(OPS[op].check_signature(fn) is None for op, fn in backend.vendor_paths.items())
     fake_gpu(monkeypatch, hip="6.4.1", gfx="gfx90a")
     assert "scaled_gemm" not in RocmBackend(torch.device("cuda")).vendor_paths  # MI200: no fp8
@@ -269,6 +325,7 @@ def test_rocm_vendor_paths(no_interpreter, monkeypatch):
 
 # ----------------------------------------------------------------------------- end to end, interpreted
 
+
 def _interpreted_env() -> dict[str, str]:
     return {**os.environ, "HETERO_TRITON_INTERPRET": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -277,15 +334,26 @@ def _interpreted_env() -> dict[str, str]:
 def test_interpreted_conformance_runs_every_op_natively(backend, tmp_path):
     """`hetero conformance NAME --quick` through the Triton interpreter: exit 0 and no op on the fallback."""
     report = tmp_path / f"{backend}.json"
-    proc = subprocess.run([sys.executable, "-m", "hetero.cli", "conformance", backend, "--quick", "--json", str(report)],
-                          env=_interpreted_env(), capture_output=True, text=True, timeout=3600, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hetero.cli", "conformance", backend, "--quick", "--json", str(report)],
+        env=_interpreted_env(),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        cwd=ROOT,
+    )
     assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     cases = json.loads(report.read_text())["cases"]
     fallback = sorted({c["op"] for c in cases if c["status"] == "fallback"})
-    failing = [f"{c['id']}: {c['status']}: {c['message'][:200]}" for c in cases if c["status"] not in ("pass", "skipped")]
+    failing = [
+        f"{c['id']}: {c['status']}: {c['message'][:200]}" for c in cases if c["status"] not in ("pass", "skipped")
+    ]
     assert not fallback, f"ops on the reference fallback: {fallback}"
     assert proc.returncode == 0, "\n".join(failing) or proc.stderr[-3000:]
-    assert {c["op"] for c in cases} == set(OP_NAMES) - {"ep_dispatch", "ep_combine"}  # collectives: multi-process conformance
+    assert {c["op"] for c in cases} == set(OP_NAMES) - {
+        "ep_dispatch",
+        "ep_combine",
+    }  # collectives: multi-process conformance
     skipped = {c["id"]: c["message"] for c in cases if c["status"] == "skipped"}
     if backend == "cuda":  # only AMD's fp8 is declined (fused_moe's cases name their weights "fnuz" in the shape)
         assert all("fnuz" in case_id for case_id in skipped), skipped
@@ -297,12 +365,21 @@ def test_gpu_check_smoke(tmp_path):
     """scripts/gpu_check.sh --smoke: conformance on a few ops, then every op timed on tiny shapes, Markdown written."""
     out = tmp_path / "perf" / "gpu_check.md"
     env = {**_interpreted_env(), "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--smoke", str(out)], env=env,
-                          capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--smoke", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     text = out.read_text()
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "**interpreted**" in text and "time.perf_counter" in text and "| error:" not in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| op ")]
-    assert {row.split(" | ")[0].removeprefix("| ") for row in rows} == set(OP_NAMES) - {"ep_dispatch", "ep_combine"}  # collectives: not timed on one GPU
+    assert {row.split(" | ")[0].removeprefix("| ") for row in rows} == set(OP_NAMES) - {
+        "ep_dispatch",
+        "ep_combine",
+    }  # collectives: not timed on one GPU
     assert (out.parent / "gpu_check.conformance.json").exists()

@@ -6,6 +6,7 @@ Triton op (a spy) for the inputs the vendor library does not take. flash-attn
 and aiter are replaced by a function with their varlen contract (LSE [H, T],
 +inf for a row that sees no key) over the reference.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -39,10 +40,16 @@ def _close(got, want, tol):
 def test_vendor_gemm(make):
     spy = Spy()
     gemm = make(spy)
-    a, b, bias = torch.randn(5, 64, dtype=torch.bfloat16), torch.randn(24, 64, dtype=torch.bfloat16), torch.randn(24, dtype=torch.bfloat16)
+    a, b, bias = (
+        torch.randn(5, 64, dtype=torch.bfloat16),
+        torch.randn(24, 64, dtype=torch.bfloat16),
+        torch.randn(24, dtype=torch.bfloat16),
+    )
     _close(gemm(a, b, bias=bias), ref_gemm.gemm(a, b, bias=bias), 2e-2)
     _close(gemm(a[:0], b), ref_gemm.gemm(a[:0], b), 0)
-    assert gemm(a, b, out_dtype=torch.float32) == "triton" and gemm(a, b, bias=bias.float()) == "triton" and spy.calls == 2
+    assert (
+        gemm(a, b, out_dtype=torch.float32) == "triton" and gemm(a, b, bias=bias.float()) == "triton" and spy.calls == 2
+    )
 
 
 def test_vendor_grouped_gemm_zeroes_the_tail():
@@ -89,16 +96,47 @@ def test_rocm_scaled_gemm_takes_only_the_arch_fp8():
 def _varlen_inputs(d=64, dv=64):
     torch.manual_seed(0)
     cu_q, cu_k = torch.tensor([0, 10, 13], dtype=torch.int32), torch.tensor([0, 4, 20], dtype=torch.int32)
-    q, k, v = torch.randn(13, 4, d, dtype=torch.bfloat16), torch.randn(20, 2, d, dtype=torch.bfloat16), torch.randn(20, 2, dv, dtype=torch.bfloat16)
-    return (q, k, v, cu_q, cu_k, 10, 16), {"scale": d ** -0.5, "causal": True}
+    q, k, v = (
+        torch.randn(13, 4, d, dtype=torch.bfloat16),
+        torch.randn(20, 2, d, dtype=torch.bfloat16),
+        torch.randn(20, 2, dv, dtype=torch.bfloat16),
+    )
+    return (q, k, v, cu_q, cu_k, 10, 16), {"scale": d**-0.5, "causal": True}
 
 
 def _flash_attn_like(empty_lse: float):
     """flash-attn's varlen contract over the reference: LSE [H, T], empty rows ``empty_lse``."""
 
-    def fa(q, k, v, cu_q, cu_k, max_q, max_k, *, softmax_scale, causal, window_size, return_attn_probs=False, return_lse=False, softcap=0.0):
-        out, lse = ref_attention.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale=softmax_scale, causal=causal,
-                                                  window=window_size, softcap=softcap, return_lse=True)
+    def fa(
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        max_q,
+        max_k,
+        *,
+        softmax_scale,
+        causal,
+        window_size,
+        return_attn_probs=False,
+        return_lse=False,
+        softcap=0.0,
+    ):
+        out, lse = ref_attention.varlen_attention(
+            q,
+            k,
+            v,
+            cu_q,
+            cu_k,
+            max_q,
+            max_k,
+            scale=softmax_scale,
+            causal=causal,
+            window=window_size,
+            softcap=softcap,
+            return_lse=True,
+        )
         lse = lse.masked_fill(lse == float("-inf"), empty_lse).t().contiguous()
         return (out, lse, None) if (return_attn_probs or return_lse) else out
 
@@ -123,7 +161,9 @@ def test_vendor_varlen_attention_converts_the_lse(wrap):
 def _fake_scaled_grouped_mm(mat_a, mat_b, scale_a, scale_b, offs=None, out_dtype=None):
     """torch._scaled_grouped_mm's contract (it has no CPU kernel): b column-major [G, K, N], row-wise scales
     [M] and [G, N], int32 ends, bfloat16 out, rows past the last end unwritten (NaN here)."""
-    assert mat_b.stride(-2) == 1 and scale_a.shape == mat_a.shape[:1] and scale_b.shape == (mat_b.shape[0], mat_b.shape[2])
+    assert (
+        mat_b.stride(-2) == 1 and scale_a.shape == mat_a.shape[:1] and scale_b.shape == (mat_b.shape[0], mat_b.shape[2])
+    )
     assert offs.dtype == torch.int32 and out_dtype == torch.bfloat16
     out = torch.full((mat_a.shape[0], mat_b.shape[2]), float("nan"))
     start = 0

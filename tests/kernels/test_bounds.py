@@ -10,6 +10,7 @@ are guarded with NaN, so a read just past their end shows up as a non-finite out
 The kernel modules read no index values on the host (that is hetero.spec.validate's job, in front
 of them when validation is on), so the kernels' own masks are what runs here.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,12 @@ BIG = 10**6
 def children():
     """All families' children started at once (each pays the torch + triton import)."""
     env = dict(os.environ, HETERO_TRITON_INTERPRET="1", TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(sys.path))
-    procs = {f: subprocess.Popen([sys.executable, __file__, f], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for f in FAMILIES}
+    procs = {
+        f: subprocess.Popen(
+            [sys.executable, __file__, f], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for f in FAMILIES
+    }
     yield procs
     for p in procs.values():
         if p.poll() is None:
@@ -59,12 +64,19 @@ def test_ascend_conversions_clamp_indices():
 
     from hetero.spec import AttentionMeta
 
-    meta = AttentionMeta(query_start_loc=torch.tensor([0, 7, 2, BIG], dtype=torch.int32),
-                         seq_lens=torch.tensor([-3, BIG, 5], dtype=torch.int32),
-                         block_table=torch.tensor([[0, BIG], [-1, 2], [5, 1]], dtype=torch.int32), max_query_len=7, max_seq_len=5)
+    meta = AttentionMeta(
+        query_start_loc=torch.tensor([0, 7, 2, BIG], dtype=torch.int32),
+        seq_lens=torch.tensor([-3, BIG, 5], dtype=torch.int32),
+        block_table=torch.tensor([[0, BIG], [-1, 2], [5, 1]], dtype=torch.int32),
+        max_query_len=7,
+        max_seq_len=5,
+    )
     q_ends, kv = cv.paged_lengths(meta, num_tokens=8, block_size=4)
     assert q_ends == [7, 7, 8] and kv == [0, 8, 5]
-    assert cv.varlen_lengths(torch.tensor([0, 5, 3]), torch.tensor([0, BIG, -1]), num_tokens=4, num_keys=9) == ([4, 4], [9, 9])
+    assert cv.varlen_lengths(torch.tensor([0, 5, 3]), torch.tensor([0, BIG, -1]), num_tokens=4, num_keys=9) == (
+        [4, 4],
+        [9, 9],
+    )
     assert cv.safe_block_table(meta.block_table, 6).tolist() == [[0, 0], [0, 2], [5, 1]]
     assert cv.safe_expert_ids(torch.tensor([[-1, 4], [BIG, 2]]), 4).tolist() == [[0, 3], [3, 2]]
     assert cv.group_list(torch.tensor([6, 2, BIG], dtype=torch.int32), 0, rows=9).tolist() == [6, 6, 9]
@@ -92,9 +104,9 @@ def _guarded(shape, fill, guard_value=SENTINEL):
     for s in shape:
         n *= s
     buf = torch.full((n + 2 * PAD,), guard_value)
-    t = buf[PAD:PAD + n].view(*shape)
+    t = buf[PAD : PAD + n].view(*shape)
     t.copy_(fill(shape) if callable(fill) else torch.full(shape, float(fill)))
-    return t, (buf[:PAD], buf[PAD + n:])
+    return t, (buf[:PAD], buf[PAD + n :])
 
 
 class Runner:
@@ -136,8 +148,13 @@ def _meta(qsl, seq_lens, table, max_q):
 
     from hetero.spec import AttentionMeta
 
-    return AttentionMeta(query_start_loc=torch.tensor(qsl, dtype=torch.int32), seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-                         block_table=torch.tensor(table, dtype=torch.int32), max_query_len=max_q, max_seq_len=max(seq_lens))
+    return AttentionMeta(
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_table=torch.tensor(table, dtype=torch.int32),
+        max_query_len=max_q,
+        max_seq_len=max(seq_lens),
+    )
 
 
 # Paged metadata for 2 sequences (query 5 and 3 rows, T = 8), NB = 6 blocks of 4, 3 table columns.
@@ -173,18 +190,36 @@ def _paged_cases(r, mla):
             if mla:
                 ckv, _ = _guarded((6, 4, 32), rnd, float("nan"))
                 kpe, _ = _guarded((6, 4, 16), rnd, float("nan"))
-                out, lse = A.mla_attention(rnd((8, 4, 32)), rnd((8, 4, 16)), ckv, kpe, m, scale=0.2, return_lse=True, tuning=_tuning())
+                out, lse = A.mla_attention(
+                    rnd((8, 4, 32)), rnd((8, 4, 16)), ckv, kpe, m, scale=0.2, return_lse=True, tuning=_tuning()
+                )
                 return [], []
             kc, _ = _guarded((6, 4, 2, 16), rnd, float("nan"))
             vc, _ = _guarded((6, 4, 2, 16), rnd, float("nan"))
             out, guards = _guarded((8, 4, 16), 0.0)
-            _, lse = A.paged_attention(rnd((8, 4, 16)), kc, vc, m, scale=0.2, out=out, return_lse=True, tuning=_tuning())
+            _, lse = A.paged_attention(
+                rnd((8, 4, 16)), kc, vc, m, scale=0.2, out=out, return_lse=True, tuning=_tuning()
+            )
             return guards, [out]
 
         r.add(name, call)
         if not mla:
-            r.add(name + "_window", lambda m=m: (A.paged_attention(rnd((8, 4, 16)), rnd((6, 4, 2, 16)), rnd((6, 4, 2, 16)), m,
-                                                                   scale=0.2, causal=False, window=(3, 2), tuning=_tuning()), ([], []))[1])
+            r.add(
+                name + "_window",
+                lambda m=m: (
+                    A.paged_attention(
+                        rnd((8, 4, 16)),
+                        rnd((6, 4, 2, 16)),
+                        rnd((6, 4, 2, 16)),
+                        m,
+                        scale=0.2,
+                        causal=False,
+                        window=(3, 2),
+                        tuning=_tuning(),
+                    ),
+                    ([], []),
+                )[1],
+            )
 
 
 def _varlen_cases(r):
@@ -196,21 +231,40 @@ def _varlen_cases(r):
     rnd = lambda shape: torch.randn(*shape, generator=g)  # noqa: E731
     good_q, good_k = [0, 5, 8], [0, 9, 15]
     bad = {
-        "cu_q_decreasing": (dict(cu_q=[0, 7, 2])), "cu_q_past_t": dict(cu_q=[0, 5, BIG]), "cu_q_short": dict(cu_q=[0, 1, 3]),
-        "cu_q_negative": dict(cu_q=[-BIG, 5, 8]), "cu_k_decreasing": dict(cu_k=[0, 12, 3]), "cu_k_past_tk": dict(cu_k=[0, 9, BIG]),
-        "cu_k_negative": dict(cu_k=[-5, 9, 15]), "cu_k_huge_start": dict(cu_k=[BIG, BIG + 2, 15]),
-        "max_seqlen_small": dict(max_q=1), "max_seqlen_large": dict(max_q=BIG),
+        "cu_q_decreasing": (dict(cu_q=[0, 7, 2])),
+        "cu_q_past_t": dict(cu_q=[0, 5, BIG]),
+        "cu_q_short": dict(cu_q=[0, 1, 3]),
+        "cu_q_negative": dict(cu_q=[-BIG, 5, 8]),
+        "cu_k_decreasing": dict(cu_k=[0, 12, 3]),
+        "cu_k_past_tk": dict(cu_k=[0, 9, BIG]),
+        "cu_k_negative": dict(cu_k=[-5, 9, 15]),
+        "cu_k_huge_start": dict(cu_k=[BIG, BIG + 2, 15]),
+        "max_seqlen_small": dict(max_q=1),
+        "max_seqlen_large": dict(max_q=BIG),
     }
     for name, change in bad.items():
         cu_q = torch.tensor(change.get("cu_q", good_q), dtype=torch.int32)
         cu_k = torch.tensor(change.get("cu_k", good_k), dtype=torch.int32)
         mq = change.get("max_q", 5)
         for causal in (True, False):
+
             def call(cu_q=cu_q, cu_k=cu_k, mq=mq, causal=causal):
                 k, _ = _guarded((15, 2, 16), rnd, float("nan"))
                 v, _ = _guarded((15, 2, 16), rnd, float("nan"))
-                A.varlen_attention(rnd((8, 4, 16)), k, v, cu_q, cu_k, mq, 9, scale=0.2, causal=causal, return_lse=True,
-                                   window=(-1, -1) if causal else (2, 3), tuning=_tuning())
+                A.varlen_attention(
+                    rnd((8, 4, 16)),
+                    k,
+                    v,
+                    cu_q,
+                    cu_k,
+                    mq,
+                    9,
+                    scale=0.2,
+                    causal=causal,
+                    return_lse=True,
+                    window=(-1, -1) if causal else (2, 3),
+                    tuning=_tuning(),
+                )
                 return [], []
 
             r.add(f"{name}_{'causal' if causal else 'window'}", call)
@@ -222,7 +276,12 @@ def _cache_cases(r):
     from hetero.kernels import cache
 
     tune = _tuning()
-    for name, slot in {"slot_huge": 10**9, "slot_nb_bs": 24, "slot_minus_two": -2, "slot_very_negative": -10**9}.items():
+    for name, slot in {
+        "slot_huge": 10**9,
+        "slot_nb_bs": 24,
+        "slot_minus_two": -2,
+        "slot_very_negative": -(10**9),
+    }.items():
         slots = torch.tensor([0, slot, 5], dtype=torch.int64)
 
         def kv(slots=slots):
@@ -246,12 +305,14 @@ def _rotary_cases(r):
 
     from hetero.kernels import layers
 
-    for name, pos in {"pos_huge": 10**9, "pos_max": 16, "pos_negative": -1, "pos_very_negative": -10**12}.items():
+    for name, pos in {"pos_huge": 10**9, "pos_max": 16, "pos_negative": -1, "pos_very_negative": -(10**12)}.items():
         positions = torch.tensor([0, pos, 3], dtype=torch.int64)
 
         def call(positions=positions):
             cs, _ = _guarded((16, 8), lambda s: torch.randn(*s), float("nan"))
-            q, k = layers.rotary_embedding(positions, torch.randn(3, 2, 12), torch.randn(3, 1, 12), cs, tuning=_tuning())
+            q, k = layers.rotary_embedding(
+                positions, torch.randn(3, 2, 12), torch.randn(3, 1, 12), cs, tuning=_tuning()
+            )
             return [], [q, k]
 
         r.add(name, call)
@@ -262,8 +323,14 @@ def _grouped_gemm_cases(r):
 
     from hetero.kernels import gemm
 
-    bad = {"decreasing": [6, 2, 9], "past_m": [3, 5, BIG], "negative": [-BIG, 4, 9], "huge_middle": [2, BIG, 9],
-           "all_past_m": [BIG, BIG, BIG], "negative_end": [2, 5, -3]}
+    bad = {
+        "decreasing": [6, 2, 9],
+        "past_m": [3, 5, BIG],
+        "negative": [-BIG, 4, 9],
+        "huge_middle": [2, BIG, 9],
+        "all_past_m": [BIG, BIG, BIG],
+        "negative_end": [2, 5, -3],
+    }
     for name, ends in bad.items():
         ge = torch.tensor(ends, dtype=torch.int32)
 
@@ -286,22 +353,40 @@ def _moe_cases(r):
         r.add("permute_" + name, lambda ids=ids: (moe.moe_permute(torch.randn(3, 8), ids, 4, tuning=tune), ([], []))[1])
 
         def fused(ids=ids):
-            y = moe.fused_moe(torch.randn(3, 8), torch.randn(4, 12, 8), torch.randn(4, 8, 6), torch.rand(3, 2), ids, tuning=tune)
+            y = moe.fused_moe(
+                torch.randn(3, 8), torch.randn(4, 12, 8), torch.randn(4, 8, 6), torch.rand(3, 2), ids, tuning=tune
+            )
             return [], [y]
 
         r.add("fused_" + name, fused)
 
         def fused_biased(ids=ids):  # the spec 1.3 path: the biases are gathered by expert id too
-            y = moe.fused_moe(torch.randn(3, 8), torch.randn(4, 12, 8), torch.randn(4, 8, 6), torch.rand(3, 2), ids,
-                              activation="swigluoai", limit=7.0, w13_bias=torch.randn(4, 12), w2_bias=torch.randn(4, 8),
-                              tuning=tune)
+            y = moe.fused_moe(
+                torch.randn(3, 8),
+                torch.randn(4, 12, 8),
+                torch.randn(4, 8, 6),
+                torch.rand(3, 2),
+                ids,
+                activation="swigluoai",
+                limit=7.0,
+                w13_bias=torch.randn(4, 12),
+                w2_bias=torch.randn(4, 8),
+                tuning=tune,
+            )
             return [], [y]
 
         r.add("fused_biased_" + name, fused_biased)
-    for name, perm in {"perm_huge": [0, 1, 2, 3, 4, BIG], "perm_negative": [0, -1, 2, 3, 4, 5], "perm_repeated": [0, 0, 1, 1, 2, 2],
-                       "perm_very_negative": [-BIG, 1, 2, 3, 4, 5]}.items():
+    for name, perm in {
+        "perm_huge": [0, 1, 2, 3, 4, BIG],
+        "perm_negative": [0, -1, 2, 3, 4, 5],
+        "perm_repeated": [0, 0, 1, 1, 2, 2],
+        "perm_very_negative": [-BIG, 1, 2, 3, 4, 5],
+    }.items():
         p = torch.tensor(perm, dtype=torch.int64)
-        r.add("unpermute_" + name, lambda p=p: (moe.moe_unpermute(torch.randn(6, 8), p, torch.rand(3, 2), tuning=tune), ([], []))[1])
+        r.add(
+            "unpermute_" + name,
+            lambda p=p: (moe.moe_unpermute(torch.randn(6, 8), p, torch.rand(3, 2), tuning=tune), ([], []))[1],
+        )
 
 
 def _ep_cases(r):
@@ -352,7 +437,7 @@ def _dsa_cases(r):
 
     g = torch.Generator().manual_seed(2)
     rnd = lambda shape: torch.randn(*shape, generator=g)  # noqa: E731
-    wild = torch.tensor([[0, BIG, -BIG, 5, 3], [-1, 11, 12, 2**31 - 1, -2**31]] * 4, dtype=torch.int32)
+    wild = torch.tensor([[0, BIG, -BIG, 5, 3], [-1, 11, 12, 2**31 - 1, -(2**31)]] * 4, dtype=torch.int32)
     for name, change in {**_PAGED_BAD, "good": {}}.items():
         m = _meta(**{**_GOOD, **change})
 
@@ -361,7 +446,9 @@ def _dsa_cases(r):
                 kc, _ = _guarded((6, 4, 128), rnd, float("nan"))
                 scale = _guarded((6, 4, 1), lambda s: torch.rand(*s), float("nan"))[0] if fp8 else None
                 kc = kc.to(torch.float8_e4m3fn) if fp8 else kc  # (a copy: the guards stay on the float tensor)
-                out = dsa.indexer_topk(rnd((8, 4, 128)), rnd((8, 4)), kc, m, topk=6, index_scale=scale, tuning=_tuning())
+                out = dsa.indexer_topk(
+                    rnd((8, 4, 128)), rnd((8, 4)), kc, m, topk=6, index_scale=scale, tuning=_tuning()
+                )
                 if int(out.min()) < -1 or int(out.max()) >= 12:  # positions within the table's columns
                     print("POISON", "indexer", "returned a position outside the block table", flush=True)
             return [], []
@@ -370,13 +457,20 @@ def _dsa_cases(r):
             ckv, _ = _guarded((6, 4, 32), rnd, float("nan"))
             kpe, _ = _guarded((6, 4, 16), rnd, float("nan"))
             out, guards = _guarded((8, 4, 32), 0.0)
-            res = A.mla_attention(rnd((8, 4, 32)), rnd((8, 4, 16)), ckv, kpe, m, scale=0.2, topk_indices=wild, tuning=_tuning())
+            res = A.mla_attention(
+                rnd((8, 4, 32)), rnd((8, 4, 16)), ckv, kpe, m, scale=0.2, topk_indices=wild, tuning=_tuning()
+            )
             out.copy_(res)
             return guards, [out]
 
         r.add("indexer_" + name, indexer)
         r.add("sparse_mla_" + name, sparse)
-    for name, slot in {"slot_huge": 10**9, "slot_nb_bs": 24, "slot_minus_two": -2, "slot_very_negative": -10**9}.items():
+    for name, slot in {
+        "slot_huge": 10**9,
+        "slot_nb_bs": 24,
+        "slot_minus_two": -2,
+        "slot_very_negative": -(10**9),
+    }.items():
         slots = torch.tensor([0, slot, 5], dtype=torch.int64)
 
         def write(slots=slots):
@@ -384,8 +478,13 @@ def _dsa_cases(r):
             cache.write_index_k(torch.randn(3, 128), plain, slots, tuning=_tuning())
             fp8 = torch.zeros(6 * 4 * 128 + 2 * PAD, dtype=torch.uint8)
             scale, gs = _guarded((6, 4, 1), 0.0)
-            cache.write_index_k(torch.randn(3, 128), fp8[PAD:-PAD].view(torch.float8_e4m3fn).view(6, 4, 128), slots,
-                                index_scale=scale, tuning=_tuning())
+            cache.write_index_k(
+                torch.randn(3, 128),
+                fp8[PAD:-PAD].view(torch.float8_e4m3fn).view(6, 4, 128),
+                slots,
+                index_scale=scale,
+                tuning=_tuning(),
+            )
             bytes_ok = bool((fp8[:PAD] == 0).all() and (fp8[-PAD:] == 0).all())
             return [*gp, *gs] + ([] if bytes_ok else [torch.full((1,), 1.0)]), []
 
@@ -398,7 +497,7 @@ def _fp8_guarded(shape):
 
     n = shape[0] * shape[1]
     buf = torch.full((n + 2 * PAD,), 0x7F, dtype=torch.uint8)
-    t = buf[PAD:PAD + n].view(torch.float8_e4m3fn).view(*shape)
+    t = buf[PAD : PAD + n].view(torch.float8_e4m3fn).view(*shape)
     t.copy_(torch.randn(*shape).to(torch.float8_e4m3fn))
     return t
 
@@ -409,8 +508,13 @@ def _quant_cases(r):
     from hetero.kernels import moe, quant
 
     tune = _tuning()
-    bad = {"decreasing": [6, 2, 9], "past_m": [3, 5, BIG], "negative": [-BIG, 4, 9], "huge_middle": [2, BIG, 9],
-           "negative_end": [2, 5, -3]}
+    bad = {
+        "decreasing": [6, 2, 9],
+        "past_m": [3, 5, BIG],
+        "negative": [-BIG, 4, 9],
+        "huge_middle": [2, BIG, 9],
+        "negative_end": [2, 5, -3],
+    }
     for name, ends in bad.items():
         ge = torch.tensor(ends, dtype=torch.int32)
 
@@ -426,9 +530,19 @@ def _quant_cases(r):
     for name, bad_id in {"expert_e": 4, "expert_negative": -1, "expert_huge": BIG}.items():
         ids = torch.tensor([[0, 1], [bad_id, 2], [3, bad_id]], dtype=torch.int32)
         for act_quant in ("token", None):
+
             def fused(ids=ids, act_quant=act_quant):
-                y = moe.fused_moe(torch.randn(3, 8), w13, w2, torch.rand(3, 2), ids, w13_scale=s13, w2_scale=s2,
-                                  act_quant=act_quant, tuning=tune)
+                y = moe.fused_moe(
+                    torch.randn(3, 8),
+                    w13,
+                    w2,
+                    torch.rand(3, 2),
+                    ids,
+                    w13_scale=s13,
+                    w2_scale=s2,
+                    act_quant=act_quant,
+                    tuning=tune,
+                )
                 return [], [y]
 
             r.add(f"fused_{act_quant}_{name}", fused)
@@ -439,7 +553,7 @@ def _child(family):
     {"paged": lambda: _paged_cases(r, mla=False), "mla": lambda: _paged_cases(r, mla=True), "varlen": lambda: _varlen_cases(r),
      "cache": lambda: _cache_cases(r), "rotary": lambda: _rotary_cases(r), "grouped_gemm": lambda: _grouped_gemm_cases(r),
      "moe": lambda: _moe_cases(r), "ep": lambda: _ep_cases(r), "dsa": lambda: _dsa_cases(r),
-     "quant": lambda: _quant_cases(r)}[family]()
+     "quant": lambda: _quant_cases(r)}[family]()  # fmt: skip
     r.run()
 
 

@@ -5,6 +5,7 @@ Each kernel runs twice where it matters: with the interpreter's tuning (big tile
 tokens or rows per program) and with the portable GPU defaults (one token per program),
 so the tile shapes a GPU launches are checked too.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -152,7 +153,9 @@ def test_merge_matches_reference_with_empty_sides_and_garbage(tune, dtype):
     assert torch.equal(torch.isfinite(lse), torch.isfinite(want_lse))
     fin = torch.isfinite(want_lse)
     torch.testing.assert_close(lse[fin], want_lse[fin], rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(out, want_out, rtol=1e-5 if dtype == torch.float32 else 1.6e-2, atol=1e-5 if dtype == torch.float32 else 1e-2)
+    torch.testing.assert_close(
+        out, want_out, rtol=1e-5 if dtype == torch.float32 else 1.6e-2, atol=1e-5 if dtype == torch.float32 else 1e-2
+    )
 
 
 def test_merge_one_side_is_identity_and_large_lse(triton_backend):

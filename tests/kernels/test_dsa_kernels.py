@@ -5,6 +5,7 @@ Each runs with the interpreter's tuning (big tiles) and with GPU-sized tiles shr
 (several key spans, selection tiles and workspace chunks per call), so every loop of the
 kernels runs more than once.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,10 @@ from hetero_cpu_ref import attention as ref_att
 from hetero_cpu_ref import dsa as ref
 
 FP8 = torch.float8_e4m3fn
-_SMALL = {"indexer_topk": {"SPAN": 32, "BLOCK_N": 16, "FP8_BLOCK_N": 16, "SELECT_BLOCK": 16, "WORKSPACE": 40},
-          "mla_sparse": {"BLOCK_H": 16, "BLOCK_N": 16}}
+_SMALL = {
+    "indexer_topk": {"SPAN": 32, "BLOCK_N": 16, "FP8_BLOCK_N": 16, "SELECT_BLOCK": 16, "WORKSPACE": 40},
+    "mla_sparse": {"BLOCK_H": 16, "BLOCK_N": 16},
+}
 
 
 @pytest.fixture(params=["interpreter", "small-tiles"])
@@ -52,8 +55,11 @@ def _scores64(q, w, cache, scale, meta, t, pos_of):
     bs = cache.shape[1]
     j = torch.arange(pos + 1)
     blk = meta.block_table[b].long()[j // bs]
-    k = cache[blk, j % bs].double() if scale is None else (cache[blk, j % bs].double().unflatten(-1, (-1, 128))
-                                                          * scale[blk, j % bs].double()[..., None]).flatten(-2)
+    k = (
+        cache[blk, j % bs].double()
+        if scale is None
+        else (cache[blk, j % bs].double().unflatten(-1, (-1, 128)) * scale[blk, j % bs].double()[..., None]).flatten(-2)
+    )
     return (torch.relu(q[t].double() @ k.T) * w[t].double()[:, None]).sum(0)
 
 
@@ -120,8 +126,15 @@ def test_fp8_rounding_covers_every_code_ties_and_subnormals(tune):
 
     codes = torch.arange(0, 127, dtype=torch.uint8).view(FP8).float()  # 0 .. 448, subnormals included
     mids = (codes[1:] + codes[:-1]) / 2
-    vals = torch.cat([codes, mids, torch.nextafter(mids, torch.zeros(())), torch.nextafter(mids, torch.full((), 1e9)),
-                      torch.tensor([1e-30, 2.0**-10, 3 * 2.0**-11])])
+    vals = torch.cat(
+        [
+            codes,
+            mids,
+            torch.nextafter(mids, torch.zeros(())),
+            torch.nextafter(mids, torch.full((), 1e9)),
+            torch.tensor([1e-30, 2.0**-10, 3 * 2.0**-11]),
+        ]
+    )
     vals = torch.cat([vals, -vals])
     per = 127
     rows = -(-vals.numel() // per)
@@ -245,8 +258,12 @@ def test_indexer_topk_rejects_bad_arguments(tune):
 
 
 def _mla_inputs(g, t, h, lkv, r, nb, bs, dtype):
-    return (torch.randn(t, h, lkv, generator=g).to(dtype), torch.randn(t, h, r, generator=g).to(dtype),
-            torch.randn(nb, bs, lkv, generator=g).to(dtype), torch.randn(nb, bs, r, generator=g).to(dtype))
+    return (
+        torch.randn(t, h, lkv, generator=g).to(dtype),
+        torch.randn(t, h, r, generator=g).to(dtype),
+        torch.randn(nb, bs, lkv, generator=g).to(dtype),
+        torch.randn(nb, bs, r, generator=g).to(dtype),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -268,10 +285,22 @@ def test_sparse_mla_matches_reference(tune, dtype, causal):
             idx[i, c] = j if j not in seen else -1
             seen.add(j)
     out = torch.full((t, h, 48), float("nan")).to(dtype)
-    got, lse = attention.mla_attention(qn, qp, ckv, kpe, meta, scale=0.17, causal=causal, return_lse=True,
-                                       topk_indices=idx.long() if causal else idx, tuning=tune)
+    got, lse = attention.mla_attention(
+        qn,
+        qp,
+        ckv,
+        kpe,
+        meta,
+        scale=0.17,
+        causal=causal,
+        return_lse=True,
+        topk_indices=idx.long() if causal else idx,
+        tuning=tune,
+    )
     out.copy_(got)
-    want, want_lse = ref_att.mla_attention(qn, qp, ckv, kpe, meta, scale=0.17, causal=causal, return_lse=True, topk_indices=idx)
+    want, want_lse = ref_att.mla_attention(
+        qn, qp, ckv, kpe, meta, scale=0.17, causal=causal, return_lse=True, topk_indices=idx
+    )
     tol = {"rtol": 2e-5, "atol": 2e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     torch.testing.assert_close(out.float(), want.float(), **tol)
     torch.testing.assert_close(lse, want_lse, rtol=2e-5, atol=2e-5)
@@ -296,8 +325,11 @@ def test_sparse_mla_rejects_bad_indices(tune):
 
     meta = AttentionMeta.build([2], [2], [[0]])
     args = (torch.randn(2, 2, 16), torch.randn(2, 2, 16), torch.randn(1, 4, 16), torch.randn(1, 4, 16), meta)
-    for bad, match in ((torch.zeros(3, 4, dtype=torch.int32), "topk_indices"), (torch.zeros(2, 4), "topk_indices"),
-                       (torch.zeros(2, 0, dtype=torch.int32), "K >= 1")):
+    for bad, match in (
+        (torch.zeros(3, 4, dtype=torch.int32), "topk_indices"),
+        (torch.zeros(2, 4), "topk_indices"),
+        (torch.zeros(2, 0, dtype=torch.int32), "K >= 1"),
+    ):
         with pytest.raises(OpError, match=match):
             attention.mla_attention(*args, scale=1.0, topk_indices=bad, tuning=tune)
 
@@ -312,15 +344,22 @@ def test_backend_pipeline_indexer_then_sparse_mla(triton_backend):
     meta = _meta([3, 1], [8, 5], 4, 8, g)
     k = torch.randn(13, 128, generator=g)
     cache, scale = torch.zeros(8, 4, 128, dtype=FP8), torch.zeros(8, 4, 1)
-    slots = torch.cat([meta.block_table[0, :2].long()[:, None] * 4 + torch.arange(4), meta.block_table[1, :2].long()[:, None] * 4
-                       + torch.arange(4)]).flatten()[:13]
+    slots = torch.cat(
+        [
+            meta.block_table[0, :2].long()[:, None] * 4 + torch.arange(4),
+            meta.block_table[1, :2].long()[:, None] * 4 + torch.arange(4),
+        ]
+    ).flatten()[:13]
     triton_backend.write_index_k(k, cache, slots, index_scale=scale)
-    idx = triton_backend.indexer_topk(torch.randn(4, 8, 128, generator=g), torch.rand(4, 8, generator=g), cache, meta,
-                                      topk=3, index_scale=scale)
+    idx = triton_backend.indexer_topk(
+        torch.randn(4, 8, 128, generator=g), torch.rand(4, 8, generator=g), cache, meta, topk=3, index_scale=scale
+    )
     assert idx[:, :3].ge(0).all()
     qn, qp, ckv, kpe = _mla_inputs(g, 4, 2, 32, 16, 8, 4, torch.float32)
     out = triton_backend.mla_attention(qn, qp, ckv, kpe, meta, scale=0.2, topk_indices=idx)
-    torch.testing.assert_close(out, ref_att.mla_attention(qn, qp, ckv, kpe, meta, scale=0.2, topk_indices=idx), rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(
+        out, ref_att.mla_attention(qn, qp, ckv, kpe, meta, scale=0.2, topk_indices=idx), rtol=2e-5, atol=2e-5
+    )
     assert triton_backend.supports("indexer_topk", dtype="float64") is not None
     assert triton_backend.supports("indexer_topk", dtype="bfloat16") is None
     assert triton_backend.supports("write_index_k", dtype="float32") is None

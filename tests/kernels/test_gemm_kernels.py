@@ -1,6 +1,7 @@
 """The Triton GEMM kernels (gemm, scaled_gemm, grouped_gemm) against the CPU reference, through
 Triton's interpreter. Small problems with small tiles, so that every launch has several tiles
 in each direction (swizzle, masks, group boundaries inside and across tiles)."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,7 +26,9 @@ def small_tiles(**extra) -> Tuning:
 def close(got: torch.Tensor, want: torch.Tensor) -> None:
     atol, rtol = TOL.get(want.dtype, (1e-5, 1e-5))
     assert got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(got.float(), want.float(), atol=atol * max(1.0, float(want.float().abs().max())), rtol=rtol)
+    torch.testing.assert_close(
+        got.float(), want.float(), atol=atol * max(1.0, float(want.float().abs().max())), rtol=rtol
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,5 +1,6 @@
 """TritonBackend binds every op in one loop over KERNEL_OPS: the table matches the kernel modules'
 ``__all__``, and each bound op is the kernel with the instance's tuning under the spec's signature."""
+
 from __future__ import annotations
 
 import importlib

@@ -1,5 +1,6 @@
 """The Triton glue-op kernels (rms_norm, layer_norm, rotary_embedding, silu_and_mul) against the reference,
 through Triton's interpreter on CPU tensors."""
+
 from __future__ import annotations
 
 import pytest
@@ -99,8 +100,15 @@ def test_rms_norm_empty_and_errors(triton_backend):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("opts", [{"weight_offset": 1.0}, {"weight_offset": 1.0, "residual": True},
-                                  {"gate": "silu"}, {"gate": "sigmoid", "weight_offset": -0.5}])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"weight_offset": 1.0},
+        {"weight_offset": 1.0, "residual": True},
+        {"gate": "silu"},
+        {"gate": "sigmoid", "weight_offset": -0.5},
+    ],
+)
 def test_rms_norm_options(tune, dtype, opts):
     """Spec 1.2: the zero-centred weight (offset scalar) and the gated norm per head ([T, HV, V] rows)."""
     g = _gen(8)
@@ -130,8 +138,9 @@ def test_rms_norm_options_two_pass_and_errors(monkeypatch, triton_backend):
     for kw in ({"weight_offset": 1.0}, {"gate": z, "gate_act": "silu"}, {"gate": z, "gate_act": "sigmoid"}):
         got = layers.rms_norm(x, w, 1e-6, tuning=triton_backend.tune, **kw)
         torch.testing.assert_close(got, ref.rms_norm(x, w, 1e-6, **kw), **_tol(torch.bfloat16))
-    assert layers.rms_norm(torch.empty(0, 8, 64), torch.ones(64), 1e-6, gate=torch.empty(0, 8, 64),
-                           tuning=triton_backend.tune).shape == (0, 8, 64)
+    assert layers.rms_norm(
+        torch.empty(0, 8, 64), torch.ones(64), 1e-6, gate=torch.empty(0, 8, 64), tuning=triton_backend.tune
+    ).shape == (0, 8, 64)
     with pytest.raises(OpError, match="'gate'.*residual"):
         layers.rms_norm(x, w, 1e-6, residual=x, gate=z, tuning=triton_backend.tune)
     with pytest.raises(OpError, match="gate_act"):

@@ -1,6 +1,7 @@
 """The Triton MoE ops (route, moe_permute, moe_unpermute, fused_moe) against the CPU reference,
 through Triton's interpreter. Small tiles, so that the counting sort spans several pair blocks
 and expert slices, and expert groups span several GEMM tiles."""
+
 from __future__ import annotations
 
 import math
@@ -15,12 +16,17 @@ cpu_ref = pytest.importorskip("hetero_cpu_ref.moe")
 
 def small_tiles() -> Tuning:
     gemm = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4}
-    table = TuningTable(vendor="test", archs={"tiny": {
-        "fused_moe": gemm,
-        "grouped_gemm": gemm,
-        "moe_permute": {"BLOCK_P": 16, "BLOCK_E": 4, "BLOCK_B": 2, "BLOCK_R": 8, "BLOCK_H": 16},
-        "moe_unpermute": {"BLOCK_T": 4, "BLOCK_H": 16},
-    }})
+    table = TuningTable(
+        vendor="test",
+        archs={
+            "tiny": {
+                "fused_moe": gemm,
+                "grouped_gemm": gemm,
+                "moe_permute": {"BLOCK_P": 16, "BLOCK_E": 4, "BLOCK_B": 2, "BLOCK_R": 8, "BLOCK_H": 16},
+                "moe_unpermute": {"BLOCK_T": 4, "BLOCK_H": 16},
+            }
+        },
+    )
     return Tuning(table, "tiny", interpreted=True)
 
 
@@ -60,7 +66,9 @@ def test_moe_unpermute(dtype):
     got = moe.moe_unpermute(y, perm, w, tuning=small_tiles())
     want = cpu_ref.moe_unpermute(y, perm, w)
     assert got.dtype == dtype
-    torch.testing.assert_close(got, want, atol=1e-5 if dtype == torch.float32 else 1e-2, rtol=1e-5 if dtype == torch.float32 else 1e-2)
+    torch.testing.assert_close(
+        got, want, atol=1e-5 if dtype == torch.float32 else 1e-2, rtol=1e-5 if dtype == torch.float32 else 1e-2
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -83,8 +91,13 @@ def test_fused_moe_with_empty_experts(dtype):
 
 
 def test_fused_moe_no_tokens(triton_backend):
-    out = triton_backend.fused_moe(torch.randn(0, 8), torch.randn(3, 4, 8), torch.randn(3, 8, 2), torch.rand(0, 2),
-                                   torch.zeros(0, 2, dtype=torch.int32))
+    out = triton_backend.fused_moe(
+        torch.randn(0, 8),
+        torch.randn(3, 4, 8),
+        torch.randn(3, 8, 2),
+        torch.rand(0, 2),
+        torch.zeros(0, 2, dtype=torch.int32),
+    )
     assert out.shape == (0, 8)
 
 
@@ -98,8 +111,10 @@ def _clamped_experts(g: torch.Generator, dtype: torch.dtype, m=19, k=3, e=7, h=4
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("act,limit,alpha", [("swigluoai", 7.0, 1.702), ("swigluoai", 3.0, 1.0), ("swiglu_clamp", 10.0, 1.702),
-                                             ("silu", None, 1.702)])
+@pytest.mark.parametrize(
+    "act,limit,alpha",
+    [("swigluoai", 7.0, 1.702), ("swigluoai", 3.0, 1.0), ("swiglu_clamp", 10.0, 1.702), ("silu", None, 1.702)],
+)
 @pytest.mark.parametrize("biases", ["none", "w13", "w2", "both"])
 def test_fused_moe_activations_and_biases(dtype, act, limit, alpha, biases):
     """Each activation, with and without each expert bias, within twice the reference's own error
@@ -108,8 +123,13 @@ def test_fused_moe_activations_and_biases(dtype, act, limit, alpha, biases):
 
     g = torch.Generator().manual_seed(5)
     x, w13, w2, b13, b2, ids, w = _clamped_experts(g, dtype)
-    kw = dict(activation=act, alpha=alpha, limit=limit, w13_bias=b13 if biases in ("w13", "both") else None,
-              w2_bias=b2 if biases in ("w2", "both") else None)
+    kw = dict(
+        activation=act,
+        alpha=alpha,
+        limit=limit,
+        w13_bias=b13 if biases in ("w13", "both") else None,
+        w2_bias=b2 if biases in ("w2", "both") else None,
+    )
     got = moe.fused_moe(x, w13, w2, w, ids, tuning=small_tiles(), **kw)
     want = cpu_ref.fused_moe(x, w13, w2, w, ids, **kw)
     wide = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
@@ -136,20 +156,37 @@ def test_fused_moe_biased_gpu_tiles_and_strided_bias():
 def test_fused_moe_option_checks(triton_backend):
     from hetero import OpError
 
-    x, w13, w2, w, ids = torch.ones(3, 8), torch.ones(4, 6, 8), torch.ones(4, 8, 3), torch.ones(3, 2), torch.zeros(3, 2, dtype=torch.int32)
-    for arg, kw in [("limit", dict(limit=7.0)), ("limit", dict(activation="swigluoai")), ("limit", dict(activation="swiglu_clamp", limit=0.0)),
-                    ("alpha", dict(activation="swigluoai", limit=7.0, alpha=float("nan"))), ("activation", dict(activation="gelu")),
-                    ("w13_bias", dict(w13_bias=torch.ones(4, 3))), ("w2_bias", dict(w2_bias=torch.ones(4, 8).double()))]:
+    x, w13, w2, w, ids = (
+        torch.ones(3, 8),
+        torch.ones(4, 6, 8),
+        torch.ones(4, 8, 3),
+        torch.ones(3, 2),
+        torch.zeros(3, 2, dtype=torch.int32),
+    )
+    for arg, kw in [
+        ("limit", dict(limit=7.0)),
+        ("limit", dict(activation="swigluoai")),
+        ("limit", dict(activation="swiglu_clamp", limit=0.0)),
+        ("alpha", dict(activation="swigluoai", limit=7.0, alpha=float("nan"))),
+        ("activation", dict(activation="gelu")),
+        ("w13_bias", dict(w13_bias=torch.ones(4, 3))),
+        ("w2_bias", dict(w2_bias=torch.ones(4, 8).double())),
+    ]:
         with pytest.raises(OpError) as info:
             triton_backend.fused_moe(x, w13, w2, w, ids, **kw)
         assert (info.value.op, info.value.arg) == ("fused_moe", arg)
 
 
-@pytest.mark.parametrize("kw", [
-    dict(top_k=4, scoring="softmax", renormalize=True),
-    dict(top_k=3, scoring="softmax", renormalize=False, n_group=4, topk_group=2, routed_scaling_factor=16.0),
-    dict(top_k=4, scoring="sigmoid", renormalize=True, n_group=4, topk_group=2, routed_scaling_factor=2.5, bias=True),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(top_k=4, scoring="softmax", renormalize=True),
+        dict(top_k=3, scoring="softmax", renormalize=False, n_group=4, topk_group=2, routed_scaling_factor=16.0),
+        dict(
+            top_k=4, scoring="sigmoid", renormalize=True, n_group=4, topk_group=2, routed_scaling_factor=2.5, bias=True
+        ),
+    ],
+)
 def test_route_matches_reference(kw, triton_backend):
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(9, 16, generator=g) * 2
@@ -180,9 +217,15 @@ def test_gpu_default_tiles():
     a, b = torch.randn(90, 72, generator=g), torch.randn(4, 24, 72, generator=g)
     from hetero_cpu_ref.gemm import grouped_gemm, scaled_gemm
 
-    torch.testing.assert_close(gemm.grouped_gemm(a, b, ends, tuning=gpu), grouped_gemm(a, b, ends), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(
+        gemm.grouped_gemm(a, b, ends, tuning=gpu), grouped_gemm(a, b, ends), atol=1e-4, rtol=1e-5
+    )
     qa = torch.randn(5, 300, generator=g).to(torch.float8_e4m3fn)
     qb = torch.randn(130, 300, generator=g).to(torch.float8_e4m3fn)
     sa, sb = torch.rand(5, 3, generator=g), torch.rand(2, 3, generator=g)
-    torch.testing.assert_close(gemm.scaled_gemm(qa, qb, sa, sb, out_dtype=torch.float32, tuning=gpu),
-                               scaled_gemm(qa, qb, sa, sb, out_dtype=torch.float32), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(
+        gemm.scaled_gemm(qa, qb, sa, sb, out_dtype=torch.float32, tuning=gpu),
+        scaled_gemm(qa, qb, sa, sb, out_dtype=torch.float32),
+        atol=1e-4,
+        rtol=1e-5,
+    )

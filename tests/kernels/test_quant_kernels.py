@@ -1,6 +1,7 @@
 """Triton quantized kernels under the interpreter: quantize_activation bit for bit (against torch's
 own conversions and the reference), scaled_grouped_gemm against float64 on dequantized operands,
 fused_moe's quantized mode against the reference composition."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,12 +30,15 @@ def _own_quantize(x, dtype, group_size, ue8m0=False, asymmetric=False):
     gs = k if group_size is None else group_size
     qs, ss, zs = [], [], []
     for c0 in range(0, max(k, 1) if group_size is None else k, max(gs, 1)):
-        xg = x[:, c0:c0 + gs]
+        xg = x[:, c0 : c0 + gs]
         if asymmetric:
             lo, hi = xg.amin(1, keepdim=True).clamp(max=0), xg.amax(1, keepdim=True).clamp(min=0)
             s = torch.clamp(hi - lo, min=1e-10) / 255
         else:
-            s = torch.clamp(xg.abs().amax(1, keepdim=True) if xg.shape[1] else torch.zeros(m, 1), min=1e-10) / QMAX[dtype]
+            s = (
+                torch.clamp(xg.abs().amax(1, keepdim=True) if xg.shape[1] else torch.zeros(m, 1), min=1e-10)
+                / QMAX[dtype]
+            )
         if ue8m0:
             s = torch.exp2(torch.ceil(torch.log2(s.double()))).float()
         if asymmetric:
@@ -65,8 +69,15 @@ def test_fp8_rounding_every_code_and_midpoint(dtype, tune):
     codes = torch.arange(0, 128, dtype=torch.uint8).view(dtype).float()
     codes = codes[codes <= qmax]
     mids = (codes[1:] + codes[:-1]) / 2
-    vals = torch.cat([codes, mids, torch.nextafter(mids, torch.zeros(())), torch.nextafter(mids, torch.full((), 1e9)),
-                      torch.tensor([1e-30, 2.0**-11, 3 * 2.0**-12, 2.0**-12])])
+    vals = torch.cat(
+        [
+            codes,
+            mids,
+            torch.nextafter(mids, torch.zeros(())),
+            torch.nextafter(mids, torch.full((), 1e9)),
+            torch.tensor([1e-30, 2.0**-11, 3 * 2.0**-12, 2.0**-12]),
+        ]
+    )
     vals = torch.cat([vals, -vals])
     per = 127
     rows = -(-vals.numel() // per)
@@ -134,13 +145,18 @@ def test_quantize_rejects_bad_arguments(tune):
     from hetero.kernels.quant import quantize_activation
 
     x = torch.randn(4, 64)
-    for kw in ({"dtype": torch.float16}, {"dtype": FN, "group_size": 0}, {"dtype": FN, "scale_fmt": "e8m0"},
-               {"dtype": FN, "asymmetric": True}):
+    for kw in (
+        {"dtype": torch.float16},
+        {"dtype": FN, "group_size": 0},
+        {"dtype": FN, "scale_fmt": "e8m0"},
+        {"dtype": FN, "asymmetric": True},
+    ):
         with pytest.raises(OpError):
             quantize_activation(x, tuning=tune, **kw)
 
 
 # ----------------------------------------------------------------------------- scaled_grouped_gemm
+
 
 def _quantize_weights(w: torch.Tensor, dtype: torch.dtype, form: str):
     """(b, b_scale) of float weights [G, N, K] in a grouped b_scale form."""
@@ -230,7 +246,7 @@ def test_scaled_grouped_gemm_matches_float64(case, tune):
     out = scaled_grouped_gemm(a, b, a_scale, b_scale, ends, out_dtype=torch.float32, tuning=tune)
     want = _oracle(a, b, a_scale, b_scale, ends.tolist(), b_form)
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
-    assert torch.equal(out[m - 2:], torch.zeros(2, n))
+    assert torch.equal(out[m - 2 :], torch.zeros(2, n))
 
 
 def test_scaled_grouped_gemm_zero_point_and_reference(tune):
@@ -248,7 +264,9 @@ def test_scaled_grouped_gemm_zero_point_and_reference(tune):
         want = _oracle(a, b, a_scale, b_scale, ends.tolist(), "block", zp)
         tol = 1e-5 if dt == torch.float32 else 8e-3
         torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol)
-        torch.testing.assert_close(out, ref(a, b, a_scale, b_scale, ends, a_zero_point=zp, out_dtype=dt), rtol=tol, atol=tol)
+        torch.testing.assert_close(
+            out, ref(a, b, a_scale, b_scale, ends, a_zero_point=zp, out_dtype=dt), rtol=tol, atol=tol
+        )
 
 
 # ----------------------------------------------------------------------------- fused_moe, quantized
@@ -300,8 +318,18 @@ def test_fused_moe_quantized_rejects_bad_options(tune):
     with pytest.raises(OpError):  # quantized weights need their scales
         fused_moe(x, q13, q2, weights, ids, tuning=tune)
     with pytest.raises(OpError):
-        fused_moe(x, q13, q2, weights, ids, w13_scale=torch.ones(2), w2_scale=torch.ones(2), act_quant="group64",
-                  tuning=tune)
-    out = fused_moe(x[:0], q13, q2, weights[:0], ids[:0], w13_scale=torch.ones(2), w2_scale=torch.ones(2),
-                    act_quant="token", tuning=tune)
+        fused_moe(
+            x, q13, q2, weights, ids, w13_scale=torch.ones(2), w2_scale=torch.ones(2), act_quant="group64", tuning=tune
+        )
+    out = fused_moe(
+        x[:0],
+        q13,
+        q2,
+        weights[:0],
+        ids[:0],
+        w13_scale=torch.ones(2),
+        w2_scale=torch.ones(2),
+        act_quant="token",
+        tuning=tune,
+    )
     assert out.shape == (0, 8)

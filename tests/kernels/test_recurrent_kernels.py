@@ -3,6 +3,7 @@ against float64 recurrences written here from the spec, through Triton's interpr
 
 Shapes are tiny (the interpreter is slow) but cross the chunk boundaries 63/64/65/128/129.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,9 +47,9 @@ def conv_ref(x, weight, bias, state, qsl, slots, init, activation):
         prev = state[p] if init[n] else torch.zeros(width - 1, x.shape[1], dtype=x.dtype)
         xx = torch.cat([prev, x[a:e]])
         xd = xx.double()
-        y = sum(w[:, j] * xd[j:j + e - a] for j in range(width)) + (bias.double() if bias is not None else 0.0)
+        y = sum(w[:, j] * xd[j : j + e - a] for j in range(width)) + (bias.double() if bias is not None else 0.0)
         out[a:e] = y * torch.sigmoid(y) if activation == "silu" else y
-        state[p] = xx[e - a:]
+        state[p] = xx[e - a :]
     return out, state
 
 
@@ -81,9 +82,9 @@ def _delta_inputs(t, h=2, hv=4, kd=16, vd=16, kda=False, dtype=torch.float32, l2
     """q, k, v as strided views of one fused projection (as a model's in_proj gives them), g, beta."""
     gen = torch.Generator().manual_seed(seed)
     fused = torch.randn(t, 2 * h * kd + hv * vd + 8, generator=gen)
-    q = fused[:, :h * kd].view(t, h, kd)
-    k = fused[:, h * kd:2 * h * kd].view(t, h, kd) * (1.0 if l2 else kd ** -0.5)  # unnormalized keys: |k| ~ 1
-    v = fused[:, 2 * h * kd:2 * h * kd + hv * vd].view(t, hv, vd)
+    q = fused[:, : h * kd].view(t, h, kd)
+    k = fused[:, h * kd : 2 * h * kd].view(t, h, kd) * (1.0 if l2 else kd**-0.5)  # unnormalized keys: |k| ~ 1
+    v = fused[:, 2 * h * kd : 2 * h * kd + hv * vd].view(t, hv, vd)
     g = -torch.rand((t, hv, kd) if kda else (t, hv), generator=gen) * 0.3
     if strong:  # head 0 decays by up to e^-30 per row: exp of the chunk's cumulative sum underflows
         g[:, 0] = -torch.rand(g[:, 0].shape, generator=gen) * 30
@@ -111,7 +112,11 @@ def test_conv_varlen_matches_float64(triton_backend, width, small_tiles):
     state = torch.randn(6, width - 1, c, generator=gen)
     state[1] = state[2] = float("nan")  # slots of sequences without initial state: never read
     want, want_state = conv_ref(x, weight, bias, state, qsl, slots, init, "silu")
-    tune = _tuning(causal_conv1d={"BLOCK_T": 2, "BLOCK_C": 16, "TILES_PER_PROGRAM": 1}) if small_tiles else triton_backend.tune
+    tune = (
+        _tuning(causal_conv1d={"BLOCK_T": 2, "BLOCK_C": 16, "TILES_PER_PROGRAM": 1})
+        if small_tiles
+        else triton_backend.tune
+    )
     got_state = state.clone()
     out = _rec().causal_conv1d(x, weight, bias, got_state, qsl, slots, init, activation="silu", tuning=tune)
     _close(out, want, torch.float32)
@@ -133,7 +138,11 @@ def test_conv_bf16_no_bias_split_into_calls(triton_backend):
     assert torch.equal(s_one, want_state)
     parts, s_split, at = [], state.clone(), 0
     for i, n in enumerate((5, 1, 1)):
-        parts.append(triton_backend.causal_conv1d(x[at:at + n], weight, None, s_split, *_batch([n], [1], [i > 0]), activation=None))
+        parts.append(
+            triton_backend.causal_conv1d(
+                x[at : at + n], weight, None, s_split, *_batch([n], [1], [i > 0]), activation=None
+            )
+        )
         at += n
     assert torch.equal(torch.cat(parts), got) and torch.equal(s_split, s_one)
 
@@ -151,9 +160,16 @@ def _run_delta(fn, inputs, state, lens, slots, init, l2=True, **kw):
     return out, got_state, want, want_state
 
 
-@pytest.mark.parametrize("kda, l2, dtype, gpu_tiles", [
-    (False, True, torch.float32, False), (False, False, torch.float32, False), (True, True, torch.float32, False),
-    (False, True, torch.bfloat16, False), (True, False, torch.float16, True)])
+@pytest.mark.parametrize(
+    "kda, l2, dtype, gpu_tiles",
+    [
+        (False, True, torch.float32, False),
+        (False, False, torch.float32, False),
+        (True, True, torch.float32, False),
+        (False, True, torch.bfloat16, False),
+        (True, False, torch.float16, True),
+    ],
+)
 def test_delta_chunked_prefill_matches_float64(triton_backend, kda, l2, dtype, gpu_tiles):
     """Lengths 63, 65, 129 (chunk boundaries 63/64/65/128/129), a one-row and an empty sequence,
     GVA 2 -> 4, with and without initial state; KDA with one strongly decaying head. Chunks of 64
@@ -165,12 +181,20 @@ def test_delta_chunked_prefill_matches_float64(triton_backend, kda, l2, dtype, g
     inputs = _delta_inputs(sum(lens), vd=vd, kda=kda, dtype=dtype, l2=l2, strong=kda)
     state = torch.randn(6, 4, 16, vd, generator=torch.Generator().manual_seed(3))
     state[5] = float("nan")  # the empty sequence's slot: not read, not written
-    tune = Tuning(TuningTable(vendor="portable"), "generic", interpreted=True) if gpu_tiles else _tuning(gated_delta_rule={"BLOCK_T": 64})
+    tune = (
+        Tuning(TuningTable(vendor="portable"), "generic", interpreted=True)
+        if gpu_tiles
+        else _tuning(gated_delta_rule={"BLOCK_T": 64})
+    )
     fn = lambda *a, **kw: _rec().gated_delta_rule(*a, **kw, tuning=tune)  # noqa: E731
-    out, got, want, want_state = _run_delta(fn, inputs, state, lens, [2, 0, 4, 1, 5], [True, False, True, True, False], l2=l2)
+    out, got, want, want_state = _run_delta(
+        fn, inputs, state, lens, [2, 0, 4, 1, 5], [True, False, True, True, False], l2=l2
+    )
     assert out.dtype == dtype
     _close(out, want, dtype)
-    torch.testing.assert_close(got[:5].double(), want_state[:5], atol=1e-4 if dtype == torch.float32 else 2e-2, rtol=1e-4)
+    torch.testing.assert_close(
+        got[:5].double(), want_state[:5], atol=1e-4 if dtype == torch.float32 else 2e-2, rtol=1e-4
+    )
     assert got[5].isnan().all()
 
 
@@ -180,7 +204,9 @@ def test_delta_decode_batch_one_launch(triton_backend, kda):
     assert _rec()._delta_params(triton_backend.tune, 6, 6, 16)[0] == "recurrent"
     inputs = _delta_inputs(6, kda=kda, seed=4)
     state = torch.randn(7, 4, 16, 16, generator=torch.Generator().manual_seed(5))
-    out, got, want, want_state = _run_delta(triton_backend.gated_delta_rule, inputs, state, [1] * 6, [6, 0, -1, 3, 2, 5], [True] * 6)
+    out, got, want, want_state = _run_delta(
+        triton_backend.gated_delta_rule, inputs, state, [1] * 6, [6, 0, -1, 3, 2, 5], [True] * 6
+    )
     _close(out, want, torch.float32)
     torch.testing.assert_close(got.double(), want_state, atol=1e-5, rtol=1e-5)
     assert torch.equal(out[2], torch.zeros(4, 16)) and torch.equal(got[[1, 4]], state[[1, 4]])  # skipped, unnamed
@@ -195,7 +221,9 @@ def test_delta_either_kernel_on_any_batch(rows):
     inputs = _delta_inputs(sum(lens), vd=32, kda=bool(rows), seed=6)
     state = torch.randn(3, 4, 16, 32, generator=torch.Generator().manual_seed(7))
     fn = lambda *a, **kw: _rec().gated_delta_rule(*a, **kw, tuning=tune)  # noqa: E731
-    out, got, want, want_state = _run_delta(fn, inputs, state, lens, [2, 0, 1][:len(lens)], [True, False, True][:len(lens)])
+    out, got, want, want_state = _run_delta(
+        fn, inputs, state, lens, [2, 0, 1][: len(lens)], [True, False, True][: len(lens)]
+    )
     _close(out, want, torch.float32)
     torch.testing.assert_close(got.double(), want_state, atol=1e-4, rtol=1e-4)
 
@@ -209,7 +237,11 @@ def test_delta_chunked_prefill_carries_state(triton_backend):
     want = triton_backend.gated_delta_rule(*inputs, s_one, *one, scale=scale)
     s_split, outs, at = state.clone(), [], 0
     for i, n in enumerate((70, 79, 1)):
-        outs.append(triton_backend.gated_delta_rule(*(x[at:at + n] for x in inputs), s_split, *_batch([n], [1], [i > 0]), scale=scale))
+        outs.append(
+            triton_backend.gated_delta_rule(
+                *(x[at : at + n] for x in inputs), s_split, *_batch([n], [1], [i > 0]), scale=scale
+            )
+        )
         at += n
     torch.testing.assert_close(torch.cat(outs), want, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(s_split[1], s_one[1], atol=2e-5, rtol=1e-4)
@@ -233,8 +265,8 @@ def _guarded(shape, fill, guard):
     """A tensor of ``shape`` inside a bigger one whose first and last 64 elements hold ``guard``."""
     n = math.prod(shape)
     buf = torch.full((n + 128,), guard)
-    buf[64:64 + n] = fill.reshape(-1)
-    return buf, buf[64:64 + n].view(shape)
+    buf[64 : 64 + n] = fill.reshape(-1)
+    return buf, buf[64 : 64 + n].view(shape)
 
 
 def test_malformed_indices_stay_inside_the_tensors():
@@ -270,6 +302,7 @@ def test_chunk_halves_while_shared_memory_lacks(monkeypatch):
                 tried.append((BT, LOG_BT))
                 if BT > 32:
                     raise OutOfResources(131072, 101376, "shared memory")
+
             return launch
 
     monkeypatch.setattr(rec.chunk, "gdn_chunk_kernel", Fake())

@@ -4,6 +4,7 @@ With validation on, every malformed call must be rejected with an OpError naming
 With it off, index-content defects may return garbage, but nothing may crash, hang or
 raise an unclear error: the kernels mask every index they load.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,13 @@ def test_interpreted_triton_backend_passes_the_robustness_tier(backend, tmp_path
     index_defects = sum(1 for c in catalog() if c.index)
     for mode, flags in (("on", []), ("off", ["--no-validate"])):
         out = tmp_path / f"{mode}.json"
-        proc = subprocess.run([sys.executable, "-m", "hetero.cli", "conformance", backend, "--robustness", *flags, "--json", str(out)],
-                              env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "hetero.cli", "conformance", backend, "--robustness", *flags, "--json", str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         calls = json.loads(out.read_text())["robustness"]["calls"]
         statuses = {c["id"]: c["status"] for c in calls}

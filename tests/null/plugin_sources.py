@@ -1,6 +1,6 @@
 """Source texts of the test plugins the registry tests install."""
 
-GEMM_ONLY_PLUGIN = '''
+GEMM_ONLY_PLUGIN = """
 import torch
 import hetero
 from hetero.spec import SPEC_VERSION
@@ -26,23 +26,23 @@ class MyChip(hetero.Backend):
 @hetero.hookimpl
 def hetero_backends():
     return [MyChip]
-'''
+"""
 
 
 def gemm_only_plugin(name="mychip", *, priority=50, ok=True, reason="", spec_version="SPEC_VERSION") -> str:
     return GEMM_ONLY_PLUGIN.format(name=name, priority=priority, ok=ok, reason=reason, spec_version=spec_version)
 
 
-BROKEN_ON_IMPORT = '''
+BROKEN_ON_IMPORT = """
 raise RuntimeError("vendor runtime libvendor.so not found")
-'''
+"""
 
-EXITS_ON_IMPORT = '''
+EXITS_ON_IMPORT = """
 import sys
 sys.exit(3)
-'''
+"""
 
-UNMARKED_HOOK = '''
+UNMARKED_HOOK = """
 import hetero
 
 class Quiet(hetero.Backend):
@@ -51,9 +51,9 @@ class Quiet(hetero.Backend):
 
 def hetero_backends():  # forgot @hetero.hookimpl
     return [Quiet]
-'''
+"""
 
-RMS_NORM_OVERRIDE = '''
+RMS_NORM_OVERRIDE = """
 import hetero
 
 
@@ -72,4 +72,4 @@ fast_rms_norm.supports = _supports
 @hetero.hookimpl
 def hetero_op_overrides(backend_name):
     return {{"rms_norm": fast_rms_norm}} if backend_name == "{target}" else None
-'''
+"""

@@ -1,4 +1,5 @@
 """Runs inside processes started with the spawn method (importable by module name there)."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """Backend.bind_from, the one way a backend binds functions as ops: from a family module's ``__all__`` or a
 mapping, on the class (every instance) or on one instance (vendor paths chosen per device)."""
+
 from __future__ import annotations
 
 import types

@@ -1,12 +1,14 @@
 """The `hetero backends` and `hetero explain` commands: tables, JSON and exit codes."""
+
 from __future__ import annotations
 
 import json
 
+from plugin_sources import BROKEN_ON_IMPORT
+
 from hetero import Registry
 from hetero.cli import main
 from hetero.spec import OP_NAMES
-from plugin_sources import BROKEN_ON_IMPORT
 
 
 def test_backends_table_and_json(capsys, make_dist):

@@ -4,6 +4,7 @@
 instead; an exception that is not a user error (a bug in a backend op, an OpError from
 inside the engine's forward) keeps its traceback.
 """
+
 from __future__ import annotations
 
 import json
@@ -92,8 +93,12 @@ def test_an_unsupported_architecture_or_unreadable_config(capsys, tmp_path):
     llama.mkdir(), broken.mkdir()
     (llama / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
     (broken / "config.json").write_text('{"model_type": ')
-    one_line(capsys, ["generate", "--model", str(llama), "--prompt-ids", "1"], "'LlamaForCausalLM' is not supported",
-             "Qwen3ForCausalLM")
+    one_line(
+        capsys,
+        ["generate", "--model", str(llama), "--prompt-ids", "1"],
+        "'LlamaForCausalLM' is not supported",
+        "Qwen3ForCausalLM",
+    )
     one_line(capsys, ["generate", "--model", str(broken), "--prompt-ids", "1"], "is not a config transformers can read")
 
 
@@ -101,22 +106,31 @@ def test_bad_requests(capsys, model):
     gen = ["generate", "--model", model, "--backend", "cpu_ref"]
     one_line(capsys, [*gen, "--prompt-ids", "1 256"], "request 0", "'prompt'", "vocab_size=256", "256 at position 1")
     one_line(capsys, [*gen, "--prompt-ids", "-1 2"], "request 0", "-1 at position 0")
-    one_line(capsys, [*gen, "--prompt-ids", "1", "--prompt-ids", " ".join(["7"] * 600)], "request 1",
-             "prompt of 600 tokens is longer than max_model_len (512)")
+    one_line(
+        capsys,
+        [*gen, "--prompt-ids", "1", "--prompt-ids", " ".join(["7"] * 600)],
+        "request 1",
+        "prompt of 600 tokens is longer than max_model_len (512)",
+    )
     one_line(capsys, gen, "--prompt/--prompt-ids", "at least one prompt")
 
 
-@pytest.mark.parametrize("option, value, expected", [
-    ("--max-tokens", "0", "argument --max-tokens: expected an integer >= 1, got 0"),
-    ("--max-tokens", "-3", "argument --max-tokens: expected an integer >= 1, got -3"),
-    ("--temperature", "-1", "argument --temperature: expected a finite number >= 0"),
-    ("--top-p", "1.5", "argument --top-p: expected a number in (0, 1], got 1.5"),
-    ("--top-k", "-1", "argument --top-k: expected an integer >= 0"),
-    ("--dtype", "int8", "argument --dtype: expected 'auto' or one of float32, bfloat16, float16, got 'int8'"),
-    ("--block-size", "0", "argument --block-size: expected an integer >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "option, value, expected",
+    [
+        ("--max-tokens", "0", "argument --max-tokens: expected an integer >= 1, got 0"),
+        ("--max-tokens", "-3", "argument --max-tokens: expected an integer >= 1, got -3"),
+        ("--temperature", "-1", "argument --temperature: expected a finite number >= 0"),
+        ("--top-p", "1.5", "argument --top-p: expected a number in (0, 1], got 1.5"),
+        ("--top-k", "-1", "argument --top-k: expected an integer >= 0"),
+        ("--dtype", "int8", "argument --dtype: expected 'auto' or one of float32, bfloat16, float16, got 'int8'"),
+        ("--block-size", "0", "argument --block-size: expected an integer >= 1, got 0"),
+    ],
+)
 def test_bad_generate_options_name_the_option(capsys, model, option, value, expected):
-    one_line(capsys, ["generate", "--model", model, "--backend", "cpu_ref", "--prompt-ids", "1 2", option, value], expected)
+    one_line(
+        capsys, ["generate", "--model", model, "--backend", "cpu_ref", "--prompt-ids", "1 2", option, value], expected
+    )
 
 
 def test_argparse_errors_are_one_line_too(capsys, model):
@@ -124,7 +138,8 @@ def test_argparse_errors_are_one_line_too(capsys, model):
         main(["generate", "--model", model, "--prompt-ids", "1 two"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "hetero generate: error: argument --prompt-ids: expected token ids (integers separated by spaces), got '1 two'"]
+        "hetero generate: error: argument --prompt-ids: expected token ids (integers separated by spaces), got '1 two'"
+    ]
     with pytest.raises(SystemExit):
         main(["backends", "--bogus"])
     assert capsys.readouterr().err.splitlines() == ["hetero backends: error: unrecognized arguments: --bogus"]
@@ -133,10 +148,16 @@ def test_argparse_errors_are_one_line_too(capsys, model):
 def test_unknown_and_unavailable_backends(capsys, model, monkeypatch):
     registry = _registry(offline=_unavailable())
     one_line(capsys, ["explain", "nosuch"], "unknown hetero backend 'nosuch'", registry=registry)
-    one_line(capsys, ["generate", "--model", model, "--backend", "cpu-ref", "--prompt-ids", "1"], "did you mean 'cpu_ref'")
+    one_line(
+        capsys, ["generate", "--model", model, "--backend", "cpu-ref", "--prompt-ids", "1"], "did you mean 'cpu_ref'"
+    )
     one_line(capsys, ["bench", "nosuch"], "unknown hetero backend", registry=registry)
-    one_line(capsys, ["bench", "offline", "--ops", "rms_norm"], "'offline' is unavailable: no offline device visible",
-             registry=registry)
+    one_line(
+        capsys,
+        ["bench", "offline", "--ops", "rms_norm"],
+        "'offline' is unavailable: no offline device visible",
+        registry=registry,
+    )
     monkeypatch.setattr(hetero.registry, "default_registry", lambda: registry)
     one_line(capsys, ["generate", "--model", model, "--backend", "offline", "--prompt-ids", "1"], "no offline device")
 
@@ -151,7 +172,9 @@ def test_bench_and_bench_engine_inputs(capsys, model, tmp_path):
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text("{not json")
     one_line(capsys, ["bench", "cpu_ref", "--ops", "gemm,nosuch"], "argument --ops", "nosuch")
-    one_line(capsys, ["bench", "cpu_ref", "--compare", str(tmp_path / "none.json")], "argument --compare", "no baseline")
+    one_line(
+        capsys, ["bench", "cpu_ref", "--compare", str(tmp_path / "none.json")], "argument --compare", "no baseline"
+    )
     one_line(capsys, ["bench", "cpu_ref", "--compare", str(corrupt)], "not a readable JSON baseline")
     one_line(capsys, ["bench", "cpu_ref", "--threads", "0"], "argument --threads", "got 0")
     engine = ["bench-engine", "--model", model, "--backend", "cpu_ref"]
@@ -186,8 +209,14 @@ def _raises(error: Exception):
     return op
 
 
-@pytest.mark.parametrize("error", [RuntimeError("kernel crashed"), IndexError("index 7 is out of bounds"),
-                                   OpError("rms_norm", "x", "a 2-D tensor", "a 3-D tensor")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("kernel crashed"),
+        IndexError("index 7 is out of bounds"),
+        OpError("rms_norm", "x", "a 2-D tensor", "a 3-D tensor"),
+    ],
+)
 def test_a_backend_bug_keeps_its_traceback(model, monkeypatch, error):
     registry = _registry(buggy=_twin("buggy", rms_norm=_raises(error)))
     monkeypatch.setattr(hetero.registry, "default_registry", lambda: registry)
@@ -198,10 +227,14 @@ def test_a_backend_bug_keeps_its_traceback(model, monkeypatch, error):
 def test_the_command_prints_one_line_in_a_real_process():
     hetero_cmd = Path(sys.executable).with_name("hetero")
     cmd = [str(hetero_cmd)] if hetero_cmd.exists() else [sys.executable, "-m", "hetero.cli"]
-    run = subprocess.run([*cmd, "generate", "--model", NO_MODEL, "--prompt-ids", "1 2"], capture_output=True, text=True,
-                         env={**os.environ, "HETERO_DEBUG": ""})
+    run = subprocess.run(
+        [*cmd, "generate", "--model", NO_MODEL, "--prompt-ids", "1 2"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HETERO_DEBUG": ""},
+    )
     assert run.returncode == 2
-    assert run.stderr.splitlines() == [f"hetero generate: error: argument --model: expected an existing checkpoint "
-                                       f"directory, got {NO_MODEL!r}"]
+    assert run.stderr.splitlines() == [
+        f"hetero generate: error: argument --model: expected an existing checkpoint directory, got {NO_MODEL!r}"
+    ]
     assert "Traceback" not in run.stderr and run.stdout == ""
-

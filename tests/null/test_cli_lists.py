@@ -1,4 +1,5 @@
 """One list syntax everywhere: ``a,b``, ``a b`` and repeats, in any mix (``hetero.cli_args``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,13 +21,16 @@ def _parser(**kwargs) -> argparse.ArgumentParser:
     return p
 
 
-@pytest.mark.parametrize("argv", [
-    ["--ops", "a,b,c"],
-    ["--ops", "a", "b", "c"],
-    ["--ops", "a,b", "--ops", "c"],
-    ["--ops", "a", "--ops", "b", "c"],
-    ["--ops", "a, b,", "c"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--ops", "a,b,c"],
+        ["--ops", "a", "b", "c"],
+        ["--ops", "a,b", "--ops", "c"],
+        ["--ops", "a", "--ops", "b", "c"],
+        ["--ops", "a, b,", "c"],
+    ],
+)
 def test_every_syntax_gives_one_flat_list(argv):
     assert _parser().parse_args(argv).ops == ["a", "b", "c"]
 
@@ -34,7 +38,9 @@ def test_every_syntax_gives_one_flat_list(argv):
 def test_default_and_following_options():
     assert _parser().parse_args([]).ops is None
     assert _parser(default=["x"]).parse_args([]).ops == ["x"]
-    assert _parser(default=["x"]).parse_args(["--ops", "a", "--ops", "b"]).ops == ["a", "b"], "given replaces the default"
+    assert _parser(default=["x"]).parse_args(["--ops", "a", "--ops", "b"]).ops == ["a", "b"], (
+        "given replaces the default"
+    )
     args = _parser().parse_args(["--ops", "a,b", "--flag"])
     assert args.ops == ["a", "b"] and args.flag
 

@@ -6,6 +6,7 @@
   a file or a directory, relative to the repository root, and may hold ``*`` or a
   ``<placeholder>`` for one path component (``backends/*/``, ``hetero/spec/<family>.py``).
 """
+
 from __future__ import annotations
 
 import re
@@ -34,8 +35,12 @@ def _files(entry: Path):
 
 
 def test_nothing_refers_to_a_design_md():
-    found = [str(path.relative_to(ROOT)) for name in SCANNED for path in _files(ROOT / name)
-             if b"DESIGN.md" in path.read_bytes()]
+    found = [
+        str(path.relative_to(ROOT))
+        for name in SCANNED
+        for path in _files(ROOT / name)
+        if b"DESIGN.md" in path.read_bytes()
+    ]
     assert not found, f"these files refer to a DESIGN.md, which is not part of the repository: {found}"
 
 

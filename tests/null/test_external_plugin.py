@@ -1,4 +1,5 @@
 """A plugin package written outside this repo, installed by pip, seen by a fresh process."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from plugin_sources import BROKEN_ON_IMPORT, gemm_only_plugin
 
 BIN = Path(sys.executable).parent
@@ -20,7 +20,8 @@ def _package(root: Path, dist: str, pkg: str, ep: str, source: str) -> Path:
     (src / pkg).mkdir(parents=True)
     (src / pkg / "__init__.py").write_text("")
     (src / pkg / "plugin.py").write_text(textwrap.dedent(source))
-    (src / "pyproject.toml").write_text(textwrap.dedent(f"""
+    (src / "pyproject.toml").write_text(
+        textwrap.dedent(f"""
         [build-system]
         requires = ["setuptools"]
         build-backend = "setuptools.build_meta"
@@ -35,7 +36,8 @@ def _package(root: Path, dist: str, pkg: str, ep: str, source: str) -> Path:
 
         [tool.setuptools]
         packages = ["{pkg}"]
-    """))
+    """)
+    )
     return src
 
 
@@ -50,9 +52,22 @@ def installed(tmp_path_factory):
     ]:
         src = _package(root, dist, pkg, ep, source)
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-             "--disable-pip-version-check", "--target", str(target), str(src)],
-            check=True, capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--no-build-isolation",
+                "--disable-pip-version-check",
+                "--target",
+                str(target),
+                str(src),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
         )
     env = {**os.environ, "PYTHONPATH": str(target)}
     env.pop("HETERO_BACKEND", None)

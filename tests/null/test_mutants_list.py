@@ -1,4 +1,5 @@
 """The mutation list of `make mutants` still applies to the tree (no mutant is run here)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -36,8 +37,15 @@ def test_mutant_applies(mutant):
 
 def test_problems_names_a_stale_mutant(tmp_path):
     (tmp_path / "mod.py").write_text("x = 1\nx = 1\n")
-    stale = {"id": "a", "area": "engine", "file": "mod.py", "original": "x = 1", "replacement": "x = 2",
-             "description": "", "tests": ["tests/nope.py"]}
+    stale = {
+        "id": "a",
+        "area": "engine",
+        "file": "mod.py",
+        "original": "x = 1",
+        "replacement": "x = 2",
+        "description": "",
+        "tests": ["tests/nope.py"],
+    }
     found = runner.problems([stale, dict(stale, file="gone.py")], tmp_path)
     assert any("occurs 2 times" in p for p in found)
     assert any("no test tests/nope.py" in p for p in found)
@@ -86,9 +94,17 @@ def test_a_failing_union_leaves_each_path_to_be_proven_apart(monkeypatch):
 
 
 def test_the_report_counts_per_package():
-    mutants = [{"id": "x", "file": "hetero/serve/app.py"}, {"id": "y", "file": "hetero/serve/metrics.py"},
-               {"id": "z", "file": "hetero/_plugins.py"}]
-    results = {"x": runner.Result("x", "caught", 1.0), "y": runner.Result("y", "survived", 1.0),
-               "z": runner.Result("z", "caught", 1.0)}
-    assert runner.package_rows(mutants, results) == ["| `hetero` | 1 | 1 | `z` |",
-                                                     "| `hetero/serve` | 2 | 1 | `x`, `y` |"]
+    mutants = [
+        {"id": "x", "file": "hetero/serve/app.py"},
+        {"id": "y", "file": "hetero/serve/metrics.py"},
+        {"id": "z", "file": "hetero/_plugins.py"},
+    ]
+    results = {
+        "x": runner.Result("x", "caught", 1.0),
+        "y": runner.Result("y", "survived", 1.0),
+        "z": runner.Result("z", "caught", 1.0),
+    }
+    assert runner.package_rows(mutants, results) == [
+        "| `hetero` | 1 | 1 | `z` |",
+        "| `hetero/serve` | 2 | 1 | `x`, `y` |",
+    ]

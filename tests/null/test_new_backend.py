@@ -1,5 +1,6 @@
 """`hetero new-backend NAME`: the generated plugin installs, loads, falls back everywhere, and its
 first op, once implemented, is judged by the conformance suite (pass when right, fail when wrong)."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,21 @@ def _run(args: list[str], env: dict[str, str] | None = None, cwd: Path | None = 
 
 def _install(src: Path, target: Path) -> dict[str, str]:
     """pip-installs the generated package into its own target directory; the env that sees it."""
-    res = _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                "--disable-pip-version-check", "--target", str(target), str(src)])
+    res = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(src),
+        ]
+    )
     assert res.returncode == 0, res.stderr
     env = {**os.environ, "PYTHONPATH": str(target)}
     for var in ("HETERO_BACKEND", "HETERO_PLUGINS", "HETERO_DISABLE_PLUGINS", "HETERO_TRITON_INTERPRET"):
@@ -68,7 +82,13 @@ def test_layout_entry_point_and_spec_version(generated):
     assert f'spec_version = "{hetero.SPEC_VERSION}"' in plugin and 'device_type = "cpu"' in plugin
     assert "    # def silu_and_mul(" in plugin and "\n    def silu_and_mul(" not in plugin
     readme = (pkg / "README.md").read_text()
-    for needle in ("hetero explain mychip", "hetero conformance mychip --quick", "hetero/spec/", "hetero_op_overrides", "jobs:"):
+    for needle in (
+        "hetero explain mychip",
+        "hetero conformance mychip --quick",
+        "hetero/spec/",
+        "hetero_op_overrides",
+        "jobs:",
+    ):
         assert needle in readme
     for rel in ("hetero_mychip/__init__.py", "hetero_mychip/plugin.py", "tests/test_conformance.py"):
         compile((pkg / rel).read_text(), rel, "exec")
@@ -117,8 +137,11 @@ def test_implementing_silu_and_mul(generated, tmp_path, swapped):
     else:
         assert rc == 0 and silu == {"pass"}, out
     # the generated CI test says the same
-    res = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-               {**env, "HETERO_CONFORMANCE_OPS": "silu_and_mul,rms_norm"}, cwd=pkg)
+    res = _run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        {**env, "HETERO_CONFORMANCE_OPS": "silu_and_mul,rms_norm"},
+        cwd=pkg,
+    )
     assert res.returncode == (1 if swapped else 0), res.stdout + res.stderr
     if swapped:
         assert "silu_and_mul/" in res.stdout

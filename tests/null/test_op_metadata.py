@@ -1,5 +1,6 @@
 """Op metadata in the spec (issue 13): every op states its outputs, what it mutates and whether it is
 a collective; the metadata types are pytrees; conformance judges outputs from the spec alone."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,15 +12,18 @@ import torch
 import torch.utils._pytree as pytree
 
 import hetero.verify.outputs as outputs_mod
+import hetero_conformance.runner as runner_mod
 from hetero.spec import OPS, AttentionMeta, EPDispatch
 from hetero.spec._op import COMPARISONS, Output, spec_op
 from hetero.verify.case import Case
-import hetero_conformance.runner as runner_mod
 from hetero_conformance.runner import Expected, Runner
 
 #: the comparison core is hetero.verify's; the runner stays in hetero_conformance
 VERIFY = Path(outputs_mod.__file__).parent
-SOURCES = {"runner": Path(runner_mod.__file__), **{m: VERIFY / f"{m}.py" for m in ("oracles", "outputs", "case", "metrics")}}
+SOURCES = {
+    "runner": Path(runner_mod.__file__),
+    **{m: VERIFY / f"{m}.py" for m in ("oracles", "outputs", "case", "metrics")},
+}
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -68,9 +72,18 @@ def test_attention_meta_is_a_pytree():
 
 def test_ep_dispatch_is_a_pytree():
     comm = object()
-    d = EPDispatch(x=torch.ones(3, 2), group_ends=torch.tensor([1, 3], dtype=torch.int32), weights=torch.ones(3),
-                   token_index=torch.arange(3), recv_splits=(2, 1), send_splits=(1, 1), send_index=torch.arange(2),
-                   num_tokens=2, num_experts=4, comm=comm)  # type: ignore[arg-type]
+    d = EPDispatch(
+        x=torch.ones(3, 2),
+        group_ends=torch.tensor([1, 3], dtype=torch.int32),
+        weights=torch.ones(3),
+        token_index=torch.arange(3),
+        recv_splits=(2, 1),
+        send_splits=(1, 1),
+        send_index=torch.arange(2),
+        num_tokens=2,
+        num_experts=4,
+        comm=comm,
+    )  # type: ignore[arg-type]
     leaves, treespec = pytree.tree_flatten(d)
     assert len(leaves) == 5 and all(isinstance(t, torch.Tensor) for t in leaves)
     back = pytree.tree_unflatten([t * 2 for t in leaves], treespec)

@@ -1,6 +1,7 @@
 """The spec-version rule a plugin's backend is loaded under (``hetero._plugins._version_problem``), both ways
 round: another major is refused whether older or newer, another minor loads with a warning whether older or
 newer, and the patch number is ignored."""
+
 from __future__ import annotations
 
 import pytest
@@ -45,8 +46,10 @@ def test_a_missing_or_garbled_version_is_refused(declared):
     assert status == "incompatible" and "spec_version" in message
 
 
-@pytest.mark.parametrize("declared, status, warned", [("3.4.0", "ok", False), ("3.5.0", "ok", True),
-                                                      ("3.3.0", "ok", True), ("4.4.1", "incompatible", False)])
+@pytest.mark.parametrize(
+    "declared, status, warned",
+    [("3.4.0", "ok", False), ("3.5.0", "ok", True), ("3.3.0", "ok", True), ("4.4.1", "incompatible", False)],
+)
 def test_a_backend_of_another_minor_is_kept_with_its_warning_and_of_another_major_is_marked(declared, status, warned):
     loader = _plugins.PluginLoader.__new__(_plugins.PluginLoader)
     loader.backends = {}

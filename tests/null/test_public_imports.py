@@ -1,5 +1,6 @@
 """Code outside ``hetero/`` (the backends, the conformance suite, the integrations) imports only hetero's
 public API: no underscore module and no underscore name, so the spec version covers all it relies on."""
+
 from __future__ import annotations
 
 import ast
@@ -18,8 +19,11 @@ def private_imports(source: str) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names
-                      if a.name.split(".")[0] == "hetero" and any(map(_private, a.name.split(".")))]
+            found += [
+                (node.lineno, a.name)
+                for a in node.names
+                if a.name.split(".")[0] == "hetero" and any(map(_private, a.name.split(".")))
+            ]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             parts = node.module.split(".")
             if parts[0] != "hetero":
@@ -35,17 +39,24 @@ def _files() -> list[Path]:
 
 
 def test_the_rule_sees_every_form_of_a_private_import():
-    src = ("import hetero._plugins\nfrom hetero import _ep\nfrom hetero.spec._checks_meta import check_meta\n"
-           "from hetero.kernels import _first\ndef f():\n    from hetero.kernels._triton import triton_modules\n")
+    src = (
+        "import hetero._plugins\nfrom hetero import _ep\nfrom hetero.spec._checks_meta import check_meta\n"
+        "from hetero.kernels import _first\ndef f():\n    from hetero.kernels._triton import triton_modules\n"
+    )
     assert [line for line, _ in private_imports(src)] == [1, 2, 3, 4, 6]
-    public = ("import hetero\nimport hetero.spec\nfrom hetero import ep, __version__\nfrom hetero.spec.checks import "
-              "check_meta\nfrom hetero_cpu_ref import _util\nfrom . import _local\n")
+    public = (
+        "import hetero\nimport hetero.spec\nfrom hetero import ep, __version__\nfrom hetero.spec.checks import "
+        "check_meta\nfrom hetero_cpu_ref import _util\nfrom . import _local\n"
+    )
     assert private_imports(public) == []
 
 
 def test_no_private_hetero_import_outside_hetero():
     files = _files()
     assert len(files) > 50, "the scan found too few files: wrong root?"
-    bad = [f"{p.relative_to(ROOT)}:{line}: {what}"
-           for p in files for line, what in private_imports(p.read_text(encoding="utf-8"))]
+    bad = [
+        f"{p.relative_to(ROOT)}:{line}: {what}"
+        for p in files
+        for line, what in private_imports(p.read_text(encoding="utf-8"))
+    ]
     assert not bad, "import these from a public module (hetero.spec.checks, hetero.ep, ...):\n" + "\n".join(bad)

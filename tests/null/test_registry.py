@@ -1,13 +1,14 @@
 """Discovery, guarded loading, allow/block lists, selection and errors of the plugin registry."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from plugin_sources import BROKEN_ON_IMPORT, EXITS_ON_IMPORT, RMS_NORM_OVERRIDE, UNMARKED_HOOK, gemm_only_plugin
 
 import hetero
 from hetero import BackendIncompatible, BackendNotFound, BackendUnavailable, OpNotAvailable, Registry
 from hetero.spec import OP_NAMES
-from plugin_sources import BROKEN_ON_IMPORT, EXITS_ON_IMPORT, RMS_NORM_OVERRIDE, UNMARKED_HOOK, gemm_only_plugin
 
 
 def test_external_plugin_is_discovered_and_loaded(make_dist):

@@ -1,4 +1,5 @@
 """Selection works the same in worker processes started with the spawn method."""
+
 from __future__ import annotations
 
 import multiprocessing as mp

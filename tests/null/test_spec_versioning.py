@@ -1,4 +1,5 @@
 """The spec's versioning rules as docs/spec-changes.md states them, and the docs kept in step with the code."""
+
 from __future__ import annotations
 
 import re
@@ -6,11 +7,10 @@ import warnings
 from pathlib import Path
 
 import pytest
+from plugin_sources import gemm_only_plugin
 
 from hetero import BackendIncompatible, Registry
 from hetero.spec import OPS, SPEC_VERSION
-
-from plugin_sources import gemm_only_plugin
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "spec-changes.md"
 SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")

@@ -20,6 +20,7 @@ Which imports count as an edge of the import graph:
 Inside ``hetero`` a second check counts every import, at any level (functions, classes,
 TYPE_CHECKING blocks): no cycle there either.
 """
+
 from __future__ import annotations
 
 import ast
@@ -47,7 +48,8 @@ def modules(packages: dict[str, Path]) -> dict[str, Path]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _runtime_imports(body: list[ast.stmt]):
@@ -71,7 +73,7 @@ def _base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     if not node.level:
         return node.module or ""
     package = module.split(".") if is_package else module.split(".")[:-1]
-    package = package[:len(package) - (node.level - 1)]
+    package = package[: len(package) - (node.level - 1)]
     return ".".join(package + ([node.module] if node.module else []))
 
 
@@ -163,7 +165,9 @@ def _names_conformance(node: ast.AST) -> bool:
     if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
         fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
         arg = node.args[0].value
-        return fn in ("import_module", "__import__") and isinstance(arg, str) and arg.split(".")[0] == "hetero_conformance"
+        return (
+            fn in ("import_module", "__import__") and isinstance(arg, str) and arg.split(".")[0] == "hetero_conformance"
+        )
     return False
 
 
@@ -183,12 +187,15 @@ def test_hetero_never_imports_hetero_conformance():
     assert not found, f"hetero imports hetero_conformance: {found}"
 
 
-@pytest.mark.parametrize("source, found", [
-    ("import hetero_conformance\n", True),
-    ("def f():\n    from hetero_conformance.runner import call\n", True),
-    ("import importlib\nimportlib.import_module('hetero_conformance.cli')\n", True),
-    ("from hetero.verify import judge\nTEXT = 'from hetero_conformance import x'\n", False),
-])
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        ("import hetero_conformance\n", True),
+        ("def f():\n    from hetero_conformance.runner import call\n", True),
+        ("import importlib\nimportlib.import_module('hetero_conformance.cli')\n", True),
+        ("from hetero.verify import judge\nTEXT = 'from hetero_conformance import x'\n", False),
+    ],
+)
 def test_the_conformance_import_finder(tmp_path, source, found):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "m.py").write_text(source)
@@ -200,16 +207,19 @@ def test_no_file_over_300_lines():
     assert not found, f"files over {MAX_LINES} lines (split them by responsibility): {found}"
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("from pkg import VERSION\n", [["pkg", "pkg.a"]]),  # a name of the package namespace: an edge to pkg
-    ("from pkg import b\n", []),  # the submodule b, not the package
-    ("from pkg.b import thing\n", []),
-    ("from . import b\n", []),
-    ("from . import VERSION\n", [["pkg", "pkg.a"]]),
-    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import thing\n", []),
-    ("def f():\n    from pkg import thing\n", []),
-    ("try:\n    import pkg\nexcept ImportError:\n    pass\n", [["pkg", "pkg.a"]]),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("from pkg import VERSION\n", [["pkg", "pkg.a"]]),  # a name of the package namespace: an edge to pkg
+        ("from pkg import b\n", []),  # the submodule b, not the package
+        ("from pkg.b import thing\n", []),
+        ("from . import b\n", []),
+        ("from . import VERSION\n", [["pkg", "pkg.a"]]),
+        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import thing\n", []),
+        ("def f():\n    from pkg import thing\n", []),
+        ("try:\n    import pkg\nexcept ImportError:\n    pass\n", [["pkg", "pkg.a"]]),
+    ],
+)
 def test_the_cycle_finder(tmp_path, source, expected):
     """A planted package: ``pkg/__init__`` imports ``pkg.a``; ``a``'s source decides whether there is a cycle."""
     (tmp_path / "__init__.py").write_text("from pkg.a import thing\n")
@@ -218,11 +228,14 @@ def test_the_cycle_finder(tmp_path, source, expected):
     assert cycles(import_graph({"pkg": tmp_path})) == expected
 
 
-@pytest.mark.parametrize("source", [
-    "def f():\n    from pkg import thing\n",
-    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import thing\n",
-    "class C:\n    def m(self):\n        import pkg\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f():\n    from pkg import thing\n",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import thing\n",
+        "class C:\n    def m(self):\n        import pkg\n",
+    ],
+)
 def test_the_cycle_finder_at_any_level(tmp_path, source):
     (tmp_path / "__init__.py").write_text("from pkg.a import thing\n")
     (tmp_path / "a.py").write_text(source + "thing = 1\n")
@@ -238,10 +251,12 @@ def test_importing_plugins_engine_and_conformance_loads_no_triton_kernel_module(
     import subprocess
     import sys
 
-    code = ("import sys\n"
-            "import hetero_ascend.plugin, hetero_cuda.plugin, hetero_rocm.plugin, hetero_cpu_ref.plugin\n"
-            "import hetero.engine, hetero.engine.quant, hetero_conformance.cases, hetero.bench.model\n"
-            "print(sorted(m for m in sys.modules if m.startswith('hetero.kernels.') and m.endswith('_kernels')"
-            " or m.startswith('hetero.kernels.') and m.rsplit('.', 1)[1] in ('attention', 'gemm', 'moe', 'dsa')))")
+    code = (
+        "import sys\n"
+        "import hetero_ascend.plugin, hetero_cuda.plugin, hetero_rocm.plugin, hetero_cpu_ref.plugin\n"
+        "import hetero.engine, hetero.engine.quant, hetero_conformance.cases, hetero.bench.model\n"
+        "print(sorted(m for m in sys.modules if m.startswith('hetero.kernels.') and m.endswith('_kernels')"
+        " or m.startswith('hetero.kernels.') and m.rsplit('.', 1)[1] in ('attention', 'gemm', 'moe', 'dsa')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out

@@ -1,4 +1,5 @@
 """Validation levels: shape checks always, index-content checks when ``validate`` is on."""
+
 from __future__ import annotations
 
 import inspect
@@ -39,11 +40,18 @@ def _bad_group_ends() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.randn(6, 8), torch.randn(2, 4, 8), torch.tensor([4, 9], dtype=torch.int32)  # 9 > M = 6
 
 
-@pytest.mark.parametrize("env, device, want", [
-    ({}, "cpu", True), ({}, "cuda", False), ({}, "xpu", False),
-    ({"HETERO_VALIDATE": "1"}, "cuda", True), ({"HETERO_VALIDATE": "on"}, "cuda", True),
-    ({"HETERO_VALIDATE": "0"}, "cpu", False), ({"HETERO_VALIDATE": "false"}, "cpu", False),
-])
+@pytest.mark.parametrize(
+    "env, device, want",
+    [
+        ({}, "cpu", True),
+        ({}, "cuda", False),
+        ({}, "xpu", False),
+        ({"HETERO_VALIDATE": "1"}, "cuda", True),
+        ({"HETERO_VALIDATE": "on"}, "cuda", True),
+        ({"HETERO_VALIDATE": "0"}, "cpu", False),
+        ({"HETERO_VALIDATE": "false"}, "cpu", False),
+    ],
+)
 def test_default_is_on_for_cpu_tensors_off_on_accelerators_and_the_env_wins(env, device, want):
     assert validate.default_validate(torch.device(device), env) is want
 
@@ -57,7 +65,9 @@ def test_validation_on_rejects_bad_indices_before_the_backend_runs():
     Trusting.calls.clear()
     ops = _registry({}).load("trusting", validate=True)
     assert ops.validate
-    with pytest.raises(OpError, match=r"grouped_gemm: argument 'group_ends': expected values <= the row count 6, got 9"):
+    with pytest.raises(
+        OpError, match=r"grouped_gemm: argument 'group_ends': expected values <= the row count 6, got 9"
+    ):
         ops.grouped_gemm(*_bad_group_ends())
     assert Trusting.calls == []
     assert ops.explain()["grouped_gemm"].implementation.endswith("Trusting.grouped_gemm")
@@ -100,18 +110,30 @@ def test_every_validator_takes_its_ops_arguments_as_named_in_the_spec():
 def _meta(qsl, seq_lens, table, max_q=None, max_s=None) -> AttentionMeta:
     i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
     q = [qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)]
-    return AttentionMeta(query_start_loc=i32(qsl), seq_lens=i32(seq_lens), block_table=i32(table),
-                         max_query_len=max(q) if max_q is None else max_q, max_seq_len=max(seq_lens) if max_s is None else max_s)
+    return AttentionMeta(
+        query_start_loc=i32(qsl),
+        seq_lens=i32(seq_lens),
+        block_table=i32(table),
+        max_query_len=max(q) if max_q is None else max_q,
+        max_seq_len=max(seq_lens) if max_s is None else max_s,
+    )
 
 
-@pytest.mark.parametrize("meta, arg, what", [
-    (_meta([0, 3, 5], [7, 2], [[0, 9], [2, 3]]), "meta.block_table", "block ids in [0, 4)"),
-    (_meta([0, 3, 5], [2, 2], [[0, 1], [2, 3]]), "meta.seq_lens", "seq_lens[0] >= its query length 3"),
-    (_meta([0, 3, 5], [9, 2], [[0, 1], [2, 3]]), "meta.block_table", "at least 3 columns"),
-    (_meta([0, 3, 2], [7, 2], [[0, 1], [2, 3]]), "meta.query_start_loc", "non-decreasing"),
-    (_meta([0, 3, 4], [7, 2], [[0, 1], [2, 3]]), "meta.query_start_loc", "last entry equal to the token count 5"),
-    (_meta([0, 3, 5], [7, 2], [[0, 1], [2, 3]], max_q=2), "meta.max_query_len", "an int at least the longest query (3)"),
-])
+@pytest.mark.parametrize(
+    "meta, arg, what",
+    [
+        (_meta([0, 3, 5], [7, 2], [[0, 9], [2, 3]]), "meta.block_table", "block ids in [0, 4)"),
+        (_meta([0, 3, 5], [2, 2], [[0, 1], [2, 3]]), "meta.seq_lens", "seq_lens[0] >= its query length 3"),
+        (_meta([0, 3, 5], [9, 2], [[0, 1], [2, 3]]), "meta.block_table", "at least 3 columns"),
+        (_meta([0, 3, 2], [7, 2], [[0, 1], [2, 3]]), "meta.query_start_loc", "non-decreasing"),
+        (_meta([0, 3, 4], [7, 2], [[0, 1], [2, 3]]), "meta.query_start_loc", "last entry equal to the token count 5"),
+        (
+            _meta([0, 3, 5], [7, 2], [[0, 1], [2, 3]], max_q=2),
+            "meta.max_query_len",
+            "an int at least the longest query (3)",
+        ),
+    ],
+)
 def test_paged_metadata_defects_are_named(meta, arg, what):
     q, cache = torch.randn(5, 2, 8), torch.randn(4, 4, 1, 8)
     validate.paged_attention(q, cache, cache, _meta([0, 3, 5], [7, 2], [[0, 1], [2, 3]]), scale=0.1)  # well formed
@@ -136,7 +158,9 @@ def test_scaled_grouped_gemm_validator_names_bad_group_ends():
     a, b = torch.zeros(6, 8, dtype=torch.int8), torch.zeros(2, 4, 8, dtype=torch.int8)
     sa, sb = torch.ones(6, 1), torch.ones(2)
     validate.scaled_grouped_gemm(a, b, sa, sb, torch.tensor([4, 6], dtype=torch.int32))  # well formed
-    with pytest.raises(OpError, match=r"scaled_grouped_gemm: argument 'group_ends': expected values <= the row count 6, got 9"):
+    with pytest.raises(
+        OpError, match=r"scaled_grouped_gemm: argument 'group_ends': expected values <= the row count 6, got 9"
+    ):
         validate.scaled_grouped_gemm(a, b, sa, sb, torch.tensor([4, 9], dtype=torch.int32))
     with pytest.raises(OpError, match=r"scaled_grouped_gemm: argument 'group_ends': expected non-decreasing"):
         validate.scaled_grouped_gemm(a, b, sa, sb, torch.tensor([4, 3], dtype=torch.int32))

@@ -8,6 +8,7 @@ visibility rule. Absorbed MLA is checked against the non-absorbed form, merging
 against attention over the union of the key sets, and every bad input against
 the OpError it must raise.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,12 +49,14 @@ def _mask(n: int, length: int, causal: bool, window: tuple[int, int]) -> torch.T
     rows = []
     for i in range(n):
         pos = length - n + i
-        rows.append([
-            (not causal or j <= pos)
-            and (window[0] < 0 or j >= pos - window[0])
-            and (window[1] < 0 or j <= pos + window[1])
-            for j in range(length)
-        ])
+        rows.append(
+            [
+                (not causal or j <= pos)
+                and (window[0] < 0 or j >= pos - window[0])
+                and (window[1] < 0 or j <= pos + window[1])
+                for j in range(length)
+            ]
+        )
     return torch.tensor(rows, dtype=torch.bool).reshape(n, length)
 
 
@@ -144,7 +147,9 @@ def _check(out, lse, exp_out, exp_lse, dtype):
 # ----------------------------------------------------------------------------- signatures
 
 
-@pytest.mark.parametrize("name", ["write_kv", "paged_attention", "varlen_attention", "write_mla_kv", "mla_attention", "merge_attention"])
+@pytest.mark.parametrize(
+    "name", ["write_kv", "paged_attention", "varlen_attention", "write_mla_kv", "mla_attention", "merge_attention"]
+)
 def test_signature_matches_spec(name):
     assert OPS[name].check_signature(getattr(ref, name)) is None
 
@@ -153,7 +158,9 @@ def test_signature_matches_spec(name):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("hq,hkv,d", [(4, 4, 64), (8, 2, 128), (16, 2, 64), (8, 1, 128)], ids=["mha", "gqa4", "gqa8", "mqa"])
+@pytest.mark.parametrize(
+    "hq,hkv,d", [(4, 4, 64), (8, 2, 128), (16, 2, 64), (8, 1, 128)], ids=["mha", "gqa4", "gqa8", "mqa"]
+)
 def test_paged_mixed_batch_matches_sdpa(hq, hkv, d, dtype):
     query, kc, vc, meta, keys, values = _paged_batch(_gen(1), MIXED, hq, hkv, d, d, 16, dtype)
     scale = d**-0.5
@@ -174,7 +181,9 @@ def test_paged_masks(causal, window):
     _check(out, lse, *exp, torch.float64)
 
 
-@pytest.mark.parametrize("softcap,with_sinks,window", [(20.0, False, (-1, -1)), (0.0, True, (-1, -1)), (5.0, True, (3, -1))])
+@pytest.mark.parametrize(
+    "softcap,with_sinks,window", [(20.0, False, (-1, -1)), (0.0, True, (-1, -1)), (5.0, True, (3, -1))]
+)
 def test_paged_softcap_and_sinks(softcap, with_sinks, window):
     gen = _gen(3)
     query, kc, vc, meta, keys, values = _paged_batch(gen, MIXED, 8, 2, 64, 64, 16, torch.float32)
@@ -213,8 +222,14 @@ def _hf_gpt_oss_rows(query, k, v, sinks, scale, n, window: int | None):
     keep = visible(0, 0, torch.arange(length - n, length)[:, None], torch.arange(length)[None, :]).expand(n, length)
     mask = torch.zeros(n, length, dtype=torch.float64).masked_fill(~keep, NEG_INF)[None, None]
     module = SimpleNamespace(num_key_value_groups=hq // hkv, sinks=sinks.double(), training=False)
-    out, _ = eager_attention_forward(module, query.double().transpose(0, 1)[None], k.double().transpose(0, 1)[None],
-                                     v.double().transpose(0, 1)[None], mask, scale)
+    out, _ = eager_attention_forward(
+        module,
+        query.double().transpose(0, 1)[None],
+        k.double().transpose(0, 1)[None],
+        v.double().transpose(0, 1)[None],
+        mask,
+        scale,
+    )
     return out[0]
 
 
@@ -232,8 +247,8 @@ def test_paged_gpt_oss_layers_are_hf(window):
     out = ref.paged_attention(query, kc, vc, meta, **opts)
     starts = _starts([n for n, _ in seqs])
     for b, (n, _) in enumerate(seqs):
-        want = _hf_gpt_oss_rows(query[starts[b]:starts[b + 1]], keys[b], values[b], sinks, d**-0.5, n, window)
-        torch.testing.assert_close(out[starts[b]:starts[b + 1]], want, atol=1e-12, rtol=1e-12)
+        want = _hf_gpt_oss_rows(query[starts[b] : starts[b + 1]], keys[b], values[b], sinks, d**-0.5, n, window)
+        torch.testing.assert_close(out[starts[b] : starts[b + 1]], want, atol=1e-12, rtol=1e-12)
     if window is not None:  # one key more or less changes the boundary rows
         for off in (-1, 1):
             moved = ref.paged_attention(query, kc, vc, meta, **{**opts, "window": (window - 1 + off, -1)})
@@ -329,7 +344,9 @@ def test_varlen_bf16_and_no_tokens():
     args, keys, values, cq = _varlen_batch(_gen(12), [(4, 7), (2, 2)], 8, 1, 64, 64, torch.bfloat16)
     out = ref.varlen_attention(*args, scale=0.125)
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.double(), _expected_batch(args[0], keys, values, cq, scale=0.125)[0], **TOL[torch.bfloat16])
+    torch.testing.assert_close(
+        out.double(), _expected_batch(args[0], keys, values, cq, scale=0.125)[0], **TOL[torch.bfloat16]
+    )
     args, _, _, _ = _varlen_batch(_gen(12), [], 8, 1, 64, 32, torch.float32)
     out, lse = ref.varlen_attention(*args, scale=0.125, return_lse=True)
     assert out.shape == (0, 8, 32) and lse.shape == (0, 8)
@@ -377,12 +394,18 @@ def test_mla_absorbed_matches_unabsorbed(causal):
     q_nope, q_pe = _randn(gen, t, h, dnope, dtype=torch.float64), _randn(gen, t, h, r, dtype=torch.float64)
     scale = (dnope + r) ** -0.5
     # Non-absorbed: per-head keys [ckv W_UK_h, kpe] and values ckv W_UV_h.
-    keys = [torch.cat([torch.einsum("lc,hcd->lhd", c, w_uk), p[:, None].expand(-1, h, -1)], -1) for c, p in zip(ckvs, kpes)]
+    keys = [
+        torch.cat([torch.einsum("lc,hcd->lhd", c, w_uk), p[:, None].expand(-1, h, -1)], -1) for c, p in zip(ckvs, kpes)
+    ]
     values = [torch.einsum("lc,hcv->lhv", c, w_uv) for c in ckvs]
     query = torch.cat([q_nope, q_pe], -1)
-    exp_out, exp_lse = _expected_batch(query, keys, values, _starts([n for n, _ in MLA_SEQS]), scale=scale, causal=causal)
+    exp_out, exp_lse = _expected_batch(
+        query, keys, values, _starts([n for n, _ in MLA_SEQS]), scale=scale, causal=causal
+    )
     q_abs = torch.einsum("thd,hcd->thc", q_nope, w_uk)
-    latent, lse = ref.mla_attention(q_abs, q_pe, ckv_cache, kpe_cache, meta, scale=scale, causal=causal, return_lse=True)
+    latent, lse = ref.mla_attention(
+        q_abs, q_pe, ckv_cache, kpe_cache, meta, scale=scale, causal=causal, return_lse=True
+    )
     assert latent.shape == (t, h, lkv)
     _check(torch.einsum("thc,hcv->thv", latent, w_uv), lse, exp_out, exp_lse, torch.float64)
 
@@ -396,14 +419,18 @@ def test_mla_bf16_against_float64_and_inputs_unchanged():
     out = ref.mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, scale=576**-0.5)
     assert out.dtype == torch.bfloat16
     keys = [torch.cat([c, p], -1)[:, None] for c, p in zip(ckvs, kpes)]
-    exp, _ = _expected_batch(torch.cat([q_nope, q_pe], -1), keys, [c[:, None] for c in ckvs], _starts([3, 1, 4]), scale=576**-0.5)
+    exp, _ = _expected_batch(
+        torch.cat([q_nope, q_pe], -1), keys, [c[:, None] for c in ckvs], _starts([3, 1, 4]), scale=576**-0.5
+    )
     torch.testing.assert_close(out.double(), exp, **TOL[torch.bfloat16])
     assert all(torch.equal(a, b) for a, b in zip(before, (q_nope, q_pe, ckv_cache, kpe_cache)))
 
 
 def test_mla_no_tokens():
     ckv_cache, kpe_cache, meta, _, _ = _mla_batch(_gen(22), [(0, 4)], 4, 512, 64, 16, torch.float32)
-    out, lse = ref.mla_attention(torch.zeros(0, 4, 512), torch.zeros(0, 4, 64), ckv_cache, kpe_cache, meta, scale=0.1, return_lse=True)
+    out, lse = ref.mla_attention(
+        torch.zeros(0, 4, 512), torch.zeros(0, 4, 64), ckv_cache, kpe_cache, meta, scale=0.1, return_lse=True
+    )
     assert out.shape == (0, 4, 512) and lse.shape == (0, 4)
 
 
@@ -460,7 +487,9 @@ def test_write_kv_then_paged_attention_round_trip():
     slots = torch.tensor([blocks[j // 4] * 4 + j % 4 for j in range(11)], dtype=torch.int64)
     kc2, vc2 = _randn(gen, *kc.shape), _randn(gen, *vc.shape)
     ref.write_kv(keys[0], values[0], kc2, vc2, slots)
-    torch.testing.assert_close(ref.paged_attention(query, kc2, vc2, meta, scale=0.1), ref.paged_attention(query, kc, vc, meta, scale=0.1))
+    torch.testing.assert_close(
+        ref.paged_attention(query, kc2, vc2, meta, scale=0.1), ref.paged_attention(query, kc, vc, meta, scale=0.1)
+    )
 
 
 # ----------------------------------------------------------------------------- merge
@@ -484,7 +513,11 @@ def test_merge_matches_attention_over_all_keys(dtype):
     for side in ("a", "b"):
         idx = torch.cat(parts[side])
         cks = torch.tensor(_starts([len(p) for p in parts[side]]), dtype=torch.int32)
-        halves += list(ref.varlen_attention(query, key[idx], value[idx], cq, cks, mq, mk, scale=0.125, causal=False, return_lse=True))
+        halves += list(
+            ref.varlen_attention(
+                query, key[idx], value[idx], cq, cks, mq, mk, scale=0.125, causal=False, return_lse=True
+            )
+        )
     assert torch.isneginf(halves[3][4:7]).all()
     out, lse = ref.merge_attention(*halves)
     assert out.dtype == dtype and lse.dtype == torch.float32
@@ -515,7 +548,10 @@ def test_merge_bf16_keeps_dtype():
     lse_a, lse_b = _randn(gen, 4, 2), _randn(gen, 4, 2)
     out, lse = ref.merge_attention(out_a, lse_a, out_b, lse_b)
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
-    exp = torch.sigmoid(lse_a - lse_b)[..., None].double() * out_a.double() + torch.sigmoid(lse_b - lse_a)[..., None].double() * out_b.double()
+    exp = (
+        torch.sigmoid(lse_a - lse_b)[..., None].double() * out_a.double()
+        + torch.sigmoid(lse_b - lse_a)[..., None].double() * out_b.double()
+    )
     torch.testing.assert_close(out.double(), exp, **TOL[torch.bfloat16])
 
 
@@ -528,7 +564,10 @@ def _paged_args():
 
 
 def _meta(a, **fields):
-    return {**a, "meta": dataclasses.replace(a["meta"], **{k: torch.tensor(v, dtype=torch.int32) for k, v in fields.items()})}
+    return {
+        **a,
+        "meta": dataclasses.replace(a["meta"], **{k: torch.tensor(v, dtype=torch.int32) for k, v in fields.items()}),
+    }
 
 
 ON_META = torch.device("meta")  # a device other than the CPU, available everywhere
@@ -569,7 +608,10 @@ PAGED_BAD = {
     "out-dtype": ("out", lambda a: {**a, "out": torch.empty(3, 4, 8, dtype=torch.float64)}),
     "out-device": ("out", lambda a: {**a, "out": torch.empty(3, 4, 8, device=ON_META)}),
     "cache-device": ("k_cache", lambda a: {**a, "k_cache": a["k_cache"].to(ON_META)}),
-    "meta-device": ("meta.block_table", lambda a: {**a, "meta": dataclasses.replace(a["meta"], block_table=a["meta"].block_table.to(ON_META))}),
+    "meta-device": (
+        "meta.block_table",
+        lambda a: {**a, "meta": dataclasses.replace(a["meta"], block_table=a["meta"].block_table.to(ON_META))},
+    ),
 }
 
 
@@ -620,8 +662,10 @@ def test_varlen_bad_input(case):
 def _write_args():
     gen = _gen(52)
     return dict(
-        key=_randn(gen, 3, 2, 8), value=_randn(gen, 3, 2, 6),
-        k_cache=_randn(gen, 4, 2, 2, 8), v_cache=_randn(gen, 4, 2, 2, 6),
+        key=_randn(gen, 3, 2, 8),
+        value=_randn(gen, 3, 2, 6),
+        k_cache=_randn(gen, 4, 2, 2, 8),
+        v_cache=_randn(gen, 4, 2, 2, 6),
         slot_mapping=torch.tensor([0, -1, 5]),
     )
 
@@ -656,7 +700,14 @@ def test_write_kv_bad_input_raises_and_writes_nothing(case):
 def _mla_args():
     gen = _gen(53)
     ckv_cache, kpe_cache, meta, _, _ = _mla_batch(gen, [(2, 5), (1, 3)], 2, 16, 4, 4, torch.float32)
-    return dict(q_nope=_randn(gen, 3, 2, 16), q_pe=_randn(gen, 3, 2, 4), ckv_cache=ckv_cache, kpe_cache=kpe_cache, meta=meta, scale=0.2)
+    return dict(
+        q_nope=_randn(gen, 3, 2, 16),
+        q_pe=_randn(gen, 3, 2, 4),
+        ckv_cache=ckv_cache,
+        kpe_cache=kpe_cache,
+        meta=meta,
+        scale=0.2,
+    )
 
 
 MLA_BAD = {
@@ -685,7 +736,13 @@ def test_mla_bad_input(case):
 
 def test_write_mla_kv_bad_input():
     gen = _gen(54)
-    good = dict(kv_c=_randn(gen, 2, 16), k_pe=_randn(gen, 2, 4), ckv_cache=_randn(gen, 3, 4, 16), kpe_cache=_randn(gen, 3, 4, 4), slot_mapping=torch.tensor([3, -1]))
+    good = dict(
+        kv_c=_randn(gen, 2, 16),
+        k_pe=_randn(gen, 2, 4),
+        ckv_cache=_randn(gen, 3, 4, 16),
+        kpe_cache=_randn(gen, 3, 4, 4),
+        slot_mapping=torch.tensor([3, -1]),
+    )
     bad = {
         "kv_c": {"kv_c": good["kv_c"][None]},
         "k_pe": {"k_pe": good["k_pe"][:1]},
@@ -700,7 +757,9 @@ def test_write_mla_kv_bad_input():
 
 def _merge_args():
     gen = _gen(55)
-    return dict(out_a=_randn(gen, 3, 2, 8), lse_a=_randn(gen, 3, 2), out_b=_randn(gen, 3, 2, 8), lse_b=_randn(gen, 3, 2))
+    return dict(
+        out_a=_randn(gen, 3, 2, 8), lse_a=_randn(gen, 3, 2), out_b=_randn(gen, 3, 2, 8), lse_b=_randn(gen, 3, 2)
+    )
 
 
 MERGE_BAD = {

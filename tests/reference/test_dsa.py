@@ -7,6 +7,7 @@ attention of Hugging Face's DeepSeek-V3.2, per head, through
 ``torch.nn.functional.scaled_dot_product_attention`` with a boolean mask built from the spec's
 rule one (row, key) pair at a time; the fp8 key format from float32 numbers written out per group.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -104,7 +105,9 @@ def test_indexer_fp8_cache_equals_the_plain_cache_of_its_dequantized_keys():
     meta = _paged(g, [(3, 300), (1, 150)], 16, 40)
     keys = _randn(g, 40, 16, 256, dtype=torch.float32)
     q8, scale = torch.empty(40 * 16, 256, dtype=FP8), torch.empty(40 * 16, 2)
-    dsa.write_index_k(keys.reshape(-1, 256), q8.view(40, 16, 256), torch.arange(40 * 16), index_scale=scale.view(40, 16, 2))
+    dsa.write_index_k(
+        keys.reshape(-1, 256), q8.view(40, 16, 256), torch.arange(40 * 16), index_scale=scale.view(40, 16, 2)
+    )
     plain = (q8.float().reshape(-1, 2, 128) * scale[..., None]).reshape(40, 16, 256)
     q, w = _randn(g, 4, 8, 256, dtype=torch.float32), torch.rand(4, 8, generator=g)
     fp8 = dsa.indexer_topk(q, w, q8.view(40, 16, 256), meta, topk=100, index_scale=scale.view(40, 16, 2))
@@ -158,7 +161,7 @@ def test_write_index_k_fp8_rounds_halfway_values_to_even():
     k[0, 1:5] = torch.tensor([17.0, 19.0, 9.5, -8.5]) / 256  # halfway between e4m3 neighbours
     cache, scale = torch.zeros(1, 1, 128, dtype=FP8), torch.zeros(1, 1, 1)
     dsa.write_index_k(k, cache, torch.tensor([0]), index_scale=scale)
-    assert float(scale) == 2.0 ** -8
+    assert float(scale) == 2.0**-8
     assert cache[0, 0, :5].float().tolist() == [448.0, 16.0, 20.0, 10.0, -8.0]
 
 
@@ -182,7 +185,9 @@ def _sparse_rows(g, seqs, k):
 def _visible(rows: torch.Tensor, n: int, length: int) -> torch.Tensor:
     """The spec's rule: key j is attended iff row lists it and 0 <= j <= pos, pair by pair."""
     listed = [set(r) for r in rows.tolist()]
-    return torch.tensor([[j in listed[i] and j <= length - n + i for j in range(length)] for i in range(n)], dtype=torch.bool)
+    return torch.tensor(
+        [[j in listed[i] and j <= length - n + i for j in range(length)] for i in range(n)], dtype=torch.bool
+    )
 
 
 def test_sparse_absorbed_mla_equals_expanded_masked_attention():
@@ -204,7 +209,9 @@ def test_sparse_absorbed_mla_equals_expanded_masked_attention():
         key = torch.cat([torch.einsum("hnl,sl->hsn", w_uk, c), kp[None].expand(h, -1, -1)], dim=-1)
         query = torch.cat([q_n[a : a + n], q_pe[a : a + n]], dim=-1).transpose(0, 1)  # [h, n, nope + r]
         mask = _visible(rows[a : a + n], n, length)
-        want = F.scaled_dot_product_attention(query, key, torch.einsum("hvl,sl->hsv", w_uv, c), attn_mask=mask, scale=scale)
+        want = F.scaled_dot_product_attention(
+            query, key, torch.einsum("hvl,sl->hsv", w_uv, c), attn_mask=mask, scale=scale
+        )
         torch.testing.assert_close(got[a : a + n], want.transpose(0, 1), atol=1e-10, rtol=1e-10)
         logits = (query @ key.transpose(1, 2) * scale).masked_fill(~mask, float("-inf"))
         torch.testing.assert_close(lse[a : a + n], torch.logsumexp(logits, -1).T.float())
@@ -214,8 +221,13 @@ def test_sparse_rows_listing_every_visible_key_equal_dense_mla():
     g = _gen(6)
     seqs = [(4, 20), (1, 9)]
     meta = _paged(g, seqs, 4, 12)
-    args = (_randn(g, 5, 2, 32, dtype=torch.float32), _randn(g, 5, 2, 8, dtype=torch.float32),
-            _randn(g, 12, 4, 32, dtype=torch.float32), _randn(g, 12, 4, 8, dtype=torch.float32), meta)
+    args = (
+        _randn(g, 5, 2, 32, dtype=torch.float32),
+        _randn(g, 5, 2, 8, dtype=torch.float32),
+        _randn(g, 12, 4, 32, dtype=torch.float32),
+        _randn(g, 12, 4, 8, dtype=torch.float32),
+        meta,
+    )
     rows = torch.stack([torch.randperm(24, generator=g) for _ in range(5)]) - 2  # [-2, 21]: every key, more skipped
     dense = attention.mla_attention(*args, scale=0.2, return_lse=True)
     sparse = attention.mla_attention(*args, scale=0.2, return_lse=True, topk_indices=rows)
@@ -226,25 +238,45 @@ def test_a_sparse_row_with_nothing_visible_gets_zero_and_minus_inf():
     g = _gen(7)
     meta = AttentionMeta.build([2], [6], [[1, 0]])
     rows = torch.tensor([[-1, 5, 1 << 30], [2, -1, -7]], dtype=torch.int64)  # row 0 at pos 4: nothing it may see
-    out, lse = attention.mla_attention(_randn(g, 2, 3, 16), _randn(g, 2, 3, 4), _randn(g, 2, 4, 16), _randn(g, 2, 4, 4),
-                                       meta, scale=0.3, return_lse=True, topk_indices=rows)
-    assert torch.equal(out[0], torch.zeros(3, 16)) and bool((lse[0] == float("-inf")).all()) and bool(lse[1].isfinite().all())
+    out, lse = attention.mla_attention(
+        _randn(g, 2, 3, 16),
+        _randn(g, 2, 3, 4),
+        _randn(g, 2, 4, 16),
+        _randn(g, 2, 4, 4),
+        meta,
+        scale=0.3,
+        return_lse=True,
+        topk_indices=rows,
+    )
+    assert (
+        torch.equal(out[0], torch.zeros(3, 16))
+        and bool((lse[0] == float("-inf")).all())
+        and bool(lse[1].isfinite().all())
+    )
 
 
 # --------------------------------------------------------------------------- OpErrors
 
 
-@pytest.mark.parametrize("change, arg", [
-    (dict(topk=0), "topk"),
-    (dict(topk=True), "topk"),
-    (dict(weights=torch.rand(3, 2, dtype=torch.bfloat16)), "weights"),
-    (dict(index_cache=torch.zeros(2, 4, 128, dtype=FP8)), "index_scale"),
-    (dict(index_scale=torch.ones(2, 4, 1)), "index_cache"),
-    (dict(meta=None), "meta"),
-])
+@pytest.mark.parametrize(
+    "change, arg",
+    [
+        (dict(topk=0), "topk"),
+        (dict(topk=True), "topk"),
+        (dict(weights=torch.rand(3, 2, dtype=torch.bfloat16)), "weights"),
+        (dict(index_cache=torch.zeros(2, 4, 128, dtype=FP8)), "index_scale"),
+        (dict(index_scale=torch.ones(2, 4, 1)), "index_cache"),
+        (dict(meta=None), "meta"),
+    ],
+)
 def test_indexer_rejects_bad_arguments_by_name(change, arg):
-    args = dict(q=torch.randn(3, 2, 128), weights=torch.rand(3, 2), index_cache=torch.randn(2, 4, 128),
-                meta=AttentionMeta.build([3], [6], [[1, 0]]), topk=4)
+    args = dict(
+        q=torch.randn(3, 2, 128),
+        weights=torch.rand(3, 2),
+        index_cache=torch.randn(2, 4, 128),
+        meta=AttentionMeta.build([3], [6], [[1, 0]]),
+        topk=4,
+    )
     with pytest.raises(OpError) as info:
         dsa.indexer_topk(**{**args, **change})
     assert info.value.arg == arg

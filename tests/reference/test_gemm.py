@@ -3,6 +3,7 @@
 Oracles: float64 matmuls, torch.nn.functional.grouped_mm, our own float64
 dequantization of tensors we quantize here, and torch's CPU scaled_mm where it runs.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -17,6 +18,8 @@ from hetero_cpu_ref import gemm as ref
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 QMAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0, torch.int8: 127.0}
+
+
 # Relative precision of a dtype: one rounding to it moves a value by at most this much.
 def dtype_id(d: object) -> str | None:
     return str(d).replace("torch.", "") if isinstance(d, torch.dtype) else None
@@ -30,8 +33,14 @@ def randn(*shape: int, seed: int, dtype: torch.dtype = torch.float64, scale: flo
     return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
 
 
-def assert_near(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, bound: torch.Tensor | None = None,
-                ulps: float = 2.0, terms: int = 0) -> None:
+def assert_near(
+    got: torch.Tensor,
+    want: torch.Tensor,
+    dtype: torch.dtype,
+    bound: torch.Tensor | None = None,
+    ulps: float = 2.0,
+    terms: int = 0,
+) -> None:
     """|got - want| <= (ulps * eps(dtype) + terms * eps(acc)) * bound (bound defaults to |want| + its max / 64).
 
     ``terms`` is the length of the sums behind each element: accumulating k products
@@ -44,7 +53,9 @@ def assert_near(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, bound
     acc = EPS[torch.float64] if dtype == torch.float64 else EPS[torch.float32]
     excess = (got - want).abs() - (ulps * EPS[dtype] + terms * acc) * bound
     assert got.shape == want.shape
-    assert bool((excess <= 0).all()), f"max excess {excess.max().item():.3g}, max err {(got - want).abs().max().item():.3g}"
+    assert bool((excess <= 0).all()), (
+        f"max excess {excess.max().item():.3g}, max err {(got - want).abs().max().item():.3g}"
+    )
 
 
 def raises(op: str, arg: str, fn, *args, **kwargs) -> OpError:
@@ -65,6 +76,7 @@ def test_signature_is_the_spec(name):
 
 
 # ---------------------------------------------------------------- gemm
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=dtype_id)
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -91,7 +103,11 @@ def test_gemm_out_dtype_and_noncontiguous():
 
 
 def test_gemm_empty():
-    out = ref.gemm(randn(0, 8, seed=7, dtype=torch.float32), randn(3, 8, seed=8, dtype=torch.float32), bias=randn(3, seed=9, dtype=torch.float32))
+    out = ref.gemm(
+        randn(0, 8, seed=7, dtype=torch.float32),
+        randn(3, 8, seed=8, dtype=torch.float32),
+        bias=randn(3, seed=9, dtype=torch.float32),
+    )
     assert out.shape == (0, 3) and out.dtype == torch.float32
     out = ref.gemm(randn(2, 0, seed=7, dtype=torch.float32), randn(3, 0, seed=8, dtype=torch.float32))
     assert torch.equal(out, torch.zeros(2, 3))
@@ -113,6 +129,7 @@ def test_gemm_bad_inputs():
 
 
 # ---------------------------------------------------------------- grouped_gemm
+
 
 def grouped_oracle(a, b, ends):
     """Rows [ends[g-1], ends[g]) times b[g]^T, in float64, by explicit row loop."""
@@ -138,8 +155,9 @@ def test_grouped_gemm_vs_torch_grouped_mm(dtype, ends):
     assert_near(out, oracle, dtype, grouped_oracle(a.abs(), b.abs(), ends), terms=k)
     if last:  # torch's grouped_mm leaves rows past the last offset unwritten: compare the rest
         theirs = F.grouped_mm(a, b.transpose(-2, -1), offs=group_ends)
-        assert_near(out[:last], theirs[:last], dtype, grouped_oracle(a.abs(), b.abs(), ends)[:last], ulps=4,
-                    terms=2 * k)
+        assert_near(
+            out[:last], theirs[:last], dtype, grouped_oracle(a.abs(), b.abs(), ends)[:last], ulps=4, terms=2 * k
+        )
 
 
 def test_grouped_gemm_float64_and_out_dtype():
@@ -149,11 +167,21 @@ def test_grouped_gemm_float64_and_out_dtype():
     torch.testing.assert_close(out, grouped_oracle(a, b, ends), rtol=1e-13, atol=1e-13)
     out = ref.grouped_gemm(a.bfloat16(), b.bfloat16(), torch.tensor(ends, dtype=torch.int32), out_dtype=torch.float32)
     assert out.dtype == torch.float32
-    assert_near(out, grouped_oracle(a.bfloat16(), b.bfloat16(), ends), torch.float32, grouped_oracle(a.abs(), b.abs(), ends) + 1, ulps=40)
+    assert_near(
+        out,
+        grouped_oracle(a.bfloat16(), b.bfloat16(), ends),
+        torch.float32,
+        grouped_oracle(a.abs(), b.abs(), ends) + 1,
+        ulps=40,
+    )
 
 
 def test_grouped_gemm_empty_rows():
-    out = ref.grouped_gemm(randn(0, 4, seed=1, dtype=torch.float32), randn(2, 3, 4, seed=2, dtype=torch.float32), torch.zeros(2, dtype=torch.int32))
+    out = ref.grouped_gemm(
+        randn(0, 4, seed=1, dtype=torch.float32),
+        randn(2, 3, 4, seed=2, dtype=torch.float32),
+        torch.zeros(2, dtype=torch.int32),
+    )
     assert out.shape == (0, 3)
 
 
@@ -176,6 +204,7 @@ def test_grouped_gemm_bad_inputs():
 
 # ---------------------------------------------------------------- scaled_gemm
 
+
 def cover(form: str, rows: int, k: int, per_block_rows: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """For a scale form: index tensors (row_of[r], col_of[c]) mapping an element to its scale entry."""
     r, c = torch.arange(rows), torch.arange(k)
@@ -192,7 +221,9 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, form: str, per_block_rows: boo
     ri, ci = cover(form, rows, k, per_block_rows)
     nr, nc = int(ri.max()) + 1 if rows else 0, int(ci.max()) + 1 if k else 0
     entry = ri[:, None] * nc + ci[None, :]  # flat index of the scale entry covering each element
-    amax = torch.zeros(nr * nc, dtype=torch.float64).scatter_reduce_(0, entry.reshape(-1), x.abs().reshape(-1), reduce="amax")
+    amax = torch.zeros(nr * nc, dtype=torch.float64).scatter_reduce_(
+        0, entry.reshape(-1), x.abs().reshape(-1), reduce="amax"
+    )
     jitter = 1 + 0.25 * torch.rand(nr * nc, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     scale = (amax * jitter / QMAX[dtype]).clamp_min(1e-6).float()  # some headroom: not every tile hits qmax
     full = scale.double()[entry]
@@ -202,7 +233,14 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, form: str, per_block_rows: boo
     return q, scale.reshape(shape), q.double() * full
 
 
-FORMS = [("tensor", "tensor"), ("row", "row"), ("block", "block"), ("tensor", "block"), ("block", "row"), ("row", "tensor")]
+FORMS = [
+    ("tensor", "tensor"),
+    ("row", "row"),
+    ("block", "block"),
+    ("tensor", "block"),
+    ("block", "row"),
+    ("row", "tensor"),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.int8], ids=dtype_id)
@@ -236,8 +274,13 @@ def test_scaled_gemm_int8_accumulates_exactly():
     b = torch.tensor([[1] + [127] * 1100 + [-127] * 1100], dtype=torch.int8)
     one = torch.ones((), dtype=torch.float32)
     assert ref.scaled_gemm(a, b, one, one, out_dtype=torch.float32).item() == 2.0
-    a2, b2 = randn(4, 1000, seed=5, scale=60).round().clamp(-127, 127), randn(3, 1000, seed=6, scale=60).round().clamp(-127, 127)
-    out = ref.scaled_gemm(a2.to(torch.int8), b2.to(torch.int8), one.reshape(1), one.reshape(1, 1), out_dtype=torch.float32)
+    a2, b2 = (
+        randn(4, 1000, seed=5, scale=60).round().clamp(-127, 127),
+        randn(3, 1000, seed=6, scale=60).round().clamp(-127, 127),
+    )
+    out = ref.scaled_gemm(
+        a2.to(torch.int8), b2.to(torch.int8), one.reshape(1), one.reshape(1, 1), out_dtype=torch.float32
+    )
     assert torch.equal(out.double(), a2 @ b2.T)
 
 
@@ -255,7 +298,9 @@ def test_scaled_gemm_vs_torch_scaled_mm(recipe):
     b, sb, _ = quantize(randn(n, k, seed=42), torch.float8_e4m3fn, form, False, seed=8)
     kind = getattr(F.ScalingType, recipe)
     try:  # torch's CPU scaled_mm takes b as [K, N] and a row-wise b scale as [1, N]
-        theirs = F.scaled_mm(a, b.T, sa, kind, sb.reshape(1, -1) if form == "row" else sb, kind, output_dtype=torch.float32)
+        theirs = F.scaled_mm(
+            a, b.T, sa, kind, sb.reshape(1, -1) if form == "row" else sb, kind, output_dtype=torch.float32
+        )
     except (RuntimeError, ValueError, NotImplementedError, AttributeError) as e:
         pytest.skip(f"torch scaled_mm {recipe} does not run on CPU here: {e}")
     out = ref.scaled_gemm(a, b, sa, sb, out_dtype=torch.float32)

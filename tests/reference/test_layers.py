@@ -4,6 +4,7 @@ The independent sides: Hugging Face transformers' own model code (Qwen3RMSNorm,
 the Llama/Qwen rotate_half rope, DeepSeek-V3's interleaved rope) and explicit
 float64 formulas written out element by element here.
 """
+
 from __future__ import annotations
 
 import math
@@ -111,7 +112,9 @@ def test_rms_norm_fused_residual(dtype):
     # h is the sum rounded once to x's dtype; y is exactly the unfused norm of h.
     torch.testing.assert_close(h, (x.double() + res.double()).to(dtype), rtol=0, atol=0)
     torch.testing.assert_close(y, layers.rms_norm(h, w, 1e-6), rtol=0, atol=0)
-    torch.testing.assert_close(y.double(), rms_norm_f64(h, w, 1e-6), **({} if dtype in (torch.float32, torch.float64) else LOW_TOL[dtype]))
+    torch.testing.assert_close(
+        y.double(), rms_norm_f64(h, w, 1e-6), **({} if dtype in (torch.float32, torch.float64) else LOW_TOL[dtype])
+    )
     # Inputs untouched, outputs are new tensors.
     assert torch.equal(x, x0) and torch.equal(res, res0)
     assert h.data_ptr() not in (x.data_ptr(), res.data_ptr())
@@ -138,7 +141,9 @@ def hf_cos_sin(angles: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def rope_pairs_f64(x: torch.Tensor, positions: torch.Tensor, angles: torch.Tensor, rot: int, neox: bool) -> torch.Tensor:
+def rope_pairs_f64(
+    x: torch.Tensor, positions: torch.Tensor, angles: torch.Tensor, rot: int, neox: bool
+) -> torch.Tensor:
     """Pair-by-pair rotation written out explicitly, float64."""
     out = x.double().clone()
     src = x.double()
@@ -188,8 +193,10 @@ def test_rotary_interleaved_matches_pair_formula(dtype):
     torch.testing.assert_close(k2.double(), rope_pairs_f64(k, positions, angles, D, False), **tol)
 
 
-@pytest.mark.skipif(hf_dsv3 is None or not hasattr(hf_dsv3, "apply_rotary_pos_emb_interleave"),
-                    reason="this transformers has no DeepSeek-V3 interleaved rope")
+@pytest.mark.skipif(
+    hf_dsv3 is None or not hasattr(hf_dsv3, "apply_rotary_pos_emb_interleave"),
+    reason="this transformers has no DeepSeek-V3 interleaved rope",
+)
 def test_rotary_interleaved_matches_hf_deepseek_v3():
     # DeepSeek-V3 ropes a 64-dim part per head; HF returns the rotated pairs
     # de-interleaved (evens then odds), which is a fixed permutation of the
@@ -317,7 +324,9 @@ def _rope(**over):
     args = _rope_ok()
     is_neox = over.pop("is_neox", True)
     args.update(over)
-    return lambda: layers.rotary_embedding(args["positions"], args["q"], args["k"], args["cos_sin_cache"], is_neox=is_neox)
+    return lambda: layers.rotary_embedding(
+        args["positions"], args["q"], args["k"], args["cos_sin_cache"], is_neox=is_neox
+    )
 
 
 _X = torch.randn(4, 8, generator=gen(31))
@@ -340,22 +349,50 @@ BAD = {
     "rms eps None": (lambda: layers.rms_norm(_X, _W, None), "rms_norm", "eps"),
     "rms eps bool": (lambda: layers.rms_norm(_X, _W, True), "rms_norm", "eps"),
     "rms residual shape": (lambda: layers.rms_norm(_X, _W, 1e-6, residual=torch.zeros(4, 7)), "rms_norm", "residual"),
-    "rms residual dtype": (lambda: layers.rms_norm(_X, _W, 1e-6, residual=torch.zeros(4, 8, dtype=torch.float64)), "rms_norm", "residual"),
+    "rms residual dtype": (
+        lambda: layers.rms_norm(_X, _W, 1e-6, residual=torch.zeros(4, 8, dtype=torch.float64)),
+        "rms_norm",
+        "residual",
+    ),
     "rms weight device": (lambda: layers.rms_norm(_X, torch.ones(8, device=_META), 1e-6), "rms_norm", "weight"),
-    "rms residual device": (lambda: layers.rms_norm(_X, _W, 1e-6, residual=torch.zeros(4, 8, device=_META)), "rms_norm", "residual"),
+    "rms residual device": (
+        lambda: layers.rms_norm(_X, _W, 1e-6, residual=torch.zeros(4, 8, device=_META)),
+        "rms_norm",
+        "residual",
+    ),
     # rotary_embedding
     "rope q 2-d": (_rope(q=torch.randn(3, 16)), "rotary_embedding", "q"),
     "rope q int": (_rope(q=torch.zeros(3, 4, 16, dtype=torch.int32)), "rotary_embedding", "q"),
     "rope k 4-d": (_rope(k=torch.randn(3, 2, 16, 1)), "rotary_embedding", "k"),
     "rope k tokens": (_rope(k=torch.randn(2, 2, 16)), "rotary_embedding", "k"),
     "rope k head dim": (_rope(k=torch.randn(3, 2, 8)), "rotary_embedding", "k"),
-    "rope positions int32": (_rope(positions=torch.tensor([0, 1, 2], dtype=torch.int32)), "rotary_embedding", "positions"),
+    "rope positions int32": (
+        _rope(positions=torch.tensor([0, 1, 2], dtype=torch.int32)),
+        "rotary_embedding",
+        "positions",
+    ),
     "rope positions float": (_rope(positions=torch.tensor([0.0, 1.0, 2.0])), "rotary_embedding", "positions"),
-    "rope positions length": (_rope(positions=torch.tensor([0, 1], dtype=torch.int64)), "rotary_embedding", "positions"),
+    "rope positions length": (
+        _rope(positions=torch.tensor([0, 1], dtype=torch.int64)),
+        "rotary_embedding",
+        "positions",
+    ),
     "rope positions 2-d": (_rope(positions=torch.zeros(3, 1, dtype=torch.int64)), "rotary_embedding", "positions"),
-    "rope positions negative": (_rope(positions=torch.tensor([0, -1, 2], dtype=torch.int64)), "rotary_embedding", "positions"),
-    "rope positions past cache": (_rope(positions=torch.tensor([0, 10, 2], dtype=torch.int64)), "rotary_embedding", "positions"),
-    "rope cache int": (_rope(cos_sin_cache=torch.zeros(10, 16, dtype=torch.int64)), "rotary_embedding", "cos_sin_cache"),
+    "rope positions negative": (
+        _rope(positions=torch.tensor([0, -1, 2], dtype=torch.int64)),
+        "rotary_embedding",
+        "positions",
+    ),
+    "rope positions past cache": (
+        _rope(positions=torch.tensor([0, 10, 2], dtype=torch.int64)),
+        "rotary_embedding",
+        "positions",
+    ),
+    "rope cache int": (
+        _rope(cos_sin_cache=torch.zeros(10, 16, dtype=torch.int64)),
+        "rotary_embedding",
+        "cos_sin_cache",
+    ),
     "rope cache 1-d": (_rope(cos_sin_cache=torch.zeros(160)), "rotary_embedding", "cos_sin_cache"),
     "rope rot odd": (_rope(cos_sin_cache=torch.zeros(10, 7)), "rotary_embedding", "cos_sin_cache"),
     "rope rot > D": (_rope(cos_sin_cache=torch.zeros(10, 18)), "rotary_embedding", "cos_sin_cache"),
@@ -393,7 +430,9 @@ def test_layer_norm_matches_torch(dtype, shape, bias):
     x, w = randn(g, *shape, dtype=dtype) + 3.0, randn(g, shape[-1], dtype=dtype)
     b = randn(g, shape[-1], dtype=dtype) if bias else None
     want = F.layer_norm(x, (shape[-1],), w, b, 1e-6)
-    torch.testing.assert_close(layers.layer_norm(x, w, b, 1e-6), want, atol=2e-6 if dtype == torch.float32 else 1e-12, rtol=0)
+    torch.testing.assert_close(
+        layers.layer_norm(x, w, b, 1e-6), want, atol=2e-6 if dtype == torch.float32 else 1e-12, rtol=0
+    )
 
 
 @pytest.mark.parametrize("dtype", LOW)
@@ -404,21 +443,24 @@ def test_layer_norm_low_precision_with_float32_params_rounds_once(dtype):
     want = F.layer_norm(x.double(), (128,), w.double(), b.double(), 1e-6).to(dtype)
     got = layers.layer_norm(x, w, b, 1e-6)
     assert got.dtype == dtype
-    assert (got.double() - want.double()).abs().max() <= (want.double().abs() * 2.0 ** -7).max()
+    assert (got.double() - want.double()).abs().max() <= (want.double().abs() * 2.0**-7).max()
 
 
 def test_layer_norm_variance_is_biased_and_eps_inside_the_root():
     x = torch.tensor([[1.0, 3.0]], dtype=torch.float64)
     got = layers.layer_norm(x, torch.ones(2, dtype=torch.float64), None, 1.0)
-    torch.testing.assert_close(got, torch.tensor([[-1.0, 1.0]], dtype=torch.float64) / 2 ** 0.5)
+    torch.testing.assert_close(got, torch.tensor([[-1.0, 1.0]], dtype=torch.float64) / 2**0.5)
 
 
-@pytest.mark.parametrize("args, arg", [
-    ((torch.randn(3, 8), torch.randn(7), None, 1e-6), "weight"),
-    ((torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(8), torch.randn(8, dtype=torch.float16), 1e-6), "bias"),
-    ((torch.randn(3, 8), torch.randn(8), None, 0.0), "eps"),
-    ((torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(8, dtype=torch.float64), None, 1e-6), "weight"),
-])
+@pytest.mark.parametrize(
+    "args, arg",
+    [
+        ((torch.randn(3, 8), torch.randn(7), None, 1e-6), "weight"),
+        ((torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(8), torch.randn(8, dtype=torch.float16), 1e-6), "bias"),
+        ((torch.randn(3, 8), torch.randn(8), None, 0.0), "eps"),
+        ((torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(8, dtype=torch.float64), None, 1e-6), "weight"),
+    ],
+)
 def test_layer_norm_rejects_bad_arguments_by_name(args, arg):
     with pytest.raises(OpError) as info:
         layers.layer_norm(*args)

@@ -4,6 +4,7 @@ Oracles: Hugging Face transformers' routers (Qwen3-MoE, DeepSeek-V2, DeepSeek-V3
 a per-token float64 re-implementation of routing in plain Python, and per-token,
 per-expert float64 loops for permutation and the expert MLP.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -61,8 +62,19 @@ def test_signature_is_the_spec(name):
 
 # ---------------------------------------------------------------- route
 
-def route_f64(logits, top_k, scoring="softmax", renormalize=True, n_group=1, topk_group=1, bias=None,
-              factor=1.0, masked=-math.inf, group_top2=None):
+
+def route_f64(
+    logits,
+    top_k,
+    scoring="softmax",
+    renormalize=True,
+    n_group=1,
+    topk_group=1,
+    bias=None,
+    factor=1.0,
+    masked=-math.inf,
+    group_top2=None,
+):
     """Routing token by token in Python floats (float64): (weights [M][k], ids [M][k]).
 
     `masked` is the selection score given to experts of dropped groups: -inf
@@ -83,7 +95,7 @@ def route_f64(logits, top_k, scoring="softmax", renormalize=True, n_group=1, top
         if n_group > 1:
             group_score = []
             for g in range(n_group):
-                members = sorted(select[g * size:(g + 1) * size], reverse=True)
+                members = sorted(select[g * size : (g + 1) * size], reverse=True)
                 group_score.append(members[0] + members[1] if group_top2 else members[0])
             kept = sorted(range(n_group), key=lambda g: -group_score[g])[:topk_group]
             select = [s if e // size in kept else masked for e, s in enumerate(select)]
@@ -107,7 +119,9 @@ ROUTE_CASES = {
 
 
 @pytest.mark.parametrize("case", list(ROUTE_CASES))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["float32", "bfloat16", "float64"]
+)
 def test_route_vs_float64_reimplementation(case, dtype):
     kw = dict(ROUTE_CASES[case])
     with_bias = case in ("deepseek-v3", "sigmoid-bias-no-groups", "softmax-bias-groups")
@@ -120,8 +134,16 @@ def test_route_vs_float64_reimplementation(case, dtype):
     weights, ids = ref.route(logits, correction_bias=bias, **kw)
     assert weights.dtype == torch.float32 and ids.dtype == torch.int32
     assert weights.shape == ids.shape == (11, kw["top_k"])
-    want_w, want_ids = route_f64(logits, kw["top_k"], kw.get("scoring", "softmax"), kw.get("renormalize", True),
-                                 kw.get("n_group", 1), kw.get("topk_group", 1), bias, kw.get("routed_scaling_factor", 1.0))
+    want_w, want_ids = route_f64(
+        logits,
+        kw["top_k"],
+        kw.get("scoring", "softmax"),
+        kw.get("renormalize", True),
+        kw.get("n_group", 1),
+        kw.get("topk_group", 1),
+        bias,
+        kw.get("routed_scaling_factor", 1.0),
+    )
     assert torch.equal(ids.long(), want_ids)  # same experts in the same (descending) order
     torch.testing.assert_close(weights.double(), want_w, rtol=1e-6, atol=1e-7)
 
@@ -136,7 +158,9 @@ def test_route_noncontiguous_logits():
 
 
 def test_route_no_tokens():
-    weights, ids = ref.route(torch.zeros(0, 16), top_k=2, scoring="sigmoid", n_group=4, topk_group=2, correction_bias=torch.ones(16))
+    weights, ids = ref.route(
+        torch.zeros(0, 16), top_k=2, scoring="sigmoid", n_group=4, topk_group=2, correction_bias=torch.ones(16)
+    )
     assert weights.shape == ids.shape == (0, 2) and weights.dtype == torch.float32 and ids.dtype == torch.int32
 
 
@@ -145,8 +169,9 @@ def test_route_vs_hf_qwen3_moe(norm_topk_prob):
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-    cfg = Qwen3MoeConfig(hidden_size=32, moe_intermediate_size=16, num_experts=16, num_experts_per_tok=4,
-                         norm_topk_prob=norm_topk_prob)
+    cfg = Qwen3MoeConfig(
+        hidden_size=32, moe_intermediate_size=16, num_experts=16, num_experts_per_tok=4, norm_topk_prob=norm_topk_prob
+    )
     block = Qwen3MoeSparseMoeBlock(cfg)
     with torch.no_grad():
         block.gate.weight.copy_(randn(16, 32, seed=61, scale=0.3, dtype=torch.float32))
@@ -160,9 +185,17 @@ def hf_deepseek_v3_gate(norm_topk_prob: bool, bias: torch.Tensor, seed: int):
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
-    cfg = DeepseekV3Config(hidden_size=32, n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
-                           routed_scaling_factor=2.5, norm_topk_prob=norm_topk_prob, num_attention_heads=4,
-                           num_key_value_heads=4)
+    cfg = DeepseekV3Config(
+        hidden_size=32,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=norm_topk_prob,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
     gate = DeepseekV3TopkRouter(cfg)
     with torch.no_grad():
         gate.weight.copy_(randn(16, 32, seed=seed, scale=0.3, dtype=torch.float32))
@@ -176,8 +209,16 @@ def test_route_vs_hf_deepseek_v3(norm_topk_prob):
     gate = hf_deepseek_v3_gate(norm_topk_prob, bias, seed=72)
     with torch.no_grad():
         logits, hf_w, hf_ids = gate(randn(13, 32, seed=73, dtype=torch.float32))
-    weights, ids = ref.route(logits, top_k=4, scoring="sigmoid", renormalize=norm_topk_prob, n_group=4, topk_group=2,
-                             correction_bias=bias, routed_scaling_factor=2.5)
+    weights, ids = ref.route(
+        logits,
+        top_k=4,
+        scoring="sigmoid",
+        renormalize=norm_topk_prob,
+        n_group=4,
+        topk_group=2,
+        correction_bias=bias,
+        routed_scaling_factor=2.5,
+    )
     assert_same_routing(weights, ids, hf_w, hf_ids)
 
 
@@ -207,8 +248,16 @@ def test_route_differs_from_hf_zero_mask_router():
     try:
         from transformers import AXK2Config
         from transformers.models.axk2.modeling_axk2 import AXK2TopkRouter
-        cfg = AXK2Config(hidden_size=32, n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
-                         routed_scaling_factor=2.5, norm_topk_prob=True)
+
+        cfg = AXK2Config(
+            hidden_size=32,
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+        )
         gate = AXK2TopkRouter(cfg)
     except Exception as e:  # the model is optional: the float64 rule above covers the semantics
         pytest.skip(f"transformers has no usable AXK2 router: {e}")
@@ -226,9 +275,17 @@ def test_route_vs_hf_deepseek_v2_group_max():
     from transformers import DeepseekV2Config
     from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
 
-    cfg = DeepseekV2Config(hidden_size=32, n_routed_experts=16, num_experts_per_tok=3, n_group=4, topk_group=2,
-                           topk_method="group_limited_greedy", routed_scaling_factor=16.0,
-                           num_attention_heads=4, num_key_value_heads=4)
+    cfg = DeepseekV2Config(
+        hidden_size=32,
+        n_routed_experts=16,
+        num_experts_per_tok=3,
+        n_group=4,
+        topk_group=2,
+        topk_method="group_limited_greedy",
+        routed_scaling_factor=16.0,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
     gate = DeepseekV2TopkRouter(cfg)
     with torch.no_grad():
         gate.weight.copy_(randn(16, 32, seed=101, scale=0.3, dtype=torch.float32))
@@ -261,6 +318,7 @@ def test_route_bad_inputs():
 
 # ---------------------------------------------------------------- moe_permute / moe_unpermute
 
+
 def test_moe_permute_small_example():
     x = randn(3, 4, seed=111, dtype=torch.float32)
     ids = torch.tensor([[2, 0], [0, 2], [1, 0]], dtype=torch.int32)
@@ -289,7 +347,7 @@ def test_moe_permute_properties_and_round_trip(dtype):
     back = ref.moe_unpermute(x_sorted, perm, weights)
     assert back.dtype == dtype
     want = x.double() * weights.double().sum(1, keepdim=True)
-    torch.testing.assert_close(back.double(), want, rtol=2 ** -7 if dtype == torch.bfloat16 else 1e-6, atol=1e-6)
+    torch.testing.assert_close(back.double(), want, rtol=2**-7 if dtype == torch.bfloat16 else 1e-6, atol=1e-6)
     assert torch.equal(x, x0)
 
 
@@ -302,7 +360,9 @@ def unpermute_loop(y_sorted, perm, weights):
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["float32", "bfloat16", "float64"]
+)
 def test_moe_unpermute_vs_loop(dtype):
     m, k = 10, 4
     y_sorted = randn(m * k, 6, seed=131, dtype=dtype)
@@ -310,7 +370,7 @@ def test_moe_unpermute_vs_loop(dtype):
     weights = randn(m, k, seed=133, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
     out = ref.moe_unpermute(y_sorted, perm, weights)
     assert out.dtype == dtype and out.shape == (m, 6)
-    tol = {torch.float32: 1e-6, torch.bfloat16: 2 ** -8, torch.float64: 1e-13}[dtype]
+    tol = {torch.float32: 1e-6, torch.bfloat16: 2**-8, torch.float64: 1e-13}[dtype]
     torch.testing.assert_close(out.double(), unpermute_loop(y_sorted, perm, weights), rtol=tol, atol=tol)
 
 
@@ -349,6 +409,7 @@ def test_moe_unpermute_bad_inputs():
 
 # ---------------------------------------------------------------- fused_moe
 
+
 def fused_moe_loop(x, w13, w2, weights, ids):
     """Token by token, slot by slot, in float64."""
     inter = w13.shape[1] // 2
@@ -362,7 +423,9 @@ def fused_moe_loop(x, w13, w2, weights, ids):
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["float32", "bfloat16", "float64"]
+)
 def test_fused_moe_vs_loop(dtype):
     m, hidden, inter, experts, k = 9, 16, 12, 8, 2
     x = randn(hidden, m, seed=141, dtype=dtype).T  # non-contiguous [M, H]
@@ -378,8 +441,13 @@ def test_fused_moe_vs_loop(dtype):
 
 
 def test_fused_moe_no_tokens():
-    out = ref.fused_moe(torch.ones(0, 8), torch.ones(3, 4, 8), torch.ones(3, 8, 2), torch.ones(0, 2),
-                        torch.zeros(0, 2, dtype=torch.int32))
+    out = ref.fused_moe(
+        torch.ones(0, 8),
+        torch.ones(3, 4, 8),
+        torch.ones(3, 8, 2),
+        torch.ones(0, 2),
+        torch.zeros(0, 2, dtype=torch.int32),
+    )
     assert out.shape == (0, 8)
 
 
@@ -405,6 +473,7 @@ def test_fused_moe_bad_inputs():
 
 # ---------------------------------------------------------------- fused_moe: gpt-oss and DeepSeek-V4 activations
 
+
 def _experts(seed: int, e: int = 6, inter: int = 10, hidden: int = 16, m: int = 11, k: int = 3, gain: float = 6.0):
     """Expert weights and biases large enough that many gate/up values pass the clamp limits."""
     x = randn(m, hidden, seed=seed)
@@ -427,20 +496,35 @@ def test_fused_moe_swigluoai_is_hf_gpt_oss():
     x, w13, w2, b13, b2, weights, ids = _experts(seed=150)
     e, two_i, hidden = w13.shape
     inter = two_i // 2
-    cfg = SimpleNamespace(intermediate_size=inter, num_local_experts=e, hidden_size=hidden, swiglu_alpha=1.702,
-                          swiglu_limit=7.0, _experts_implementation="eager")
+    cfg = SimpleNamespace(
+        intermediate_size=inter,
+        num_local_experts=e,
+        hidden_size=hidden,
+        swiglu_alpha=1.702,
+        swiglu_limit=7.0,
+        _experts_implementation="eager",
+    )
     hf = GptOssExperts(cfg).double()
-    interleaved, interleaved_bias = torch.empty(e, hidden, two_i, dtype=torch.float64), torch.empty(e, two_i, dtype=torch.float64)
+    interleaved, interleaved_bias = (
+        torch.empty(e, hidden, two_i, dtype=torch.float64),
+        torch.empty(e, two_i, dtype=torch.float64),
+    )
     interleaved[..., 0::2], interleaved[..., 1::2] = w13[:, :inter].transpose(1, 2), w13[:, inter:].transpose(1, 2)
     interleaved_bias[:, 0::2], interleaved_bias[:, 1::2] = b13[:, :inter], b13[:, inter:]
     with torch.no_grad():
-        for p, v in ((hf.gate_up_proj, interleaved), (hf.gate_up_proj_bias, interleaved_bias),
-                     (hf.down_proj, w2.transpose(1, 2)), (hf.down_proj_bias, b2)):
+        for p, v in (
+            (hf.gate_up_proj, interleaved),
+            (hf.gate_up_proj_bias, interleaved_bias),
+            (hf.down_proj, w2.transpose(1, 2)),
+            (hf.down_proj_bias, b2),
+        ):
             p.copy_(v)
         want = hf(x, router_indices=ids.long(), routing_weights=weights.double())
     gu = torch.einsum("mh,mkih->mki", x, w13[ids.long()])
     assert (gu[..., :inter] > 7).any() and (gu[..., inter:].abs() > 7).any()  # the clamps matter here
-    out = ref.fused_moe(x, w13, w2, weights.double(), ids, activation="swigluoai", alpha=1.702, limit=7.0, w13_bias=b13, w2_bias=b2)
+    out = ref.fused_moe(
+        x, w13, w2, weights.double(), ids, activation="swigluoai", alpha=1.702, limit=7.0, w13_bias=b13, w2_bias=b2
+    )
     torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
 
 
@@ -451,8 +535,14 @@ def test_fused_moe_swiglu_clamp_is_hf_deepseek_v4():
 
     x, w13, w2, _, _, weights, ids = _experts(seed=160, gain=9.0)
     e, two_i, hidden = w13.shape
-    cfg = SimpleNamespace(num_local_experts=e, hidden_size=hidden, intermediate_size=two_i // 2, hidden_act="silu",
-                          swiglu_limit=10.0, _experts_implementation="eager")
+    cfg = SimpleNamespace(
+        num_local_experts=e,
+        hidden_size=hidden,
+        intermediate_size=two_i // 2,
+        hidden_act="silu",
+        swiglu_limit=10.0,
+        _experts_implementation="eager",
+    )
     hf = DeepseekV4Experts(cfg).double()
     with torch.no_grad():
         hf.gate_up_proj.copy_(w13)
@@ -474,7 +564,11 @@ def fused_moe_rounded(x, w13, w2, weights, ids, act, alpha, limit, b13, b2):
             gate, up = gu[:inter], gu[inter:]
             if act != "silu":
                 gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-            h = r((up + 1) * gate * torch.sigmoid(alpha * gate) if act == "swigluoai" else torch.nn.functional.silu(gate) * up)
+            h = r(
+                (up + 1) * gate * torch.sigmoid(alpha * gate)
+                if act == "swigluoai"
+                else torch.nn.functional.silu(gate) * up
+            )
             out[m] += float(weights[m, s]) * r(w2[e].double() @ h + (0 if b2 is None else b2[e].double()))
     return out
 
@@ -483,8 +577,9 @@ def fused_moe_rounded(x, w13, w2, weights, ids, act, alpha, limit, b13, b2):
 @pytest.mark.parametrize("act,limit", [("swigluoai", 7.0), ("swiglu_clamp", 10.0), ("silu", None)])
 @pytest.mark.parametrize("biases", [False, True], ids=["no-bias", "bias"])
 def test_fused_moe_activations_round_as_pinned(dtype, act, limit, biases):
-    x, w13, w2, b13, b2, weights, ids = (t.to(dtype) if t.is_floating_point() and t.dtype == torch.float64 else t
-                                         for t in _experts(seed=170))
+    x, w13, w2, b13, b2, weights, ids = (
+        t.to(dtype) if t.is_floating_point() and t.dtype == torch.float64 else t for t in _experts(seed=170)
+    )
     b13, b2 = (b13, b2) if biases else (None, None)
     out = ref.fused_moe(x, w13, w2, weights, ids, activation=act, alpha=1.702, limit=limit, w13_bias=b13, w2_bias=b2)
     assert out.dtype == dtype

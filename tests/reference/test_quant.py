@@ -5,6 +5,7 @@ quantize_activation: a vLLM-style per-token-group quantization written here with
 scaled_grouped_gemm: a per-group loop over float64 dequantized matrices. fused_moe's quantized mode:
 the spec's composition spelled out with the reference's own ops, and weight-only against float weights.
 """
+
 from __future__ import annotations
 
 import math
@@ -108,14 +109,19 @@ def test_asymmetric_int8_matches_its_formula_and_dequantizes_within_a_step():
 def test_no_rows_and_bad_options():
     q, s = quantize_activation(torch.randn(0, 576), dtype=FP8[0])
     assert q.shape == (0, 576) and s.shape == (0, 5)
-    for kw, arg in [({"dtype": torch.bfloat16}, "dtype"), ({"dtype": FP8[0], "group_size": 0}, "group_size"),
-                    ({"dtype": FP8[0], "scale_fmt": "e8m0"}, "scale_fmt"), ({"dtype": FP8[0], "asymmetric": True}, "asymmetric")]:
+    for kw, arg in [
+        ({"dtype": torch.bfloat16}, "dtype"),
+        ({"dtype": FP8[0], "group_size": 0}, "group_size"),
+        ({"dtype": FP8[0], "scale_fmt": "e8m0"}, "scale_fmt"),
+        ({"dtype": FP8[0], "asymmetric": True}, "asymmetric"),
+    ]:
         with pytest.raises(OpError) as info:
             quantize_activation(torch.randn(2, 64), **kw)
         assert info.value.arg == arg
 
 
 # ---------------------------------------------------------------- scaled_grouped_gemm
+
 
 def _expand(s: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """A 2-D scale as [rows, cols] float64: one element, per row [rows, 1], or 128-blocks."""
@@ -147,7 +153,9 @@ def test_scaled_grouped_gemm_matches_a_loop_over_dequantized_float64(qdtype, a_f
         sbe = sb[e].reshape(1) if b_form == "group" else sb[e]
         want[start:end] = a64[start:end] @ (b[e].double() * _expand(sbe, n, k)).T
         start = end
-    assert torch.allclose(out.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max()), (out.double() - want).abs().max()
+    assert torch.allclose(out.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max()), (
+        (out.double() - want).abs().max()
+    )
     assert (out[11:] == 0).all()
 
 
@@ -166,6 +174,7 @@ def test_zero_points_shift_int8_activations():
 
 # ---------------------------------------------------------------- fused_moe, quantized
 
+
 def _moe_inputs(seed: int, qdtype: torch.dtype, e: int = 4, h: int = 256, inter: int = 192, m: int = 5, k: int = 2):
     w13 = (torch.randn(e, 2 * inter, h, generator=gen(seed)) * 20).clamp(-120, 120).round().to(qdtype)
     w2 = (torch.randn(e, h, inter, generator=gen(seed + 1)) * 20).clamp(-120, 120).round().to(qdtype)
@@ -181,8 +190,19 @@ def _moe_inputs(seed: int, qdtype: torch.dtype, e: int = 4, h: int = 256, inter:
 def test_fused_moe_quantized_is_the_spec_composition(act_quant, fmt):
     x, w13, w2, weights, ids, s13, s2 = _moe_inputs(30, torch.float8_e4m3fn)
     b13, b2 = torch.randn(4, 384, generator=gen(40)).bfloat16(), torch.randn(4, 256, generator=gen(41)).bfloat16()
-    got = moe.fused_moe(x, w13, w2, weights, ids, w13_bias=b13, w2_bias=b2, w13_scale=s13, w2_scale=s2,
-                        act_quant=act_quant, act_scale_fmt=fmt)
+    got = moe.fused_moe(
+        x,
+        w13,
+        w2,
+        weights,
+        ids,
+        w13_bias=b13,
+        w2_bias=b2,
+        w13_scale=s13,
+        w2_scale=s2,
+        act_quant=act_quant,
+        act_scale_fmt=fmt,
+    )
     group = 128 if act_quant == "group128" else None
     xs, ends, perm = moe.moe_permute(x, ids, 4)
     rows_bias = lambda bias: bias.float().repeat_interleave(torch.diff(ends, prepend=ends.new_zeros(1)).long(), dim=0)  # noqa: E731
@@ -200,7 +220,9 @@ def test_fused_moe_quantized_is_the_spec_composition(act_quant, fmt):
 def test_fused_moe_weight_only_is_the_float_op_on_dequantized_weights():
     x, w13, w2, weights, ids, s13, s2 = _moe_inputs(50, torch.int8)
     x = x.float()
-    deq = lambda w, s: w.float() * s.repeat_interleave(128, 1)[:, :w.shape[1]].repeat_interleave(128, 2)[..., :w.shape[2]]  # noqa: E731
+    deq = lambda w, s: (
+        w.float() * s.repeat_interleave(128, 1)[:, : w.shape[1]].repeat_interleave(128, 2)[..., : w.shape[2]]
+    )  # noqa: E731
     got = moe.fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
     want = moe.fused_moe(x, deq(w13, s13), deq(w2, s2), weights, ids)
     assert torch.allclose(got, want, rtol=1e-6, atol=1e-6 * want.abs().max())
@@ -208,8 +230,12 @@ def test_fused_moe_weight_only_is_the_float_op_on_dequantized_weights():
 
 def test_fused_moe_quantized_options_are_checked():
     x, w13, w2, weights, ids, s13, s2 = _moe_inputs(60, torch.float8_e4m3fn)
-    bad = [({"w13_scale": s13}, "w2_scale"), ({"w13_scale": s13, "w2_scale": s2, "act_quant": "int4"}, "act_quant"),
-           ({"w13_scale": s13, "w2_scale": s2, "act_scale_fmt": "pow2"}, "act_scale_fmt"), ({}, "w13_scale")]
+    bad = [
+        ({"w13_scale": s13}, "w2_scale"),
+        ({"w13_scale": s13, "w2_scale": s2, "act_quant": "int4"}, "act_quant"),
+        ({"w13_scale": s13, "w2_scale": s2, "act_scale_fmt": "pow2"}, "act_scale_fmt"),
+        ({}, "w13_scale"),
+    ]
     for kw, arg in bad:
         with pytest.raises(OpError) as info:
             moe.fused_moe(x, w13, w2, weights, ids, **kw)

@@ -5,6 +5,7 @@ sliding window updated token by token; the delta rule per value head with explic
 matrices), and transformers' own torch reference functions (Qwen3-Next's causal conv prefill
 and update paths, its recurrent and chunked gated delta rule, Kimi-Linear's KDA).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,11 @@ def index(lens, slots, initial):
     starts = [0]
     for n in lens:
         starts.append(starts[-1] + n)
-    return (torch.tensor(starts, dtype=torch.int32), torch.tensor(slots, dtype=torch.int32),
-            torch.tensor(initial, dtype=torch.bool))
+    return (
+        torch.tensor(starts, dtype=torch.int32),
+        torch.tensor(slots, dtype=torch.int32),
+        torch.tensor(initial, dtype=torch.bool),
+    )
 
 
 @pytest.mark.parametrize("name", ["causal_conv1d", "gated_delta_rule"])
@@ -102,24 +106,40 @@ def gdr_f64(q, k, v, g, beta, state, lens, slots, initial, scale, l2norm):
 def conv_args(seed, lens, slots, initial, *, c=24, w=4, num_slots=5, dtype=torch.float64, bias=True, activation="silu"):
     g = gen(seed)
     qsl, sl, his = index(lens, slots, initial)
-    return dict(x=randn(g, sum(lens), c, dtype=dtype), weight=randn(g, c, w, dtype=dtype, scale=0.5),
-                bias=randn(g, c, dtype=dtype) if bias else None, conv_state=randn(g, num_slots, w - 1, c, dtype=dtype),
-                query_start_loc=qsl, state_slots=sl, has_initial_state=his, activation=activation)
+    return dict(
+        x=randn(g, sum(lens), c, dtype=dtype),
+        weight=randn(g, c, w, dtype=dtype, scale=0.5),
+        bias=randn(g, c, dtype=dtype) if bias else None,
+        conv_state=randn(g, num_slots, w - 1, c, dtype=dtype),
+        query_start_loc=qsl,
+        state_slots=sl,
+        has_initial_state=his,
+        activation=activation,
+    )
 
 
-def gdr_args(seed, lens, slots, initial, *, h=2, kd=8, hv=4, vd=6, num_slots=5, dtype=torch.float64, kda=False,
-             l2norm=True):
+def gdr_args(
+    seed, lens, slots, initial, *, h=2, kd=8, hv=4, vd=6, num_slots=5, dtype=torch.float64, kda=False, l2norm=True
+):
     g = gen(seed)
     t = sum(lens)
     qsl, sl, his = index(lens, slots, initial)
     gate_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     decay = -F.softplus(randn(g, *((t, hv, kd) if kda else (t, hv)), dtype=torch.float64)) * 0.3
-    k_scale = 1.0 if l2norm else kd ** -0.5  # without the norm, keep |k| near 1 so the recurrence stays stable
-    return dict(q=randn(g, t, h, kd, dtype=dtype), k=randn(g, t, h, kd, dtype=dtype, scale=k_scale),
-                v=randn(g, t, hv, vd, dtype=dtype), g=decay.to(gate_dtype),
-                beta=torch.sigmoid(randn(g, t, hv, dtype=torch.float64)).to(gate_dtype),
-                ssm_state=randn(g, num_slots, hv, kd, vd, dtype=gate_dtype, scale=0.5),
-                query_start_loc=qsl, state_slots=sl, has_initial_state=his, scale=kd ** -0.5, use_qk_l2norm=l2norm)
+    k_scale = 1.0 if l2norm else kd**-0.5  # without the norm, keep |k| near 1 so the recurrence stays stable
+    return dict(
+        q=randn(g, t, h, kd, dtype=dtype),
+        k=randn(g, t, h, kd, dtype=dtype, scale=k_scale),
+        v=randn(g, t, hv, vd, dtype=dtype),
+        g=decay.to(gate_dtype),
+        beta=torch.sigmoid(randn(g, t, hv, dtype=torch.float64)).to(gate_dtype),
+        ssm_state=randn(g, num_slots, hv, kd, vd, dtype=gate_dtype, scale=0.5),
+        query_start_loc=qsl,
+        state_slots=sl,
+        has_initial_state=his,
+        scale=kd**-0.5,
+        use_qk_l2norm=l2norm,
+    )
 
 
 def conv_expected(a, lens, slots, initial):
@@ -127,8 +147,9 @@ def conv_expected(a, lens, slots, initial):
 
 
 def gdr_expected(a, lens, slots, initial):
-    return gdr_f64(a["q"], a["k"], a["v"], a["g"], a["beta"], a["ssm_state"], lens, slots, initial, a["scale"],
-                   a["use_qk_l2norm"])
+    return gdr_f64(
+        a["q"], a["k"], a["v"], a["g"], a["beta"], a["ssm_state"], lens, slots, initial, a["scale"], a["use_qk_l2norm"]
+    )
 
 
 def clone(a):
@@ -220,16 +241,26 @@ def _hf_gdr(fn, a, lens, initial_state, **kw):
     outs, states, start = [], [], 0
     for n, count in enumerate(lens):
         sl = slice(start, start + count)
-        o, s = fn(a["q"][None, sl], a["k"][None, sl], a["v"][None, sl], a["g"][None, sl], a["beta"][None, sl],
-                  initial_state=initial_state[n:n + 1], output_final_state=True, use_qk_l2norm_in_kernel=True, **kw)
+        o, s = fn(
+            a["q"][None, sl],
+            a["k"][None, sl],
+            a["v"][None, sl],
+            a["g"][None, sl],
+            a["beta"][None, sl],
+            initial_state=initial_state[n : n + 1],
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            **kw,
+        )
         outs.append(o[0])
         states.append(s[0])
         start += count
     return torch.cat(outs), torch.stack(states)
 
 
-@pytest.mark.parametrize("name, kw", [("torch_recurrent_gated_delta_rule", {}),
-                                      ("torch_chunk_gated_delta_rule", {"chunk_size": 64})])
+@pytest.mark.parametrize(
+    "name, kw", [("torch_recurrent_gated_delta_rule", {}), ("torch_chunk_gated_delta_rule", {"chunk_size": 64})]
+)
 @pytest.mark.parametrize("ratio", [1, 2, 4])
 def test_gdr_matches_transformers_qwen3_next(name, kw, ratio):
     """Sequences across the 64-row chunk boundary, from a state and from zeros, GVA ratio 1/2/4."""
@@ -258,8 +289,10 @@ def test_kda_matches_transformers_kimi_linear(name):
 
 # --------------------------------------------------------------------------- state carried between calls
 
-OPS = {"causal_conv1d": (recurrent.causal_conv1d, conv_args, "conv_state", ("x",)),
-       "gated_delta_rule": (recurrent.gated_delta_rule, gdr_args, "ssm_state", ("q", "k", "v", "g", "beta"))}
+OPS = {
+    "causal_conv1d": (recurrent.causal_conv1d, conv_args, "conv_state", ("x",)),
+    "gated_delta_rule": (recurrent.gated_delta_rule, gdr_args, "ssm_state", ("q", "k", "v", "g", "beta")),
+}
 
 
 def _rows(a, rows: slice, per_token, lens, slots, initial):
@@ -365,13 +398,16 @@ def test_shape_and_dtype_errors():
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("qsl, slots, text", [
-    ([0, 3, 2, 5], [0, 1, 2], "non-decreasing"),
-    ([1, 3, 4, 5], [0, 1, 2], "first entry 0"),
-    ([0, 2, 3, 4], [0, 1, 2], "token count 5"),
-    ([0, 2, 3, 5], [0, 5, 2], r"slots in \[-1, 5\)"),
-    ([0, 2, 3, 5], [0, -2, 2], r"slots in \[-1, 5\)"),
-])
+@pytest.mark.parametrize(
+    "qsl, slots, text",
+    [
+        ([0, 3, 2, 5], [0, 1, 2], "non-decreasing"),
+        ([1, 3, 4, 5], [0, 1, 2], "first entry 0"),
+        ([0, 2, 3, 4], [0, 1, 2], "token count 5"),
+        ([0, 2, 3, 5], [0, 5, 2], r"slots in \[-1, 5\)"),
+        ([0, 2, 3, 5], [0, -2, 2], r"slots in \[-1, 5\)"),
+    ],
+)
 def test_index_contents_are_checked(op, qsl, slots, text):
     """The reference and hetero.spec.validate refuse the same malformed index tensors."""
     fn, make, _, _ = OPS[op]

@@ -4,6 +4,7 @@ The independent sides: transformers' own Qwen3-Next / Qwen3.5 norms (zero-centre
 ``Qwen3NextRMSNorm``, gated ``Qwen3NextRMSNormGated`` / ``Qwen3_5RMSNormGated``),
 Kimi-Linear's sigmoid-gated norm, and float64 formulas written out here.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -49,14 +50,19 @@ def test_weight_offset_is_qwen3_next_zero_centred_norm_bit_for_bit(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cls", ["qwen3_next.modeling_qwen3_next.Qwen3NextRMSNormGated",
-                                 "qwen3_5.modeling_qwen3_5.Qwen3_5RMSNormGated"])
+@pytest.mark.parametrize(
+    "cls", ["qwen3_next.modeling_qwen3_next.Qwen3NextRMSNormGated", "qwen3_5.modeling_qwen3_5.Qwen3_5RMSNormGated"]
+)
 def test_gate_is_transformers_gated_norm_bit_for_bit(dtype, cls):
     module, name = cls.rsplit(".", 1)
     gated = getattr(pytest.importorskip(f"transformers.models.{module}"), name)
     g = gen(2)
     t, hv, v = 5, 4, 128  # grouped per value head: the caller's [T, HV, V] view
-    x, z, w = 3 * randn(g, t, hv * v, dtype=dtype), 2 * randn(g, t, hv * v, dtype=dtype), 1 + 0.2 * randn(g, v, dtype=dtype)
+    x, z, w = (
+        3 * randn(g, t, hv * v, dtype=dtype),
+        2 * randn(g, t, hv * v, dtype=dtype),
+        1 + 0.2 * randn(g, v, dtype=dtype),
+    )
     want = hf(gated(v, eps=1e-6), w, x.view(-1, v), z.view(-1, v)).view(t, hv * v)
     got = layers.rms_norm(x.view(t, hv, v), w, 1e-6, gate=z.view(t, hv, v), gate_act="silu")
     assert got.shape == (t, hv, v) and torch.equal(got.view(t, hv * v), want)
@@ -72,27 +78,38 @@ def test_sigmoid_gate_matches_kimi_linear_within_one_rounding(dtype):
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     else:
-        torch.testing.assert_close(got, want, rtol=2 ** -7 if dtype == torch.bfloat16 else 2 ** -10, atol=1e-3)
+        torch.testing.assert_close(got, want, rtol=2**-7 if dtype == torch.bfloat16 else 2**-10, atol=1e-3)
 
 
 @pytest.mark.parametrize("act", ["silu", "sigmoid"])
 def test_float64_matches_the_formula(act):
     g = gen(4)
-    x, z, w = randn(g, 7, 48, dtype=torch.float64), randn(g, 7, 48, dtype=torch.float64), randn(g, 48, dtype=torch.float64)
+    x, z, w = (
+        randn(g, 7, 48, dtype=torch.float64),
+        randn(g, 7, 48, dtype=torch.float64),
+        randn(g, 48, dtype=torch.float64),
+    )
     fn = F.silu if act == "silu" else torch.sigmoid
     got = layers.rms_norm(x, w, 1e-5, weight_offset=0.5, gate=z, gate_act=act)
     torch.testing.assert_close(got, f64_norm(x, w + 0.5, 1e-5) * fn(z), rtol=1e-13, atol=1e-13)
-    torch.testing.assert_close(layers.rms_norm(x, w, 1e-5, weight_offset=-2.0), f64_norm(x, w - 2.0, 1e-5),
-                               rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(
+        layers.rms_norm(x, w, 1e-5, weight_offset=-2.0), f64_norm(x, w - 2.0, 1e-5), rtol=1e-13, atol=1e-13
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_defaults_are_the_1_1_op_and_inputs_untouched(dtype):
     g = gen(5)
-    x, w, res, z = randn(g, 3, 40, dtype=dtype), randn(g, 40, dtype=dtype), randn(g, 3, 40, dtype=dtype), randn(g, 3, 40, dtype=dtype)
+    x, w, res, z = (
+        randn(g, 3, 40, dtype=dtype),
+        randn(g, 40, dtype=dtype),
+        randn(g, 3, 40, dtype=dtype),
+        randn(g, 3, 40, dtype=dtype),
+    )
     copies = [t.clone() for t in (x, w, res, z)]
-    assert torch.equal(layers.rms_norm(x, w, 1e-6, weight_offset=0.0, gate=None, gate_act="sigmoid"),
-                       layers.rms_norm(x, w, 1e-6))
+    assert torch.equal(
+        layers.rms_norm(x, w, 1e-6, weight_offset=0.0, gate=None, gate_act="sigmoid"), layers.rms_norm(x, w, 1e-6)
+    )
     a, b = layers.rms_norm(x, w, 1e-6, residual=res, weight_offset=0), layers.rms_norm(x, w, 1e-6, residual=res)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     layers.rms_norm(x, w, 1e-6, weight_offset=1.0, gate=z)
@@ -107,17 +124,20 @@ def test_empty_rows():
 Z, R = torch.randn(2, 16), torch.randn(2, 16)
 
 
-@pytest.mark.parametrize("kwargs, arg, match", [
-    ({"gate": Z, "residual": R}, "gate", "None when 'residual' is given"),
-    ({"gate": torch.randn(2, 32)}, "gate", r"shape \[2, 16\]"),
-    ({"gate": Z.half()}, "gate", "float32"),
-    ({"gate": Z.tolist()}, "gate", "torch.Tensor"),
-    ({"gate_act": "gelu"}, "gate_act", "'silu' or 'sigmoid'"),
-    ({"gate_act": "gelu", "gate": Z}, "gate_act", "'silu' or 'sigmoid'"),
-    ({"weight_offset": float("nan")}, "weight_offset", "a finite number"),
-    ({"weight_offset": True}, "weight_offset", "a finite number"),
-    ({"weight_offset": "1"}, "weight_offset", "a finite number"),
-])
+@pytest.mark.parametrize(
+    "kwargs, arg, match",
+    [
+        ({"gate": Z, "residual": R}, "gate", "None when 'residual' is given"),
+        ({"gate": torch.randn(2, 32)}, "gate", r"shape \[2, 16\]"),
+        ({"gate": Z.half()}, "gate", "float32"),
+        ({"gate": Z.tolist()}, "gate", "torch.Tensor"),
+        ({"gate_act": "gelu"}, "gate_act", "'silu' or 'sigmoid'"),
+        ({"gate_act": "gelu", "gate": Z}, "gate_act", "'silu' or 'sigmoid'"),
+        ({"weight_offset": float("nan")}, "weight_offset", "a finite number"),
+        ({"weight_offset": True}, "weight_offset", "a finite number"),
+        ({"weight_offset": "1"}, "weight_offset", "a finite number"),
+    ],
+)
 def test_bad_options_raise_op_error_naming_the_argument(kwargs, arg, match):
     with pytest.raises(OpError, match=match) as info:
         layers.rms_norm(torch.randn(2, 16), torch.ones(16), 1e-6, **kwargs)

@@ -22,6 +22,7 @@ into its tensor's range on the device (no host sync) or, for the host length lis
 after the read it needs anyway. A malformed call then computes garbage, never an access outside a
 tensor (on an NPU that would be an AI Core exception).
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,10 +31,30 @@ import torch
 
 from hetero.spec import AttentionMeta
 
-__all__ = ["INT_MAX", "MASK_EDGE", "SPARSE_NONE", "SPARSE_RIGHT_DOWN_CAUSAL", "SPARSE_BAND",
-           "paged_lengths", "varlen_lengths", "safe_block_table", "safe_expert_ids", "sparse_args", "causal_mask", "paged_kv_bsh", "paged_kv_bnsd",
-           "tnd_query", "lse_from_npu", "group_list", "grouped_weights", "perm_from_row_idx",
-           "unpermute_indices", "gating_args", "rotary_factors", "MLA_QUERY_HEADS"]
+__all__ = [
+    "INT_MAX",
+    "MASK_EDGE",
+    "SPARSE_NONE",
+    "SPARSE_RIGHT_DOWN_CAUSAL",
+    "SPARSE_BAND",
+    "paged_lengths",
+    "varlen_lengths",
+    "safe_block_table",
+    "safe_expert_ids",
+    "sparse_args",
+    "causal_mask",
+    "paged_kv_bsh",
+    "paged_kv_bnsd",
+    "tnd_query",
+    "lse_from_npu",
+    "group_list",
+    "grouped_weights",
+    "perm_from_row_idx",
+    "unpermute_indices",
+    "gating_args",
+    "rotary_factors",
+    "MLA_QUERY_HEADS",
+]
 
 INT_MAX = 2147483647  # FIA's default pre_tokens / next_tokens ("no limit")
 MASK_EDGE = 2048  # sparse_mode 2/3/4 take an optimized (2048, 2048) mask
@@ -50,8 +71,9 @@ def _cumulative(ends: list[int], limit: int | None) -> list[int]:
     return out
 
 
-def paged_lengths(meta: AttentionMeta, *, num_tokens: int | None = None,
-                  block_size: int | None = None) -> tuple[list[int], list[int]]:
+def paged_lengths(
+    meta: AttentionMeta, *, num_tokens: int | None = None, block_size: int | None = None
+) -> tuple[list[int], list[int]]:
     """(actual_seq_lengths, actual_seq_lengths_kv) host lists for FIA in TND with a block table:
     cumulative query ends (query_start_loc[1:]) and per-sequence KV lengths (seq_lens), clamped to
     T = ``num_tokens`` and to the table's columns * ``block_size`` when those are given."""
@@ -61,8 +83,13 @@ def paged_lengths(meta: AttentionMeta, *, num_tokens: int | None = None,
     return q_ends, kv
 
 
-def varlen_lengths(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *, num_tokens: int | None = None,
-                   num_keys: int | None = None) -> tuple[list[int], list[int]]:
+def varlen_lengths(
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    num_tokens: int | None = None,
+    num_keys: int | None = None,
+) -> tuple[list[int], list[int]]:
     """Host lists for dense TND: both cumulative (cu_seqlens[1:]), non-decreasing, within T / Tk when given."""
     return _cumulative(cu_seqlens_q[1:].tolist(), num_tokens), _cumulative(cu_seqlens_k[1:].tolist(), num_keys)
 
@@ -156,18 +183,29 @@ def perm_from_row_idx(expanded_row_idx: torch.Tensor) -> torch.Tensor:
 def unpermute_indices(perm: torch.Tensor) -> torch.Tensor:
     """hetero's perm as npu_moe_token_unpermute's int32 sorted_indices S (S[f] = row of flat pair f)."""
     p = perm.to(torch.int64).clamp(0, max(perm.numel() - 1, 0))  # an out-of-range perm value must not reach scatter_
-    return torch.zeros_like(p).scatter_(0, p, torch.arange(p.numel(), dtype=torch.int64, device=p.device)).to(torch.int32)
+    return (
+        torch.zeros_like(p).scatter_(0, p, torch.arange(p.numel(), dtype=torch.int64, device=p.device)).to(torch.int32)
+    )
 
 
-def gating_args(top_k: int, scoring: str, n_group: int, topk_group: int, has_bias: bool,
-                routed_scaling_factor: float) -> dict:
+def gating_args(
+    top_k: int, scoring: str, n_group: int, topk_group: int, has_bias: bool, routed_scaling_factor: float
+) -> dict:
     """hetero route options as npu_moe_gating_top_k keyword arguments (aclnnMoeGatingTopK doc):
     norm_type 0 softmax / 1 sigmoid; group_select_mode 0 = group max (DeepSeek-V2), 1 = sum of the
     top two (DeepSeek-V3, hetero's rule when a correction bias is given); the output weights are
     renormalized (y / (sum y + eps)) and scaled."""
-    return {"k": int(top_k), "k_group": int(topk_group) if n_group > 1 else 1, "group_count": int(n_group),
-            "group_select_mode": 1 if has_bias else 0, "renorm": 0, "norm_type": 0 if scoring == "softmax" else 1,
-            "out_flag": False, "routed_scaling_factor": float(routed_scaling_factor), "eps": 1e-20}
+    return {
+        "k": int(top_k),
+        "k_group": int(topk_group) if n_group > 1 else 1,
+        "group_count": int(n_group),
+        "group_select_mode": 1 if has_bias else 0,
+        "renorm": 0,
+        "norm_type": 0 if scoring == "softmax" else 1,
+        "out_flag": False,
+        "routed_scaling_factor": float(routed_scaling_factor),
+        "eps": 1e-20,
+    }
 
 
 def rotary_factors(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

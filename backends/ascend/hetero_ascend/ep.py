@@ -23,6 +23,7 @@ hiascend Pytorch 7.0.0 apilist ptaoplist_002364):
 - The communicator name: ``group._get_backend(torch.device("npu")).get_hccl_comm_name(rank)`` (the doc's
   example, global rank) -- never run here.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,12 +34,22 @@ import torch
 
 from hetero.kernels.limits import dtype_name
 from hetero.spec.types import EPDispatch
-
 from hetero_ascend import support
 
-__all__ = ["NpuEPDispatch", "product_of", "dispatch_limit_reason", "hccl_buffsize_mb", "duplicate_ids",
-           "rank_stats", "global_bs", "dispatch_args", "group_ends_from_token_nums", "from_dispatch_outputs",
-           "pad_rows", "combine_args"]
+__all__ = [
+    "NpuEPDispatch",
+    "product_of",
+    "dispatch_limit_reason",
+    "hccl_buffsize_mb",
+    "duplicate_ids",
+    "rank_stats",
+    "global_bs",
+    "dispatch_args",
+    "group_ends_from_token_nums",
+    "from_dispatch_outputs",
+    "pad_rows",
+    "combine_args",
+]
 
 
 @dataclass(frozen=True)
@@ -81,15 +92,25 @@ def hccl_buffsize_mb(env: Mapping[str, str] | None = None) -> int:
 
 def _buffer_ok(product: str, max_bs: int, world: int, local: int, k: int, hidden: int, buf_mb: int) -> bool:
     if product == "A2":  # doc: HCCL_BUFFSIZE >= 2 * (BS * world * min(local, K) * H * sizeof(uint16) + 2MB)
-        need = 2 * (max_bs * world * min(local, k) * hidden * 2 + 2 * 1024 ** 2)
-        return buf_mb * 1024 ** 2 >= need
+        need = 2 * (max_bs * world * min(local, k) * hidden * 2 + 2 * 1024**2)
+        return buf_mb * 1024**2 >= need
     # doc (A3): HCCL_BUFFSIZE >= 2 and 1024^2 * (HCCL_BUFFSIZE - 2) / 2 >= BS * 2 * (H + 128) * (world * local + K + 1)
-    return buf_mb >= 2 and 1024 ** 2 * (buf_mb - 2) // 2 >= max_bs * 2 * (hidden + 128) * (world * local + k + 1)
+    return buf_mb >= 2 and 1024**2 * (buf_mb - 2) // 2 >= max_bs * 2 * (hidden + 128) * (world * local + k + 1)
 
 
-def dispatch_limit_reason(*, product: str | None, world: int, num_experts: int, top_k: int, hidden: int,
-                          min_bs: int, max_bs: int, dtype: Any, duplicates: bool = False,
-                          buffsize_mb: int = support.HCCL_BUFFSIZE_DEFAULT_MB) -> str | None:
+def dispatch_limit_reason(
+    *,
+    product: str | None,
+    world: int,
+    num_experts: int,
+    top_k: int,
+    hidden: int,
+    min_bs: int,
+    max_bs: int,
+    dtype: Any,
+    duplicates: bool = False,
+    buffsize_mb: int = support.HCCL_BUFFSIZE_DEFAULT_MB,
+) -> str | None:
     """None if npu_moe_distribute_dispatch/combine take this call (on every rank), else why not.
 
     ``min_bs`` / ``max_bs``: the smallest / largest token count over the ranks; ``duplicates``: whether
@@ -116,7 +137,9 @@ def dispatch_limit_reason(*, product: str | None, world: int, num_experts: int, 
             return f"{op} on {p} takes BS <= {support.EP_MAX_BS[p]}, not {max_bs}"
         if p == "A2":
             if hidden > support.EP_A2_MAX_HIDDEN or hidden % support.EP_A2_HIDDEN_MULTIPLE:
-                return f"{op} on A2 takes hidden sizes up to {support.EP_A2_MAX_HIDDEN} in multiples of 32, not {hidden}"
+                return (
+                    f"{op} on A2 takes hidden sizes up to {support.EP_A2_MAX_HIDDEN} in multiples of 32, not {hidden}"
+                )
             if local > support.EP_A2_MAX_LOCAL_EXPERTS:
                 return f"{op} on A2 takes at most {support.EP_A2_MAX_LOCAL_EXPERTS} experts per rank, not {local}"
         elif hidden != support.EP_A3_HIDDEN:
@@ -146,8 +169,15 @@ def global_bs(max_bs: int, world: int) -> int:
 
 def dispatch_args(*, comm_name: str, world: int, rank: int, num_experts: int, max_bs: int) -> dict[str, Any]:
     """The size/group keyword arguments shared by dispatch and combine (no TP domain, no shared experts)."""
-    return {"group_ep": comm_name, "ep_world_size": world, "ep_rank_id": rank, "moe_expert_num": num_experts,
-            "expert_shard_type": 0, "shared_expert_rank_num": 0, "global_bs": global_bs(max_bs, world)}
+    return {
+        "group_ep": comm_name,
+        "ep_world_size": world,
+        "ep_rank_id": rank,
+        "moe_expert_num": num_experts,
+        "expert_shard_type": 0,
+        "shared_expert_rank_num": 0,
+        "global_bs": global_bs(max_bs, world),
+    }
 
 
 def group_ends_from_token_nums(expert_token_nums: torch.Tensor, cumulative: bool = False) -> torch.Tensor:
@@ -156,19 +186,40 @@ def group_ends_from_token_nums(expert_token_nums: torch.Tensor, cumulative: bool
     return (t if cumulative else torch.cumsum(t, 0)).to(torch.int32)
 
 
-def from_dispatch_outputs(outs: tuple, *, ids: torch.Tensor, weights: torch.Tensor, num_tokens: int,
-                          num_experts: int, comm: Any, args: Mapping[str, Any]) -> NpuEPDispatch:
+def from_dispatch_outputs(
+    outs: tuple,
+    *,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    num_tokens: int,
+    num_experts: int,
+    comm: Any,
+    args: Mapping[str, Any],
+) -> NpuEPDispatch:
     """The op's 7 outputs -> NpuEPDispatch (x = the first P = group_ends[-1] rows of expand_x)."""
     expand_x, _dyn, expand_idx, token_nums, ep_recv_counts, tp_recv_counts, _scales = outs
     ends = group_ends_from_token_nums(token_nums)
     p = int(ends[-1]) if ends.numel() else 0
     dev = expand_x.device
     return NpuEPDispatch(
-        x=expand_x[:p], group_ends=ends, weights=torch.full((p,), float("nan"), dtype=torch.float32, device=dev),
-        token_index=torch.full((p,), -1, dtype=torch.int64, device=dev), recv_splits=(), send_splits=(),
-        send_index=torch.empty(0, dtype=torch.int64, device=dev), num_tokens=num_tokens, num_experts=num_experts,
-        comm=comm, expand_rows=expand_x.shape[0], expert_ids=ids, expert_scales=weights, expand_idx=expand_idx,
-        ep_recv_counts=ep_recv_counts, tp_recv_counts=tp_recv_counts, args=dict(args))
+        x=expand_x[:p],
+        group_ends=ends,
+        weights=torch.full((p,), float("nan"), dtype=torch.float32, device=dev),
+        token_index=torch.full((p,), -1, dtype=torch.int64, device=dev),
+        recv_splits=(),
+        send_splits=(),
+        send_index=torch.empty(0, dtype=torch.int64, device=dev),
+        num_tokens=num_tokens,
+        num_experts=num_experts,
+        comm=comm,
+        expand_rows=expand_x.shape[0],
+        expert_ids=ids,
+        expert_scales=weights,
+        expand_idx=expand_idx,
+        ep_recv_counts=ep_recv_counts,
+        tp_recv_counts=tp_recv_counts,
+        args=dict(args),
+    )
 
 
 def pad_rows(y: torch.Tensor, rows: int) -> torch.Tensor:
@@ -180,6 +231,12 @@ def pad_rows(y: torch.Tensor, rows: int) -> torch.Tensor:
 
 def combine_args(y_local: torch.Tensor, d: NpuEPDispatch) -> dict[str, Any]:
     """Keyword arguments of npu_moe_distribute_combine for hetero's (y_local, dispatch)."""
-    return {"expand_x": pad_rows(y_local, d.expand_rows), "expert_ids": d.expert_ids, "expand_idx": d.expand_idx,
-            "ep_send_counts": d.ep_recv_counts, "tp_send_counts": d.tp_recv_counts,
-            "expert_scales": d.expert_scales.float(), **d.args}
+    return {
+        "expand_x": pad_rows(y_local, d.expand_rows),
+        "expert_ids": d.expert_ids,
+        "expand_idx": d.expand_idx,
+        "ep_send_counts": d.ep_recv_counts,
+        "tp_send_counts": d.tp_recv_counts,
+        "expert_scales": d.expert_scales.float(),
+        **d.args,
+    }

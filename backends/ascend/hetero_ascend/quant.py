@@ -19,6 +19,7 @@ Sources (facts only; the fake in tests/backend/test_ascend_quant.py is written f
   quantizes rint(x * inv); its golden gives an all-zero row scale 1. npu_dynamic_quant_asymmetric:
   scale = (max - min) / 255, a float offset 127 - max / scale, y = round(x / scale + offset).
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -26,11 +27,23 @@ from typing import Any, Mapping
 import torch
 
 from hetero.kernels.limits import dtype_name, kernel_reason
-
 from hetero_ascend.convert import group_list
 
-__all__ = ["QUANT_OPS", "GMM", "NOTES", "reason", "gmm_reason", "gmm_static", "quantized_moe", "token_scale",
-           "channel_scale", "gmm_group_list", "gmm_kwargs", "grouped_matmul_w8a8", "zero_past"]
+__all__ = [
+    "QUANT_OPS",
+    "GMM",
+    "NOTES",
+    "reason",
+    "gmm_reason",
+    "gmm_static",
+    "quantized_moe",
+    "token_scale",
+    "channel_scale",
+    "gmm_group_list",
+    "gmm_kwargs",
+    "grouped_matmul_w8a8",
+    "zero_past",
+]
 
 QUANT_OPS = ("quantize_activation", "scaled_grouped_gemm")
 GMM = "npu_grouped_matmul (int8 per-token form: per_token_scale x per-channel scale)"
@@ -41,29 +54,40 @@ GMM_SCALE_DTYPE = {torch.bfloat16: torch.bfloat16, torch.float16: torch.float32}
 _FP8 = ("float8_e4m3fn", "float8_e4m3fnuz")
 #: The static keys that may carry an op's quantized dtype (conformance: quantize_activation's "quant_dtype",
 #: scaled_grouped_gemm's "dtype"; fused_moe's weight dtype under any of these names).
-_FP8_KEYS = {"quantize_activation": ("quant_dtype", "dtype"), "scaled_grouped_gemm": ("dtype",),
-             "fused_moe": ("weight_dtype", "w13_dtype", "quant_dtype", "quant")}
+_FP8_KEYS = {
+    "quantize_activation": ("quant_dtype", "dtype"),
+    "scaled_grouped_gemm": ("dtype",),
+    "fused_moe": ("weight_dtype", "w13_dtype", "quant_dtype", "quant"),
+}
 
-FP8_REASON = ("Atlas A2/A3 have no fp8 data path: torch_npu documents fp8 only on Ascend 950 (npu_grouped_matmul "
-              "and npu_dynamic_quant take int8/int4 there), and the portable kernel's fp8 casts and dots are "
-              "unverified on triton-ascend")
-DQ_REASON = ("torch_npu.npu_dynamic_quant does not compute quantize_activation's bit-exact arithmetic: its A2/A3 "
-             "kernel takes inv = 127 / amax, returns scale = 1 / inv (not the correctly rounded amax / 127: they "
-             "differ in the last bit for about a quarter of amax values) and quantizes rint(x * inv), a product "
-             "with the reciprocal; an all-zero row gets scale 1, not 1e-10 / 127; it has no token groups, no "
-             "ue8m0 scales and no float32 input; npu_dynamic_quant_asymmetric keeps a float offset 127 - max / s "
-             "rounded with x / s, not the spec's integer zero point -128 - min / s")
-MOE_REASON = ("no documented torch_npu op computes fused_moe's quantized composition exactly: its activation "
-              "quantization is quantize_activation's (npu_dynamic_quant's arithmetic differs), and "
-              "npu_grouped_matmul's antiquant (W8A16) form dequantizes with bfloat16/float16 scales")
+FP8_REASON = (
+    "Atlas A2/A3 have no fp8 data path: torch_npu documents fp8 only on Ascend 950 (npu_grouped_matmul "
+    "and npu_dynamic_quant take int8/int4 there), and the portable kernel's fp8 casts and dots are "
+    "unverified on triton-ascend"
+)
+DQ_REASON = (
+    "torch_npu.npu_dynamic_quant does not compute quantize_activation's bit-exact arithmetic: its A2/A3 "
+    "kernel takes inv = 127 / amax, returns scale = 1 / inv (not the correctly rounded amax / 127: they "
+    "differ in the last bit for about a quarter of amax values) and quantizes rint(x * inv), a product "
+    "with the reciprocal; an all-zero row gets scale 1, not 1e-10 / 127; it has no token groups, no "
+    "ue8m0 scales and no float32 input; npu_dynamic_quant_asymmetric keeps a float offset 127 - max / s "
+    "rounded with x / s, not the spec's integer zero point -128 - min / s"
+)
+MOE_REASON = (
+    "no documented torch_npu op computes fused_moe's quantized composition exactly: its activation "
+    "quantization is quantize_activation's (npu_dynamic_quant's arithmetic differs), and "
+    "npu_grouped_matmul's antiquant (W8A16) form dequantizes with bfloat16/float16 scales"
+)
 #: What op_notes appends to each op's note (the mapping's assumptions, the declines).
 NOTES = {
     "quantize_activation": f"not mapped to torch_npu.npu_dynamic_quant: {DQ_REASON}",
-    "scaled_grouped_gemm": ("int8 with per-token (or per-tensor) activation scales, per-channel (or per-group) weight "
-                            "scales, no zero point, bfloat16 or float16 output; assumed: the bfloat16 output takes the "
-                            "weight scales rounded to bfloat16 (doc table 2, as vllm-ascend does; relative error <= "
-                            "2**-9), and a [G, N] scale serves the 3-D weight; fp8, block scales and zero points are "
-                            "declined (the Triton kernel or the reference)"),
+    "scaled_grouped_gemm": (
+        "int8 with per-token (or per-tensor) activation scales, per-channel (or per-group) weight "
+        "scales, no zero point, bfloat16 or float16 output; assumed: the bfloat16 output takes the "
+        "weight scales rounded to bfloat16 (doc table 2, as vllm-ascend does; relative error <= "
+        "2**-9), and a [G, N] scale serves the 3-D weight; fp8, block scales and zero points are "
+        "declined (the Triton kernel or the reference)"
+    ),
     "fused_moe": f"its quantized mode (w13_scale, act_quant) is not mapped: {MOE_REASON}",
 }
 
@@ -121,10 +145,20 @@ def reason(op: str, s: Mapping[str, Any], triton_ok: bool) -> str | None:
     return kernel_reason(op, s)
 
 
-def gmm_static(a: torch.Tensor, b: torch.Tensor, forms: tuple[str, str], a_zero_point: Any, out_dtype: torch.dtype) -> dict:
+def gmm_static(
+    a: torch.Tensor, b: torch.Tensor, forms: tuple[str, str], a_zero_point: Any, out_dtype: torch.dtype
+) -> dict:
     """The static configuration of a scaled_grouped_gemm call, for ``gmm_reason``."""
-    return {"dtype": a.dtype, "a_scale": forms[0], "b_scale": forms[1], "a_zero_point": a_zero_point is not None,
-            "out_dtype": out_dtype, "num_experts": b.shape[0], "n": b.shape[1], "k": b.shape[2]}
+    return {
+        "dtype": a.dtype,
+        "a_scale": forms[0],
+        "b_scale": forms[1],
+        "a_zero_point": a_zero_point is not None,
+        "out_dtype": out_dtype,
+        "num_experts": b.shape[0],
+        "n": b.shape[1],
+        "k": b.shape[2],
+    }
 
 
 def token_scale(a_scale: torch.Tensor, form: str, rows: int) -> torch.Tensor:
@@ -151,19 +185,36 @@ def gmm_group_list(group_ends: torch.Tensor, rows: int) -> tuple[torch.Tensor, t
 
 def gmm_kwargs(token: torch.Tensor, scale: torch.Tensor, gl: torch.Tensor, out_dtype: torch.dtype) -> dict:
     """GMM's keyword arguments: one 2-D x, one 3-D weight, one output (group_type 0, split_item 3), cumsum."""
-    return {"scale": [scale], "per_token_scale": [token], "group_list": gl, "split_item": 3, "group_type": 0,
-            "group_list_type": 0, "output_dtype": out_dtype}
+    return {
+        "scale": [scale],
+        "per_token_scale": [token],
+        "group_list": gl,
+        "split_item": 3,
+        "group_type": 0,
+        "group_list_type": 0,
+        "output_dtype": out_dtype,
+    }
 
 
-def grouped_matmul_w8a8(npu: Any, a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
-                        group_ends: torch.Tensor, forms: tuple[str, str], out_dtype: torch.dtype) -> torch.Tensor:
+def grouped_matmul_w8a8(
+    npu: Any,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    group_ends: torch.Tensor,
+    forms: tuple[str, str],
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
     """hetero's scaled_grouped_gemm (int8, per-token x per-channel) through ``npu.npu_grouped_matmul``: b
     [G, N, K] passed as its transposed view [G, K, N]. No call for an empty a or no groups."""
     rows, (groups, n, _) = a.shape[0], b.shape
     if rows == 0 or groups == 0:
         return torch.zeros(rows, n, dtype=out_dtype, device=a.device)
     gl, last = gmm_group_list(group_ends, rows)
-    kwargs = gmm_kwargs(token_scale(a_scale, forms[0], rows), channel_scale(b_scale, forms[1], n, out_dtype), gl, out_dtype)
+    kwargs = gmm_kwargs(
+        token_scale(a_scale, forms[0], rows), channel_scale(b_scale, forms[1], n, out_dtype), gl, out_dtype
+    )
     y = npu.npu_grouped_matmul([a.contiguous()], [b.transpose(1, 2)], **kwargs)[0]
     return zero_past(y, last).to(out_dtype)
 

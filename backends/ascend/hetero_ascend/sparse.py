@@ -25,6 +25,7 @@ Index metadata is untrusted: lengths are clamped into the tensors they index, bl
 and every sparse index outside a row's visible positions becomes -1 before it reaches the NPU, all on
 the device (no host sync).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,11 +34,21 @@ from typing import Any
 import torch
 
 from hetero.spec import AttentionMeta
-
 from hetero_ascend.convert import safe_block_table
 
-__all__ = ["DsaLengths", "dsa_lengths", "pa_bsnd", "indices_from_npu", "sfa_indices", "indexer_kwargs", "sfa_kwargs",
-           "indexer_static", "sfa_static", "lightning_indexer", "sparse_flash_mla"]
+__all__ = [
+    "DsaLengths",
+    "dsa_lengths",
+    "pa_bsnd",
+    "indices_from_npu",
+    "sfa_indices",
+    "indexer_kwargs",
+    "sfa_kwargs",
+    "indexer_static",
+    "sfa_static",
+    "lightning_indexer",
+    "sparse_flash_mla",
+]
 
 
 @dataclass(frozen=True)
@@ -76,8 +87,9 @@ def dsa_lengths(meta: AttentionMeta, *, num_tokens: int, num_blocks: int, block_
         pos = torch.where(owned, length - (ends[b] - starts[b]) + (rows - starts[b]), -1)
     else:
         length, pos = torch.zeros_like(rows), torch.full_like(rows, -1)
-    return DsaLengths(ends.to(torch.int32), kv.to(torch.int32), safe_block_table(meta.block_table, num_blocks),
-                      pos, length)
+    return DsaLengths(
+        ends.to(torch.int32), kv.to(torch.int32), safe_block_table(meta.block_table, num_blocks), pos, length
+    )
 
 
 def pa_bsnd(cache: torch.Tensor) -> torch.Tensor:
@@ -110,18 +122,31 @@ def sfa_indices(topk_indices: torch.Tensor, lengths: DsaLengths, causal: bool) -
 
 def indexer_kwargs(lengths: DsaLengths, topk: int) -> dict:
     """LI's keyword arguments for hetero's indexer_topk (always causal: sparse_mode 3)."""
-    return {"actual_seq_lengths_query": lengths.q_ends, "actual_seq_lengths_key": lengths.kv_lens,
-            "block_table": lengths.block_table, "layout_query": "TND", "layout_key": "PA_BSND",
-            "sparse_count": int(topk), "sparse_mode": 3}
+    return {
+        "actual_seq_lengths_query": lengths.q_ends,
+        "actual_seq_lengths_key": lengths.kv_lens,
+        "block_table": lengths.block_table,
+        "layout_query": "TND",
+        "layout_key": "PA_BSND",
+        "sparse_count": int(topk),
+        "sparse_mode": 3,
+    }
 
 
 def sfa_kwargs(lengths: DsaLengths, causal: bool) -> dict:
     """SFA's keyword arguments besides the tensors: token-wise indices, MLA-absorb, no softmax statistics
     (return_softmax_lse is for training without PA_BSND only)."""
-    return {"block_table": lengths.block_table, "actual_seq_lengths_query": lengths.q_ends,
-            "actual_seq_lengths_kv": lengths.kv_lens, "sparse_block_size": 1, "layout_query": "TND",
-            "layout_kv": "PA_BSND", "sparse_mode": 3 if causal else 0, "attention_mode": 2,
-            "return_softmax_lse": False}
+    return {
+        "block_table": lengths.block_table,
+        "actual_seq_lengths_query": lengths.q_ends,
+        "actual_seq_lengths_kv": lengths.kv_lens,
+        "sparse_block_size": 1,
+        "layout_query": "TND",
+        "layout_kv": "PA_BSND",
+        "sparse_mode": 3 if causal else 0,
+        "attention_mode": 2,
+        "return_softmax_lse": False,
+    }
 
 
 def _first(res: Any) -> torch.Tensor:
@@ -130,18 +155,31 @@ def _first(res: Any) -> torch.Tensor:
 
 def indexer_static(q: torch.Tensor, index_cache: torch.Tensor, topk: int, index_scale: Any) -> dict:
     """The static configuration of an indexer_topk call, for ``support.indexer_reason``."""
-    return {"dtype": q.dtype, "num_heads": q.shape[1], "head_dim": q.shape[2], "block_size": index_cache.shape[1],
-            "topk": topk, "index_scale": index_scale is not None}
+    return {
+        "dtype": q.dtype,
+        "num_heads": q.shape[1],
+        "head_dim": q.shape[2],
+        "block_size": index_cache.shape[1],
+        "topk": topk,
+        "index_scale": index_scale is not None,
+    }
 
 
 def sfa_static(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, return_lse: bool) -> dict:
     """The static configuration of a sparse mla_attention call, for ``support.sfa_reason``."""
-    return {"dtype": q_nope.dtype, "num_heads": q_nope.shape[1], "block_size": ckv_cache.shape[1],
-            "kv_lora_rank": q_nope.shape[2], "qk_rope_head_dim": q_pe.shape[2], "return_lse": return_lse}
+    return {
+        "dtype": q_nope.dtype,
+        "num_heads": q_nope.shape[1],
+        "block_size": ckv_cache.shape[1],
+        "kv_lora_rank": q_nope.shape[2],
+        "qk_rope_head_dim": q_pe.shape[2],
+        "return_lse": return_lse,
+    }
 
 
-def lightning_indexer(npu: Any, q: torch.Tensor, weights: torch.Tensor, index_cache: torch.Tensor, meta: AttentionMeta,
-                      topk: int) -> torch.Tensor:
+def lightning_indexer(
+    npu: Any, q: torch.Tensor, weights: torch.Tensor, index_cache: torch.Tensor, meta: AttentionMeta, topk: int
+) -> torch.Tensor:
     """hetero's indexer_topk through ``npu.npu_lightning_indexer`` (weights stay float32: the doc allows FLOAT
     weights with float16/bfloat16 query and key on A2/A3). No call for an empty step (the op rejects
     empty tensors)."""
@@ -149,14 +187,26 @@ def lightning_indexer(npu: Any, q: torch.Tensor, weights: torch.Tensor, index_ca
     if t == 0 or meta.num_seqs == 0:
         return torch.full((t, topk), -1, dtype=torch.int32, device=q.device)
     lengths = dsa_lengths(meta, num_tokens=t, num_blocks=index_cache.shape[0], block_size=index_cache.shape[1])
-    raw = _first(npu.npu_lightning_indexer(q.contiguous(), pa_bsnd(index_cache), weights.float().contiguous(),
-                                           **indexer_kwargs(lengths, topk)))
+    raw = _first(
+        npu.npu_lightning_indexer(
+            q.contiguous(), pa_bsnd(index_cache), weights.float().contiguous(), **indexer_kwargs(lengths, topk)
+        )
+    )
     return indices_from_npu(raw, lengths)
 
 
-def sparse_flash_mla(npu: Any, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor,
-                     kpe_cache: torch.Tensor, meta: AttentionMeta, topk_indices: torch.Tensor, *, scale: float,
-                     causal: bool) -> torch.Tensor:
+def sparse_flash_mla(
+    npu: Any,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv_cache: torch.Tensor,
+    kpe_cache: torch.Tensor,
+    meta: AttentionMeta,
+    topk_indices: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool,
+) -> torch.Tensor:
     """hetero's sparse mla_attention through ``npu.npu_sparse_flash_attention`` (MLA-absorb: the latent cache
     is both key and value). A row that keeps no index gets 0, whatever the op writes for it (undocumented)."""
     t, h, lkv = q_nope.shape
@@ -165,7 +215,16 @@ def sparse_flash_mla(npu: Any, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cac
     lengths = dsa_lengths(meta, num_tokens=t, num_blocks=ckv_cache.shape[0], block_size=ckv_cache.shape[1])
     idx, kept = sfa_indices(topk_indices, lengths, causal)
     ckv = pa_bsnd(ckv_cache)
-    out = _first(npu.npu_sparse_flash_attention(q_nope.contiguous(), ckv, ckv, idx, float(scale),
-                                                query_rope=q_pe.contiguous(), key_rope=pa_bsnd(kpe_cache),
-                                                **sfa_kwargs(lengths, causal)))
+    out = _first(
+        npu.npu_sparse_flash_attention(
+            q_nope.contiguous(),
+            ckv,
+            ckv,
+            idx,
+            float(scale),
+            query_rope=q_pe.contiguous(),
+            key_rope=pa_bsnd(kpe_cache),
+            **sfa_kwargs(lengths, causal),
+        )
+    )
     return out.reshape(t, h, lkv).masked_fill(~kept[:, None, None], 0).to(q_nope.dtype)

@@ -3,6 +3,7 @@
 Limits are the documented ones; doc = Ascend/op-plugin docs/context/torch_npu-npu_fused_infer_attention_score.md
 (FIA) unless said. A number that could not be confirmed says "unverified" in its reason.
 """
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -10,17 +11,27 @@ import importlib.util
 from typing import Any, Mapping
 
 from hetero.kernels.limits import dtype_name, kernel_reason
-
 from hetero_ascend import quant
 
-__all__ = ["MAPPED", "NEVER_RUN", "DECLINED", "reason", "target", "indexer_reason", "sfa_reason", "triton_ascend_version"]
+__all__ = [
+    "MAPPED",
+    "NEVER_RUN",
+    "DECLINED",
+    "reason",
+    "target",
+    "indexer_reason",
+    "sfa_reason",
+    "triton_ascend_version",
+]
 
 #: op -> the torch_npu operator it is mapped to (a name starting "torch." is a torch op torch_npu dispatches).
 MAPPED = {
     "paged_attention": "npu_fused_infer_attention_score",
     "varlen_attention": "npu_fused_infer_attention_score",
-    "mla_attention": ("npu_fused_infer_attention_score (query_rope/key_rope); with topk_indices "
-                      "npu_sparse_flash_attention (MLA-absorb)"),
+    "mla_attention": (
+        "npu_fused_infer_attention_score (query_rope/key_rope); with topk_indices "
+        "npu_sparse_flash_attention (MLA-absorb)"
+    ),
     "indexer_topk": "npu_lightning_indexer",
     "layer_norm": "torch.nn.functional.layer_norm in float32 (torch_npu deprecates npu_layer_norm_eval for it)",
     "grouped_gemm": "npu_grouped_matmul",
@@ -37,8 +48,10 @@ NEVER_RUN = "never run on an NPU (conversions tested on CPU)"
 
 #: Ops ascend declines whatever is installed, with the reason: the reference runs them.
 DECLINED = {
-    op: (f"torch_npu documents no {what} operator (vllm-ascend runs its own triton-ascend ports of fla's "
-         f"kernels), and hetero's portable Triton {op} kernel is unverified on triton-ascend: never run on an NPU")
+    op: (
+        f"torch_npu documents no {what} operator (vllm-ascend runs its own triton-ascend ports of fla's "
+        f"kernels), and hetero's portable Triton {op} kernel is unverified on triton-ascend: never run on an NPU"
+    )
     for op, what in (("causal_conv1d", "causal conv1d"), ("gated_delta_rule", "gated delta rule"))
 }
 
@@ -94,8 +107,10 @@ def _attention_reason(op: str, s: Mapping[str, Any]) -> str | None:
         return "FIA has no attention sinks"
     window = tuple(s.get("window", (-1, -1)) or (-1, -1))
     if window != (-1, -1):
-        return ("FIA with the TND layout takes only sparse_mode 0 or 3 (no band window), and ignores "
-                "pre_tokens/next_tokens when Q_S = 1 (doc)")
+        return (
+            "FIA with the TND layout takes only sparse_mode 0 or 3 (no band window), and ignores "
+            "pre_tokens/next_tokens when Q_S = 1 (doc)"
+        )
     hq, hkv = s.get("num_heads"), s.get("num_kv_heads")
     if hq is not None and hkv is not None and int(hq) // max(int(hkv), 1) > 64:
         return f"FIA takes num_heads / num_key_value_heads <= 64, not {int(hq)}/{int(hkv)}"
@@ -137,8 +152,9 @@ def _mla_dims_reason(form: str, s: Mapping[str, Any]) -> str | None:
     hd = s.get("head_dim")
     if hd is not None and int(hd) not in (512, 576):
         return f"{form} takes head_dim 512 (+ rope 64) (doc), not {int(hd)}"
-    return _dims_reason(form, s, ((("latent_dim", "kv_lora_rank", "head_dim_v"), 512),
-                                  (("rope_dim", "qk_rope_head_dim"), 64)))
+    return _dims_reason(
+        form, s, ((("latent_dim", "kv_lora_rank", "head_dim_v"), 512), (("rope_dim", "qk_rope_head_dim"), 64))
+    )
 
 
 def _paged_block_reason(op: str, bs: Any) -> str | None:
@@ -153,31 +169,39 @@ def sfa_reason(s: Mapping[str, Any]) -> str | None:
     if dtype is not None and dtype not in HALF:
         return f"npu_sparse_flash_attention takes float16 or bfloat16, not {dtype}"
     if s.get("return_lse"):
-        return ("npu_sparse_flash_attention returns softmax_max/softmax_sum only in training without PA_BSND "
-                "(doc): no lse for a paged cache")
+        return (
+            "npu_sparse_flash_attention returns softmax_max/softmax_sum only in training without PA_BSND "
+            "(doc): no lse for a paged cache"
+        )
     hq = s.get("num_heads")
     if hq is not None and int(hq) not in SFA_HEADS:
         return f"npu_sparse_flash_attention takes 1, 2, 4, ..., 128 query heads (doc), not {int(hq)}"
     return _paged_block_reason("npu_sparse_flash_attention", s.get("block_size")) or _mla_dims_reason(
-        "npu_sparse_flash_attention", s)
+        "npu_sparse_flash_attention", s
+    )
 
 
 def indexer_reason(s: Mapping[str, Any]) -> str | None:
     """None if npu_lightning_indexer serves an indexer_topk call with ``s``, else why not."""
     if s.get("index_scale") is not None and s.get("index_scale") is not False:
-        return ("hetero's fp8 index cache (float8_e4m3fn, a float32 scale per 128 channels) has no torch_npu "
-                "form: npu_quant_lightning_indexer takes int8 keys with float16 per-token scales on A2/A3 (doc)")
+        return (
+            "hetero's fp8 index cache (float8_e4m3fn, a float32 scale per 128 channels) has no torch_npu "
+            "form: npu_quant_lightning_indexer takes int8 keys with float16 per-token scales on A2/A3 (doc)"
+        )
     dtype = dtype_name(s.get("dtype"))
     if dtype is not None and dtype not in HALF:
         return f"npu_lightning_indexer takes float16 or bfloat16 queries and keys, not {dtype}"
     hi, k = s.get("num_heads"), s.get("topk")
     if hi is not None and int(hi) != LI_HEADS:
-        return (f"npu_lightning_indexer with layout_query TND takes {LI_HEADS} query heads (MindSpore's doc; "
-                f"the CANN README says <= 64 on A2/A3: unverified), not {int(hi)}")
+        return (
+            f"npu_lightning_indexer with layout_query TND takes {LI_HEADS} query heads (MindSpore's doc; "
+            f"the CANN README says <= 64 on A2/A3: unverified), not {int(hi)}"
+        )
     if k is not None and not 1 <= int(k) <= LI_MAX_TOPK:
         return f"npu_lightning_indexer takes sparse_count 1..{LI_MAX_TOPK} (doc), not topk {int(k)}"
-    return (_dims_reason("npu_lightning_indexer", s, ((("head_dim",), LI_HEAD_DIM),))
-            or _paged_block_reason("npu_lightning_indexer", s.get("block_size")))
+    return _dims_reason("npu_lightning_indexer", s, ((("head_dim",), LI_HEAD_DIM),)) or _paged_block_reason(
+        "npu_lightning_indexer", s.get("block_size")
+    )
 
 
 def target(op: str) -> str:
@@ -233,8 +257,10 @@ def reason(op: str, static: Mapping[str, Any], triton_ok: bool) -> str | None:
         return quant.reason(op, static, triton_ok)
     if op == "rms_norm" and _rms_norm_options(static):
         if not triton_ok:
-            return ("npu_rms_norm / npu_add_rms_norm have no weight_offset or gate (the portable Triton kernel "
-                    "has them, but triton-ascend is not installed)")
+            return (
+                "npu_rms_norm / npu_add_rms_norm have no weight_offset or gate (the portable Triton kernel "
+                "has them, but triton-ascend is not installed)"
+            )
         return kernel_reason(op, static)
     if op in MAPPED:
         return _mapped_reason(op, static)

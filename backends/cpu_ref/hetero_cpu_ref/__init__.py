@@ -1,2 +1,3 @@
 """hetero-cpu-ref: the reference implementation of every hetero op in plain PyTorch."""
+
 __version__ = "0.1.0"

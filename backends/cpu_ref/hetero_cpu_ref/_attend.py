@@ -4,6 +4,7 @@ the loop over a batch's sequences, and the paged cache's gather and scatter.
 Accumulation is in the dtype the caller gives (float32, or float64 for the oracle run); a row
 that sees no key gets out 0 and lse -inf.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -11,13 +12,11 @@ from typing import Callable
 import torch
 
 from hetero.spec.types import AttentionMeta
-
 from hetero_cpu_ref._util import acc_dtype
 
 __all__ = ["NEG_INF", "visible", "attend", "attend_all", "gather", "scatter", "used_blocks"]
 
 NEG_INF = float("-inf")
-
 
 
 def visible(n: int, length: int, causal: bool, window: tuple[int, int], device: torch.device) -> torch.Tensor:

@@ -1,12 +1,12 @@
 """fused_moe's quantized expert GEMMs (spec 1.4): W8A8 through quantize_activation and
 scaled_grouped_gemm, or weight-only (W8A16) on the dequantized weights."""
+
 from __future__ import annotations
 
 import torch
 
 from hetero.spec.checks import scale_blocks
 from hetero.spec.gemm import SCALE_BLOCK
-
 from hetero_cpu_ref.quant import expand_b_scale, quantize_activation, scaled_grouped_product
 
 __all__ = ["quant_expert_linear", "dequant_weight"]
@@ -37,8 +37,16 @@ def _weight_only(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, form: st
     return out
 
 
-def quant_expert_linear(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, form: str, bias: torch.Tensor | None,
-                        group_ends: torch.Tensor, act_quant: str | None, act_scale_fmt: str) -> torch.Tensor:
+def quant_expert_linear(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    form: str,
+    bias: torch.Tensor | None,
+    group_ends: torch.Tensor,
+    act_quant: str | None,
+    act_scale_fmt: str,
+) -> torch.Tensor:
     """Rows [ends[g-1], ends[g]) of ``dequant(a) @ dequant(w[g]).T + bias[g]`` rounded once to a's dtype:
     a quantized with quantize_activation (act_quant "group128" or "token"), or kept (act_quant None)."""
     ends = group_ends.tolist()

@@ -1,4 +1,5 @@
 """Small helpers shared by the reference op families."""
+
 from __future__ import annotations
 
 import contextlib

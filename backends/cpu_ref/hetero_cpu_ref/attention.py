@@ -6,16 +6,28 @@ One loop over sequences; within a sequence everything is one masked softmax
 float32 (float64 when given float64); outputs take the query's dtype and lse is
 float32. Semantics: ``hetero.spec.attention``.
 """
+
 from __future__ import annotations
 
 import torch
 
 from hetero.spec.checks import (
-    STAT_DTYPES, check_kv_write, check_meta, check_mla, check_mla_kv_write, check_options, check_out,
-    check_paged_cache, check_same_device, check_sinks, check_slot_mapping, check_tensor, check_varlen, meta_tensors,
+    STAT_DTYPES,
+    check_kv_write,
+    check_meta,
+    check_mla,
+    check_mla_kv_write,
+    check_options,
+    check_out,
+    check_paged_cache,
+    check_same_device,
+    check_sinks,
+    check_slot_mapping,
+    check_tensor,
+    check_varlen,
+    meta_tensors,
 )
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta
-
 from hetero_cpu_ref._attend import NEG_INF, attend_all, gather, scatter, used_blocks
 from hetero_cpu_ref._util import acc_dtype
 from hetero_cpu_ref.dsa import sparse_mask
@@ -142,8 +154,18 @@ def mla_attention(
 
     query = torch.cat([q_nope, q_pe], dim=-1)  # logits = q_nope.ckv + q_pe.kpe
     res = q_nope.new_empty(t, h, lkv)
-    lse = attend_all(query, qsl, kv_of, res, None if topk_indices is None else mask_of, scale=scale, causal=causal,
-                     window=window, softcap=0.0, sinks=None)
+    lse = attend_all(
+        query,
+        qsl,
+        kv_of,
+        res,
+        None if topk_indices is None else mask_of,
+        scale=scale,
+        causal=causal,
+        window=window,
+        softcap=0.0,
+        sinks=None,
+    )
     return (res, lse) if return_lse else res
 
 

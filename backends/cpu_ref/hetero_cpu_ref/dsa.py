@@ -6,14 +6,14 @@ gathered through the block table, every score of a row computed and sorted. The 
 is computed in float32 whatever k's dtype (the spec pins its bits); scores are float32, float64
 when any input is float64 (the oracle run).
 """
+
 from __future__ import annotations
 
 import torch
 
-from hetero.spec.checks import INDEX_FP8, check_index_k_write, check_indexer_inputs, check_meta, check_slot_mapping
 from hetero.spec.attention import FP8_E4M3_MAX, INDEX_AMAX_FLOOR, INDEX_SCALE_GROUP
+from hetero.spec.checks import INDEX_FP8, check_index_k_write, check_indexer_inputs, check_meta, check_slot_mapping
 from hetero.spec.types import AttentionMeta
-
 from hetero_cpu_ref._attend import NEG_INF, gather, scatter, used_blocks
 from hetero_cpu_ref._util import acc_dtype
 
@@ -55,8 +55,9 @@ def write_index_k(
     scatter(index_scale, scale, slot_mapping)
 
 
-def _keys(index_cache: torch.Tensor, index_scale: torch.Tensor | None, blocks: list[int], length: int,
-          acc: torch.dtype) -> torch.Tensor:
+def _keys(
+    index_cache: torch.Tensor, index_scale: torch.Tensor | None, blocks: list[int], length: int, acc: torch.dtype
+) -> torch.Tensor:
     """A sequence's first ``length`` index keys [L, D] in ``acc``, dequantized (``q8 * s``) in the fp8 format."""
     if index_scale is None:
         return gather(index_cache, blocks, length).to(acc)
@@ -77,7 +78,9 @@ def _top(scores: torch.Tensor, pos: torch.Tensor, topk: int) -> torch.Tensor:
     n, length = scores.shape
     j = torch.arange(length, device=scores.device)
     scores = scores.masked_fill(j[None, :] > pos[:, None], NEG_INF)
-    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :topk]  # stable: equal scores by position
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[
+        :, :topk
+    ]  # stable: equal scores by position
     picked = torch.where(order <= pos[:, None], order, -1)  # the masked keys sort last
     out = torch.full((n, topk), -1, dtype=torch.int32, device=scores.device)
     out[:, : picked.shape[1]] = picked.to(torch.int32)

@@ -1,4 +1,5 @@
 """Reference expert parallelism: the core's device-agnostic implementation (``hetero.ep``), bound as the oracle."""
+
 from __future__ import annotations
 
 import torch

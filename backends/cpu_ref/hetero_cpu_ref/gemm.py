@@ -6,17 +6,23 @@ scaled_gemm works like the hardware it models: the quantized product of each
 K-block is accumulated unscaled (exactly, in integers, for int8), then scaled
 in float32 and summed over the blocks.
 """
+
 from __future__ import annotations
 
 import torch
 
 from hetero.spec.checks import (
-    check_bias, check_group_ends, check_operands, check_out_dtype, check_same_device, check_scaled_gemm,
-    check_tensor, scale_blocks,
+    check_bias,
+    check_group_ends,
+    check_operands,
+    check_out_dtype,
+    check_same_device,
+    check_scaled_gemm,
+    check_tensor,
+    scale_blocks,
 )
 from hetero.spec.gemm import SCALE_BLOCK
 from hetero.spec.types import FLOAT_DTYPES
-
 from hetero_cpu_ref._util import acc_dtype, up
 
 __all__ = ["gemm", "scaled_gemm", "grouped_gemm"]
@@ -66,7 +72,7 @@ def _raw_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a.float() @ b.float().T
     total = torch.zeros(a.shape[0], b.shape[0], dtype=torch.int64, device=a.device)
     for k0 in range(0, a.shape[1], SCALE_BLOCK):
-        chunk = a[:, k0:k0 + SCALE_BLOCK].float() @ b[:, k0:k0 + SCALE_BLOCK].float().T
+        chunk = a[:, k0 : k0 + SCALE_BLOCK].float() @ b[:, k0 : k0 + SCALE_BLOCK].float().T
         total += chunk.to(torch.int64)
     return total.float()
 
@@ -93,7 +99,7 @@ def scaled_gemm(
     out = torch.zeros(m, n, dtype=torch.float32, device=a.device)
     for j in range(kblocks):
         cols = slice(j * width, (j + 1) * width)
-        out += _raw_product(a[:, cols], b[:, cols]) * sa[:, j:j + 1] * sb[:, j].unsqueeze(0)
+        out += _raw_product(a[:, cols], b[:, cols]) * sa[:, j : j + 1] * sb[:, j].unsqueeze(0)
     if bias is not None:
         out += bias.float()
     return out.to(out_dtype)
@@ -116,8 +122,9 @@ def grouped_gemm(
     return grouped_linear(a, b, ends, None, out_dtype)
 
 
-def grouped_linear(a: torch.Tensor, b: torch.Tensor, ends: list[int], bias: torch.Tensor | None,
-                   out_dtype: torch.dtype) -> torch.Tensor:
+def grouped_linear(
+    a: torch.Tensor, b: torch.Tensor, ends: list[int], bias: torch.Tensor | None, out_dtype: torch.dtype
+) -> torch.Tensor:
     """Rows [ends[g-1], ends[g]) of ``a @ b[g].T (+ bias[g])`` in float32 (float64 for float64 inputs),
     rounded once to out_dtype; rows past the last group are zero. No checks: the callers' own."""
     acc = acc_dtype(a, b)

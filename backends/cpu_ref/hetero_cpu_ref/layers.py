@@ -6,6 +6,7 @@ float32 (float64 when any input is float64) and rounds once to the input's
 dtype (the gated rms_norm also at the two points the spec names); inputs are
 never modified.
 """
+
 from __future__ import annotations
 
 import torch
@@ -14,7 +15,6 @@ import torch.nn.functional as F
 from hetero.spec.checks import check_at_least_1d, check_layer_norm, check_rms_norm, check_rotary, expect
 from hetero.spec.layers import check_rms_norm_options
 from hetero.spec.types import FLOAT_DTYPES
-
 from hetero_cpu_ref._util import acc_dtype, up
 
 __all__ = ["rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"]
@@ -23,8 +23,15 @@ __all__ = ["rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"]
 _GATE_ACTS = {"silu": F.silu, "sigmoid": torch.sigmoid}
 
 
-def _normalize(h: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.dtype, weight_offset: float = 0.0,
-               gate: torch.Tensor | None = None, gate_act: str = "silu") -> torch.Tensor:
+def _normalize(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    acc: torch.dtype,
+    weight_offset: float = 0.0,
+    gate: torch.Tensor | None = None,
+    gate_act: str = "silu",
+) -> torch.Tensor:
     """rms_norm of h computed in `acc` with weight + weight_offset, rounded once to h's dtype; with
     `gate`, the spec's order: r(r(r(xn) * w) * act(gate)), r() rounding to h's dtype."""
     a = up(h, acc)
@@ -76,7 +83,9 @@ def layer_norm(
     return y.to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int, is_neox: bool, acc: torch.dtype) -> torch.Tensor:
+def _rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int, is_neox: bool, acc: torch.dtype
+) -> torch.Tensor:
     """x [T, H, D] with its first `rot` dims rotated; cos/sin [T, 1, rot/2] in `acc`."""
     out = x.to(acc, copy=True)
     part = out[..., :rot]

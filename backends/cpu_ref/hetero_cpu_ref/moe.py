@@ -6,17 +6,24 @@ int32 ids. Group-limited routing masks the dropped groups with -inf, as
 DeepSeek's reference code and vLLM do (some Hugging Face routers use 0.0, which
 differs once scores plus bias go negative).
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from hetero.spec.checks import (
-    check_fused_moe, check_ids, check_int, check_perm, check_route, check_same_device, check_tensor, check_weights,
+    check_fused_moe,
+    check_ids,
+    check_int,
+    check_perm,
+    check_route,
+    check_same_device,
+    check_tensor,
+    check_weights,
     expect,
 )
 from hetero.spec.types import FLOAT_DTYPES
-
 from hetero_cpu_ref._moe_quant import quant_expert_linear
 from hetero_cpu_ref._util import acc_dtype, up
 from hetero_cpu_ref.gemm import grouped_linear
@@ -51,7 +58,9 @@ def route(
     routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     op = "route"
-    check_route(op, router_logits, top_k, scoring, renormalize, n_group, topk_group, correction_bias, routed_scaling_factor)
+    check_route(
+        op, router_logits, top_k, scoring, renormalize, n_group, topk_group, correction_bias, routed_scaling_factor
+    )
 
     acc = acc_dtype(router_logits, correction_bias)
     logits = up(router_logits, acc)
@@ -85,9 +94,7 @@ def moe_permute(
     return x[perm // k], group_ends, perm
 
 
-def moe_unpermute(
-    y_sorted: torch.Tensor, perm: torch.Tensor, weights: torch.Tensor
-) -> torch.Tensor:
+def moe_unpermute(y_sorted: torch.Tensor, perm: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     op = "moe_unpermute"
     check_tensor(op, "y_sorted", y_sorted, ndim=2, dtypes=FLOAT_DTYPES)
     check_weights(op, weights, None)
@@ -136,14 +143,28 @@ def fused_moe(
     act_scale_fmt: str = "float",
 ) -> torch.Tensor:
     op = "fused_moe"
-    forms = check_fused_moe(op, x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias,
-                            (w13_scale, w2_scale, act_quant, act_scale_fmt))
+    forms = check_fused_moe(
+        op,
+        x,
+        w13,
+        w2,
+        weights,
+        ids,
+        activation,
+        alpha,
+        limit,
+        w13_bias,
+        w2_bias,
+        (w13_scale, w2_scale, act_quant, act_scale_fmt),
+    )
 
     x_sorted, group_ends, perm = moe_permute(x, ids, w13.shape[0])
     if forms is None:
         gate_up = grouped_linear(x_sorted, w13, group_ends.tolist(), w13_bias, x.dtype)  # [M*k, 2I] in x's dtype
     else:
-        gate_up = quant_expert_linear(x_sorted, w13, w13_scale, forms[0], w13_bias, group_ends, act_quant, act_scale_fmt)
+        gate_up = quant_expert_linear(
+            x_sorted, w13, w13_scale, forms[0], w13_bias, group_ends, act_quant, act_scale_fmt
+        )
     hidden = _activation(gate_up, activation, float(alpha), None if limit is None else float(limit))  # [M*k, I]
     if forms is None:
         y_sorted = grouped_linear(hidden, w2, group_ends.tolist(), w2_bias, x.dtype)  # [M*k, H]

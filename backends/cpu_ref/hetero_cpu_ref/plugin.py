@@ -1,4 +1,5 @@
 """The reference backend: every op of the spec in plain PyTorch, the oracle and the fallback."""
+
 from __future__ import annotations
 
 import platform
@@ -7,7 +8,6 @@ import torch
 
 import hetero
 from hetero.spec import SPEC_VERSION
-
 from hetero_cpu_ref import attention, dsa, ep, gemm, layers, moe, quant, recurrent
 
 __all__ = ["CpuRefBackend", "hetero_backends"]

@@ -6,6 +6,7 @@ float64 inputs: the spec rounds x to float32 first), so every backend can match 
 K-block is accumulated unscaled (exactly, in integers, for int8), then scaled and summed over the
 blocks, in float32, or float64 when a scale is float64 (the oracle's fused_moe run).
 """
+
 from __future__ import annotations
 
 import torch
@@ -70,10 +71,10 @@ def quantize_activation(
     for g in range(groups):
         cols = slice(g * width, min((g + 1) * width, k))
         if asymmetric:
-            q[:, cols], s, zero_point[:, g:g + 1] = _asymmetric(xf[:, cols])
+            q[:, cols], s, zero_point[:, g : g + 1] = _asymmetric(xf[:, cols])
         else:
             q[:, cols], s = _symmetric(xf[:, cols], dtype, scale_fmt)
-        scale[:, g:g + 1] = s
+        scale[:, g : g + 1] = s
     return (q, scale, zero_point) if asymmetric else (q, scale)
 
 
@@ -103,12 +104,20 @@ def _raw_product(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype) -> torch.Te
         return a.to(acc) @ b.to(acc).T
     total = torch.zeros(a.shape[0], b.shape[0], dtype=torch.int64, device=a.device)
     for k0 in range(0, a.shape[1], SCALE_BLOCK):
-        total += (a[:, k0:k0 + SCALE_BLOCK].float() @ b[:, k0:k0 + SCALE_BLOCK].float().T).to(torch.int64)
+        total += (a[:, k0 : k0 + SCALE_BLOCK].float() @ b[:, k0 : k0 + SCALE_BLOCK].float().T).to(torch.int64)
     return total.to(acc)
 
 
-def scaled_grouped_product(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
-                           ends: list[int], a_form: str, b_form: str, a_zero_point: torch.Tensor | None) -> torch.Tensor:
+def scaled_grouped_product(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    ends: list[int],
+    a_form: str,
+    b_form: str,
+    a_zero_point: torch.Tensor | None,
+) -> torch.Tensor:
     """scaled_grouped_gemm before its rounding, in float32 (float64 when a scale is float64); checked inputs."""
     acc = torch.float64 if torch.float64 in (a_scale.dtype, b_scale.dtype) else torch.float32
     (m, k), n = a.shape, b.shape[1]
@@ -124,7 +133,7 @@ def scaled_grouped_product(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tens
             for j in range(kblocks):
                 cols = slice(j * width, (j + 1) * width)
                 raw = _raw_product(av[start:end, cols], b[g][:, cols], acc)
-                out[start:end] += raw * sa[start:end, j:j + 1] * sb[:, j].unsqueeze(0)
+                out[start:end] += raw * sa[start:end, j : j + 1] * sb[:, j].unsqueeze(0)
         start = end
     return out
 

@@ -7,13 +7,13 @@ in float32 (float64 when any input is float64, the oracle run); outputs take the
 dtype, states keep theirs. A slot of -1 leaves its rows 0 and touches no state; an empty
 sequence touches nothing; a slot without initial state is never read.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from hetero.spec.checks import L2NORM_EPS, check_causal_conv1d, check_gated_delta_rule, check_state_batch
-
 from hetero_cpu_ref._util import acc_dtype, one_intra_op_thread, up
 
 __all__ = ["causal_conv1d", "gated_delta_rule"]
@@ -40,7 +40,8 @@ def causal_conv1d(
 ) -> torch.Tensor:
     op = "causal_conv1d"
     tokens, channels, width, num_slots = check_causal_conv1d(
-        op, x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, activation)
+        op, x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, activation
+    )
     starts, slots, initial = check_state_batch(op, query_start_loc, state_slots, has_initial_state, tokens, num_slots)
 
     acc = acc_dtype(x, weight, bias, conv_state)
@@ -51,7 +52,7 @@ def causal_conv1d(
         prev = conv_state[slot] if has_state else torch.zeros(width - 1, channels, dtype=x.dtype, device=x.device)
         xx = torch.cat([prev, x[a:e]])  # [W-1+L, C], oldest first, in x's dtype: the state is exact copies
         xa = up(xx, acc)
-        y = sum(w[:, j] * xa[j:j + n] for j in range(width))  # y[t] = sum_j weight[:, j] * xx[t+j]
+        y = sum(w[:, j] * xa[j : j + n] for j in range(width))  # y[t] = sum_j weight[:, j] * xx[t+j]
         if bias is not None:
             y = y + up(bias, acc)
         if activation == "silu":
@@ -66,8 +67,15 @@ def _l2n(x: torch.Tensor) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True) + L2NORM_EPS)
 
 
-def _delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor,
-                state: torch.Tensor, out: torch.Tensor) -> None:
+def _delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
     """One sequence, token by token, all heads at once, updating ``state`` [HV, K, V] in place:
     q, k [L, HV, K] (already normalized, scaled and expanded to value heads), v [L, HV, V],
     decay [L, HV, K or 1, 1], beta [L, HV]. Writes out [L, HV, V]."""
@@ -79,8 +87,9 @@ def _delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: torch.
         out[t] = torch.bmm(q[t, :, None, :], state)[:, 0]
 
 
-def _sequence_inputs(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, *, scale: float, ratio: int, l2norm: bool,
-                     acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sequence_inputs(
+    q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, *, scale: float, ratio: int, l2norm: bool, acc: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sequence's (scale * normalized q, normalized k), both expanded to value heads, and the
     decay exp(g) shaped to multiply S [HV, K, V]: per head, or per key row (g [L, HV, K])."""
     qs, ks = up(q, acc), up(k, acc)
@@ -108,11 +117,17 @@ def gated_delta_rule(
 ) -> torch.Tensor:
     op = "gated_delta_rule"
     tokens, heads, _, vheads, vdim, num_slots = check_gated_delta_rule(
-        op, q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state, scale, use_qk_l2norm)
+        op, q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state, scale, use_qk_l2norm
+    )
     starts, slots, initial = check_state_batch(op, query_start_loc, state_slots, has_initial_state, tokens, num_slots)
 
     acc = acc_dtype(q, k, v, g, beta, ssm_state)
-    opts = {"scale": scale, "ratio": vheads // heads, "l2norm": use_qk_l2norm, "acc": acc}  # value head i: key head i // ratio
+    opts = {
+        "scale": scale,
+        "ratio": vheads // heads,
+        "l2norm": use_qk_l2norm,
+        "acc": acc,
+    }  # value head i: key head i // ratio
     out = torch.zeros(tokens, vheads, vdim, dtype=v.dtype, device=v.device)  # rows of skipped sequences stay 0
     with one_intra_op_thread():  # many small ops per sequence and row: see _util
         for a, e, slot, has_state in _sequences(starts, slots, initial):

@@ -8,6 +8,7 @@ and every other input, run the Triton kernels with the sm80/sm90 tuning tables.
 Under ``HETERO_TRITON_INTERPRET=1`` the kernels run through Triton's interpreter
 on CPU tensors with the vendor paths off, which is how CI checks them.
 """
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -18,7 +19,6 @@ import torch
 
 import hetero
 from hetero.kernels import TritonBackend
-
 from hetero_cuda import support, vendor
 from hetero_cuda.tuning import CUDA_TUNING
 
@@ -59,7 +59,9 @@ class CudaBackend(TritonBackend):
         super().__init__(device)
         real_gpu = not self.interpreted and self.device.type == "cuda"
         #: (major, minor) of the device; None under the interpreter or on the meta device.
-        self.capability: tuple[int, int] | None = tuple(torch.cuda.get_device_capability(self.device)) if real_gpu else None
+        self.capability: tuple[int, int] | None = (
+            tuple(torch.cuda.get_device_capability(self.device)) if real_gpu else None
+        )
         self.vendor_off = vendor.off_reason(self.interpreted, self.device)
         #: op -> vendor implementation bound over the Triton op (empty when the vendor paths are off).
         self.vendor_paths = vendor.bind(self) if self.vendor_off is None else {}
@@ -84,10 +86,15 @@ class CudaBackend(TritonBackend):
         cap = tuple(torch.cuda.get_device_capability(index))
         name = torch.cuda.get_device_name(index)
         if cap < MIN_CAPABILITY:
-            return hetero.Availability(ok=False, reason=f"{name} is {support.sm_name(cap)}; Triton needs {support.sm_name(MIN_CAPABILITY)}+",
-                                       device_name=name)
+            return hetero.Availability(
+                ok=False,
+                reason=f"{name} is {support.sm_name(cap)}; Triton needs {support.sm_name(MIN_CAPABILITY)}+",
+                device_name=name,
+            )
         if importlib.util.find_spec("triton") is None:
-            return hetero.Availability(ok=False, reason="triton is not installed (pip install triton)", device_name=name)
+            return hetero.Availability(
+                ok=False, reason="triton is not installed (pip install triton)", device_name=name
+            )
         return hetero.Availability(ok=True, device_name=name, details=cls._details(index, cap))
 
     @classmethod

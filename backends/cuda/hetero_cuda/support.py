@@ -5,6 +5,7 @@ when the op runs natively for that static configuration, else one sentence
 saying why not (an engine records it; conformance reports the case as skipped).
 ``capability`` is None under the Triton interpreter (no architecture to check).
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping

@@ -11,6 +11,7 @@ compile everywhere; an entry overrides only the keys it names.
 Scaled GEMM keeps BLOCK_K = 128, the block edge of DeepSeek-V3's scales, so one
 K tile never straddles two scale blocks.
 """
+
 from __future__ import annotations
 
 from hetero.kernels.tuning import TuningTable

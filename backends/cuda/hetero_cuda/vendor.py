@@ -12,6 +12,7 @@ on a device that is not a GPU, and with ``HETERO_CUDA_VENDOR=0`` (so the kernels
 can be checked and timed on a GPU too). Nothing here imports flash_attn at module
 level; torch.cuda is called only inside functions.
 """
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -24,8 +25,17 @@ import torch.nn.functional as F
 
 from hetero.kernels.torch_paths import linear_gemm, named
 
-__all__ = ["ENV", "off_reason", "bind", "installed", "cublas_gemm", "torch_grouped_gemm", "torch_scaled_gemm",
-           "torch_scaled_grouped_gemm", "flash_attn_varlen"]
+__all__ = [
+    "ENV",
+    "off_reason",
+    "bind",
+    "installed",
+    "cublas_gemm",
+    "torch_grouped_gemm",
+    "torch_scaled_gemm",
+    "torch_scaled_grouped_gemm",
+    "flash_attn_varlen",
+]
 
 ENV = "HETERO_CUDA_VENDOR"
 OPTIONAL = ("flash_attn", "flashinfer")
@@ -74,9 +84,8 @@ def bind(backend: Any) -> dict[str, Callable]:
     return paths
 
 
-
-
 # ----------------------------------------------------------------------------- gemm
+
 
 def cublas_gemm(triton_gemm: Callable) -> Callable:
     """torch's linear (cuBLAS/cuBLASLt) when operands, bias and output share a dtype."""
@@ -86,10 +95,20 @@ def cublas_gemm(triton_gemm: Callable) -> Callable:
 def _grouped_fits(a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, out_dtype: torch.dtype | None) -> bool:
     """torch's grouped_mm takes bfloat16 (out too: a float32 out_dtype is not taken by every build),
     16-byte aligned rows and int32 end offsets."""
-    return (a.dtype is torch.bfloat16 and b.dtype is torch.bfloat16 and out_dtype in (None, torch.bfloat16)
-            and group_ends.dtype is torch.int32 and a.shape[0] > 0 and b.shape[0] > 0
-            and a.shape[1] % 8 == 0 and b.shape[1] % 8 == 0 and a.is_contiguous() and b.is_contiguous()
-            and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0)
+    return (
+        a.dtype is torch.bfloat16
+        and b.dtype is torch.bfloat16
+        and out_dtype in (None, torch.bfloat16)
+        and group_ends.dtype is torch.int32
+        and a.shape[0] > 0
+        and b.shape[0] > 0
+        and a.shape[1] % 8 == 0
+        and b.shape[1] % 8 == 0
+        and a.is_contiguous()
+        and b.is_contiguous()
+        and a.data_ptr() % 16 == 0
+        and b.data_ptr() % 16 == 0
+    )
 
 
 def torch_grouped_gemm(triton_grouped_gemm: Callable) -> Callable:
@@ -106,7 +125,7 @@ def torch_grouped_gemm(triton_grouped_gemm: Callable) -> Callable:
 
 
 def _scale_form(scale: torch.Tensor, rows: int) -> str:
-    """"tensor", "row" or "block" (a block scale of one K-block is a row scale: same numbers)."""
+    """ "tensor", "row" or "block" (a block scale of one K-block is a row scale: same numbers)."""
     if scale.numel() == 1:
         return "tensor"
     return "row" if tuple(scale.shape) == (rows, 1) else "block"
@@ -115,8 +134,17 @@ def _scale_form(scale: torch.Tensor, rows: int) -> str:
 def _scaled_mm_args(a, b, a_scale, b_scale, bias, out_dtype, rowwise: bool):
     """(scale_a, scale_b, mm_out_dtype) for torch._scaled_mm, or None when the inputs need the Triton kernel."""
     (m, k), n = a.shape, b.shape[0]
-    if not (a.dtype is torch.float8_e4m3fn and b.dtype is torch.float8_e4m3fn and m > 0 and k % 16 == 0 and n % 16 == 0
-            and a.is_contiguous() and b.is_contiguous() and a_scale.dtype is torch.float32 and b_scale.dtype is torch.float32):
+    if not (
+        a.dtype is torch.float8_e4m3fn
+        and b.dtype is torch.float8_e4m3fn
+        and m > 0
+        and k % 16 == 0
+        and n % 16 == 0
+        and a.is_contiguous()
+        and b.is_contiguous()
+        and a_scale.dtype is torch.float32
+        and b_scale.dtype is torch.float32
+    ):
         return None
     fa, fb = _scale_form(a_scale, m), _scale_form(b_scale, n)
     if fa == fb == "tensor":  # bias added in float32 after the product: one rounding, like the reference
@@ -149,10 +177,20 @@ def _scaled_grouped_args(a, b, a_scale, b_scale, group_ends, a_zero_point, out_d
     """(scale_a [M], scale_b [G, N]) for torch._scaled_grouped_mm, or None when the call needs the Triton kernel:
     it takes e4m3fn with row-wise scales only (per token / per channel; per tensor and per group expanded),
     bfloat16 out, 16-byte aligned strides and int32 ends; no zero point, no block scales."""
-    if not (a.dtype is torch.float8_e4m3fn and b.dtype is torch.float8_e4m3fn and a_zero_point is None
-            and out_dtype is torch.bfloat16 and group_ends.dtype is torch.int32 and a.shape[0] > 0
-            and a.shape[1] % 16 == 0 and b.shape[1] % 16 == 0 and a.is_contiguous() and b.is_contiguous()
-            and a_scale.dtype is torch.float32 and b_scale.dtype is torch.float32):
+    if not (
+        a.dtype is torch.float8_e4m3fn
+        and b.dtype is torch.float8_e4m3fn
+        and a_zero_point is None
+        and out_dtype is torch.bfloat16
+        and group_ends.dtype is torch.int32
+        and a.shape[0] > 0
+        and a.shape[1] % 16 == 0
+        and b.shape[1] % 16 == 0
+        and a.is_contiguous()
+        and b.is_contiguous()
+        and a_scale.dtype is torch.float32
+        and b_scale.dtype is torch.float32
+    ):
         return None
     (m, k), (groups, n) = a.shape, b.shape[:2]
     if tuple(a_scale.shape) == (m, 1):
@@ -177,9 +215,12 @@ def torch_scaled_grouped_gemm(triton_scaled_grouped_gemm: Callable) -> Callable:
     def scaled_grouped_gemm(a, b, a_scale, b_scale, group_ends, *, a_zero_point=None, out_dtype=torch.bfloat16):
         args = _scaled_grouped_args(a, b, a_scale, b_scale, group_ends, a_zero_point, out_dtype)
         if args is None:
-            return triton_scaled_grouped_gemm(a, b, a_scale, b_scale, group_ends, a_zero_point=a_zero_point,
-                                              out_dtype=out_dtype)
-        out = torch._scaled_grouped_mm(a, b.transpose(-2, -1), args[0], args[1], offs=group_ends, out_dtype=torch.bfloat16)
+            return triton_scaled_grouped_gemm(
+                a, b, a_scale, b_scale, group_ends, a_zero_point=a_zero_point, out_dtype=out_dtype
+            )
+        out = torch._scaled_grouped_mm(
+            a, b.transpose(-2, -1), args[0], args[1], offs=group_ends, out_dtype=torch.bfloat16
+        )
         rows = torch.arange(a.shape[0], device=a.device).unsqueeze(1)
         return out.masked_fill_(rows >= group_ends[-1:], 0)  # rows past the last group are left unwritten
 
@@ -188,12 +229,14 @@ def torch_scaled_grouped_gemm(triton_scaled_grouped_gemm: Callable) -> Callable:
 
 # ----------------------------------------------------------------------------- attention
 
+
 def _flash_attn_varlen_func() -> Callable | None:
     """flash_attn.flash_attn_varlen_func when flash-attn >= 2.6 imports, else None."""
     if importlib.util.find_spec("flash_attn") is None:
         return None
     try:
         import flash_attn
+
         version = tuple(int(p) for p in flash_attn.__version__.split(".")[:2])
     except Exception:  # a broken build (ABI mismatch) must not break the backend
         return None
@@ -202,9 +245,19 @@ def _flash_attn_varlen_func() -> Callable | None:
 
 def _fa_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
     d = query.shape[-1]
-    return (query.dtype in _FA_DTYPES and key.dtype == query.dtype and value.dtype == query.dtype
-            and value.shape[-1] == d and d % 8 == 0 and d <= 256 and query.shape[0] > 0 and key.shape[0] > 0
-            and query.stride(-1) == 1 and key.stride(-1) == 1 and value.stride(-1) == 1)
+    return (
+        query.dtype in _FA_DTYPES
+        and key.dtype == query.dtype
+        and value.dtype == query.dtype
+        and value.shape[-1] == d
+        and d % 8 == 0
+        and d <= 256
+        and query.shape[0] > 0
+        and key.shape[0] > 0
+        and query.stride(-1) == 1
+        and key.stride(-1) == 1
+        and value.stride(-1) == 1
+    )
 
 
 def flash_attn_varlen(triton_varlen: Callable, fa_varlen: Callable) -> Callable:
@@ -213,14 +266,50 @@ def flash_attn_varlen(triton_varlen: Callable, fa_varlen: Callable) -> Callable:
     Its LSE is [H, T] and +inf for a row that sees no key; hetero's is [T, H] and -inf.
     """
 
-    def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, scale,
-                         causal=True, window=(-1, -1), softcap=0.0, return_lse=False):
+    def varlen_attention(
+        query,
+        key,
+        value,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        *,
+        scale,
+        causal=True,
+        window=(-1, -1),
+        softcap=0.0,
+        return_lse=False,
+    ):
         if not _fa_fits(query, key, value):
-            return triton_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale=scale,
-                                 causal=causal, window=window, softcap=softcap, return_lse=return_lse)
-        res = fa_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale,
-                        causal=causal, window_size=(int(window[0]), int(window[1])), softcap=softcap,
-                        return_attn_probs=return_lse)
+            return triton_varlen(
+                query,
+                key,
+                value,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                max_seqlen_q,
+                max_seqlen_k,
+                scale=scale,
+                causal=causal,
+                window=window,
+                softcap=softcap,
+                return_lse=return_lse,
+            )
+        res = fa_varlen(
+            query,
+            key,
+            value,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            softmax_scale=scale,
+            causal=causal,
+            window_size=(int(window[0]), int(window[1])),
+            softcap=softcap,
+            return_attn_probs=return_lse,
+        )
         if not return_lse:
             return res
         lse = res[1].t().contiguous()

@@ -7,6 +7,7 @@ torch._scaled_mm and dense varlen attention on aiter when installed (see
 ``hetero_rocm.vendor``); everything else runs the Triton kernels with the
 gfx90a/gfx942/gfx950 tuning tables. fp8 is float8_e4m3fnuz on gfx942 (MI300).
 """
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -17,7 +18,6 @@ import torch
 
 import hetero
 from hetero.kernels import TritonBackend
-
 from hetero_rocm import support, vendor
 from hetero_rocm.tuning import ROCM_TUNING
 
@@ -27,7 +27,7 @@ _TRITON_DISTS = ("pytorch-triton-rocm", "triton")
 
 
 def gfx_arch(device: torch.device | int) -> str:
-    """"gfx942" for an MI300X (torch reports "gfx942:sramecc+:xnack-")."""
+    """ "gfx942" for an MI300X (torch reports "gfx942:sramecc+:xnack-")."""
     return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
 
 
@@ -84,7 +84,9 @@ class RocmBackend(TritonBackend):
         index = torch.cuda.current_device()
         name = torch.cuda.get_device_name(index)
         if importlib.util.find_spec("triton") is None:
-            return hetero.Availability(ok=False, reason="triton is not installed (ROCm ships it as pytorch-triton-rocm)", device_name=name)
+            return hetero.Availability(
+                ok=False, reason="triton is not installed (ROCm ships it as pytorch-triton-rocm)", device_name=name
+            )
         return hetero.Availability(ok=True, device_name=name, details=cls._details(index))
 
     @classmethod

@@ -5,6 +5,7 @@ the op runs natively for that static configuration, else one sentence saying
 why not. ``arch`` is None under the Triton interpreter, where both fp8 flavours
 run (the interpreter computes either in software).
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -25,7 +26,12 @@ FP8_BY_ARCH: Mapping[str, tuple[str, ...]] = {
     "gfx1200": (OCP,),
     "gfx1201": (OCP,),
 }
-_NAMES = {"gfx942": "gfx942 (MI300)", "gfx950": "gfx950 (MI350)", "gfx90a": "gfx90a (MI200)", "gfx908": "gfx908 (MI100)"}
+_NAMES = {
+    "gfx942": "gfx942 (MI300)",
+    "gfx950": "gfx950 (MI350)",
+    "gfx90a": "gfx90a (MI200)",
+    "gfx908": "gfx908 (MI100)",
+}
 _NO_BF16 = ("gfx900", "gfx906")  # Vega: no bfloat16 dot instructions
 
 

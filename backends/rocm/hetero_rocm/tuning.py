@@ -16,6 +16,7 @@ with meta-parameters that AMD's Triton takes at launch:
 Kernels on other backends ignore these keys (NVIDIA's Triton drops unknown
 launch options; the interpreter drops them too).
 """
+
 from __future__ import annotations
 
 from hetero.kernels.tuning import TuningTable
@@ -27,7 +28,15 @@ _MFMA16 = {"matrix_instr_nonkdim": 16, "waves_per_eu": 2}
 GFX90A = {  # MI210/MI250X: CDNA2, 64 KB LDS, no fp8
     "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 2, **_MFMA16},
     "grouped_gemm": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2, **_MFMA16},
-    "scaled_gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 2, **_MFMA16},
+    "scaled_gemm": {
+        "BLOCK_M": 64,
+        "BLOCK_N": 64,
+        "BLOCK_K": 128,
+        "GROUP_M": 8,
+        "num_warps": 4,
+        "num_stages": 2,
+        **_MFMA16,
+    },
     "fused_moe": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, **_MFMA16},
     "paged_attention": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2},
     "varlen_attention": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, **_MFMA16},
@@ -39,7 +48,15 @@ GFX90A = {  # MI210/MI250X: CDNA2, 64 KB LDS, no fp8
 GFX942 = {  # MI300X/MI325X: CDNA3, 304 CUs, 64 KB LDS, fp8 = float8_e4m3fnuz
     "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 2, **_MFMA16},
     "grouped_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2, **_MFMA16},
-    "scaled_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 2, **_MFMA16},
+    "scaled_gemm": {
+        "BLOCK_M": 128,
+        "BLOCK_N": 128,
+        "BLOCK_K": 128,
+        "GROUP_M": 8,
+        "num_warps": 8,
+        "num_stages": 2,
+        **_MFMA16,
+    },
     "fused_moe": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2, **_MFMA16},
     "paged_attention": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2},
     "varlen_attention": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1, **_MFMA16},
@@ -51,7 +68,15 @@ GFX942 = {  # MI300X/MI325X: CDNA3, 304 CUs, 64 KB LDS, fp8 = float8_e4m3fnuz
 GFX950 = {  # MI350X/MI355X: CDNA4, 160 KB LDS, OCP fp8 (float8_e4m3fn)
     **GFX942,
     "gemm": {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 2, **_MFMA16},
-    "scaled_gemm": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 2, **_MFMA16},
+    "scaled_gemm": {
+        "BLOCK_M": 256,
+        "BLOCK_N": 128,
+        "BLOCK_K": 128,
+        "GROUP_M": 8,
+        "num_warps": 8,
+        "num_stages": 2,
+        **_MFMA16,
+    },
     "varlen_attention": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 1, **_MFMA16},
 }
 

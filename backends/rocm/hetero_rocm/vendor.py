@@ -13,6 +13,7 @@ to the Triton kernel it replaces: a Python-level check, no device synchronisatio
 Off under the Triton interpreter, off a GPU, and with ``HETERO_ROCM_VENDOR=0``.
 Nothing here imports aiter at module level.
 """
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -22,15 +23,18 @@ import os
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 from hetero.kernels.torch_paths import linear_gemm, named
 
 __all__ = ["ENV", "off_reason", "bind", "installed", "hipblaslt_gemm", "torch_scaled_gemm", "aiter_varlen"]
 
 ENV = "HETERO_ROCM_VENDOR"
-_SCALED_MM_FP8 = {"gfx940": torch.float8_e4m3fnuz, "gfx941": torch.float8_e4m3fnuz, "gfx942": torch.float8_e4m3fnuz,
-                  "gfx950": torch.float8_e4m3fn}
+_SCALED_MM_FP8 = {
+    "gfx940": torch.float8_e4m3fnuz,
+    "gfx941": torch.float8_e4m3fnuz,
+    "gfx942": torch.float8_e4m3fnuz,
+    "gfx950": torch.float8_e4m3fn,
+}
 _CK_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -67,17 +71,25 @@ def bind(backend: Any) -> dict[str, Callable]:
     return paths
 
 
-
-
 def hipblaslt_gemm(triton_gemm: Callable) -> Callable:
     """torch's linear (hipBLASLt on ROCm) when operands, bias and output share a dtype."""
     return linear_gemm(triton_gemm, "hipblaslt_gemm", __name__)
 
 
 def _tensorwise(a, b, a_scale, b_scale, fp8: torch.dtype) -> bool:
-    return (a.dtype is fp8 and b.dtype is fp8 and a.shape[0] > 0 and a.shape[1] % 16 == 0 and b.shape[0] % 16 == 0
-            and a.is_contiguous() and b.is_contiguous() and a_scale.numel() == 1 and b_scale.numel() == 1
-            and a_scale.dtype is torch.float32 and b_scale.dtype is torch.float32)
+    return (
+        a.dtype is fp8
+        and b.dtype is fp8
+        and a.shape[0] > 0
+        and a.shape[1] % 16 == 0
+        and b.shape[0] % 16 == 0
+        and a.is_contiguous()
+        and b.is_contiguous()
+        and a_scale.numel() == 1
+        and b_scale.numel() == 1
+        and a_scale.dtype is torch.float32
+        and b_scale.dtype is torch.float32
+    )
 
 
 def torch_scaled_gemm(triton_scaled_gemm: Callable, fp8: torch.dtype) -> Callable:
@@ -99,6 +111,7 @@ def _aiter_varlen_func() -> Callable | None:
         return None
     try:
         import aiter
+
         fn = aiter.flash_attn_varlen_func
         params = inspect.signature(fn).parameters
     except Exception:  # a broken or JIT-less install must not break the backend
@@ -108,20 +121,65 @@ def _aiter_varlen_func() -> Callable | None:
 
 def _ck_fits(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, softcap: float) -> bool:
     d = query.shape[-1]
-    return (softcap == 0.0 and query.dtype in _CK_DTYPES and key.dtype == query.dtype and value.dtype == query.dtype
-            and value.shape[-1] == d and d % 8 == 0 and d <= 256 and query.shape[0] > 0 and key.shape[0] > 0)
+    return (
+        softcap == 0.0
+        and query.dtype in _CK_DTYPES
+        and key.dtype == query.dtype
+        and value.dtype == query.dtype
+        and value.shape[-1] == d
+        and d % 8 == 0
+        and d <= 256
+        and query.shape[0] > 0
+        and key.shape[0] > 0
+    )
 
 
 def aiter_varlen(triton_varlen: Callable, ck_varlen: Callable) -> Callable:
     """aiter's CK varlen flash-attention (fp16/bf16, D == Dv <= 256, no softcap); LSE [H, T] -> [T, H], +inf -> -inf."""
 
-    def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, scale,
-                         causal=True, window=(-1, -1), softcap=0.0, return_lse=False):
+    def varlen_attention(
+        query,
+        key,
+        value,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        *,
+        scale,
+        causal=True,
+        window=(-1, -1),
+        softcap=0.0,
+        return_lse=False,
+    ):
         if not _ck_fits(query, key, value, softcap):
-            return triton_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale=scale,
-                                 causal=causal, window=window, softcap=softcap, return_lse=return_lse)
-        res = ck_varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale,
-                        causal=causal, window_size=(int(window[0]), int(window[1])), return_lse=return_lse)
+            return triton_varlen(
+                query,
+                key,
+                value,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                max_seqlen_q,
+                max_seqlen_k,
+                scale=scale,
+                causal=causal,
+                window=window,
+                softcap=softcap,
+                return_lse=return_lse,
+            )
+        res = ck_varlen(
+            query,
+            key,
+            value,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            softmax_scale=scale,
+            causal=causal,
+            window_size=(int(window[0]), int(window[1])),
+            return_lse=return_lse,
+        )
         out = res[0] if isinstance(res, (tuple, list)) else res
         if not return_lse:
             return out

@@ -5,6 +5,7 @@ listed positions; the softmax runs in float32 (float64 for float64 inputs) as ba
 or through torch's fused ``scaled_dot_product_attention`` when no softcap, sinks or lse are
 asked. A row that sees no key gets out 0 and lse -inf.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -87,15 +88,28 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, 
     """The same attention (no softcap, sinks or lse) through torch's fused SDPA, in q's dtype:
     out [B, N, Hq, Dv]; a row with no visible key gets 0."""
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None],
-        scale=scale, enable_gqa=k.shape[2] != q.shape[2],
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=mask[:, None],
+        scale=scale,
+        enable_gqa=k.shape[2] != q.shape[2],
     ).transpose(1, 2)
     return torch.where(mask.any(dim=-1)[..., None, None], out, 0.0)
 
 
-def compute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, batch: Batch, *, scale: float,
-            softcap: float = 0.0, sinks: torch.Tensor | None = None,
-            need_lse: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def compute(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    batch: Batch,
+    *,
+    scale: float,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    need_lse: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The group's packed out [Tg, Hq, Dv] and lse float32 [Tg, Hq] (None unless asked) of padded
     q [Bg, n, Hq, D] over padded k, v under mask."""
     if softcap == 0 and sinks is None and not need_lse:
@@ -105,8 +119,12 @@ def compute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return o[batch.seq, batch.row], lse[batch.seq, batch.row].to(torch.float32)
 
 
-def run(batches: list[Batch], res: torch.Tensor, return_lse: bool,
-        step: Callable[[Batch], tuple[torch.Tensor, torch.Tensor | None]]):
+def run(
+    batches: list[Batch],
+    res: torch.Tensor,
+    return_lse: bool,
+    step: Callable[[Batch], tuple[torch.Tensor, torch.Tensor | None]],
+):
     """Write each group's packed result ``step(batch)`` into its rows of res [T, H, Dv]; return
     res, or (res, lse float32 [T, H]) with return_lse. Every row belongs to one group."""
     lse = torch.full(res.shape[:2], NEG_INF, dtype=torch.float32, device=res.device) if return_lse else None

@@ -3,13 +3,13 @@ the host: B sequences are one padded group of ``meta.max_seq_len`` keys, so the 
 host copy of the lengths are not needed. The metadata's values are checked by the registry when
 validation is on; unchecked, the key slots are clamped into the cache (``key_slots``), so a
 malformed call gives undefined results but reads nothing outside its tensors."""
+
 from __future__ import annotations
 
 import torch
 
 from hetero.errors import OpError
 from hetero.spec.types import AttentionMeta
-
 from hetero_torch._attention_core import acc_dtype, attend, sdpa
 from hetero_torch._attention_plan import gather_slots, key_slots
 
@@ -30,17 +30,32 @@ def _mask(lens: torch.Tensor, length: int, window: tuple[int, int]) -> torch.Ten
     return mask[:, None]
 
 
-def decode(op: str, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
-           res: torch.Tensor, *, scale: float, window: tuple[int, int], softcap: float, sinks: torch.Tensor | None,
-           return_lse: bool):
+def decode(
+    op: str,
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMeta,
+    res: torch.Tensor,
+    *,
+    scale: float,
+    window: tuple[int, int],
+    softcap: float,
+    sinks: torch.Tensor | None,
+    return_lse: bool,
+):
     """The op's result for a decode batch, written into res [B, Hq, Dv] (and lse float32 [B, Hq])."""
     nb, bs = k_cache.shape[:2]
     # no int() or message built from the length: under torch.compile it stays a symbolic size
     length = meta.max_seq_len if meta.max_seq_len >= 1 else 1
     cols = meta.block_table.shape[1]
     if cols * bs < length:
-        raise OpError(op, "meta.block_table", f"at least {-(-length // bs)} columns for max_seq_len {length} "
-                      f"with block size {bs}", str(cols))
+        raise OpError(
+            op,
+            "meta.block_table",
+            f"at least {-(-length // bs)} columns for max_seq_len {length} with block size {bs}",
+            str(cols),
+        )
     lens = meta.seq_lens.to(torch.int64).clamp(1, length)
     slots = key_slots(meta.block_table, None, lens, length, nb, bs)
     k, v = gather_slots(k_cache, slots), gather_slots(v_cache, slots)

@@ -2,13 +2,13 @@
 
 Semantics: ``hetero.spec.attention``; the padded batch and the masked softmax are ``_attention_core``'s.
 """
+
 from __future__ import annotations
 
 import torch
 
 from hetero.spec.checks import STAT_DTYPES, check_options, check_same_device, check_tensor, check_varlen
 from hetero.spec.types import FLOAT_DTYPES
-
 from hetero_torch._attention_core import NEG_INF, acc_dtype, compute, run, visible
 from hetero_torch._attention_plan import Batch, pad, pad_keys, plan
 
@@ -39,8 +39,16 @@ def varlen_attention(
 
     def step(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         k, v = pad_keys(key, key_starts, batch), pad_keys(value, key_starts, batch)
-        return compute(pad(query, batch), k, v, visible(batch, causal, window), batch, scale=scale, softcap=softcap,
-                       need_lse=return_lse)
+        return compute(
+            pad(query, batch),
+            k,
+            v,
+            visible(batch, causal, window),
+            batch,
+            scale=scale,
+            softcap=softcap,
+            need_lse=return_lse,
+        )
 
     k_lens = [ck[b + 1] - ck[b] for b in range(len(ck) - 1)]
     return run(plan(cq, k_lens, hq, query.device), res, return_lse, step)

@@ -6,21 +6,23 @@ them come from two batched einsums, and a stable descending sort picks the top k
 to the smaller position). Scores are float32, float64 when any input is float64. Semantics:
 ``hetero.spec.attention``.
 """
+
 from __future__ import annotations
 
 import torch
 
-from hetero.spec.checks import INDEX_FP8, check_indexer_inputs, check_meta
 from hetero.spec.attention import INDEX_SCALE_GROUP
+from hetero.spec.checks import INDEX_FP8, check_indexer_inputs, check_meta
 from hetero.spec.types import AttentionMeta
-
 from hetero_torch._attention_core import NEG_INF, acc_dtype
 from hetero_torch._attention_plan import Batch, gather_paged, pad, plan
 
 __all__ = ["indexer_topk"]
 
-def _keys(index_cache: torch.Tensor, index_scale: torch.Tensor | None, table: torch.Tensor, batch: Batch,
-          acc: torch.dtype) -> torch.Tensor:
+
+def _keys(
+    index_cache: torch.Tensor, index_scale: torch.Tensor | None, table: torch.Tensor, batch: Batch, acc: torch.dtype
+) -> torch.Tensor:
     """Every sequence's index keys [B, Lmax, D] in ``acc``, dequantized in the fp8 format."""
     if index_scale is None:
         return gather_paged(index_cache, table, batch).to(acc)

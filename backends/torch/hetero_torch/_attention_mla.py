@@ -6,13 +6,13 @@ Logits are ``q_nope . ckv + q_pe . kpe``, so the query is ``[q_nope, q_pe]`` aga
 ``_attention_core`` with Hkv = 1. Sparse mode swaps the causal mask for the positions each row's
 ``topk_indices`` lists (``_attention_core.listed``). Semantics: ``hetero.spec.attention``.
 """
+
 from __future__ import annotations
 
 import torch
 
 from hetero.spec.checks import check_mla, check_options
 from hetero.spec.types import AttentionMeta
-
 from hetero_torch._attention_core import compute, listed, run, visible
 from hetero_torch._attention_plan import Batch, gather_paged, pad, plan
 
@@ -41,7 +41,8 @@ def mla_attention(
         ckv = gather_paged(ckv_cache, meta.block_table, batch)[:, :, None]  # [Bg, L, 1, Lkv]: one latent KV head
         kpe = gather_paged(kpe_cache, meta.block_table, batch)[:, :, None]
         mask = visible(batch, causal, window) if topk_indices is None else listed(topk_indices, batch, causal)
-        return compute(pad(query, batch), torch.cat([ckv, kpe], dim=-1), ckv, mask, batch, scale=scale,
-                       need_lse=return_lse)
+        return compute(
+            pad(query, batch), torch.cat([ckv, kpe], dim=-1), ckv, mask, batch, scale=scale, need_lse=return_lse
+        )
 
     return run(plan(qsl, seq_lens, h, q_nope.device), res, return_lse, step)

@@ -7,6 +7,7 @@ tensors (the registry checks them when validation is on). The ops are ``torch.op
 ops with fake kernels, so torch.compile keeps them in its graph; where the extension is off or
 missing, or the tensors are not float32 on the CPU, the callers keep torch's operators.
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,7 +15,6 @@ import functools
 import torch
 
 from hetero.spec.types import AttentionMeta
-
 from hetero_torch._native import extension
 
 __all__ = ["applies", "paged_attention", "write_kv"]
@@ -28,8 +28,21 @@ def _registered() -> bool:
         return False
 
     @torch.library.register_fake("hetero_torch_native::paged_attention")
-    def _(query, k_cache, v_cache, query_start_loc, seq_lens, block_table, scale, causal, window_left,
-          window_right, softcap, sinks, need_lse):
+    def _(
+        query,
+        k_cache,
+        v_cache,
+        query_start_loc,
+        seq_lens,
+        block_table,
+        scale,
+        causal,
+        window_left,
+        window_right,
+        softcap,
+        sinks,
+        need_lse,
+    ):
         t, h = query.shape[:2]
         return query.new_empty(t, h, v_cache.shape[3]), query.new_empty((t, h) if need_lse else (0,))
 
@@ -44,8 +57,12 @@ def applies(k_cache: torch.Tensor, v_cache: torch.Tensor, *others: torch.Tensor 
     """Whether the native kernels take these tensors: float32 on the CPU without autograd, the caches
     contiguous (they are read and written in place), and the extension built."""
     given = [k_cache, v_cache, *(t for t in others if t is not None)]
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and not t.requires_grad for t in given)
-            and k_cache.is_contiguous() and v_cache.is_contiguous() and _built())
+    return (
+        all(t.device.type == "cpu" and t.dtype == torch.float32 and not t.requires_grad for t in given)
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and _built()
+    )
 
 
 # traced, the answer is a constant of the graph: the build is read once, not traced into
@@ -63,20 +80,43 @@ def _index(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.int32).contiguous()
 
 
-def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
-                    res: torch.Tensor, *, scale: float, causal: bool, window: tuple[int, int], softcap: float,
-                    sinks: torch.Tensor | None, return_lse: bool):
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMeta,
+    res: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool,
+    window: tuple[int, int],
+    softcap: float,
+    sinks: torch.Tensor | None,
+    return_lse: bool,
+):
     """The op's result written into res [T, Hq, Dv] (and lse float32 [T, Hq]) for inputs ``applies`` takes."""
     table = meta.block_table.to(torch.int32)
-    out, lse = torch.ops.hetero_torch_native.paged_attention(_rows(query), k_cache, v_cache,
-                                      _index(meta.query_start_loc), _index(meta.seq_lens),
-                                      table if table.shape[1] <= 1 or table.stride(1) == 1 else table.contiguous(),
-                                      scale, causal, window[0], window[1], softcap, sinks, return_lse)
+    out, lse = torch.ops.hetero_torch_native.paged_attention(
+        _rows(query),
+        k_cache,
+        v_cache,
+        _index(meta.query_start_loc),
+        _index(meta.seq_lens),
+        table if table.shape[1] <= 1 or table.stride(1) == 1 else table.contiguous(),
+        scale,
+        causal,
+        window[0],
+        window[1],
+        softcap,
+        sinks,
+        return_lse,
+    )
     res.copy_(out)
     return (res, lse) if return_lse else res
 
 
-def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """write_kv's scatter for inputs ``applies`` takes."""
     torch.ops.hetero_torch_native.write_kv(_rows(key), _rows(value), k_cache, v_cache, slot_mapping.contiguous())

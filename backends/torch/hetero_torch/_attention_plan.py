@@ -10,6 +10,7 @@ prefill plus one for its decodes; a sequence whose logits alone pass the budget 
 pieces of consecutive query rows. The loop here is host bookkeeping over the lengths; every
 group is computed by batched torch operators.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -90,12 +91,22 @@ def rows_of(lens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def _batch(group: list[_Piece], device: torch.device) -> Batch:
-    info = torch.tensor([[p.seq, p.start, p.first_pos, p.length, p.rows] for p in group], dtype=torch.int64,
-                        device=device)
+    info = torch.tensor(
+        [[p.seq, p.start, p.first_pos, p.length, p.rows] for p in group], dtype=torch.int64, device=device
+    )
     total = sum(p.rows for p in group)
     seq, row = rows_of(info[:, 4], total)
-    return Batch(info[:, 1][seq] + row, seq, row, info[:, 0], info[:, 2], info[:, 3],
-                 max(p.rows for p in group), max(p.length for p in group), sum(p.length for p in group))
+    return Batch(
+        info[:, 1][seq] + row,
+        seq,
+        row,
+        info[:, 0],
+        info[:, 2],
+        info[:, 3],
+        max(p.rows for p in group),
+        max(p.length for p in group),
+        sum(p.length for p in group),
+    )
 
 
 def plan(starts: list[int], k_lens: list[int], heads: int, device: torch.device) -> list[Batch]:
@@ -119,8 +130,9 @@ def pad_keys(x: torch.Tensor, key_starts: torch.Tensor, batch: Batch) -> torch.T
     return res
 
 
-def key_slots(block_table: torch.Tensor, seqs: torch.Tensor, k_lens: torch.Tensor, length: int, num_blocks: int,
-              block_size: int) -> torch.Tensor:
+def key_slots(
+    block_table: torch.Tensor, seqs: torch.Tensor, k_lens: torch.Tensor, length: int, num_blocks: int, block_size: int
+) -> torch.Tensor:
     """int64 [B, length]: the cache slot (block * BS + offset) of key j of sequence ``seqs[b]``; keys
     past ``k_lens[b]`` repeat its last key, so every slot read holds a written key (a cache's
     unwritten slots may hold NaN, which a mask alone would carry into the output). Block ids are

@@ -6,6 +6,7 @@ Index contents need no device-side trust: every attention op reads its metadata 
 lengths, slots) on the host and checks it before it gathers or scatters, and ``topk_indices``
 entries outside a row's visible positions are masked, never used as an index.
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,10 +16,18 @@ import torch
 
 __all__ = ["ATTENTION_OPS", "attention_reason"]
 
-ATTENTION_OPS = frozenset({
-    "write_kv", "paged_attention", "varlen_attention", "write_mla_kv", "mla_attention", "merge_attention",
-    "write_index_k", "indexer_topk",
-})
+ATTENTION_OPS = frozenset(
+    {
+        "write_kv",
+        "paged_attention",
+        "varlen_attention",
+        "write_mla_kv",
+        "mla_attention",
+        "merge_attention",
+        "write_index_k",
+        "indexer_topk",
+    }
+)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,5 +1,6 @@
 """The grouped matmul behind grouped_gemm, fused_moe and the quantized grouped GEMMs: torch's
 ``grouped_mm`` where it takes the dtype and device, else one padded batched matmul."""
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,9 @@ def row_groups(ends: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.searchsorted(ends.to(torch.int64), torch.arange(rows, device=ends.device), right=True)
 
 
-def used_groups(b: torch.Tensor, b_scale: torch.Tensor, ends: list[int]
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+def used_groups(
+    b: torch.Tensor, b_scale: torch.Tensor, ends: list[int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
     """(b, b_scale, group_ends tensor, ends) restricted to the groups that own rows, so that a
     dequantization widens only the weights in use (a decode step routes to few experts)."""
     starts = [0] + ends[:-1]
@@ -27,8 +29,12 @@ def used_groups(b: torch.Tensor, b_scale: torch.Tensor, ends: list[int]
         return b, b_scale, torch.tensor(ends, dtype=torch.int32, device=b.device), ends
     index = torch.tensor(keep, dtype=torch.int64, device=b.device)
     kept = [ends[g] for g in keep]
-    return (b.index_select(0, index), b_scale.index_select(0, index),
-            torch.tensor(kept, dtype=torch.int32, device=b.device), kept)
+    return (
+        b.index_select(0, index),
+        b_scale.index_select(0, index),
+        torch.tensor(kept, dtype=torch.int32, device=b.device),
+        kept,
+    )
 
 
 def _padded(a: torch.Tensor, b: torch.Tensor, ends_t: torch.Tensor, ends: list[int]) -> torch.Tensor:
@@ -49,14 +55,16 @@ def _fast(a: torch.Tensor, b: torch.Tensor, ends_t: torch.Tensor, wide: bool = F
     if a.dtype not in _GROUPED_MM_DTYPES or not hasattr(F, "grouped_mm"):
         return None
     try:
-        return F.grouped_mm(a, b.transpose(1, 2), offs=ends_t.to(torch.int32),
-                            out_dtype=torch.float32 if wide else None)
+        return F.grouped_mm(
+            a, b.transpose(1, 2), offs=ends_t.to(torch.int32), out_dtype=torch.float32 if wide else None
+        )
     except (RuntimeError, NotImplementedError):
         return None  # a device or layout grouped_mm does not take
 
 
-def grouped_matmul(a: torch.Tensor, b: torch.Tensor, ends_t: torch.Tensor, ends: list[int],
-                   out_dtype: torch.dtype) -> torch.Tensor:
+def grouped_matmul(
+    a: torch.Tensor, b: torch.Tensor, ends_t: torch.Tensor, ends: list[int], out_dtype: torch.dtype
+) -> torch.Tensor:
     """Rows [ends[g-1], ends[g]) of ``a @ b[g].T`` accumulated in float32 or wider and rounded once to
     out_dtype; rows past ends[-1] are zero. a [M, K], b [G, N, K] of one dtype; ends_t its int tensor."""
     rows, n = a.shape[0], b.shape[1]

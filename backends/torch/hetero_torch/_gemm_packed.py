@@ -10,6 +10,7 @@ decode step's 16-128 rows over 8 experts). A weight seen a second time at the sa
 it goes with the weight, and an in-place update of the weight repacks it. The copy doubles that
 weight's memory: ``HETERO_TORCH_PACK_WEIGHTS=0`` turns packing off.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,9 +27,18 @@ MIN_WEIGHT = 1 << 18
 
 
 def _fits(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    return (PACK_WEIGHTS and a.device.type == "cpu" and a.dtype == torch.float32 and b.dtype == torch.float32
-            and b.dim() in (2, 3) and b.is_contiguous() and b.numel() > 0 and not b.requires_grad
-            and (bias is None or bias.dtype == torch.float32) and not torch.compiler.is_compiling())
+    return (
+        PACK_WEIGHTS
+        and a.device.type == "cpu"
+        and a.dtype == torch.float32
+        and b.dtype == torch.float32
+        and b.dim() in (2, 3)
+        and b.is_contiguous()
+        and b.numel() > 0
+        and not b.requires_grad
+        and (bias is None or bias.dtype == torch.float32)
+        and not torch.compiler.is_compiling()
+    )
 
 
 def cached_pack(b: torch.Tensor, attr: str, pack, first_sight: bool = False):

@@ -1,13 +1,13 @@
 """The arithmetic of the torch backend's quantized ops: quantize_activation's pinned formula over
 every group at once, and the scaled products (raw quantized product then scales where the scales are
 constant over K; dequantized operands in float32 where a scale is 128-block-wise)."""
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from hetero.spec.gemm import AMAX_FLOOR, QMAX, SCALE_BLOCK
-
 from hetero_torch._gemm_grouped import grouped_matmul, row_groups, used_groups
 
 __all__ = ["quantize", "scaled_product", "scaled_grouped_product", "dequant_b"]
@@ -20,8 +20,9 @@ def _ue8m0(s: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(s), exponent)
 
 
-def quantize(x: torch.Tensor, dtype: torch.dtype, group_size: int | None, ue8m0: bool,
-             asymmetric: bool) -> tuple[torch.Tensor, ...]:
+def quantize(
+    x: torch.Tensor, dtype: torch.dtype, group_size: int | None, ue8m0: bool, asymmetric: bool
+) -> tuple[torch.Tensor, ...]:
     """(q [M, K], scale float32 [M, G][, zero_point int32 [M, G]]) of checked inputs, per spec.
 
     Rows are padded with zeros to whole groups: a zero changes neither |x|'s maximum nor the
@@ -70,11 +71,12 @@ def _block_dequant(x: torch.Tensor, scale: torch.Tensor, acc: torch.dtype, dims:
     s = s.unsqueeze(-1)
     blocks = blocks.mul_(s) if xp.data_ptr() != x.data_ptr() else blocks * s  # scale a fresh copy in place
     out = blocks.flatten(-2) if dims == 1 else blocks.flatten(-2).flatten(-3, -2)
-    return out[..., :x.shape[-1]] if dims == 1 else out[..., :x.shape[-2], :x.shape[-1]]
+    return out[..., : x.shape[-1]] if dims == 1 else out[..., : x.shape[-2], : x.shape[-1]]
 
 
-def _a_dequant(a: torch.Tensor, a_scale: torch.Tensor, form: str, zp: torch.Tensor | None,
-               acc: torch.dtype) -> torch.Tensor:
+def _a_dequant(
+    a: torch.Tensor, a_scale: torch.Tensor, form: str, zp: torch.Tensor | None, acc: torch.dtype
+) -> torch.Tensor:
     """dequant(a) [M, K] in acc."""
     av = a.to(acc) if zp is None else (a.to(torch.int32) - zp).to(acc)
     if form == "block":
@@ -83,8 +85,9 @@ def _a_dequant(a: torch.Tensor, a_scale: torch.Tensor, form: str, zp: torch.Tens
     return av * (s.reshape(()) if form == "tensor" else s)
 
 
-def scaled_product(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, a_form: str,
-                   b_form: str) -> torch.Tensor:
+def scaled_product(
+    a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor, a_form: str, b_form: str
+) -> torch.Tensor:
     """scaled_gemm before its bias and rounding, float32 [M, N]; checked inputs."""
     acc = torch.float32
     if "block" in (a_form, b_form):
@@ -99,9 +102,16 @@ def scaled_product(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_sc
     return raw * sa * sb
 
 
-def scaled_grouped_product(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
-                           group_ends: torch.Tensor, ends: list[int], forms: tuple[str, str],
-                           zp: torch.Tensor | None) -> torch.Tensor:
+def scaled_grouped_product(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_scale: torch.Tensor,
+    group_ends: torch.Tensor,
+    ends: list[int],
+    forms: tuple[str, str],
+    zp: torch.Tensor | None,
+) -> torch.Tensor:
     """scaled_grouped_gemm before its rounding, in float32 (float64 when a scale is float64); checked inputs."""
     a_form, b_form = forms
     acc = torch.float64 if torch.float64 in (a_scale.dtype, b_scale.dtype) else torch.float32

@@ -5,6 +5,7 @@ only a dtype its torch cannot hold or widen: MPS has no float8 or float64 tensor
 (unlike the CPU) indexing is not bounds-checked by torch, so these ops range-check expert ids,
 perm, positions and group_ends on the host before any indexing (which synchronizes).
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -15,9 +16,23 @@ from hetero.kernels.limits import dtype_name
 
 __all__ = ["DENSE_OPS", "dense_reason"]
 
-DENSE_OPS = frozenset({"rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul", "gemm", "grouped_gemm",
-                       "scaled_gemm", "quantize_activation", "scaled_grouped_gemm", "route", "moe_permute",
-                       "moe_unpermute", "fused_moe"})
+DENSE_OPS = frozenset(
+    {
+        "rms_norm",
+        "layer_norm",
+        "rotary_embedding",
+        "silu_and_mul",
+        "gemm",
+        "grouped_gemm",
+        "scaled_gemm",
+        "quantize_activation",
+        "scaled_grouped_gemm",
+        "route",
+        "moe_permute",
+        "moe_unpermute",
+        "fused_moe",
+    }
+)
 _NO_MPS = ("float8_e4m3fn", "float8_e4m3fnuz", "float64")
 
 

@@ -1,4 +1,5 @@
 """Accumulation dtype helpers shared by the torch backend's op families."""
+
 from __future__ import annotations
 
 import torch

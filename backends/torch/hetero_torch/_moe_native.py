@@ -13,6 +13,7 @@ built, fused_moe keeps the grouped GEMMs. Expert weights are repacked into colum
 first sight and the panels kept on the weight tensor (``cached_pack``), doubling the experts'
 memory like oneDNN packing does.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,7 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from hetero.errors import OpError
-
 from hetero_torch._gemm_packed import cached_pack
 from hetero_torch._native import extension
 
@@ -46,14 +46,26 @@ def _gate_up_panels(w13: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([_panels(gate, width), _panels(up, width)], dim=1)
 
 
-def native_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                     ids: torch.Tensor, activation: str, alpha: float, limit: float | None,
-                     w13_bias: torch.Tensor | None, w2_bias: torch.Tensor | None) -> torch.Tensor | None:
+def native_fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    activation: str,
+    alpha: float,
+    limit: float | None,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+) -> torch.Tensor | None:
     """fused_moe of float inputs whose shapes are validated (the kernel range-checks the ids), or
     None where the native kernel does not apply (then the grouped GEMMs run)."""
     tensors = [t for t in (x, w13, w2, weights, w13_bias, w2_bias) if t is not None]
-    if (x.device.type != "cpu" or any(t.dtype != torch.float32 for t in tensors)
-            or any(t.requires_grad for t in tensors)):
+    if (
+        x.device.type != "cpu"
+        or any(t.dtype != torch.float32 for t in tensors)
+        or any(t.requires_grad for t in tensors)
+    ):
         return None
     module, _ = extension()
     if module is None:
@@ -63,8 +75,18 @@ def native_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weigh
     p2 = cached_pack(w2, _ATTR, functools.partial(_panels, width=width), first_sight=True)
     bias = [None if b is None else b.contiguous() for b in (w13_bias, w2_bias)]
     try:
-        return module.fused_moe(x.contiguous(), ids.contiguous(), weights.contiguous(), p13, w2.shape[2], p2,
-                                bias[0], bias[1], ACTIVATIONS.index(activation), alpha,
-                                math.inf if limit is None else limit)
+        return module.fused_moe(
+            x.contiguous(),
+            ids.contiguous(),
+            weights.contiguous(),
+            p13,
+            w2.shape[2],
+            p2,
+            bias[0],
+            bias[1],
+            ACTIVATIONS.index(activation),
+            alpha,
+            math.inf if limit is None else limit,
+        )
     except IndexError as e:
         raise OpError("fused_moe", "ids", f"expert ids in [0, {w13.shape[0]})", str(e).splitlines()[0]) from None

@@ -1,5 +1,6 @@
 """fused_moe's quantized expert GEMMs (spec 1.4): W8A8 through the quantizer and the scaled grouped
 product, or weight-only (W8A16) on the dequantized weights."""
+
 from __future__ import annotations
 
 import torch
@@ -10,9 +11,18 @@ from hetero_torch._gemm_quant import dequant_b, quantize, scaled_grouped_product
 __all__ = ["quant_expert_linear"]
 
 
-def quant_expert_linear(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, form: str, bias: torch.Tensor | None,
-                        expert: torch.Tensor, group_ends: torch.Tensor, ends: list[int], act_quant: str | None,
-                        act_scale_fmt: str) -> torch.Tensor:
+def quant_expert_linear(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    form: str,
+    bias: torch.Tensor | None,
+    expert: torch.Tensor,
+    group_ends: torch.Tensor,
+    ends: list[int],
+    act_quant: str | None,
+    act_scale_fmt: str,
+) -> torch.Tensor:
     """Row r of ``dequant(a) @ dequant(w[expert[r]]).T + bias[expert[r]]`` rounded once to a's dtype; a
     quantized per act_quant ("group128", "token") or kept (None: weight-only). Rows sorted by expert."""
     if act_quant is None:

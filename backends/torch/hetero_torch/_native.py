@@ -7,6 +7,7 @@ and the ``hetero_torch_native`` ops of ``_attention_native`` (``torch.ops``, so 
 calls them from its graphs). ``HETERO_TORCH_NATIVE=0`` turns it off; where it cannot be built
 (no C++ compiler or OpenMP) the callers warn once and keep torch's operators.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,7 +30,9 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp"]
 def _cpu_tag() -> str:
     """What -march=native compiles for, so that a home directory shared between machines keeps one build per CPU."""
     try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("flags", "Features")))
+        flags = next(
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("flags", "Features"))
+        )
     except (OSError, StopIteration):
         flags = platform.processor()
     return platform.machine() + flags
@@ -66,10 +69,17 @@ def extension() -> tuple[object | None, str | None]:
         from torch.utils.cpp_extension import load
 
         with _ninja_on_path():
-            return load(f"hetero_torch_native_{tag}", [str(p) for p in _SOURCES], extra_cflags=_FLAGS,
-                        extra_ldflags=["-fopenmp"]), None
+            return load(
+                f"hetero_torch_native_{tag}",
+                [str(p) for p in _SOURCES],
+                extra_cflags=_FLAGS,
+                extra_ldflags=["-fopenmp"],
+            ), None
     except Exception as e:  # noqa: BLE001  (any build failure leaves the portable path)
         why = f"{type(e).__name__}: {e}".strip().splitlines()[0][:300]
-        warnings.warn(f"hetero-torch: the native CPU kernels did not build ({why}); torch's operators run instead",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"hetero-torch: the native CPU kernels did not build ({why}); torch's operators run instead",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None, why

@@ -15,6 +15,7 @@ U = X_v - X_k S0, and the loop over chunks carries S with three matrix products.
 ratios are formed as exp of differences, never as quotients: with g <= 0 no term exceeds 1.
 Padding rows have k = 0, beta = 0, g = 0: they leave the state as it is.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -29,8 +30,9 @@ CHUNK = 64
 _BUDGET = 1 << 25
 
 
-def decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor,
-                state: torch.Tensor) -> torch.Tensor:
+def decode_step(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> torch.Tensor:
     """One row per sequence: q, k [B, HV, K], v [B, HV, V], decay exp(g) [B, HV, 1 or K], beta [B, HV];
     state [B, HV, K, V] (contiguous) updated in place. Returns out [B, HV, V].
 
@@ -82,8 +84,14 @@ def _terms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b
     x = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)  # diagonal taken as 1: I + A
     last = cum[..., -1:, :]
     vdim = v.shape[-1]
-    return _Terms(x[..., :vdim], x[..., vdim:], q * growth, _gram(q, k, ratio),
-                  k * torch.exp(last - cum), torch.exp(last).transpose(-1, -2))
+    return _Terms(
+        x[..., :vdim],
+        x[..., vdim:],
+        q * growth,
+        _gram(q, k, ratio),
+        k * torch.exp(last - cum),
+        torch.exp(last).transpose(-1, -2),
+    )
 
 
 def _carry(t: _Terms, c: int, state: torch.Tensor) -> torch.Tensor:
@@ -94,8 +102,9 @@ def _carry(t: _Terms, c: int, state: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-            state: torch.Tensor) -> torch.Tensor:
+def chunked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+) -> torch.Tensor:
     """Chunk-major operands: q, k [N, B, HV, C, K], v [N, B, HV, C, V], g [N, B, HV, C, 1 or K] (log-decay),
     beta [N, B, HV, C]; state [B, HV, K, V] updated in place. Returns out [N, B, HV, C, V]."""
     n, b, hv, size, _ = k.shape

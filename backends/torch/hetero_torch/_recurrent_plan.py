@@ -4,6 +4,7 @@ into a few groups, each laid out [B, L, ...] with each sequence's rows first and
 Built on the host from the validated index lists (``check_state_batch``), so every gather and
 scatter index is in range on any device; moved to the device in one copy per index tensor.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -84,8 +85,9 @@ def _groups(lens: list[int], chunk: int | None) -> list[list[int]]:
     return groups
 
 
-def _batch(starts: list[int], slots: list[int], initial: list[bool], act: list[int], device: torch.device,
-           chunk: int | None) -> Batch:
+def _batch(
+    starts: list[int], slots: list[int], initial: list[bool], act: list[int], device: torch.device, chunk: int | None
+) -> Batch:
     """Sequences ``act`` (longest first) padded to the longest, rounded as ``_padded`` says."""
     begin = torch.tensor([starts[n] for n in act], dtype=torch.int64)
     lens = torch.tensor([starts[n + 1] - starts[n] for n in act], dtype=torch.int64)
@@ -95,13 +97,23 @@ def _batch(starts: list[int], slots: list[int], initial: list[bool], act: list[i
     rows = torch.where(valid, begin[:, None] + steps[None, :], begin[:, None]).flatten()
     src = valid.flatten().nonzero().flatten()
     dev = {"device": device}
-    return Batch(len(act), length, not all(initial[n] for n in act), rows.to(**dev), valid.to(**dev), lens.to(**dev),
-                 torch.tensor([slots[n] for n in act], dtype=torch.int64, **dev),
-                 torch.tensor([initial[n] for n in act], dtype=torch.bool, **dev), rows[src].to(**dev), src.to(**dev))
+    return Batch(
+        len(act),
+        length,
+        not all(initial[n] for n in act),
+        rows.to(**dev),
+        valid.to(**dev),
+        lens.to(**dev),
+        torch.tensor([slots[n] for n in act], dtype=torch.int64, **dev),
+        torch.tensor([initial[n] for n in act], dtype=torch.bool, **dev),
+        rows[src].to(**dev),
+        src.to(**dev),
+    )
 
 
-def plan(starts: list[int], slots: list[int], initial: list[bool], device: torch.device,
-         chunk: int | None = None) -> list[Batch]:
+def plan(
+    starts: list[int], slots: list[int], initial: list[bool], device: torch.device, chunk: int | None = None
+) -> list[Batch]:
     """The sequences with a slot and at least one row, in padded groups (none when there are none):
     each padded to its longest, rounded up to a multiple of ``chunk`` when longer than one chunk."""
     act = [n for n, s in enumerate(slots) if s >= 0 and starts[n + 1] > starts[n]]

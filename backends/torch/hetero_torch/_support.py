@@ -1,4 +1,5 @@
 """What the torch backend declines, per op and static configuration, with the reason (None: runs natively)."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping

@@ -10,18 +10,29 @@ causality (bottom-right), the window and the padding, and one masked softmax
 softcap, sinks or lse are asked) computes it. Accumulation is float32 (float64 for float64
 inputs). Writes are one ``index_put_`` per cache. Semantics: ``hetero.spec.attention``.
 """
+
 from __future__ import annotations
 
 import torch
 
+from hetero.spec.attention import FP8_E4M3_MAX, INDEX_AMAX_FLOOR, INDEX_SCALE_GROUP
 from hetero.spec.checks import (
-    INDEX_FP8, check_index_k_write, check_kv_write, check_meta, check_meta_shapes, check_mla_kv_write,
-    check_options, check_out, check_paged_cache, check_same_device, check_sinks, check_slot_mapping, check_tensor,
+    INDEX_FP8,
+    check_index_k_write,
+    check_kv_write,
+    check_meta,
+    check_meta_shapes,
+    check_mla_kv_write,
+    check_options,
+    check_out,
+    check_paged_cache,
+    check_same_device,
+    check_sinks,
+    check_slot_mapping,
+    check_tensor,
     meta_tensors,
 )
-from hetero.spec.attention import FP8_E4M3_MAX, INDEX_AMAX_FLOOR, INDEX_SCALE_GROUP
 from hetero.spec.types import AttentionMeta
-
 from hetero_torch import _attention_native as native
 from hetero_torch._attention_core import compute, run, visible
 from hetero_torch._attention_decode import decode, is_decode
@@ -42,7 +53,9 @@ __all__ = [
 ]
 
 
-def _kept_slots(slot_mapping: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+def _kept_slots(
+    slot_mapping: torch.Tensor, cache: torch.Tensor
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """(keep, (block, offset)): the tokens whose slot is in [0, NB*BS) of ``cache`` and their cache
     index (-1 skips a token; a slot out of range, possible only with validation off, is skipped too)."""
     keep = (slot_mapping >= 0) & (slot_mapping < cache.shape[0] * cache.shape[1])
@@ -66,8 +79,9 @@ def _scatter(dst: torch.Tensor, src: torch.Tensor, slot_mapping: torch.Tensor) -
     (_scatter_op if torch.compiler.is_compiling() else _scatter_slots)(dst, src, slot_mapping)
 
 
-def _scatter_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                slot_mapping: torch.Tensor) -> None:
+def _scatter_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Both caches' scatters, the kept slots selected once."""
     keep, index = _kept_slots(slot_mapping, k_cache)
     k_cache.index_put_(index, key[keep].to(k_cache.dtype))
@@ -161,16 +175,47 @@ def paged_attention(
     res = out if out is not None else query.new_empty(shape)
     check_meta_shapes(op, meta, t)
     if native.applies(k_cache, v_cache, query, sinks):
-        return native.paged_attention(query, k_cache, v_cache, meta, res, scale=scale, causal=causal, window=window,
-                                      softcap=softcap, sinks=sinks, return_lse=return_lse)
+        return native.paged_attention(
+            query,
+            k_cache,
+            v_cache,
+            meta,
+            res,
+            scale=scale,
+            causal=causal,
+            window=window,
+            softcap=softcap,
+            sinks=sinks,
+            return_lse=return_lse,
+        )
     if is_decode(meta, t):
-        return decode(op, query, k_cache, v_cache, meta, res, scale=scale, window=window, softcap=softcap,
-                      sinks=sinks, return_lse=return_lse)
+        return decode(
+            op,
+            query,
+            k_cache,
+            v_cache,
+            meta,
+            res,
+            scale=scale,
+            window=window,
+            softcap=softcap,
+            sinks=sinks,
+            return_lse=return_lse,
+        )
     qsl, seq_lens = check_meta(op, meta, t, nb, bs)
 
     def step(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         k, v = gather_paged(k_cache, meta.block_table, batch), gather_paged(v_cache, meta.block_table, batch)
-        return compute(pad(query, batch), k, v, visible(batch, causal, window), batch, scale=scale, softcap=softcap,
-                       sinks=sinks, need_lse=return_lse)
+        return compute(
+            pad(query, batch),
+            k,
+            v,
+            visible(batch, causal, window),
+            batch,
+            scale=scale,
+            softcap=softcap,
+            sinks=sinks,
+            need_lse=return_lse,
+        )
 
     return run(plan(qsl, seq_lens, hq, query.device), res, return_lse, step)

@@ -6,20 +6,27 @@ and round once; the scaled GEMMs multiply the dequantized operands in float32 (`
 on CUDA for fp8 with per-tensor or per-row scales). group_ends are read on the host (their range
 guards every index).
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from hetero.spec.checks import (
-    check_bias, check_group_ends, check_operands, check_out_dtype, check_quantize_inputs, check_same_device,
-    check_scaled_gemm, check_scaled_grouped, check_tensor,
+    check_bias,
+    check_group_ends,
+    check_operands,
+    check_out_dtype,
+    check_quantize_inputs,
+    check_same_device,
+    check_scaled_gemm,
+    check_scaled_grouped,
+    check_tensor,
 )
 from hetero.spec.types import FLOAT_DTYPES
-
+from hetero_torch._gemm_grouped import grouped_matmul
 from hetero_torch._gemm_packed import packed_linear
 from hetero_torch._gemm_quant import quantize, scaled_grouped_product, scaled_product
-from hetero_torch._gemm_grouped import grouped_matmul
 from hetero_torch._layers_util import acc_dtype
 
 __all__ = ["gemm", "grouped_gemm", "scaled_gemm", "quantize_activation", "scaled_grouped_gemm"]
@@ -54,10 +61,17 @@ def _cuda_scaled_mm(a, b, a_scale, b_scale, forms, out_dtype):
     """torch._scaled_mm (cuBLASLt) for fp8 e4m3fn on CUDA with per-tensor scales on both operands, or
     per-row scales on both and a bfloat16 output, N and K multiples of 16; None where it does not fit
     (then the float32 dequantized product runs)."""
-    fits = (a.device.type == "cuda" and a.dtype == torch.float8_e4m3fn and hasattr(torch, "_scaled_mm")
-            and forms[0] == forms[1] and forms[0] in ("tensor", "row") and a.shape[0] > 0
-            and a.shape[1] % 16 == 0 and b.shape[0] % 16 == 0
-            and (forms[0] == "tensor" or out_dtype == torch.bfloat16))
+    fits = (
+        a.device.type == "cuda"
+        and a.dtype == torch.float8_e4m3fn
+        and hasattr(torch, "_scaled_mm")
+        and forms[0] == forms[1]
+        and forms[0] in ("tensor", "row")
+        and a.shape[0] > 0
+        and a.shape[1] % 16 == 0
+        and b.shape[0] % 16 == 0
+        and (forms[0] == "tensor" or out_dtype == torch.bfloat16)
+    )
     if not fits:
         return None
     if forms[0] == "tensor":

@@ -4,6 +4,7 @@ layer_norm, rotary_embedding (neox and interleaved, partial rotary), silu_and_mu
 Semantics: ``hetero.spec.layers``. Each op computes in float32 (float64 when an input is float64)
 and rounds to the input's dtype where the spec says; inputs are never modified.
 """
+
 from __future__ import annotations
 
 import torch
@@ -13,7 +14,6 @@ from hetero.errors import OpError
 from hetero.spec.checks import check_at_least_1d, check_layer_norm, check_rms_norm, check_rotary
 from hetero.spec.layers import check_rms_norm_options
 from hetero.spec.types import FLOAT_DTYPES
-
 from hetero_torch._layers_util import acc_dtype
 
 __all__ = ["rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"]
@@ -21,8 +21,15 @@ __all__ = ["rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"]
 _GATE_ACTS = {"silu": F.silu, "sigmoid": torch.sigmoid}
 
 
-def _normalize(h: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.dtype, offset: float,
-               gate: torch.Tensor | None, gate_act: str) -> torch.Tensor:
+def _normalize(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    acc: torch.dtype,
+    offset: float,
+    gate: torch.Tensor | None,
+    gate_act: str,
+) -> torch.Tensor:
     """rms_norm of h in ``acc`` times (weight + offset); with ``gate`` the spec's r(r(r(xn) * w) * act(gate))."""
     a = h.to(acc)
     xn = a * torch.rsqrt(a.square().mean(dim=-1, keepdim=True) + eps)
@@ -54,8 +61,9 @@ def layer_norm(x, weight, bias, eps):
     return F.layer_norm(a, (a.shape[-1],), weight.to(acc), b, float(eps)).to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int, is_neox: bool,
-            acc: torch.dtype) -> torch.Tensor:
+def _rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int, is_neox: bool, acc: torch.dtype
+) -> torch.Tensor:
     """x [T, H, D] with its first ``rot`` dims rotated; cos/sin [T, 1, rot/2] in ``acc``."""
     part = x[..., :rot].to(acc)
     if is_neox:

@@ -6,6 +6,7 @@ Semantics: ``hetero.spec.moe``. Routing computes in float32 (float64 for float64
 group-limited routing masks the dropped groups with -inf. Expert ids and perm are range-checked on
 the host before anything indexes with them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,10 +16,16 @@ import torch.nn.functional as F
 
 from hetero.errors import OpError
 from hetero.spec.checks import (
-    check_fused_moe, check_ids, check_int, check_perm, check_route, check_same_device, check_tensor, check_weights,
+    check_fused_moe,
+    check_ids,
+    check_int,
+    check_perm,
+    check_route,
+    check_same_device,
+    check_tensor,
+    check_weights,
 )
 from hetero.spec.types import FLOAT_DTYPES
-
 from hetero_torch._gemm_grouped import grouped_matmul
 from hetero_torch._layers_util import acc_dtype
 from hetero_torch._moe_native import native_fused_moe
@@ -37,10 +44,20 @@ def _limit_groups(select: torch.Tensor, n_group: int, topk_group: int, top2: boo
     return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).reshape(rows, experts)
 
 
-def route(router_logits, *, top_k, scoring="softmax", renormalize=True, n_group=1, topk_group=1,
-          correction_bias=None, routed_scaling_factor=1.0):
-    check_route("route", router_logits, top_k, scoring, renormalize, n_group, topk_group, correction_bias,
-                routed_scaling_factor)
+def route(
+    router_logits,
+    *,
+    top_k,
+    scoring="softmax",
+    renormalize=True,
+    n_group=1,
+    topk_group=1,
+    correction_bias=None,
+    routed_scaling_factor=1.0,
+):
+    check_route(
+        "route", router_logits, top_k, scoring, renormalize, n_group, topk_group, correction_bias, routed_scaling_factor
+    )
     acc = acc_dtype(router_logits, correction_bias)
     logits = router_logits.to(acc)
     scores = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
@@ -109,8 +126,14 @@ def _activation(gate_up: torch.Tensor, activation: str, alpha: float, limit: flo
     return h.to(gate_up.dtype)
 
 
-def _expert_linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, expert: torch.Tensor,
-                   group_ends: torch.Tensor, ends: list[int]) -> torch.Tensor:
+def _expert_linear(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    expert: torch.Tensor,
+    group_ends: torch.Tensor,
+    ends: list[int],
+) -> torch.Tensor:
     """Row r of ``a @ w[expert[r]].T + bias[expert[r]]`` (bias added in float32), rounded once to a's dtype."""
     if bias is None:
         return grouped_matmul(a, w, group_ends, ends, a.dtype)
@@ -119,10 +142,24 @@ def _expert_linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
     return (y + bias.to(acc).index_select(0, expert)).to(a.dtype)
 
 
-def _experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-             activation: str, alpha: float, limit: float | None, w13_bias: torch.Tensor | None,
-             w2_bias: torch.Tensor | None, w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None,
-             act_quant: str | None, act_scale_fmt: str, form13: str | None, form2: str | None) -> torch.Tensor:
+def _experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    activation: str,
+    alpha: float,
+    limit: float | None,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+    act_quant: str | None,
+    act_scale_fmt: str,
+    form13: str | None,
+    form2: str | None,
+) -> torch.Tensor:
     """fused_moe of inputs validated but for the ids' values, which are range-checked here (by the
     native kernel, or on the host) before anything indexes with them; ``form13`` / ``form2`` the
     weight scales' forms (None: float weights)."""
@@ -143,10 +180,12 @@ def _experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torc
     else:
         from hetero_torch._moe_quant import quant_expert_linear
 
-        gate_up = quant_expert_linear(x_sorted, w13, w13_scale, form13, w13_bias, expert, group_ends, ends,
-                                      act_quant, act_scale_fmt)
-        y_sorted = quant_expert_linear(act(gate_up), w2, w2_scale, form2, w2_bias, expert, group_ends, ends,
-                                       act_quant, act_scale_fmt)
+        gate_up = quant_expert_linear(
+            x_sorted, w13, w13_scale, form13, w13_bias, expert, group_ends, ends, act_quant, act_scale_fmt
+        )
+        y_sorted = quant_expert_linear(
+            act(gate_up), w2, w2_scale, form2, w2_bias, expert, group_ends, ends, act_quant, act_scale_fmt
+        )
     return _unpermute(y_sorted, perm, weights)
 
 
@@ -157,11 +196,54 @@ _experts_op = torch.library.custom_op("hetero_torch::fused_moe", _experts, mutat
 _experts_op.register_fake(lambda x, *args: torch.empty_like(x))
 
 
-def fused_moe(x, w13, w2, weights, ids, *, activation="silu", alpha=1.702, limit=None, w13_bias=None,
-              w2_bias=None, w13_scale=None, w2_scale=None, act_quant=None, act_scale_fmt="float"):
+def fused_moe(
+    x,
+    w13,
+    w2,
+    weights,
+    ids,
+    *,
+    activation="silu",
+    alpha=1.702,
+    limit=None,
+    w13_bias=None,
+    w2_bias=None,
+    w13_scale=None,
+    w2_scale=None,
+    act_quant=None,
+    act_scale_fmt="float",
+):
     traced = torch.compiler.is_compiling()
-    forms = check_fused_moe("fused_moe", x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias,
-                            (w13_scale, w2_scale, act_quant, act_scale_fmt), read_ids=False)
+    forms = check_fused_moe(
+        "fused_moe",
+        x,
+        w13,
+        w2,
+        weights,
+        ids,
+        activation,
+        alpha,
+        limit,
+        w13_bias,
+        w2_bias,
+        (w13_scale, w2_scale, act_quant, act_scale_fmt),
+        read_ids=False,
+    )
     run = _experts_op if traced else _experts
-    return run(x, w13, w2, weights, ids, activation, float(alpha), None if limit is None else float(limit),
-               w13_bias, w2_bias, w13_scale, w2_scale, act_quant, act_scale_fmt, *(forms or (None, None)))
+    return run(
+        x,
+        w13,
+        w2,
+        weights,
+        ids,
+        activation,
+        float(alpha),
+        None if limit is None else float(limit),
+        w13_bias,
+        w2_bias,
+        w13_scale,
+        w2_scale,
+        act_quant,
+        act_scale_fmt,
+        *(forms or (None, None)),
+    )

@@ -5,6 +5,7 @@ For chips that reach PyTorch as a device (cuda, xpu, mps, or a PrivateUse1 devic
 (``layers``, ``gemm``, ``moe``, ``attention``, ...); a module's ``__all__`` lists the spec ops it
 implements, and every other op resolves to the reference and is reported as fallback.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -41,8 +42,11 @@ class TorchBackend(hetero.Backend):
     @classmethod
     def probe(cls) -> hetero.Availability:
         device = _default_device()
-        return hetero.Availability(ok=True, device_name=f"{device.type} (torch {torch.__version__})",
-                                   details={"device": device.type, "threads": torch.get_num_threads()})
+        return hetero.Availability(
+            ok=True,
+            device_name=f"{device.type} (torch {torch.__version__})",
+            details={"device": device.type, "threads": torch.get_num_threads()},
+        )
 
     def supports(self, op: str, **static: Any) -> str | None:
         from hetero_torch import _support

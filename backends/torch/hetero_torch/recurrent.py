@@ -10,13 +10,13 @@ chunked WY form for prefill (``_recurrent_delta``). Accumulation is float32 (flo
 input is float64); outputs take the input's dtype, states keep theirs, and each state is
 written with one index op. Semantics: ``hetero.spec.recurrent``.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from hetero.spec.checks import L2NORM_EPS, check_causal_conv1d, check_gated_delta_rule, check_state_batch
-
 from hetero_torch._layers_util import acc_dtype
 from hetero_torch._recurrent_delta import CHUNK, chunked, decode_step
 from hetero_torch._recurrent_plan import Batch, plan
@@ -37,7 +37,8 @@ def causal_conv1d(
 ) -> torch.Tensor:
     op = "causal_conv1d"
     tokens, channels, width, num_slots = check_causal_conv1d(
-        op, x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, activation)
+        op, x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, activation
+    )
     starts, slots, initial = check_state_batch(op, query_start_loc, state_slots, has_initial_state, tokens, num_slots)
 
     out = torch.zeros(tokens, channels, dtype=x.dtype, device=x.device)  # rows of skipped sequences stay 0
@@ -47,13 +48,20 @@ def causal_conv1d(
     return out
 
 
-def _conv_group(batch: Batch, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, conv_state: torch.Tensor,
-                out: torch.Tensor, activation: str | None) -> None:
+def _conv_group(
+    batch: Batch,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    out: torch.Tensor,
+    activation: str | None,
+) -> None:
     """One padded group of causal_conv1d, w [C, W] in the accumulation dtype."""
     acc, width = w.dtype, w.shape[1]
     xx = torch.cat([batch.initial_state(conv_state, x.dtype), batch.pad(x)], dim=1)  # [B, W-1+L, C], exact copies
     xa = xx.to(acc)
-    y = sum(w[:, j] * xa[:, j:j + batch.length] for j in range(width))  # y[t] = sum_j weight[:, j] * xx[t+j]
+    y = sum(w[:, j] * xa[:, j : j + batch.length] for j in range(width))  # y[t] = sum_j weight[:, j] * xx[t+j]
     if bias is not None:
         y = y + bias.to(acc)
     if activation == "silu":
@@ -85,8 +93,18 @@ def _chunk_major(x: torch.Tensor, size: int, ratio: int = 1) -> torch.Tensor:
     return x.reshape(length // size, b, h * ratio, *x.shape[4:])
 
 
-def _inputs(batch: Batch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
-            scale: float, l2norm: bool, acc: torch.dtype) -> tuple[torch.Tensor, ...]:
+def _inputs(
+    batch: Batch,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float,
+    l2norm: bool,
+    acc: torch.dtype,
+) -> tuple[torch.Tensor, ...]:
     """The padded operands, chunk-major [N, B, HV, C, ...] in ``acc`` (C = min(CHUNK, L)): scale * normalized q
     and normalized k expanded to value heads, v, g [.., 1 or K] and beta; k, v, g and beta 0 on padding
     rows (so they leave the state alone; q's padding rows only make discarded outputs)."""
@@ -104,8 +122,9 @@ def _delta_rule(batch: Batch, operands: tuple[torch.Tensor, ...], state: torch.T
     """out [B, L, HV, V] of ``_inputs``' operands, ``state`` [B, HV, K, V] carried in place."""
     q, k, v, g, beta = operands
     if batch.decode:
-        return decode_step(q[0, ..., 0, :], k[0, ..., 0, :], v[0, ..., 0, :], torch.exp(g[0, ..., 0, :]),
-                           beta[0, ..., 0], state)[:, None]
+        return decode_step(
+            q[0, ..., 0, :], k[0, ..., 0, :], v[0, ..., 0, :], torch.exp(g[0, ..., 0, :]), beta[0, ..., 0], state
+        )[:, None]
     y = chunked(q, k, v, g, beta, state)  # [N, B, HV, C, V]
     return y.permute(1, 0, 3, 2, 4).reshape(batch.size, batch.length, y.shape[2], y.shape[4])
 
@@ -126,7 +145,8 @@ def gated_delta_rule(
 ) -> torch.Tensor:
     op = "gated_delta_rule"
     tokens, _, _, vheads, vdim, num_slots = check_gated_delta_rule(
-        op, q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state, scale, use_qk_l2norm)
+        op, q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state, scale, use_qk_l2norm
+    )
     starts, slots, initial = check_state_batch(op, query_start_loc, state_slots, has_initial_state, tokens, num_slots)
 
     out = torch.zeros(tokens, vheads, vdim, dtype=v.dtype, device=v.device)  # rows of skipped sequences stay 0

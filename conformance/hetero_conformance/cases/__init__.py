@@ -1,8 +1,8 @@
 """The case catalog: every op of the spec on real-model shapes and edge cases, per dtype."""
+
 from __future__ import annotations
 
 from hetero.verify.case import Case
-
 from hetero_conformance.cases import attention, dsa, gemm, layers, mla, moe, quant, recurrent
 
 __all__ = ["catalog"]

@@ -2,6 +2,7 @@
 
 The catalog (``hetero_conformance.cases.malformed``) and its per-family modules build on these.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +26,9 @@ class Draw:
     made on first use by ``comm_factory``.
     """
 
-    def __init__(self, gen: torch.Generator, device: torch.device, ops: Any = None, comm_factory: Callable[[], Any] | None = None):
+    def __init__(
+        self, gen: torch.Generator, device: torch.device, ops: Any = None, comm_factory: Callable[[], Any] | None = None
+    ):
         self.gen, self.device, self.ops = gen, device, ops
         self._comm_factory, self._comm = comm_factory, None
 
@@ -87,7 +90,9 @@ class Malformed:
         """A per-call seed, stable across runs and processes."""
         return (zlib.crc32(self.id.encode()) ^ base) & 0x7FFFFFFF
 
-    def draw(self, base_seed: int, device: torch.device, ops: Any = None, comm_factory: Callable[[], Any] | None = None) -> Draw:
+    def draw(
+        self, base_seed: int, device: torch.device, ops: Any = None, comm_factory: Callable[[], Any] | None = None
+    ) -> Draw:
         return Draw(torch.Generator().manual_seed(self.seed(base_seed)), torch.device(device), ops, comm_factory)
 
     def valid(self, draw: Draw) -> dict:
@@ -124,7 +129,9 @@ def meta_field(name: str, make: Callable[[Any], Any]) -> Corrupt:
 
     def corrupt(args: dict, d: Draw) -> None:
         old = getattr(args["meta"], name)
-        args["meta"] = dataclasses.replace(args["meta"], **{name: make(old.clone() if isinstance(old, torch.Tensor) else old)})
+        args["meta"] = dataclasses.replace(
+            args["meta"], **{name: make(old.clone() if isinstance(old, torch.Tensor) else old)}
+        )
 
     return corrupt
 

@@ -15,6 +15,7 @@ groups below the amax floor, large values), sparse rows padded with -1, rows lis
 they cannot see (past pos, past the cache, below -1), rows listing nothing, int64 indices,
 strided k, no tokens.
 """
+
 from __future__ import annotations
 
 from hetero.verify.case import Case
@@ -36,9 +37,17 @@ def _write_cases(dt: str) -> list[Case]:
         ("deepseek-v3.2.t1", 64, [(1, 1)], 0, {}, False),
         ("deepseek-v3.2.t0", 64, [], 0, {"fp8": True}, False),
     ]
-    return [Case("write_index_k", shape, dt, draw.write(draw.V32, bs, seqs, skipped, **opts),
-                 {"dtype": dt, "head_dim": draw.V32.d, "block_size": bs, "index_scale": bool(opts.get("fp8"))}, q)
-            for shape, bs, seqs, skipped, opts, q in rows]
+    return [
+        Case(
+            "write_index_k",
+            shape,
+            dt,
+            draw.write(draw.V32, bs, seqs, skipped, **opts),
+            {"dtype": dt, "head_dim": draw.V32.d, "block_size": bs, "index_scale": bool(opts.get("fp8"))},
+            q,
+        )
+        for shape, bs, seqs, skipped, opts, q in rows
+    ]
 
 
 def _indexer_cases(dt: str) -> list[Case]:
@@ -49,7 +58,14 @@ def _indexer_cases(dt: str) -> list[Case]:
         ("deepseek-v3.2.prefill.short", draw.V32, 64, [(160, 160), (1, 90)], {}, dt == "float32"),
         ("deepseek-v3.2.ties.decode.b2", draw.V32, 64, [(1, 2500), (1, 2300)], {"pool": 16}, quick),
         ("deepseek-v3.2.topk1.mixed", draw.V32, 64, [(6, 40), (1, 77), (3, 3)], {"topk": 1}, dt == "float32"),
-        ("deepseek-v3.2.fp8.decode.b3", draw.V32, 64, [(1, 2600), (1, 2100), (1, 500)], {"fp8": True}, dt == "bfloat16"),
+        (
+            "deepseek-v3.2.fp8.decode.b3",
+            draw.V32,
+            64,
+            [(1, 2600), (1, 2100), (1, 500)],
+            {"fp8": True},
+            dt == "bfloat16",
+        ),
         ("deepseek-v3.2.chunked-prefill", draw.V32, 64, [(40, 2070), (16, 2600)], {}, False),
         ("deepseek-v3.2.mixed", draw.V32, 64, [(1, 2500), (24, 24), (0, 500), (1, 1), (8, 2300)], {}, False),
         ("deepseek-v3.2.fp8.chunked-prefill", draw.V32, 64, [(24, 2080)], {"fp8": True}, False),
@@ -63,18 +79,38 @@ def _indexer_cases(dt: str) -> list[Case]:
     ]
     out = []
     for shape, m, bs, seqs, opts, q in rows:
-        static = {"dtype": dt, "num_heads": m.hi, "head_dim": m.d, "block_size": bs, "topk": opts.get("topk", m.topk),
-                  "index_scale": bool(opts.get("fp8"))}
+        static = {
+            "dtype": dt,
+            "num_heads": m.hi,
+            "head_dim": m.d,
+            "block_size": bs,
+            "topk": opts.get("topk", m.topk),
+            "index_scale": bool(opts.get("fp8")),
+        }
         out.append(Case("indexer_topk", shape, dt, draw.indexer(m, bs, seqs, **opts), static, q))
     return out
 
 
 def _sparse_cases(dt: str) -> list[Case]:
     rows = [
-        ("deepseek-v3.2.tp8.sparse.decode.b3.k2048", draw.V32_TP8, 64, [(1, 2600), (1, 2048), (1, 900)], 2048, {},
-         dt == "bfloat16"),
-        ("deepseek-v3.2.tp8.sparse.skipped-entries", draw.V32_TP8, 64, [(6, 300), (1, 2100), (2, 2)], 2048,
-         {"beyond": 4, "empty": 1}, dt == "float32"),
+        (
+            "deepseek-v3.2.tp8.sparse.decode.b3.k2048",
+            draw.V32_TP8,
+            64,
+            [(1, 2600), (1, 2048), (1, 900)],
+            2048,
+            {},
+            dt == "bfloat16",
+        ),
+        (
+            "deepseek-v3.2.tp8.sparse.skipped-entries",
+            draw.V32_TP8,
+            64,
+            [(6, 300), (1, 2100), (2, 2)],
+            2048,
+            {"beyond": 4, "empty": 1},
+            dt == "float32",
+        ),
         ("deepseek-v3.2.tp8.sparse.topk1", draw.V32_TP8, 64, [(3, 500), (1, 1)], 1, {}, dt == "float32"),
         ("deepseek-v3.2.sparse.decode.b2.k2048", draw.V32, 64, [(1, 2500), (1, 2200)], 2048, {}, False),
         ("glm-5.sparse.decode.b2.k2048", draw.GLM5, 64, [(1, 2300), (1, 2100)], 2048, {}, False),
@@ -86,9 +122,18 @@ def _sparse_cases(dt: str) -> list[Case]:
     ]
     out = []
     for shape, m, bs, seqs, k, opts, q in rows:
-        static = {"dtype": dt, "head_dim": m.lkv + m.rope, "head_dim_v": m.lkv, "kv_lora_rank": m.lkv,
-                  "qk_rope_head_dim": m.rope, "num_heads": m.heads, "block_size": bs, "topk_indices": True, "topk": k,
-                  "return_lse": True}
+        static = {
+            "dtype": dt,
+            "head_dim": m.lkv + m.rope,
+            "head_dim_v": m.lkv,
+            "kv_lora_rank": m.lkv,
+            "qk_rope_head_dim": m.rope,
+            "num_heads": m.heads,
+            "block_size": bs,
+            "topk_indices": True,
+            "topk": k,
+            "return_lse": True,
+        }
         out.append(Case("mla_attention", shape, dt, draw.sparse(m, bs, seqs, k, **opts), static, q))
     return out
 

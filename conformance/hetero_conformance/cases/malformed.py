@@ -8,12 +8,18 @@ validation on), or a shape, dtype, rank, type or option (always caught). A
 conforming backend raises ``hetero.OpError`` naming the op; the reference names
 ``arg`` too, which the catalog's own tests check.
 """
+
 from __future__ import annotations
 
 from hetero.spec import OPS
-
-from hetero_conformance.cases import (malformed_attention, malformed_dense, malformed_dsa, malformed_moe, malformed_quant,
-                                     malformed_recurrent)
+from hetero_conformance.cases import (
+    malformed_attention,
+    malformed_dense,
+    malformed_dsa,
+    malformed_moe,
+    malformed_quant,
+    malformed_recurrent,
+)
 from hetero_conformance.cases._malformed import Base, Corrupt, Draw, Malformed, altered, meta_field, put, swap
 
 __all__ = ["Malformed", "Draw", "Base", "Corrupt", "catalog", "put", "swap", "meta_field", "altered", "DEFAULT"]
@@ -24,8 +30,18 @@ DEFAULT = "hetero_conformance.cases.malformed:catalog"
 
 def catalog() -> list[Malformed]:
     """Every malformed call, ops in spec order; ids are unique."""
-    calls = [c for family in (malformed_attention, malformed_dense, malformed_dsa, malformed_moe, malformed_quant,
-                                      malformed_recurrent) for c in family.calls()]
+    calls = [
+        c
+        for family in (
+            malformed_attention,
+            malformed_dense,
+            malformed_dsa,
+            malformed_moe,
+            malformed_quant,
+            malformed_recurrent,
+        )
+        for c in family.calls()
+    ]
     order = {op: i for i, op in enumerate(OPS)}
     seen: set[str] = set()
     for c in calls:

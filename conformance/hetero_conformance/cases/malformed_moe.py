@@ -1,4 +1,5 @@
 """Malformed calls of the MoE ops: routing, permutation, the fused expert MLP and expert parallelism."""
+
 from __future__ import annotations
 
 import torch
@@ -19,14 +20,23 @@ def _permute(d: Draw) -> dict:
 
 
 def _unpermute(d: Draw) -> dict:
-    return {"y_sorted": d.randn(TOKENS * TOP_K, HIDDEN), "perm": d.perm(TOKENS * TOP_K),
-            "weights": d.uniform(0.1, 1.0, TOKENS, TOP_K)}
+    return {
+        "y_sorted": d.randn(TOKENS * TOP_K, HIDDEN),
+        "perm": d.perm(TOKENS * TOP_K),
+        "weights": d.uniform(0.1, 1.0, TOKENS, TOP_K),
+    }
 
 
 def _fused(d: Draw) -> dict:
-    return {"x": d.randn(TOKENS, HIDDEN), "w13": d.randn(E, 2 * INTER, HIDDEN), "w2": d.randn(E, HIDDEN, INTER),
-            "weights": d.uniform(0.1, 1.0, TOKENS, TOP_K), "ids": d.ints(E, TOKENS, TOP_K),
-            "w13_bias": d.randn(E, 2 * INTER), "w2_bias": d.randn(E, HIDDEN)}
+    return {
+        "x": d.randn(TOKENS, HIDDEN),
+        "w13": d.randn(E, 2 * INTER, HIDDEN),
+        "w2": d.randn(E, HIDDEN, INTER),
+        "weights": d.uniform(0.1, 1.0, TOKENS, TOP_K),
+        "ids": d.ints(E, TOKENS, TOP_K),
+        "w13_bias": d.randn(E, 2 * INTER),
+        "w2_bias": d.randn(E, HIDDEN),
+    }
 
 
 def _options(**options: object):
@@ -35,8 +45,13 @@ def _options(**options: object):
 
 
 def _dispatch(d: Draw) -> dict:
-    return {"x": d.randn(TOKENS, HIDDEN), "ids": d.ints(E, TOKENS, TOP_K), "weights": d.uniform(0.1, 1.0, TOKENS, TOP_K),
-            "num_experts": E, "comm": d.comm}
+    return {
+        "x": d.randn(TOKENS, HIDDEN),
+        "ids": d.ints(E, TOKENS, TOP_K),
+        "weights": d.uniform(0.1, 1.0, TOKENS, TOP_K),
+        "num_experts": E,
+        "comm": d.comm,
+    }
 
 
 def _combine(d: Draw) -> dict:
@@ -50,14 +65,26 @@ def _routing_calls() -> list[Malformed]:
     return [
         Malformed(r, "top_k_past_experts", _route, swap("top_k", lambda k, d: E + 1), "top_k"),
         Malformed(r, "scoring_unknown", _route, swap("scoring", lambda s, d: "relu"), "scoring"),
-        Malformed(r, "correction_bias_wrong_size", _route, swap("correction_bias", lambda b, d: d.randn(E - 1, dtype=torch.float32)),
-                  "correction_bias"),
+        Malformed(
+            r,
+            "correction_bias_wrong_size",
+            _route,
+            swap("correction_bias", lambda b, d: d.randn(E - 1, dtype=torch.float32)),
+            "correction_bias",
+        ),
         Malformed(p, "expert_id_negative", _permute, put("ids", (1, 0), -1), "ids", index=True),
         Malformed(p, "expert_id_past_E", _permute, put("ids", (4, 1), E), "ids", index=True),
         Malformed(p, "ids_float", _permute, swap("ids", lambda i, d: i.float()), "ids"),
         Malformed(u, "perm_out_of_range", _unpermute, put("perm", 5, TOKENS * TOP_K), "perm", index=True),
         Malformed(u, "perm_negative", _unpermute, put("perm", 0, -1), "perm", index=True),
-        Malformed(u, "perm_repeated", _unpermute, lambda a, d: a.update(perm=torch.cat([a["perm"][1:2], a["perm"][1:]])), "perm", index=True),
+        Malformed(
+            u,
+            "perm_repeated",
+            _unpermute,
+            lambda a, d: a.update(perm=torch.cat([a["perm"][1:2], a["perm"][1:]])),
+            "perm",
+            index=True,
+        ),
         Malformed(u, "weights_bfloat16", _unpermute, swap("weights", lambda w, d: w.to(torch.bfloat16)), "weights"),
     ]
 
@@ -73,16 +100,32 @@ def _expert_calls() -> list[Malformed]:
         Malformed(f, "swigluoai_without_limit", _fused, _options(activation="swigluoai", limit=None), "limit"),
         Malformed(f, "swiglu_clamp_limit_zero", _fused, _options(activation="swiglu_clamp", limit=0.0), "limit"),
         Malformed(f, "swigluoai_limit_nan", _fused, _options(activation="swigluoai", limit=float("nan")), "limit"),
-        Malformed(f, "swigluoai_alpha_inf", _fused, _options(activation="swigluoai", limit=7.0, alpha=float("inf")), "alpha"),
+        Malformed(
+            f, "swigluoai_alpha_inf", _fused, _options(activation="swigluoai", limit=7.0, alpha=float("inf")), "alpha"
+        ),
         Malformed(f, "w13_bias_wrong_shape", _fused, swap("w13_bias", lambda b, d: d.randn(E, INTER)), "w13_bias"),
-        Malformed(f, "w13_bias_float32", _fused, swap("w13_bias", lambda b, d: d.randn(E, 2 * INTER, dtype=torch.float32)), "w13_bias"),
+        Malformed(
+            f,
+            "w13_bias_float32",
+            _fused,
+            swap("w13_bias", lambda b, d: d.randn(E, 2 * INTER, dtype=torch.float32)),
+            "w13_bias",
+        ),
         Malformed(f, "w2_bias_missing_expert", _fused, swap("w2_bias", lambda b, d: d.randn(E - 1, HIDDEN)), "w2_bias"),
-        Malformed(f, "w2_bias_per_token", _fused, swap("w2_bias", lambda b, d: d.randn(TOKENS, TOP_K, HIDDEN)), "w2_bias"),
+        Malformed(
+            f, "w2_bias_per_token", _fused, swap("w2_bias", lambda b, d: d.randn(TOKENS, TOP_K, HIDDEN)), "w2_bias"
+        ),
         Malformed(ed, "expert_id_past_E", _dispatch, put("ids", (3, 0), E), "ids", index=True),
         Malformed(ed, "expert_id_negative", _dispatch, put("ids", (0, 1), -1), "ids", index=True),
         Malformed(ed, "comm_not_a_communicator", _dispatch, swap("comm", lambda c, d: "gloo"), "comm"),
         Malformed(ed, "weights_bfloat16", _dispatch, swap("weights", lambda w, d: w.to(torch.bfloat16)), "weights"),
-        Malformed(ec, "y_local_rows_mismatch", _combine, swap("y_local", lambda y, d: d.randn(y.shape[0] + 1, HIDDEN)), "y_local"),
+        Malformed(
+            ec,
+            "y_local_rows_mismatch",
+            _combine,
+            swap("y_local", lambda y, d: d.randn(y.shape[0] + 1, HIDDEN)),
+            "y_local",
+        ),
         Malformed(ec, "y_local_integer", _combine, swap("y_local", lambda y, d: d.ints(100, *y.shape) + 1), "y_local"),
         Malformed(ec, "dispatch_not_ep_dispatch", _combine, swap("dispatch", lambda x, d: {"x": x.x}), "dispatch"),
     ]

@@ -1,5 +1,6 @@
 """Malformed calls of the quantized ops (spec 1.4): quantize_activation, scaled_grouped_gemm and
 fused_moe's quantized options."""
+
 from __future__ import annotations
 
 import torch
@@ -22,21 +23,38 @@ def _quantize(d: Draw) -> dict:
 
 
 def _grouped(d: Draw) -> dict:
-    return {"a": _fp8(d, ROWS, K), "b": _fp8(d, G, N, K), "a_scale": d.uniform(0.01, 0.1, ROWS, 3),
-            "b_scale": d.uniform(0.01, 0.1, G, 2, 3), "group_ends": d.tensor([2, 2, 5])}
+    return {
+        "a": _fp8(d, ROWS, K),
+        "b": _fp8(d, G, N, K),
+        "a_scale": d.uniform(0.01, 0.1, ROWS, 3),
+        "b_scale": d.uniform(0.01, 0.1, G, 2, 3),
+        "group_ends": d.tensor([2, 2, 5]),
+    }
 
 
 def _int8_zp(d: Draw) -> dict:
     i8 = torch.int8
-    return {"a": _fp8(d, ROWS, K, dtype=i8), "b": _fp8(d, G, N, K, dtype=i8), "a_scale": d.uniform(0.01, 0.1, ROWS, 1),
-            "b_scale": d.uniform(0.01, 0.1, G, N, 1), "group_ends": d.tensor([1, 4, 6]),
-            "a_zero_point": d.ints(20, ROWS, 1) - 10}
+    return {
+        "a": _fp8(d, ROWS, K, dtype=i8),
+        "b": _fp8(d, G, N, K, dtype=i8),
+        "a_scale": d.uniform(0.01, 0.1, ROWS, 1),
+        "b_scale": d.uniform(0.01, 0.1, G, N, 1),
+        "group_ends": d.tensor([1, 4, 6]),
+        "a_zero_point": d.ints(20, ROWS, 1) - 10,
+    }
 
 
 def _fused(d: Draw) -> dict:
-    return {"x": d.randn(TOKENS, HIDDEN), "w13": _fp8(d, E, 2 * INTER, HIDDEN), "w2": _fp8(d, E, HIDDEN, INTER),
-            "weights": d.uniform(0.1, 1.0, TOKENS, TOP_K), "ids": d.ints(E, TOKENS, TOP_K),
-            "w13_scale": d.uniform(0.01, 0.1, E, 1, 2), "w2_scale": d.uniform(0.01, 0.1, E, 2, 1), "act_quant": "group128"}
+    return {
+        "x": d.randn(TOKENS, HIDDEN),
+        "w13": _fp8(d, E, 2 * INTER, HIDDEN),
+        "w2": _fp8(d, E, HIDDEN, INTER),
+        "weights": d.uniform(0.1, 1.0, TOKENS, TOP_K),
+        "ids": d.ints(E, TOKENS, TOP_K),
+        "w13_scale": d.uniform(0.01, 0.1, E, 1, 2),
+        "w2_scale": d.uniform(0.01, 0.1, E, 2, 1),
+        "act_quant": "group128",
+    }
 
 
 def _options(**options: object):
@@ -65,13 +83,22 @@ def _grouped_calls() -> list[Malformed]:
         Malformed(s, "b_int8_with_fp8_a", _grouped, swap("b", lambda b, d: b.float().to(torch.int8)), "b"),
         Malformed(s, "a_scale_floor_blocks", _grouped, swap("a_scale", lambda v, d: v[:, :2].contiguous()), "a_scale"),
         Malformed(s, "b_scale_2d", _grouped, swap("b_scale", lambda v, d: v[0].contiguous()), "b_scale"),
-        Malformed(s, "b_scale_floor_n_blocks", _grouped, swap("b_scale", lambda v, d: v[:, :1].contiguous()), "b_scale"),
+        Malformed(
+            s, "b_scale_floor_n_blocks", _grouped, swap("b_scale", lambda v, d: v[:, :1].contiguous()), "b_scale"
+        ),
         Malformed(s, "b_scale_bfloat16", _grouped, swap("b_scale", lambda v, d: v.to(torch.bfloat16)), "b_scale"),
         Malformed(s, "out_dtype_int8", _grouped, swap("out_dtype", lambda v, d: torch.int8), "out_dtype"),
-        Malformed(s, "zero_point_with_fp8", _grouped, swap("a_zero_point", lambda v, d: d.ints(3, ROWS, 1)), "a_zero_point"),
+        Malformed(
+            s, "zero_point_with_fp8", _grouped, swap("a_zero_point", lambda v, d: d.ints(3, ROWS, 1)), "a_zero_point"
+        ),
         Malformed(s, "zero_point_int64", _int8_zp, swap("a_zero_point", lambda v, d: v.long()), "a_zero_point"),
-        Malformed(s, "zero_point_with_tensor_scale", _int8_zp, swap("a_scale", lambda v, d: v[:1, :1].reshape(1).contiguous()),
-                  "a_zero_point"),
+        Malformed(
+            s,
+            "zero_point_with_tensor_scale",
+            _int8_zp,
+            swap("a_scale", lambda v, d: v[:1, :1].reshape(1).contiguous()),
+            "a_zero_point",
+        ),
     ]
 
 
@@ -79,15 +106,31 @@ def _fused_calls() -> list[Malformed]:
     f = "fused_moe"
     return [
         Malformed(f, "quant_w13_scale_only", _fused, _options(w2_scale=None), "w2_scale"),
-        Malformed(f, "quant_scale_with_float_weights", _fused,
-                  lambda a, d: a.update(w13=d.randn(E, 2 * INTER, HIDDEN), w2=d.randn(E, HIDDEN, INTER), act_quant=None),
-                  "w13_scale"),
-        Malformed(f, "act_quant_with_float_weights", _fused,
-                  lambda a, d: a.update(w13=d.randn(E, 2 * INTER, HIDDEN), w2=d.randn(E, HIDDEN, INTER), w13_scale=None,
-                                        w2_scale=None), "act_quant"),
+        Malformed(
+            f,
+            "quant_scale_with_float_weights",
+            _fused,
+            lambda a, d: a.update(w13=d.randn(E, 2 * INTER, HIDDEN), w2=d.randn(E, HIDDEN, INTER), act_quant=None),
+            "w13_scale",
+        ),
+        Malformed(
+            f,
+            "act_quant_with_float_weights",
+            _fused,
+            lambda a, d: a.update(
+                w13=d.randn(E, 2 * INTER, HIDDEN), w2=d.randn(E, HIDDEN, INTER), w13_scale=None, w2_scale=None
+            ),
+            "act_quant",
+        ),
         Malformed(f, "act_quant_unknown", _fused, _options(act_quant="group64"), "act_quant"),
         Malformed(f, "act_scale_fmt_unknown", _fused, _options(act_scale_fmt="e8m0"), "act_scale_fmt"),
-        Malformed(f, "w13_scale_wrong_blocks", _fused, swap("w13_scale", lambda v, d: d.uniform(0.01, 0.1, E, 2, 2)), "w13_scale"),
+        Malformed(
+            f,
+            "w13_scale_wrong_blocks",
+            _fused,
+            swap("w13_scale", lambda v, d: d.uniform(0.01, 0.1, E, 2, 2)),
+            "w13_scale",
+        ),
         Malformed(f, "w2_int8_with_fp8_w13", _fused, swap("w2", lambda w, d: w.float().to(torch.int8)), "w2"),
     ]
 

@@ -7,6 +7,7 @@ sequence's blocks are a random permutation (see ``_paged``). Edge cases are case
 their own: one token, no tokens, block size 1, decode and prefill mixed, MTP, large
 logits, non-contiguous views, -1 slots.
 """
+
 from __future__ import annotations
 
 from hetero.verify.case import Case
@@ -27,7 +28,16 @@ def _write_cases(dt: str) -> list[Case]:
         ("deepseek-v3.t1", "deepseek-v3", 64, [(1, 1)], 0, False, False),
         ("deepseek-v3.t0", "deepseek-v3", 64, [], 0, False, False),
     ]:
-        out.append(Case("write_mla_kv", shape, dt, draw.write_mla_kv(model, bs, seqs, skipped, views), draw.static(dt, model, bs), quick))
+        out.append(
+            Case(
+                "write_mla_kv",
+                shape,
+                dt,
+                draw.write_mla_kv(model, bs, seqs, skipped, views),
+                draw.static(dt, model, bs),
+                quick,
+            )
+        )
     return out
 
 

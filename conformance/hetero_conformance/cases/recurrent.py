@@ -16,6 +16,7 @@ continuing a carried state next to first chunks, no initial state over NaN-fille
 padding slots (-1), empty sequences, no tokens, q/k/v as strided views of one projection,
 and use_qk_l2norm off with unit-norm inputs.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -75,7 +76,14 @@ def _conv_cases(dt: str) -> list[Case]:
 
 
 def _gdr_cases(dt: str) -> list[Case]:
-    names = ("qwen3-next-80b-a3b", "qwen3.5-0.8b", "qwen3.5-27b", "qwen3.5-35b-a3b", "qwen3.5-397b-a17b", "kimi-linear-48b-a3b")
+    names = (
+        "qwen3-next-80b-a3b",
+        "qwen3.5-0.8b",
+        "qwen3.5-27b",
+        "qwen3.5-35b-a3b",
+        "qwen3.5-397b-a17b",
+        "kimi-linear-48b-a3b",
+    )
     qn, q08, q27, q35, q397, kimi = (LINEAR[m] for m in names)
     qn8, kimi8 = qn.shard(8), kimi.shard(8)
 
@@ -83,15 +91,19 @@ def _gdr_cases(dt: str) -> list[Case]:
         static = draw.gdr_static(dt, lin, kw.get("l2norm", True))
         return Case("gated_delta_rule", shape, dt, draw.gdr(lin, seqs, **kw), static, quick_case)
 
-    whole = [  # whole-model heads: float32 and bfloat16 (the dtype these models ship in); float16 on the tp8 cases
-        case("qwen3-next-80b-a3b.mixed", qn, MIXED_FEW, dt == "bfloat16"),
-        case("qwen3-next-80b-a3b.decode.b4", qn, DECODE_B4),
-        case("qwen3.5-0.8b.gva1.mixed", q08, MIXED_FEW),
-        case("qwen3.5-27b.gva3.mixed", q27, MIXED_FEW),
-        case("qwen3.5-35b-a3b.beta-f32.decode.b4", q35, DECODE_B4, beta_f32=True),
-        case("qwen3.5-397b-a17b.gva4.mixed", q397, ((9, "fresh"), (3, "init"), (1, "pad"))),
-        case("kimi-linear-48b-a3b.kda.mixed", kimi, MIXED_FEW, beta_f32=True),
-    ] if dt != "float16" else []
+    whole = (
+        [  # whole-model heads: float32 and bfloat16 (the dtype these models ship in); float16 on the tp8 cases
+            case("qwen3-next-80b-a3b.mixed", qn, MIXED_FEW, dt == "bfloat16"),
+            case("qwen3-next-80b-a3b.decode.b4", qn, DECODE_B4),
+            case("qwen3.5-0.8b.gva1.mixed", q08, MIXED_FEW),
+            case("qwen3.5-27b.gva3.mixed", q27, MIXED_FEW),
+            case("qwen3.5-35b-a3b.beta-f32.decode.b4", q35, DECODE_B4, beta_f32=True),
+            case("qwen3.5-397b-a17b.gva4.mixed", q397, ((9, "fresh"), (3, "init"), (1, "pad"))),
+            case("kimi-linear-48b-a3b.kda.mixed", kimi, MIXED_FEW, beta_f32=True),
+        ]
+        if dt != "float16"
+        else []
+    )
     return whole + [
         case("qwen3-next-80b-a3b.tp8.decode.b16", qn8, DECODE_B16, dt == "bfloat16"),
         case("qwen3-next-80b-a3b.tp8.contiguous.mixed", qn8, MIXED, dt == "float32", views=False),

@@ -1,4 +1,5 @@
 """The gated SiLU of every MLP here, through ``silu_and_mul``."""
+
 from __future__ import annotations
 
 import torch

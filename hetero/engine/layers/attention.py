@@ -1,4 +1,5 @@
 """Paged attention: new keys and values go into the cache (``write_kv``), queries read it (``paged_attention``)."""
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,17 @@ class Attention(CachedLayer):
     float32 [Hq] sink logits (gpt-oss, this rank's heads) to every call; the op is resolved with that option.
     """
 
-    def __init__(self, ctx: ModelContext, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 *, window: tuple[int, int] = (-1, -1), sinks: bool = False):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        *,
+        window: tuple[int, int] = (-1, -1),
+        sinks: bool = False,
+    ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.window = float(scale), window
@@ -32,12 +42,14 @@ class Attention(CachedLayer):
         per_token = (self.num_kv_heads, self.head_dim)
         return PagedEntry("k_cache", per_token), PagedEntry("v_cache", per_token)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Step,
-                sinks: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Step, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.k_cache is None:
             raise RuntimeError("Attention: the KV cache is not allocated (ModelRunner binds it before the first step)")
         self._write_kv(k, v, self.k_cache, self.v_cache, step.slot_mapping)
         if sinks is None:
             return self._attention(q, self.k_cache, self.v_cache, step.meta, scale=self.scale, window=self.window)
-        return self._attention(q, self.k_cache, self.v_cache, step.meta, scale=self.scale, window=self.window,
-                               sinks=sinks)
+        return self._attention(
+            q, self.k_cache, self.v_cache, step.meta, scale=self.scale, window=self.window, sinks=sinks
+        )

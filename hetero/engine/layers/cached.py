@@ -10,6 +10,7 @@ each kind into its own pool and binds the tensors before the first step:
   summary): one tensor ``[num_state_slots, *shape]``, addressed by
   ``Step.state_slots``; a sequence owns one slot from admission to its end.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

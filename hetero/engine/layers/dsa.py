@@ -6,6 +6,7 @@ latent cache with ``topk_indices`` from this layer's ``Indexer``, or, for a GLM-
 layer has no indexer and no index-key cache. The cache entries are MLA's two latent entries plus the
 indexer's ``index_cache``, all paged over the same block ids.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -61,16 +62,31 @@ class SparseMLAttention(MLAttention):
     mla_options = {"topk_indices": True}
     expanded_prefill = False
 
-    def __init__(self, ctx: ModelContext, hf_config: Any, layer_idx: int, rotary: RotaryEmbedding, *,
-                 indexer_interleaved: bool = False, prefix: str = "", quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        hf_config: Any,
+        layer_idx: int,
+        rotary: RotaryEmbedding,
+        *,
+        indexer_interleaved: bool = False,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__(ctx, hf_config, layer_idx, rotary, prefix=prefix, quant_config=quant_config)
         if self.q_lora_rank is None:
             raise ValueError("sparse MLA (DSA) needs q_lora_rank: the indexer reads q_a_layernorm's output")
         self.shared = SharedIndices()
         self.indexer = None
         if indexer_types_of(hf_config)[layer_idx] == "full":
-            self.indexer = Indexer(ctx, hf_config, rotary.twin(ctx), interleaved=indexer_interleaved,
-                                   prefix=join_prefix(prefix, "indexer"), quant_config=quant_config)
+            self.indexer = Indexer(
+                ctx,
+                hf_config,
+                rotary.twin(ctx),
+                interleaved=indexer_interleaved,
+                prefix=join_prefix(prefix, "indexer"),
+                quant_config=quant_config,
+            )
 
     def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:  # type: ignore[override]
         t = hidden.shape[0]

@@ -1,4 +1,5 @@
 """Token embedding and LM head, vocabulary split over tensor-parallel ranks."""
+
 from __future__ import annotations
 
 import torch
@@ -30,9 +31,11 @@ class VocabParallelEmbedding(nn.Module):
 
     def load_weight(self, param: nn.Parameter, tensor: torch.Tensor, shard=None) -> None:
         if tensor.shape[0] != self.vocab_size:
-            raise ValueError(f"{type(self).__name__}: expected {self.vocab_size} rows, the checkpoint has {tensor.shape[0]}")
+            raise ValueError(
+                f"{type(self).__name__}: expected {self.vocab_size} rows, the checkpoint has {tensor.shape[0]}"
+            )
         param.data.zero_()
-        copy_checked(param.data[: self.end - self.start], tensor[self.start:self.end], type(self).__name__)
+        copy_checked(param.data[: self.end - self.start], tensor[self.start : self.end], type(self).__name__)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.ctx.parallel.size == 1:

@@ -5,6 +5,7 @@ a zero-centred weight (``norm(x) * (1 + w)``), NeoX rope on the first ``rotary_d
 (``partial_rotary_factor`` of head_dim), paged attention, and ``o * sigmoid(gate)`` before
 ``o_proj``. The decoder norms of these models are zero-centred too (``ZeroCenteredRMSNorm``).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -49,25 +50,47 @@ class GatedAttention(nn.Module):
     decoder token mixer (``models/decoder.py``); every layer is alike, so ``layer_idx`` is not used.
     """
 
-    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        config: Any,
+        layer_idx: int,
+        rotary: RotaryEmbedding,
+        *,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__()
         self.prefix = prefix
         heads, d = config.num_attention_heads, config.head_dim
         divide(heads, ctx.parallel.size, "attention heads")
         bias = bool(getattr(config, "attention_bias", False))
         # q_proj's rows are [q (D) | gate (D)] per head: as 2*H "heads" of D, each rank's share is whole pairs
-        self.qkv_proj = QKVParallelLinear(ctx, config.hidden_size, d, 2 * heads, config.num_key_value_heads, bias=bias,
-                                          prefix=join_prefix(prefix, "qkv_proj"), quant_config=quant_config)
+        self.qkv_proj = QKVParallelLinear(
+            ctx,
+            config.hidden_size,
+            d,
+            2 * heads,
+            config.num_key_value_heads,
+            bias=bias,
+            prefix=join_prefix(prefix, "qkv_proj"),
+            quant_config=quant_config,
+        )
         self.head_dim, self.num_heads = d, self.qkv_proj.num_heads // 2
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.num_heads * d, self.num_kv_heads * d
-        self.o_proj = RowParallelLinear(ctx, heads * d, config.hidden_size, bias=bias,
-                                        prefix=join_prefix(prefix, "o_proj"), quant_config=quant_config)
+        self.o_proj = RowParallelLinear(
+            ctx,
+            heads * d,
+            config.hidden_size,
+            bias=bias,
+            prefix=join_prefix(prefix, "o_proj"),
+            quant_config=quant_config,
+        )
         self.q_norm = ZeroCenteredRMSNorm(ctx, d, config.rms_norm_eps, prefix=join_prefix(prefix, "q_norm"))
         self.k_norm = ZeroCenteredRMSNorm(ctx, d, config.rms_norm_eps, prefix=join_prefix(prefix, "k_norm"))
         self.rotary_emb = rotary
-        self.attn = Attention(ctx, self.num_heads, self.num_kv_heads, d, d ** -0.5)
+        self.attn = Attention(ctx, self.num_heads, self.num_kv_heads, d, d**-0.5)
 
     def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:
         tokens = hidden.shape[0]

@@ -12,6 +12,7 @@ Tensor parallel: key heads and value heads are split over the ranks (value head 
 with key head i // (HV / H), so a rank's value heads are those of its key heads); the conv
 channels follow as q|k|v of the local heads, and ``out_proj`` is row-parallel.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,8 +38,9 @@ LAYOUTS = {"split": ("qkv", "z", "b", "a"), "interleaved": ("qkvz", "ba")}
 
 def _check_rows(tensor: torch.Tensor, sections: list[int]) -> None:
     if tensor.shape[0] != sum(sections):
-        raise ValueError(f"expected {sum(sections)} rows ({' + '.join(map(str, sections))}), "
-                         f"the checkpoint has {tensor.shape[0]}")
+        raise ValueError(
+            f"expected {sum(sections)} rows ({' + '.join(map(str, sections))}), the checkpoint has {tensor.shape[0]}"
+        )
 
 
 def _rank_rows(tensor: torch.Tensor, sections: list[int], rank: int, size: int) -> list[torch.Tensor]:
@@ -69,8 +71,16 @@ class GatedDeltaNetInProj(Linear):
 
     tp_dim = 0
 
-    def __init__(self, ctx: ModelContext, hidden: int, heads: tuple[int, int, int, int], layout: str, *,
-                 prefix: str = "", quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        hidden: int,
+        heads: tuple[int, int, int, int],
+        layout: str,
+        *,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         if layout not in LAYOUTS:
             raise ValueError(f"GatedDeltaNetInProj: layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
         self.hk, self.hv, self.dk, self.dv = heads
@@ -79,8 +89,9 @@ class GatedDeltaNetInProj(Linear):
         self.offsets = {"q": 0, "k": q, "v": 2 * q, "z": 2 * q + v, "b": 2 * q + 2 * v, "a": 2 * q + 2 * v + self.hv}
         sizes = {"qkv": 2 * q + v, "z": v, "b": self.hv, "a": self.hv, "qkvz": 2 * q + 2 * v, "ba": 2 * self.hv}
         shards = LAYOUTS[layout]
-        super().__init__(ctx, hidden, [sizes[s] for s in shards], shard_ids=list(shards), prefix=prefix,
-                         quant_config=quant_config)
+        super().__init__(
+            ctx, hidden, [sizes[s] for s in shards], shard_ids=list(shards), prefix=prefix, quant_config=quant_config
+        )
 
     @property
     def split_sizes(self) -> list[int]:
@@ -155,7 +166,9 @@ class _ConvWeight(nn.Module):
 
         def load(param: nn.Parameter, tensor: torch.Tensor, shard: Any = None) -> None:
             if tensor.ndim != 3 or tensor.shape[1] != 1:
-                raise ValueError(f"conv1d: expected a depthwise kernel [C, 1, W], the checkpoint has {tuple(tensor.shape)}")
+                raise ValueError(
+                    f"conv1d: expected a depthwise kernel [C, 1, W], the checkpoint has {tuple(tensor.shape)}"
+                )
             copy_checked(param, torch.cat(_rank_rows(tensor[:, 0], sections, par.rank, par.size)), "conv1d")
 
         self.weight.weight_loader, self.weight.shards = load, (None,)
@@ -171,8 +184,9 @@ class GatedDeltaNet(CachedLayer):
     ``dt_bias``, ``norm.weight``, ``out_proj``.
     """
 
-    def __init__(self, ctx: ModelContext, config: Any, layout: str, *, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
+    def __init__(
+        self, ctx: ModelContext, config: Any, layout: str, *, prefix: str = "", quant_config: QuantConfig | None = None
+    ):
         super().__init__()
         self.prefix, size = prefix, ctx.parallel.size
         hk_total, hv_total = config.linear_num_key_heads, config.linear_num_value_heads
@@ -181,23 +195,36 @@ class GatedDeltaNet(CachedLayer):
         self.hv = divide(hv_total, size, "linear attention value heads")
         self.dk, self.dv = config.linear_key_head_dim, config.linear_value_head_dim
         self.width = config.linear_conv_kernel_dim
-        self.in_proj = GatedDeltaNetInProj(ctx, config.hidden_size, (self.hk, self.hv, self.dk, self.dv), layout,
-                                           prefix=join_prefix(prefix, "in_proj"), quant_config=quant_config)
+        self.in_proj = GatedDeltaNetInProj(
+            ctx,
+            config.hidden_size,
+            (self.hk, self.hv, self.dk, self.dv),
+            layout,
+            prefix=join_prefix(prefix, "in_proj"),
+            quant_config=quant_config,
+        )
         self.channels = self.in_proj.split_sizes[0]
         self.conv1d = _ConvWeight(ctx, [hk_total * self.dk] * 2 + [hv_total * self.dv], self.width)
         self.A_log = _head_vector(ctx, "A_log", self.hv)
         self.dt_bias = _head_vector(ctx, "dt_bias", self.hv)
         self.norm = GatedRMSNorm(ctx, self.dv, config.rms_norm_eps, prefix=join_prefix(prefix, "norm"))
-        self.out_proj = RowParallelLinear(ctx, hv_total * self.dv, config.hidden_size,
-                                          prefix=join_prefix(prefix, "out_proj"), quant_config=quant_config)
+        self.out_proj = RowParallelLinear(
+            ctx,
+            hv_total * self.dv,
+            config.hidden_size,
+            prefix=join_prefix(prefix, "out_proj"),
+            quant_config=quant_config,
+        )
         ctx.bind_op(self, "_conv", "causal_conv1d")
         ctx.bind_op(self, "_delta_rule", "gated_delta_rule")
         self.conv_state: torch.Tensor | None = None
         self.ssm_state: torch.Tensor | None = None
 
     def cache_spec(self) -> tuple[StateEntry, ...]:
-        return (StateEntry("conv_state", (self.width - 1, self.channels), init="flag"),
-                StateEntry("ssm_state", (self.hv, self.dk, self.dv), torch.float32, init="flag"))
+        return (
+            StateEntry("conv_state", (self.width - 1, self.channels), init="flag"),
+            StateEntry("ssm_state", (self.hv, self.dk, self.dv), torch.float32, init="flag"),
+        )
 
     def gates(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(g, beta) float32 [T, HV]: the log-decay ``-exp(A_log) * softplus(a + dt_bias)`` and ``sigmoid(b)``."""
@@ -209,12 +236,30 @@ class GatedDeltaNet(CachedLayer):
             raise RuntimeError("GatedDeltaNet: the state pool is not bound or the step has no state slots")
         tokens, qsl = hidden.shape[0], step.meta.query_start_loc
         mixed, z, b, a = self.in_proj(hidden).split(self.in_proj.split_sizes, dim=-1)
-        mixed = self._conv(mixed.contiguous(), self.conv1d.weight, None, self.conv_state, qsl, step.state_slots,
-                           step.has_initial_state, activation="silu")
+        mixed = self._conv(
+            mixed.contiguous(),
+            self.conv1d.weight,
+            None,
+            self.conv_state,
+            qsl,
+            step.state_slots,
+            step.has_initial_state,
+            activation="silu",
+        )
         q, k, v = mixed.split([self.hk * self.dk, self.hk * self.dk, self.hv * self.dv], dim=-1)
         g, beta = self.gates(b, a)
-        out = self._delta_rule(q.reshape(tokens, self.hk, self.dk), k.reshape(tokens, self.hk, self.dk),
-                               v.reshape(tokens, self.hv, self.dv), g, beta, self.ssm_state, qsl, step.state_slots,
-                               step.has_initial_state, scale=self.dk ** -0.5, use_qk_l2norm=True)
+        out = self._delta_rule(
+            q.reshape(tokens, self.hk, self.dk),
+            k.reshape(tokens, self.hk, self.dk),
+            v.reshape(tokens, self.hv, self.dv),
+            g,
+            beta,
+            self.ssm_state,
+            qsl,
+            step.state_slots,
+            step.has_initial_state,
+            scale=self.dk**-0.5,
+            use_qk_l2norm=True,
+        )
         out = self.norm(out, z.reshape(tokens, self.hv, self.dv))
         return self.out_proj(out.reshape(tokens, self.hv * self.dv))

@@ -4,6 +4,7 @@ It is the ``attention_cls`` of the GQA families (``models/qwen2.py``, ``qwen3.py
 changes what its architecture changes by overriding ``biases`` (which projections have a bias),
 ``qk_transform`` (e.g. Qwen3's per-head q/k norms) or ``with_sinks`` (gpt-oss's sink logits).
 """
+
 from __future__ import annotations
 
 from typing import Any, ClassVar
@@ -55,21 +56,49 @@ class GQAttention(nn.Module):
 
     with_sinks: ClassVar[bool] = False
 
-    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        config: Any,
+        layer_idx: int,
+        rotary: RotaryEmbedding,
+        *,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__()
         self.prefix, self.head_dim = prefix, head_dim_of(config)
         qkv_bias, o_bias = self.biases(config)
-        self.qkv_proj = QKVParallelLinear(ctx, config.hidden_size, self.head_dim, config.num_attention_heads,
-                                          config.num_key_value_heads, bias=qkv_bias,
-                                          prefix=join_prefix(prefix, "qkv_proj"), quant_config=quant_config)
+        self.qkv_proj = QKVParallelLinear(
+            ctx,
+            config.hidden_size,
+            self.head_dim,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            bias=qkv_bias,
+            prefix=join_prefix(prefix, "qkv_proj"),
+            quant_config=quant_config,
+        )
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.o_proj = RowParallelLinear(ctx, config.num_attention_heads * self.head_dim, config.hidden_size,
-                                        bias=o_bias, prefix=join_prefix(prefix, "o_proj"), quant_config=quant_config)
+        self.o_proj = RowParallelLinear(
+            ctx,
+            config.num_attention_heads * self.head_dim,
+            config.hidden_size,
+            bias=o_bias,
+            prefix=join_prefix(prefix, "o_proj"),
+            quant_config=quant_config,
+        )
         self.rotary_emb = rotary
-        self.attn = Attention(ctx, self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5,
-                              window=sliding_window_of(config, layer_idx), sinks=self.with_sinks)
+        self.attn = Attention(
+            ctx,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.head_dim**-0.5,
+            window=sliding_window_of(config, layer_idx),
+            sinks=self.with_sinks,
+        )
         self.sinks: torch.Tensor | None = None
 
     @staticmethod

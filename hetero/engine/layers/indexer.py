@@ -16,6 +16,7 @@ Per token (transformers' ``DeepseekV32Indexer`` / ``GlmMoeDsaIndexer``):
 Tensor parallel: the indexer is replicated (every projection a ``ReplicatedLinear``), so every rank computes
 the same indices and all ranks attend to the same keys.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,17 +62,26 @@ class Indexer(CachedLayer):
     ``rotary`` is a twin of MLA's rotary module (same table); its pair layout is set here from ``interleaved``.
     """
 
-    def __init__(self, ctx: ModelContext, hf_config: Any, rotary: RotaryEmbedding, *, interleaved: bool,
-                 prefix: str = "", quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        hf_config: Any,
+        rotary: RotaryEmbedding,
+        *,
+        interleaved: bool,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__()
         c = hf_config
         self.prefix = prefix
         self.num_heads, self.head_dim = int(c.index_n_heads), int(c.index_head_dim)
         self.topk = int(c.index_topk)
         if c.qk_rope_head_dim > self.head_dim:
-            raise ValueError(f"index_head_dim ({self.head_dim}) is smaller than qk_rope_head_dim "
-                             f"({c.qk_rope_head_dim})")
-        self.weight_scale = self.num_heads ** -0.5 * self.head_dim ** -0.5
+            raise ValueError(
+                f"index_head_dim ({self.head_dim}) is smaller than qk_rope_head_dim ({c.qk_rope_head_dim})"
+            )
+        self.weight_scale = self.num_heads**-0.5 * self.head_dim**-0.5
 
         def at(name: str) -> dict[str, Any]:
             return dict(prefix=join_prefix(prefix, name), quant_config=quant_config)
@@ -79,8 +89,9 @@ class Indexer(CachedLayer):
         self.wq_b = ReplicatedLinear(ctx, c.q_lora_rank, self.num_heads * self.head_dim, **at("wq_b"))
         self.wk = ReplicatedLinear(ctx, c.hidden_size, self.head_dim, **at("wk"))
         self.k_norm = LayerNorm(ctx, self.head_dim, INDEXER_NORM_EPS, prefix=join_prefix(prefix, "k_norm"))
-        self.weights_proj = ReplicatedLinear(dataclasses.replace(ctx, dtype=torch.float32), c.hidden_size,
-                                             self.num_heads, **at("weights_proj"))
+        self.weights_proj = ReplicatedLinear(
+            dataclasses.replace(ctx, dtype=torch.float32), c.hidden_size, self.num_heads, **at("weights_proj")
+        )
         self.rotary = rotary
         rotary.is_neox = not interleaved
         ctx.bind_op(self, "_write", "write_index_k")
@@ -92,8 +103,9 @@ class Indexer(CachedLayer):
 
     def forward(self, hidden: torch.Tensor, q_resid: torch.Tensor, step: Step) -> torch.Tensor:
         if self.index_cache is None:
-            raise RuntimeError("Indexer: the index-key cache is not allocated "
-                               "(ModelRunner binds it before the first step)")
+            raise RuntimeError(
+                "Indexer: the index-key cache is not allocated (ModelRunner binds it before the first step)"
+            )
         t = hidden.shape[0]
         q = self.wq_b(q_resid).view(t, self.num_heads, self.head_dim)
         k = self.k_norm(self.wk(hidden)).view(t, 1, self.head_dim)

@@ -13,6 +13,7 @@ weight parameters, cuts checkpoint tensors for them, fixes them up after loading
 computes the product. The layer owns the bias and the parallel layout: which rows
 each shard occupies and which part of a checkpoint tensor is this rank's.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -25,8 +26,15 @@ from hetero.engine.layers.weights import copy_checked
 from hetero.engine.parallel import divide
 from hetero.engine.quant.config import QuantConfig
 
-__all__ = ["Linear", "ColumnParallelLinear", "MergedColumnParallelLinear", "QKVParallelLinear",
-           "RowParallelLinear", "ReplicatedLinear", "copy_checked"]
+__all__ = [
+    "Linear",
+    "ColumnParallelLinear",
+    "MergedColumnParallelLinear",
+    "QKVParallelLinear",
+    "RowParallelLinear",
+    "ReplicatedLinear",
+    "copy_checked",
+]
 
 #: tp_dim -> the parameter attribute naming the dimension it splits
 _SPLIT_ATTR = {0: "output_dim", 1: "input_dim"}
@@ -43,8 +51,17 @@ class Linear(nn.Module):
 
     tp_dim: int | None = None
 
-    def __init__(self, ctx: ModelContext, in_features: int, out_splits: Sequence[int], *, bias: bool = False,
-                 shard_ids: Sequence[Any] | None = None, prefix: str = "", quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        in_features: int,
+        out_splits: Sequence[int],
+        *,
+        bias: bool = False,
+        shard_ids: Sequence[Any] | None = None,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__()
         self.ctx, self.prefix = ctx, prefix
         self.in_features = in_features
@@ -95,8 +112,16 @@ class Linear(nn.Module):
 class ReplicatedLinear(Linear):
     """Every rank holds the whole weight (small projections such as MLA's low-rank ones, routers)."""
 
-    def __init__(self, ctx: ModelContext, in_features: int, out_features: int, *, bias: bool = False, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool = False,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__(ctx, in_features, [out_features], bias=bias, prefix=prefix, quant_config=quant_config)
 
 
@@ -105,10 +130,24 @@ class ColumnParallelLinear(Linear):
 
     tp_dim = 0
 
-    def __init__(self, ctx: ModelContext, in_features: int, out_features: int, *, bias: bool = False, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
-        super().__init__(ctx, in_features, [divide(out_features, ctx.parallel.size, "output features")], bias=bias,
-                         prefix=prefix, quant_config=quant_config)
+    def __init__(
+        self,
+        ctx: ModelContext,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool = False,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
+        super().__init__(
+            ctx,
+            in_features,
+            [divide(out_features, ctx.parallel.size, "output features")],
+            bias=bias,
+            prefix=prefix,
+            quant_config=quant_config,
+        )
 
 
 class MergedColumnParallelLinear(Linear):
@@ -116,11 +155,26 @@ class MergedColumnParallelLinear(Linear):
 
     tp_dim = 0
 
-    def __init__(self, ctx: ModelContext, in_features: int, out_features: Sequence[int], *, bias: bool = False,
-                 prefix: str = "", quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        in_features: int,
+        out_features: Sequence[int],
+        *,
+        bias: bool = False,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         splits = [divide(n, ctx.parallel.size, "output features") for n in out_features]
-        super().__init__(ctx, in_features, splits, bias=bias, shard_ids=list(range(len(out_features))), prefix=prefix,
-                         quant_config=quant_config)
+        super().__init__(
+            ctx,
+            in_features,
+            splits,
+            bias=bias,
+            shard_ids=list(range(len(out_features))),
+            prefix=prefix,
+            quant_config=quant_config,
+        )
 
 
 class QKVParallelLinear(Linear):
@@ -131,8 +185,18 @@ class QKVParallelLinear(Linear):
 
     tp_dim = 0
 
-    def __init__(self, ctx: ModelContext, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, *,
-                 bias: bool = False, prefix: str = "", quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        hidden: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        *,
+        bias: bool = False,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         size = ctx.parallel.size
         self.num_heads = divide(num_heads, size, "attention heads")
         if num_kv_heads >= size:
@@ -142,8 +206,9 @@ class QKVParallelLinear(Linear):
             self.num_kv_heads = 1
         self.total_kv_heads, self.head_dim = num_kv_heads, head_dim
         splits = [self.num_heads * head_dim, self.num_kv_heads * head_dim, self.num_kv_heads * head_dim]
-        super().__init__(ctx, hidden, splits, bias=bias, shard_ids=["q", "k", "v"], prefix=prefix,
-                         quant_config=quant_config)
+        super().__init__(
+            ctx, hidden, splits, bias=bias, shard_ids=["q", "k", "v"], prefix=prefix, quant_config=quant_config
+        )
 
     def rank_part(self, shard: Any) -> tuple[int, int]:
         if shard == "q" or self.ctx.parallel.size == 1:
@@ -159,10 +224,25 @@ class RowParallelLinear(Linear):
 
     tp_dim = 1
 
-    def __init__(self, ctx: ModelContext, in_features: int, out_features: int, *, bias: bool = False, reduce: bool = True,
-                 prefix: str = "", quant_config: QuantConfig | None = None):
-        super().__init__(ctx, divide(in_features, ctx.parallel.size, "input features"), [out_features], bias=bias,
-                         prefix=prefix, quant_config=quant_config)
+    def __init__(
+        self,
+        ctx: ModelContext,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool = False,
+        reduce: bool = True,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
+        super().__init__(
+            ctx,
+            divide(in_features, ctx.parallel.size, "input features"),
+            [out_features],
+            bias=bias,
+            prefix=prefix,
+            quant_config=quant_config,
+        )
         self.reduce = reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ with transformers' default eps 1e-6, softmax scale ``qk_head_dim ** -0.5`` times
 ``mscale_all_dim`` set. Tensor parallel: heads split over ranks (q_proj / q_b_proj /
 kv_b_proj column-parallel, o_proj row-parallel), q_a / kv_a replicated.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,10 +33,10 @@ from typing import Any
 import torch
 
 from hetero.engine.context import ModelContext
+from hetero.engine.layers.cached import CachedLayer, PagedEntry
 from hetero.engine.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
-from hetero.engine.layers.cached import CachedLayer, PagedEntry
 from hetero.engine.layers.weights import join_prefix
 from hetero.engine.parallel import divide
 from hetero.engine.quant.config import QuantConfig
@@ -82,13 +83,23 @@ class MLAttention(CachedLayer):
     mla_options: dict[str, Any] = {}
     expanded_prefill = True
 
-    def __init__(self, ctx: ModelContext, hf_config: Any, layer_idx: int, rotary: RotaryEmbedding, *,
-                 prefix: str = "", quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        hf_config: Any,
+        layer_idx: int,
+        rotary: RotaryEmbedding,
+        *,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__()
         c = hf_config
         if getattr(c, "num_key_value_heads", None) not in (None, c.num_attention_heads):
-            raise ValueError(f"{prefix or 'MLAttention'}: MLA needs num_key_value_heads == num_attention_heads, "
-                             f"the config has {c.num_key_value_heads} and {c.num_attention_heads}")
+            raise ValueError(
+                f"{prefix or 'MLAttention'}: MLA needs num_key_value_heads == num_attention_heads, "
+                f"the config has {c.num_key_value_heads} and {c.num_attention_heads}"
+            )
         self.ctx, self.prefix = ctx, prefix
         self.hidden = c.hidden_size
         self.num_heads = divide(c.num_attention_heads, ctx.parallel.size, "attention heads")
@@ -107,13 +118,19 @@ class MLAttention(CachedLayer):
             self.q_proj = ColumnParallelLinear(ctx, self.hidden, total_heads * self.qk_dim, **at("q_proj"))
         else:
             self.q_a_proj = ReplicatedLinear(ctx, self.hidden, self.q_lora_rank, bias=bias, **at("q_a_proj"))
-            self.q_a_layernorm = RMSNorm(ctx, self.q_lora_rank, LATENT_NORM_EPS, prefix=join_prefix(prefix, "q_a_layernorm"))
+            self.q_a_layernorm = RMSNorm(
+                ctx, self.q_lora_rank, LATENT_NORM_EPS, prefix=join_prefix(prefix, "q_a_layernorm")
+            )
             self.q_b_proj = ColumnParallelLinear(ctx, self.q_lora_rank, total_heads * self.qk_dim, **at("q_b_proj"))
-        self.kv_a_proj_with_mqa = ReplicatedLinear(ctx, self.hidden, self.kv_lora_rank + self.rope, bias=bias,
-                                                   **at("kv_a_proj_with_mqa"))
-        self.kv_a_layernorm = RMSNorm(ctx, self.kv_lora_rank, LATENT_NORM_EPS, prefix=join_prefix(prefix, "kv_a_layernorm"))
-        self.kv_b_proj = ColumnParallelLinear(ctx, self.kv_lora_rank, total_heads * (self.nope + self.v_dim),
-                                              **at("kv_b_proj"))
+        self.kv_a_proj_with_mqa = ReplicatedLinear(
+            ctx, self.hidden, self.kv_lora_rank + self.rope, bias=bias, **at("kv_a_proj_with_mqa")
+        )
+        self.kv_a_layernorm = RMSNorm(
+            ctx, self.kv_lora_rank, LATENT_NORM_EPS, prefix=join_prefix(prefix, "kv_a_layernorm")
+        )
+        self.kv_b_proj = ColumnParallelLinear(
+            ctx, self.kv_lora_rank, total_heads * (self.nope + self.v_dim), **at("kv_b_proj")
+        )
         self.o_proj = RowParallelLinear(ctx, total_heads * self.v_dim, self.hidden, bias=bias, **at("o_proj"))
         self.rotary = rotary
 
@@ -139,7 +156,7 @@ class MLAttention(CachedLayer):
         w = self.kv_b_proj.quant_method.dense_weight(self.kv_b_proj)
         per_head = w.view(self.num_heads, self.nope + self.v_dim, self.kv_lora_rank)
         self.w_uk_t = per_head[:, : self.nope].transpose(1, 2).contiguous()
-        self.w_uv = per_head[:, self.nope:].contiguous()
+        self.w_uv = per_head[:, self.nope :].contiguous()
 
     def _per_head(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x [T, h, K], w [h, N, K] -> [T, h, N]: ``x[:, i] @ w[i].T`` for every head, one grouped GEMM."""
@@ -153,7 +170,9 @@ class MLAttention(CachedLayer):
         """(q_nope [T, h, nope], rotated q_pe [T, h, rope], q_resid): the queries, and ``q_a_layernorm``'s output
         (None without q_lora_rank; the DSA indexer reads it). Writes this step's latent and rope key to the cache."""
         if self.ckv_cache is None:
-            raise RuntimeError("MLAttention: the latent KV cache is not allocated (ModelRunner binds it before the first step)")
+            raise RuntimeError(
+                "MLAttention: the latent KV cache is not allocated (ModelRunner binds it before the first step)"
+            )
         t = hidden.shape[0]
         q_resid = None
         if self.q_lora_rank is None:
@@ -162,11 +181,11 @@ class MLAttention(CachedLayer):
             q_resid = self.q_a_layernorm(self.q_a_proj(hidden))
             q = self.q_b_proj(q_resid)
         q = q.view(t, self.num_heads, self.qk_dim)
-        q_nope, q_pe = q[..., : self.nope], q[..., self.nope:].contiguous()
+        q_nope, q_pe = q[..., : self.nope], q[..., self.nope :].contiguous()
 
         latent = self.kv_a_proj_with_mqa(hidden)
         kv_c = self.kv_a_layernorm(latent[:, : self.kv_lora_rank].contiguous())
-        k_pe = latent[:, self.kv_lora_rank:].contiguous().view(t, 1, self.rope)
+        k_pe = latent[:, self.kv_lora_rank :].contiguous().view(t, 1, self.rope)
         q_pe, k_pe = self.rotary(step.positions, q_pe, k_pe)
         self._write(kv_c, k_pe.view(t, self.rope), self.ckv_cache, self.kpe_cache, step.slot_mapping)
         return q_nope, q_pe, q_resid
@@ -175,11 +194,14 @@ class MLAttention(CachedLayer):
         """``mla_attention`` over the latent cache for the rows of ``meta``: [n, h, v_head_dim] (``options``:
         ``topk_indices`` for sparse attention)."""
         if self.w_uk_t is None:
-            raise RuntimeError("MLAttention: no absorbed weights; the post-load pass computes them "
-                               "(hetero.engine.loader.load_weights runs it, or process_weights_after_loading)")
+            raise RuntimeError(
+                "MLAttention: no absorbed weights; the post-load pass computes them "
+                "(hetero.engine.loader.load_weights runs it, or process_weights_after_loading)"
+            )
         q_lat = self._per_head(q_nope, self.w_uk_t)  # [n, h, Lkv]
-        o_lat = self._mla(q_lat.contiguous(), q_pe.contiguous(), self.ckv_cache, self.kpe_cache, meta,
-                          scale=self.scale, **options)
+        o_lat = self._mla(
+            q_lat.contiguous(), q_pe.contiguous(), self.ckv_cache, self.kpe_cache, meta, scale=self.scale, **options
+        )
         return self._per_head(o_lat, self.w_uv)
 
     def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:
@@ -190,7 +212,7 @@ class MLAttention(CachedLayer):
         if nd:
             out[:nd] = self.absorbed(q_nope[:nd], q_pe[:nd], step.decode_meta)
         if step.prefill is not None:
-            out[step.prefill.first_token:] = self._prefill(q_nope, q_pe, step)
+            out[step.prefill.first_token :] = self._prefill(q_nope, q_pe, step)
         return self.o_proj(out.view(t, self.num_heads * self.v_dim))
 
     def _prefill(self, q_nope: torch.Tensor, q_pe: torch.Tensor, step: Step) -> torch.Tensor:
@@ -201,8 +223,19 @@ class MLAttention(CachedLayer):
         k_pe = self.kpe_cache.view(-1, self.rope).index_select(0, slots)
         tk = kv_c.shape[0]
         kv = self.kv_b_proj(kv_c).view(tk, self.num_heads, self.nope + self.v_dim)
-        key = torch.cat([kv[..., : self.nope], k_pe.view(tk, 1, self.rope).expand(tk, self.num_heads, self.rope)], dim=-1)
-        value = kv[..., self.nope:].contiguous()
+        key = torch.cat(
+            [kv[..., : self.nope], k_pe.view(tk, 1, self.rope).expand(tk, self.num_heads, self.rope)], dim=-1
+        )
+        value = kv[..., self.nope :].contiguous()
         query = torch.cat([q_nope[first:], q_pe[first:]], dim=-1)
-        return self._varlen(query, key, value, span.cu_seqlens_q, span.cu_seqlens_k, span.max_seqlen_q,
-                            span.max_seqlen_k, scale=self.scale, causal=True)
+        return self._varlen(
+            query,
+            key,
+            value,
+            span.cu_seqlens_q,
+            span.cu_seqlens_k,
+            span.max_seqlen_q,
+            span.max_seqlen_k,
+            scale=self.scale,
+            causal=True,
+        )

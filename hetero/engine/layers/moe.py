@@ -8,6 +8,7 @@ method (``quant_method``, picked by ``quant_config`` from the layer's checkpoint
 loader takes shard (expert, "gate" | "up" | "down") and returns False for an expert
 another rank owns.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,8 +47,18 @@ class FusedMoE(nn.Module):
     ships them to their experts' ranks and back, and the shares are all-gathered.
     """
 
-    def __init__(self, ctx: ModelContext, num_experts: int, hidden: int, intermediate: int, routing: Routing,
-                 *, correction_bias: bool = False, prefix: str = "", quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        num_experts: int,
+        hidden: int,
+        intermediate: int,
+        routing: Routing,
+        *,
+        correction_bias: bool = False,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__()
         self.ctx, self.prefix, self.routing, self.num_experts = ctx, prefix, routing, num_experts
         par = ctx.parallel
@@ -60,7 +71,9 @@ class FusedMoE(nn.Module):
         self.quant_method.create_weights(self, self.local_experts, hidden, self.inter)
         self.correction_bias = None
         if correction_bias:
-            self.correction_bias = nn.Parameter(torch.empty(num_experts, dtype=torch.float32, device=ctx.device), requires_grad=False)
+            self.correction_bias = nn.Parameter(
+                torch.empty(num_experts, dtype=torch.float32, device=ctx.device), requires_grad=False
+            )
             self.correction_bias.weight_loader = lambda p, t, shard=None: copy_checked(p, t, "e_score_correction_bias")
             self.correction_bias.shards = (None,)
         if self.ep:
@@ -69,8 +82,9 @@ class FusedMoE(nn.Module):
 
     def expert_shards(self, projections: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
         """The shards of a parameter stacking ``projections`` of this rank's experts: (expert, projection)."""
-        return tuple((e, p) for e in range(self.expert_offset, self.expert_offset + self.local_experts)
-                     for p in projections)
+        return tuple(
+            (e, p) for e in range(self.expert_offset, self.expert_offset + self.local_experts) for p in projections
+        )
 
     def load_expert(self, param: nn.Parameter, tensor: torch.Tensor, shard: tuple[int, str]) -> bool:
         """Copy one expert's gate, up or down tensor into ``param`` (any expert parameter of the method);
@@ -78,7 +92,9 @@ class FusedMoE(nn.Module):
         up rows, down columns; the method cuts the tensor and places the packed gate/up rows."""
         expert, proj = shard
         if proj not in PROJECTIONS or not 0 <= expert < self.num_experts:
-            raise ValueError(f"FusedMoE: shard {shard!r} is not (expert in [0, {self.num_experts}), one of {PROJECTIONS})")
+            raise ValueError(
+                f"FusedMoE: shard {shard!r} is not (expert in [0, {self.num_experts}), one of {PROJECTIONS})"
+            )
         e = expert - self.expert_offset
         if not 0 <= e < self.local_experts:
             return False
@@ -94,9 +110,16 @@ class FusedMoE(nn.Module):
 
     def _routed(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.routing
-        return self._route(router_logits, top_k=r.top_k, scoring=r.scoring, renormalize=r.renormalize, n_group=r.n_group,
-                           topk_group=r.topk_group, correction_bias=self.correction_bias,
-                           routed_scaling_factor=r.routed_scaling_factor)
+        return self._route(
+            router_logits,
+            top_k=r.top_k,
+            scoring=r.scoring,
+            renormalize=r.renormalize,
+            n_group=r.n_group,
+            topk_group=r.topk_group,
+            correction_bias=self.correction_bias,
+            routed_scaling_factor=r.routed_scaling_factor,
+        )
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         if self.ep:

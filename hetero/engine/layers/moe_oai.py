@@ -16,6 +16,7 @@ Tensor parallel: every rank holds each expert's I/R slice (gate and up rows, dow
 outputs are summed by one all_reduce; the down bias lives on rank 0 only (zeros elsewhere), so it is added
 once. Expert parallelism is not supported for these experts.
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,8 +38,19 @@ def _expect_shape(tensor: torch.Tensor, shape: tuple[int, ...], what: str) -> No
 class OaiExperts(nn.Module):
     """``forward(x [T, H], router_logits [T, E]) -> [T, H]`` (summed over the ranks)."""
 
-    def __init__(self, ctx: ModelContext, num_experts: int, hidden: int, intermediate: int, top_k: int, *,
-                 alpha: float, limit: float, mxfp4: bool = False, prefix: str = ""):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        num_experts: int,
+        hidden: int,
+        intermediate: int,
+        top_k: int,
+        *,
+        alpha: float,
+        limit: float,
+        mxfp4: bool = False,
+        prefix: str = "",
+    ):
         super().__init__()
         par = ctx.parallel
         if par.expert_parallel and par.size > 1:
@@ -50,8 +62,10 @@ class OaiExperts(nn.Module):
         e, i, h = num_experts, self.inter, hidden
         if mxfp4:
             if i % MXFP4_BLOCK or h % MXFP4_BLOCK:
-                raise ValueError(f"MXFP4 experts need the hidden ({h}) and per-rank intermediate ({i}) sizes in "
-                                 f"blocks of {MXFP4_BLOCK}")
+                raise ValueError(
+                    f"MXFP4 experts need the hidden ({h}) and per-rank intermediate ({i}) sizes in "
+                    f"blocks of {MXFP4_BLOCK}"
+                )
             u8, b, half = dict(dtype=torch.uint8), MXFP4_BLOCK, MXFP4_BLOCK // 2
             self._param("gate_up_proj_blocks", ctx.empty(e, 2 * i, h // b, half, **u8), self._load_rows)
             self._param("gate_up_proj_scales", ctx.empty(e, 2 * i, h // b, **u8), self._load_rows)
@@ -120,6 +134,16 @@ class OaiExperts(nn.Module):
         if self.w13 is None:
             raise RuntimeError(f"{self.prefix}: no expert weights; the loader's post-load pass sets them")
         weights, ids = self._route(router_logits, top_k=self.top_k, scoring="softmax", renormalize=True)
-        out = self._fused_moe(x, self.w13, self.w2, weights, ids, activation="swigluoai", alpha=self.alpha,
-                              limit=self.limit, w13_bias=self.gate_up_proj_bias, w2_bias=self.down_proj_bias)
+        out = self._fused_moe(
+            x,
+            self.w13,
+            self.w2,
+            weights,
+            ids,
+            activation="swigluoai",
+            alpha=self.alpha,
+            limit=self.limit,
+            w13_bias=self.gate_up_proj_bias,
+            w2_bias=self.down_proj_bias,
+        )
         return self.ctx.parallel.all_reduce(out)

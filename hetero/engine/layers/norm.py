@@ -1,4 +1,5 @@
 """RMSNorm through ``rms_norm``, with the fused residual add."""
+
 from __future__ import annotations
 
 import torch

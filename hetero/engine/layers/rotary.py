@@ -1,4 +1,5 @@
 """Rotary position embedding through ``rotary_embedding``; frequencies from transformers' rope functions."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -30,7 +31,9 @@ def rope_frequencies(hf_config: Any, rotary_dim: int) -> tuple[torch.Tensor, flo
         raise ValueError(f"rope_type {rope_type!r} is not supported; known: default, {', '.join(ROPE_INIT_FUNCTIONS)}")
     inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
     if inv_freq.numel() * 2 != rotary_dim:
-        raise ValueError(f"rope {rope_type!r}: transformers computed {inv_freq.numel() * 2} rotary dims, the model uses {rotary_dim}")
+        raise ValueError(
+            f"rope {rope_type!r}: transformers computed {inv_freq.numel() * 2} rotary dims, the model uses {rotary_dim}"
+        )
     return inv_freq.float(), float(factor)
 
 

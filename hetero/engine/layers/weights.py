@@ -1,4 +1,5 @@
 """Copying checkpoint tensors into parameters, and naming modules by their checkpoint prefix."""
+
 from __future__ import annotations
 
 import torch
@@ -23,9 +24,11 @@ def copy_checked(param: torch.Tensor, tensor: torch.Tensor, what: str) -> None:
     parameter, since without its scale the numbers would be silently wrong.
     """
     if tensor.dtype != param.dtype and not (is_plain_float(tensor.dtype) and is_plain_float(param.dtype)):
-        raise ValueError(f"{what}: the checkpoint tensor is {tensor.dtype}, the parameter expects {param.dtype}; "
-                         "a quantized tensor loads only into a layer whose quantization method creates "
-                         "parameters of its dtype (is the checkpoint's quantization_config supported?)")
+        raise ValueError(
+            f"{what}: the checkpoint tensor is {tensor.dtype}, the parameter expects {param.dtype}; "
+            "a quantized tensor loads only into a layer whose quantization method creates "
+            "parameters of its dtype (is the checkpoint's quantization_config supported?)"
+        )
     if tuple(param.shape) != tuple(tensor.shape):
         raise ValueError(f"{what}: expected shape {tuple(param.shape)}, the checkpoint has {tuple(tensor.shape)}")
     param.data.copy_(tensor.to(param.dtype))

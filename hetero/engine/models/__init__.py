@@ -1,4 +1,5 @@
 """The model registry: ``architectures[0]`` of config.json -> model class (imported on use)."""
+
 from __future__ import annotations
 
 import importlib
@@ -35,7 +36,9 @@ def model_class(architectures: list[str] | None) -> type[CausalLM]:
         raise UnsupportedArchitecture(f"config.json has no 'architectures' entry; supported: {supported}")
     name = architectures[0]
     if name not in ARCHITECTURES:
-        raise UnsupportedArchitecture(f"architecture {name!r} is not supported by hetero.engine; supported: {supported}")
+        raise UnsupportedArchitecture(
+            f"architecture {name!r} is not supported by hetero.engine; supported: {supported}"
+        )
     target = ARCHITECTURES[name]
     if isinstance(target, type):
         return target

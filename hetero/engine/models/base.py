@@ -1,4 +1,5 @@
 """What every model class provides to the runner and the loader."""
+
 from __future__ import annotations
 
 import re
@@ -38,12 +39,20 @@ class WeightMapping:
     ignore: tuple[str, ...] = ()
 
     @staticmethod
-    def stacked_experts(checkpoint: str = r"model\.layers\.(?P<layer>\d+)\.mlp\.experts",
-                        parameter: str = "model.layers.{layer}.mlp.experts") -> tuple[tuple[str, str, str], ...]:
+    def stacked_experts(
+        checkpoint: str = r"model\.layers\.(?P<layer>\d+)\.mlp\.experts",
+        parameter: str = "model.layers.{layer}.mlp.experts",
+    ) -> tuple[tuple[str, str, str], ...]:
         """The ``experts`` rules of per-expert ``{checkpoint}.E.{gate,up,down}_proj.{suffix}`` tensors
         stacked into ``{parameter}.w13`` (gate, up) and ``{parameter}.w2`` (down), any suffix."""
-        return tuple((rf"{checkpoint}\.(?P<expert>\d+)\.{proj}_proj\.(?P<suffix>\w+)",
-                      f"{parameter}.{'w2' if proj == 'down' else 'w13'}", proj) for proj in ("gate", "up", "down"))
+        return tuple(
+            (
+                rf"{checkpoint}\.(?P<expert>\d+)\.{proj}_proj\.(?P<suffix>\w+)",
+                f"{parameter}.{'w2' if proj == 'down' else 'w13'}",
+                proj,
+            )
+            for proj in ("gate", "up", "down")
+        )
 
     @staticmethod
     def expert_param(template: str, groups: dict[str, Any]) -> str:

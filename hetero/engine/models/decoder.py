@@ -14,6 +14,7 @@ Every module gets its checkpoint ``prefix`` ("model.layers.3.self_attn") and the
 ``quant_config``, which picks each Linear's and FusedMoE's method by prefix. Positions, cache slots
 and the attention layout all come from the ``Step``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
@@ -33,8 +34,16 @@ from hetero.engine.models.base import CausalLM, WeightMapping
 from hetero.engine.quant.config import QuantConfig, quant_config_of
 from hetero.engine.step import Step
 
-__all__ = ["GatedMLP", "DecoderLayer", "DecoderModel", "DecoderForCausalLM", "IGNORE", "QKV_PACKED", "GATE_UP_PACKED",
-           "every_layer"]
+__all__ = [
+    "GatedMLP",
+    "DecoderLayer",
+    "DecoderModel",
+    "DecoderForCausalLM",
+    "IGNORE",
+    "QKV_PACKED",
+    "GATE_UP_PACKED",
+    "every_layer",
+]
 
 #: rotary buffers some (older) checkpoints saved; no model here reads them
 IGNORE = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"model\.rotary_emb\.inv_freq")
@@ -52,16 +61,30 @@ def every_layer(config: Any, layer_idx: int) -> bool:
 class GatedMLP(nn.Module):
     """``down(silu(gate(x)) * up(x))``: gate/up packed column-parallel, down row-parallel, biased when ``bias``."""
 
-    def __init__(self, ctx: ModelContext, hidden: int, intermediate: int, *, bias: bool = False, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        hidden: int,
+        intermediate: int,
+        *,
+        bias: bool = False,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__()
         self.prefix = prefix
-        self.gate_up_proj = MergedColumnParallelLinear(ctx, hidden, [intermediate, intermediate], bias=bias,
-                                                       prefix=join_prefix(prefix, "gate_up_proj"),
-                                                       quant_config=quant_config)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            ctx,
+            hidden,
+            [intermediate, intermediate],
+            bias=bias,
+            prefix=join_prefix(prefix, "gate_up_proj"),
+            quant_config=quant_config,
+        )
         self.act_fn = SiluAndMul(ctx)
-        self.down_proj = RowParallelLinear(ctx, intermediate, hidden, bias=bias,
-                                           prefix=join_prefix(prefix, "down_proj"), quant_config=quant_config)
+        self.down_proj = RowParallelLinear(
+            ctx, intermediate, hidden, bias=bias, prefix=join_prefix(prefix, "down_proj"), quant_config=quant_config
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -92,18 +115,28 @@ class DecoderLayer(nn.Module):
     #: ``(config, layer_idx) -> bool``: whether that layer has ``moe_cls`` (when there is one)
     is_moe_layer = staticmethod(every_layer)
 
-    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        config: Any,
+        layer_idx: int,
+        rotary: RotaryEmbedding,
+        *,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__()
         self.prefix = prefix
         self.mixer, mixer = self.make_mixer(ctx, config, layer_idx, rotary, prefix=prefix, quant_config=quant_config)
         self.add_module(self.mixer, mixer)
         self.mlp = self.make_mlp(ctx, config, layer_idx, prefix=join_prefix(prefix, "mlp"), quant_config=quant_config)
         eps = config.rms_norm_eps
-        self.input_layernorm = self.norm_cls(ctx, config.hidden_size, eps,
-                                             prefix=join_prefix(prefix, "input_layernorm"))
-        self.post_attention_layernorm = self.norm_cls(ctx, config.hidden_size, eps,
-                                                      prefix=join_prefix(prefix, "post_attention_layernorm"))
+        self.input_layernorm = self.norm_cls(
+            ctx, config.hidden_size, eps, prefix=join_prefix(prefix, "input_layernorm")
+        )
+        self.post_attention_layernorm = self.norm_cls(
+            ctx, config.hidden_size, eps, prefix=join_prefix(prefix, "post_attention_layernorm")
+        )
 
     @classmethod
     def rotary_table(cls, ctx: ModelContext, config: Any) -> RotaryEmbedding:
@@ -115,22 +148,39 @@ class DecoderLayer(nn.Module):
         """Whether the dense MLP has biases."""
         return False
 
-    def make_mixer(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str,
-                   quant_config: QuantConfig | None) -> tuple[str, nn.Module]:
+    def make_mixer(
+        self,
+        ctx: ModelContext,
+        config: Any,
+        layer_idx: int,
+        rotary: RotaryEmbedding,
+        *,
+        prefix: str,
+        quant_config: QuantConfig | None,
+    ) -> tuple[str, nn.Module]:
         """(attribute, module) of the token mixer (``prefix``: the layer's); by default ``self_attn``, an
         ``attention_cls``."""
-        return "self_attn", self.attention_cls(ctx, config, layer_idx, rotary, prefix=join_prefix(prefix, "self_attn"),
-                                               quant_config=quant_config)
+        return "self_attn", self.attention_cls(
+            ctx, config, layer_idx, rotary, prefix=join_prefix(prefix, "self_attn"), quant_config=quant_config
+        )
 
-    def make_mlp(self, ctx: ModelContext, config: Any, layer_idx: int, *, prefix: str,
-                 quant_config: QuantConfig | None) -> nn.Module:
+    def make_mlp(
+        self, ctx: ModelContext, config: Any, layer_idx: int, *, prefix: str, quant_config: QuantConfig | None
+    ) -> nn.Module:
         if self.moe_cls is not None and self.is_moe_layer(config, layer_idx):
             return self.moe_cls(ctx, config, prefix=prefix, quant_config=quant_config)
-        return GatedMLP(ctx, config.hidden_size, config.intermediate_size, bias=self.mlp_bias(config), prefix=prefix,
-                        quant_config=quant_config)
+        return GatedMLP(
+            ctx,
+            config.hidden_size,
+            config.intermediate_size,
+            bias=self.mlp_bias(config),
+            prefix=prefix,
+            quant_config=quant_config,
+        )
 
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, step: Step,
-                capture: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, step: Step, capture: list[torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -150,17 +200,28 @@ class DecoderModel(nn.Module):
     ``capture`` list, the embedding output and each layer's output stream are appended to it, in order.
     """
 
-    def __init__(self, ctx: ModelContext, config: Any, layer_cls: type[DecoderLayer], *, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        config: Any,
+        layer_cls: type[DecoderLayer],
+        *,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__()
         self.prefix = prefix
-        self.embed_tokens = VocabParallelEmbedding(ctx, config.vocab_size, config.hidden_size,
-                                                   prefix=join_prefix(prefix, "embed_tokens"))
+        self.embed_tokens = VocabParallelEmbedding(
+            ctx, config.vocab_size, config.hidden_size, prefix=join_prefix(prefix, "embed_tokens")
+        )
         # one cos/sin table for every layer (it is [max_positions, rotary_dim]), one module per layer
         rotary = layer_cls.rotary_table(ctx, config)
-        self.layers = nn.ModuleList(layer_cls(ctx, config, i, rotary.twin(ctx), quant_config=quant_config,
-                                              prefix=join_prefix(prefix, f"layers.{i}"))
-                                    for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            layer_cls(
+                ctx, config, i, rotary.twin(ctx), quant_config=quant_config, prefix=join_prefix(prefix, f"layers.{i}")
+            )
+            for i in range(config.num_hidden_layers)
+        )
         self.norm = layer_cls.norm_cls(ctx, config.hidden_size, config.rms_norm_eps, prefix=join_prefix(prefix, "norm"))
 
     def forward(self, input_ids: torch.Tensor, step: Step, capture: list[torch.Tensor] | None = None) -> torch.Tensor:

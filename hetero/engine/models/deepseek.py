@@ -21,6 +21,7 @@ Checkpoint layers at index >= ``num_hidden_layers`` (the multi-token-prediction
 layers, ``num_nextn_predict_layers`` of them) are ignored. The rest is the decoder
 skeleton (``decoder.py``): pre-norm layers, the residual fused into the next norm.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,17 +41,29 @@ from hetero.engine.models.base import WeightMapping
 from hetero.engine.models.decoder import GATE_UP_PACKED, IGNORE, DecoderForCausalLM, DecoderLayer, GatedMLP
 from hetero.engine.quant.config import QuantConfig
 
-__all__ = ["DeepseekMoE", "DeepseekV2DecoderLayer", "DeepseekV3DecoderLayer", "DeepseekV2ForCausalLM",
-           "DeepseekV3ForCausalLM", "deepseek_routing", "mtp_ignore"]
+__all__ = [
+    "DeepseekMoE",
+    "DeepseekV2DecoderLayer",
+    "DeepseekV3DecoderLayer",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "deepseek_routing",
+    "mtp_ignore",
+]
 
 
 def deepseek_routing(hf_config: Any, v3: bool) -> Routing:
     """The ``route`` arguments of a DeepSeek MoE layer (see the module docstring)."""
     c = hf_config
     if v3:
-        return Routing(top_k=c.num_experts_per_tok, scoring="sigmoid", renormalize=bool(c.norm_topk_prob),
-                       n_group=int(c.n_group or 1), topk_group=int(c.topk_group or 1),
-                       routed_scaling_factor=float(c.routed_scaling_factor))
+        return Routing(
+            top_k=c.num_experts_per_tok,
+            scoring="sigmoid",
+            renormalize=bool(c.norm_topk_prob),
+            n_group=int(c.n_group or 1),
+            topk_group=int(c.topk_group or 1),
+            routed_scaling_factor=float(c.routed_scaling_factor),
+        )
     method = getattr(c, "topk_method", "greedy")
     if method == "greedy":
         n_group, topk_group = 1, 1
@@ -58,9 +71,14 @@ def deepseek_routing(hf_config: Any, v3: bool) -> Routing:
         n_group, topk_group = int(c.n_group), int(c.topk_group)
     else:
         raise ValueError(f"DeepSeek-V2 topk_method {method!r} is not supported (greedy, group_limited_greedy)")
-    return Routing(top_k=c.num_experts_per_tok, scoring="softmax",
-                   renormalize=bool(getattr(c, "norm_topk_prob", False)), n_group=n_group, topk_group=topk_group,
-                   routed_scaling_factor=float(c.routed_scaling_factor))
+    return Routing(
+        top_k=c.num_experts_per_tok,
+        scoring="softmax",
+        renormalize=bool(getattr(c, "norm_topk_prob", False)),
+        n_group=n_group,
+        topk_group=topk_group,
+        routed_scaling_factor=float(c.routed_scaling_factor),
+    )
 
 
 def _mlp_bias(hf_config: Any, v3: bool) -> bool:
@@ -76,22 +94,40 @@ class DeepseekMoE(nn.Module):
     the loader fills it directly.
     """
 
-    def __init__(self, ctx: ModelContext, hf_config: Any, *, v3: bool, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
+    def __init__(
+        self, ctx: ModelContext, hf_config: Any, *, v3: bool, prefix: str = "", quant_config: QuantConfig | None = None
+    ):
         super().__init__()
         c, self.prefix = hf_config, prefix
-        self.gate = ReplicatedLinear(dataclasses.replace(ctx, dtype=torch.float32), c.hidden_size, c.n_routed_experts,
-                                     prefix=join_prefix(prefix, "gate"), quant_config=quant_config)
-        self.experts = FusedMoE(ctx, c.n_routed_experts, c.hidden_size, c.moe_intermediate_size,
-                                deepseek_routing(c, v3), correction_bias=v3, prefix=join_prefix(prefix, "experts"),
-                                quant_config=quant_config)
+        self.gate = ReplicatedLinear(
+            dataclasses.replace(ctx, dtype=torch.float32),
+            c.hidden_size,
+            c.n_routed_experts,
+            prefix=join_prefix(prefix, "gate"),
+            quant_config=quant_config,
+        )
+        self.experts = FusedMoE(
+            ctx,
+            c.n_routed_experts,
+            c.hidden_size,
+            c.moe_intermediate_size,
+            deepseek_routing(c, v3),
+            correction_bias=v3,
+            prefix=join_prefix(prefix, "experts"),
+            quant_config=quant_config,
+        )
         if v3:
             self.gate.e_score_correction_bias = self.experts.correction_bias
         self.shared_experts = None
         if c.n_shared_experts:
-            self.shared_experts = GatedMLP(ctx, c.hidden_size, c.moe_intermediate_size * c.n_shared_experts,
-                                           bias=_mlp_bias(c, v3), prefix=join_prefix(prefix, "shared_experts"),
-                                           quant_config=quant_config)
+            self.shared_experts = GatedMLP(
+                ctx,
+                c.hidden_size,
+                c.moe_intermediate_size * c.n_shared_experts,
+                bias=_mlp_bias(c, v3),
+                prefix=join_prefix(prefix, "shared_experts"),
+                quant_config=quant_config,
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.gate(x.float())
@@ -120,8 +156,9 @@ class DeepseekV2DecoderLayer(DecoderLayer):
     def rotary_table(cls, ctx: ModelContext, config: Any) -> RotaryEmbedding:
         """Rope on MLA's ``qk_rope_head_dim`` dims: interleaved pairs for V2, and for V3 when ``rope_interleave``."""
         interleaved = bool(getattr(config, "rope_interleave", True)) if cls.v3 else True
-        return RotaryEmbedding(ctx, config, config.qk_rope_head_dim, config.max_position_embeddings,
-                               is_neox=not interleaved)
+        return RotaryEmbedding(
+            ctx, config, config.qk_rope_head_dim, config.max_position_embeddings, is_neox=not interleaved
+        )
 
 
 class DeepseekV3DecoderLayer(DeepseekV2DecoderLayer):

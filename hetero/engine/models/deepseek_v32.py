@@ -16,6 +16,7 @@ Mirrors transformers 5.24's modeling_deepseek_v32.py / modeling_glm_moe_dsa.py:
 The layers share one ``SharedIndices`` (``layers/dsa.py``): each full layer writes its indices there, a
 shared layer reads them.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -26,8 +27,14 @@ from hetero.engine.layers.dsa import INDEXER_TYPES, SharedIndices, SparseMLAtten
 from hetero.engine.models.deepseek import DeepseekV3DecoderLayer, DeepseekV3ForCausalLM
 from hetero.engine.quant.config import QuantConfig
 
-__all__ = ["DsaDecoderLayer", "GlmMoeDsaDecoderLayer", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM",
-           "indexer_types_of", "INDEXER_TYPES"]
+__all__ = [
+    "DsaDecoderLayer",
+    "GlmMoeDsaDecoderLayer",
+    "DeepseekV32ForCausalLM",
+    "GlmMoeDsaForCausalLM",
+    "indexer_types_of",
+    "INDEXER_TYPES",
+]
 
 
 def _is_moe_layer(hf_config: Any, layer: int) -> bool:

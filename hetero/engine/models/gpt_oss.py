@@ -15,6 +15,7 @@ Expert weights: bf16/float32 (``gate_up_proj`` ...) or MXFP4 (``*_blocks`` / ``*
 ``quantization_config.quant_method == "mxfp4"``), dequantized at load. Any other quantization is refused
 (``UnsupportedQuantization``). Tensor parallel only (no expert parallelism).
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -50,11 +51,20 @@ class GptOssAttention(GQAttention):
 
     with_sinks = True
 
-    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        config: Any,
+        layer_idx: int,
+        rotary: RotaryEmbedding,
+        *,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__(ctx, config, layer_idx, rotary, prefix=prefix, quant_config=quant_config)
-        self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32, device=ctx.device),
-                                  requires_grad=False)
+        self.sinks = nn.Parameter(
+            torch.empty(self.num_heads, dtype=torch.float32, device=ctx.device), requires_grad=False
+        )
         self.sinks.weight_loader, self.sinks.shards = self._load_sinks, (None,)
         self._rank = (ctx.parallel.rank, ctx.parallel.size)
 
@@ -66,8 +76,9 @@ class GptOssAttention(GQAttention):
     def _load_sinks(self, param: nn.Parameter, tensor: torch.Tensor, shard: Any = None) -> None:
         n, rank, ranks = self.num_heads, *self._rank
         if tuple(tensor.shape) != (n * ranks,):
-            raise ValueError(f"sinks: expected one value per attention head ({n * ranks},), the checkpoint has "
-                             f"{tuple(tensor.shape)}")
+            raise ValueError(
+                f"sinks: expected one value per attention head ({n * ranks},), the checkpoint has {tuple(tensor.shape)}"
+            )
         copy_checked(param, tensor.narrow(0, rank * n, n), "sinks")
 
 
@@ -77,11 +88,25 @@ class GptOssMLP(nn.Module):
     def __init__(self, ctx: ModelContext, config: Any, *, prefix: str = "", quant_config: QuantConfig | None = None):
         super().__init__()
         c, self.prefix = config, prefix
-        self.router = ReplicatedLinear(ctx, c.hidden_size, c.num_local_experts, bias=True,
-                                       prefix=join_prefix(prefix, "router"), quant_config=quant_config)
-        self.experts = OaiExperts(ctx, c.num_local_experts, c.hidden_size, c.intermediate_size, c.num_experts_per_tok,
-                                  alpha=c.swiglu_alpha, limit=c.swiglu_limit, mxfp4=is_mxfp4(c),
-                                  prefix=join_prefix(prefix, "experts"))
+        self.router = ReplicatedLinear(
+            ctx,
+            c.hidden_size,
+            c.num_local_experts,
+            bias=True,
+            prefix=join_prefix(prefix, "router"),
+            quant_config=quant_config,
+        )
+        self.experts = OaiExperts(
+            ctx,
+            c.num_local_experts,
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_experts_per_tok,
+            alpha=c.swiglu_alpha,
+            limit=c.swiglu_limit,
+            mxfp4=is_mxfp4(c),
+            prefix=join_prefix(prefix, "experts"),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.experts(x, self.router(x))

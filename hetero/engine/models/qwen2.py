@@ -1,4 +1,5 @@
 """Qwen2: GQA attention with q/k/v bias (never o_proj's), gated SiLU MLP, RMSNorm, optional tied embeddings."""
+
 from __future__ import annotations
 
 from typing import Any

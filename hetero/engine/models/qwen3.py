@@ -1,5 +1,6 @@
 """Qwen3: GQA attention with per-head q/k RMSNorm before rope, an explicit head_dim and
 q/k/v/o bias only when ``attention_bias``."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -7,10 +8,10 @@ from typing import Any
 import torch
 
 from hetero.engine.context import ModelContext
+from hetero.engine.layers.gqa import GQAttention
 from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
 from hetero.engine.layers.weights import join_prefix
-from hetero.engine.layers.gqa import GQAttention
 from hetero.engine.models.decoder import DecoderForCausalLM, DecoderLayer
 from hetero.engine.quant.config import QuantConfig
 
@@ -20,8 +21,16 @@ __all__ = ["Qwen3Attention", "Qwen3DecoderLayer", "Qwen3ForCausalLM"]
 class Qwen3Attention(GQAttention):
     """GQA attention plus ``q_norm`` / ``k_norm`` (RMSNorm over head_dim, one weight shared by all heads)."""
 
-    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        config: Any,
+        layer_idx: int,
+        rotary: RotaryEmbedding,
+        *,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__(ctx, config, layer_idx, rotary, prefix=prefix, quant_config=quant_config)
         self.q_norm = RMSNorm(ctx, self.head_dim, config.rms_norm_eps, prefix=join_prefix(prefix, "q_norm"))
         self.k_norm = RMSNorm(ctx, self.head_dim, config.rms_norm_eps, prefix=join_prefix(prefix, "k_norm"))

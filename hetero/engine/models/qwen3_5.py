@@ -7,6 +7,7 @@ expert in every layer, its router always renormalizing the top-k weights. Qwen3.
 interleaved M-RoPE reduces to partial NeoX rope for text, where the temporal, height and
 width positions are all the token's position, so the text model uses that.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -17,8 +18,16 @@ from hetero.engine.models.qwen3_next import MTP_IGNORE, HybridSparseMoeBlock, Qw
 
 __all__ = ["Qwen3_5DecoderLayer", "Qwen3_5MoeDecoderLayer", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"]
 
-_PACKED = QKV_PACKED + GATE_UP_PACKED + (("in_proj_qkv", "in_proj", "qkv"), ("in_proj_z", "in_proj", "z"),
-                                         ("in_proj_b", "in_proj", "b"), ("in_proj_a", "in_proj", "a"))
+_PACKED = (
+    QKV_PACKED
+    + GATE_UP_PACKED
+    + (
+        ("in_proj_qkv", "in_proj", "qkv"),
+        ("in_proj_z", "in_proj", "z"),
+        ("in_proj_b", "in_proj", "b"),
+        ("in_proj_a", "in_proj", "a"),
+    )
+)
 
 
 class Qwen3_5DecoderLayer(Qwen3NextDecoderLayer):

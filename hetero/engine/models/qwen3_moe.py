@@ -6,6 +6,7 @@ A layer is sparse when it is not in ``mlp_only_layers``, ``num_experts > 0`` and
 ``num_experts_per_tok``, renormalized iff ``norm_topk_prob``; the experts are one
 FusedMoE (``mlp.experts.w13`` / ``w2``) loaded from the per-expert checkpoint tensors.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,8 +29,11 @@ __all__ = ["Qwen3MoeSparseMoeBlock", "Qwen3MoeDecoderLayer", "Qwen3MoeForCausalL
 def is_sparse_layer(config: Any, layer_idx: int) -> bool:
     """Whether decoder layer ``layer_idx`` has routed experts (else a dense MLP of ``intermediate_size``)."""
     step = getattr(config, "decoder_sparse_step", 1) or 1
-    return (layer_idx not in (getattr(config, "mlp_only_layers", None) or [])
-            and config.num_experts > 0 and (layer_idx + 1) % step == 0)
+    return (
+        layer_idx not in (getattr(config, "mlp_only_layers", None) or [])
+        and config.num_experts > 0
+        and (layer_idx + 1) % step == 0
+    )
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
@@ -38,11 +42,19 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
     def __init__(self, ctx: ModelContext, config: Any, *, prefix: str = "", quant_config: QuantConfig | None = None):
         super().__init__()
         self.prefix = prefix
-        self.gate = ReplicatedLinear(ctx, config.hidden_size, config.num_experts, prefix=join_prefix(prefix, "gate"),
-                                     quant_config=quant_config)
+        self.gate = ReplicatedLinear(
+            ctx, config.hidden_size, config.num_experts, prefix=join_prefix(prefix, "gate"), quant_config=quant_config
+        )
         routing = Routing(top_k=config.num_experts_per_tok, scoring="softmax", renormalize=bool(config.norm_topk_prob))
-        self.experts = FusedMoE(ctx, config.num_experts, config.hidden_size, config.moe_intermediate_size, routing,
-                                prefix=join_prefix(prefix, "experts"), quant_config=quant_config)
+        self.experts = FusedMoE(
+            ctx,
+            config.num_experts,
+            config.hidden_size,
+            config.moe_intermediate_size,
+            routing,
+            prefix=join_prefix(prefix, "experts"),
+            quant_config=quant_config,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.experts(x, self.gate(x))

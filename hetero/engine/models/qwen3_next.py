@@ -10,6 +10,7 @@ else a dense gated SiLU MLP. The checkpoint's input projections are Qwen3-Next's
 per-key-head interleaved ``in_proj_qkvz`` / ``in_proj_ba``; its MTP weights (``mtp.*``) are
 not used. The Qwen3.5 models (``qwen3_5.py``) reuse all of this.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,8 +26,7 @@ from hetero.engine.layers.moe import FusedMoE, Routing
 from hetero.engine.layers.rotary import RotaryEmbedding
 from hetero.engine.layers.weights import join_prefix
 from hetero.engine.models.base import WeightMapping
-from hetero.engine.models.decoder import (GATE_UP_PACKED, IGNORE, QKV_PACKED, DecoderForCausalLM, DecoderLayer,
-                                          GatedMLP)
+from hetero.engine.models.decoder import GATE_UP_PACKED, IGNORE, QKV_PACKED, DecoderForCausalLM, DecoderLayer, GatedMLP
 from hetero.engine.models.qwen3_moe import is_sparse_layer
 from hetero.engine.quant.config import QuantConfig
 
@@ -47,21 +47,42 @@ class HybridSparseMoeBlock(nn.Module):
     (FusedMoE's and the row-parallel down_proj's).
     """
 
-    def __init__(self, ctx: ModelContext, config: Any, *, renormalize: bool | None = None, prefix: str = "",
-                 quant_config: QuantConfig | None = None):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        config: Any,
+        *,
+        renormalize: bool | None = None,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__()
         self.prefix, hidden = prefix, config.hidden_size
         if renormalize is None:
             renormalize = bool(config.norm_topk_prob)
-        self.gate = ReplicatedLinear(ctx, hidden, config.num_experts, prefix=join_prefix(prefix, "gate"),
-                                     quant_config=quant_config)
+        self.gate = ReplicatedLinear(
+            ctx, hidden, config.num_experts, prefix=join_prefix(prefix, "gate"), quant_config=quant_config
+        )
         routing = Routing(top_k=config.num_experts_per_tok, scoring="softmax", renormalize=renormalize)
-        self.experts = FusedMoE(ctx, config.num_experts, hidden, config.moe_intermediate_size, routing,
-                                prefix=join_prefix(prefix, "experts"), quant_config=quant_config)
-        self.shared_expert = GatedMLP(ctx, hidden, config.shared_expert_intermediate_size,
-                                      prefix=join_prefix(prefix, "shared_expert"), quant_config=quant_config)
-        self.shared_expert_gate = ReplicatedLinear(ctx, hidden, 1, prefix=join_prefix(prefix, "shared_expert_gate"),
-                                                   quant_config=quant_config)
+        self.experts = FusedMoE(
+            ctx,
+            config.num_experts,
+            hidden,
+            config.moe_intermediate_size,
+            routing,
+            prefix=join_prefix(prefix, "experts"),
+            quant_config=quant_config,
+        )
+        self.shared_expert = GatedMLP(
+            ctx,
+            hidden,
+            config.shared_expert_intermediate_size,
+            prefix=join_prefix(prefix, "shared_expert"),
+            quant_config=quant_config,
+        )
+        self.shared_expert_gate = ReplicatedLinear(
+            ctx, hidden, 1, prefix=join_prefix(prefix, "shared_expert_gate"), quant_config=quant_config
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
@@ -83,15 +104,25 @@ class Qwen3NextDecoderLayer(DecoderLayer):
     @classmethod
     def rotary_table(cls, ctx: ModelContext, config: Any) -> RotaryEmbedding:
         """Partial NeoX rope: the first ``rotary_dim_of`` dims of each head."""
-        return RotaryEmbedding(ctx, config, rotary_dim_of(config, config.head_dim), config.max_position_embeddings,
-                               is_neox=True)
+        return RotaryEmbedding(
+            ctx, config, rotary_dim_of(config, config.head_dim), config.max_position_embeddings, is_neox=True
+        )
 
-    def make_mixer(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, *, prefix: str,
-                   quant_config: QuantConfig | None) -> tuple[str, nn.Module]:
+    def make_mixer(
+        self,
+        ctx: ModelContext,
+        config: Any,
+        layer_idx: int,
+        rotary: RotaryEmbedding,
+        *,
+        prefix: str,
+        quant_config: QuantConfig | None,
+    ) -> tuple[str, nn.Module]:
         kind = config.layer_types[layer_idx]
         if kind == "linear_attention":
-            return "linear_attn", GatedDeltaNet(ctx, config, self.layout, prefix=join_prefix(prefix, "linear_attn"),
-                                                quant_config=quant_config)
+            return "linear_attn", GatedDeltaNet(
+                ctx, config, self.layout, prefix=join_prefix(prefix, "linear_attn"), quant_config=quant_config
+            )
         if kind == "full_attention":
             return super().make_mixer(ctx, config, layer_idx, rotary, prefix=prefix, quant_config=quant_config)
         raise ValueError(f"layer_types[{layer_idx}] is {kind!r}; a hybrid Qwen layer is one of {LAYER_TYPES}")
@@ -101,6 +132,8 @@ class Qwen3NextForCausalLM(DecoderForCausalLM):
     """Qwen3-Next (Qwen3-Next-80B-A3B and its tiny versions): ``model.*`` plus ``lm_head``."""
 
     layer_cls = Qwen3NextDecoderLayer
-    mapping = WeightMapping(packed=QKV_PACKED + GATE_UP_PACKED + (("in_proj_qkvz", "in_proj", "qkvz"),
-                                                                  ("in_proj_ba", "in_proj", "ba")),
-                            experts=WeightMapping.stacked_experts(), ignore=IGNORE + MTP_IGNORE)
+    mapping = WeightMapping(
+        packed=QKV_PACKED + GATE_UP_PACKED + (("in_proj_qkvz", "in_proj", "qkvz"), ("in_proj_ba", "in_proj", "ba")),
+        experts=WeightMapping.stacked_experts(),
+        ignore=IGNORE + MTP_IGNORE,
+    )

@@ -7,13 +7,24 @@ with its methods and a QuantConfig builder, registered in ``config.FORMATS``: ``
 ``compressed_tensors`` (8-bit weights, methods in ``scaled``); ``weights_only`` turns their
 activation quantization off.
 """
+
 from __future__ import annotations
 
+from hetero.engine.quant._select import weights_only
 from hetero.engine.quant.base import LinearMethod, MoEMethod, QuantMethod, register_weight
 from hetero.engine.quant.config import FORMATS, QuantConfig, UnsupportedQuantization, quant_config_of
 from hetero.engine.quant.unquantized import UnquantizedLinearMethod, UnquantizedMoEMethod
-from hetero.engine.quant._select import weights_only
 
-__all__ = ["QuantMethod", "LinearMethod", "MoEMethod", "register_weight", "UnquantizedLinearMethod",
-           "UnquantizedMoEMethod", "QuantConfig", "FORMATS", "UnsupportedQuantization", "quant_config_of",
-           "weights_only"]
+__all__ = [
+    "QuantMethod",
+    "LinearMethod",
+    "MoEMethod",
+    "register_weight",
+    "UnquantizedLinearMethod",
+    "UnquantizedMoEMethod",
+    "QuantConfig",
+    "FORMATS",
+    "UnsupportedQuantization",
+    "quant_config_of",
+    "weights_only",
+]

@@ -5,12 +5,23 @@ oracle checkpoints, so all three read a scale the same way. Scale grids are ceil
 last block row or column of a weight whose size is not a multiple of 128 covers the
 remaining elements only (DeepSeek-V3's ``kv_a_proj_with_mqa``, 576 rows).
 """
+
 from __future__ import annotations
 
 import torch
 
-__all__ = ["BLOCK", "FP8", "QUANT_DTYPES", "qmax", "block_grid", "dequantize", "quantize_blocks",
-           "quantize_channels", "float_scale", "e4m3fn_to_fnuz"]
+__all__ = [
+    "BLOCK",
+    "FP8",
+    "QUANT_DTYPES",
+    "qmax",
+    "block_grid",
+    "dequantize",
+    "quantize_blocks",
+    "quantize_channels",
+    "float_scale",
+    "e4m3fn_to_fnuz",
+]
 
 #: edge of a weight scale block
 BLOCK = 128
@@ -36,8 +47,9 @@ def float_scale(scale: torch.Tensor) -> torch.Tensor:
     return scale.to(torch.float32)
 
 
-def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32,
-               block: int = BLOCK) -> torch.Tensor:
+def dequantize(
+    weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32, block: int = BLOCK
+) -> torch.Tensor:
     """``weight [..., N, K]`` (fp8 or int8) times its scale, in ``dtype``.
 
     The scale's shape says its form: [..., ceil(N/block), ceil(K/block)] blocks, [..., N, 1] per
@@ -52,8 +64,10 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = t
     elif s.numel() == 1 or s.shape == weight.shape[:-2]:
         full = s.reshape(*weight.shape[:-2], 1, 1) if s.numel() > 1 else s.reshape(())
     else:
-        raise ValueError(f"a scale of shape {tuple(s.shape)} fits no scale form of a weight of shape {tuple(weight.shape)} "
-                         f"(blocks {block_grid(n, k, block)}, per channel ({n}, 1), per tensor)")
+        raise ValueError(
+            f"a scale of shape {tuple(s.shape)} fits no scale form of a weight of shape {tuple(weight.shape)} "
+            f"(blocks {block_grid(n, k, block)}, per channel ({n}, 1), per tensor)"
+        )
     return (weight.to(torch.float32) * full).to(dtype)
 
 
@@ -63,7 +77,9 @@ def _quantize(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch
     return q.round().to(dtype) if dtype == torch.int8 else q.to(dtype)
 
 
-def quantize_blocks(weight: torch.Tensor, dtype: torch.dtype = FP8, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_blocks(
+    weight: torch.Tensor, dtype: torch.dtype = FP8, block: int = BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(q [N, K], scale float32 [ceil(N/block), ceil(K/block)]): each block's scale is the amax of its own
     elements (a partial block's actual ones) over qmax; an all-zero block gets scale 1."""
     w = weight.to(torch.float32)

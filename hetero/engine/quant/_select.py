@@ -1,4 +1,5 @@
 """Which layers of a scaled checkpoint are quantized: a QuantConfig over one ``Scheme`` and its skip list."""
+
 from __future__ import annotations
 
 import re
@@ -46,8 +47,10 @@ class ScaledQuantConfig(QuantConfig):
         parts = _parts(prefix)
         hits = [any(_listed(p, e) for e in self.skip) for p in parts]
         if any(hits) and not all(hits):
-            raise UnsupportedQuantization(f"{prefix}: the checkpoint leaves only some of {', '.join(parts)} unquantized; "
-                                          "the engine packs them into one layer of one format")
+            raise UnsupportedQuantization(
+                f"{prefix}: the checkpoint leaves only some of {', '.join(parts)} unquantized; "
+                "the engine packs them into one layer of one format"
+            )
         return all(hits) or any(re.fullmatch(p, prefix) for p in ALWAYS_FLOAT)
 
     def linear_method(self, prefix: str) -> LinearMethod:
@@ -60,8 +63,10 @@ class ScaledQuantConfig(QuantConfig):
         if self._skipped(prefix):
             return UnquantizedMoEMethod()
         if any(e.startswith(prefix + ".") for e in self.skip):
-            raise UnsupportedQuantization(f"{prefix}: the checkpoint leaves some experts unquantized; the engine "
-                                          "stacks every expert of a layer in one format")
+            raise UnsupportedQuantization(
+                f"{prefix}: the checkpoint leaves some experts unquantized; the engine "
+                "stacks every expert of a layer in one format"
+            )
         return ScaledMoEMethod(self.scheme)
 
     def describe(self) -> str:

@@ -16,6 +16,7 @@ from its checkpoint prefix. The method
 State lives on the layer (parameters, derived tensors); a method holds only its
 format's settings, so one object could serve many layers.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -26,8 +27,9 @@ from torch import nn
 __all__ = ["QuantMethod", "LinearMethod", "MoEMethod", "register_weight"]
 
 
-def register_weight(layer: nn.Module, name: str, data: torch.Tensor, *, loader: Callable, shards: Sequence[Any] = (None,),
-                    **attrs: Any) -> nn.Parameter:
+def register_weight(
+    layer: nn.Module, name: str, data: torch.Tensor, *, loader: Callable, shards: Sequence[Any] = (None,), **attrs: Any
+) -> nn.Parameter:
     """Register ``data`` as parameter ``name`` of ``layer`` with its ``weight_loader`` and ``shards``.
 
     ``attrs`` become attributes of the parameter; a Linear reads ``output_dim`` (the
@@ -46,8 +48,9 @@ def register_weight(layer: nn.Module, name: str, data: torch.Tensor, *, loader: 
 class QuantMethod:
     """The loading rules every method shares; element-wise here, overridden per parameter by block formats."""
 
-    def tp_part(self, layer: nn.Module, param: nn.Parameter, tensor: torch.Tensor, dim: int, index: int,
-                count: int) -> torch.Tensor:
+    def tp_part(
+        self, layer: nn.Module, param: nn.Parameter, tensor: torch.Tensor, dim: int, index: int, count: int
+    ) -> torch.Tensor:
         """Part ``index`` of ``count`` equal parts of checkpoint ``tensor`` along ``dim`` (this rank's share).
 
         ``param`` is the parameter it will fill: a block-scale tensor is split in blocks,
@@ -55,8 +58,10 @@ class QuantMethod:
         """
         n = tensor.shape[dim]
         if n % count:
-            raise ValueError(f"the checkpoint tensor of shape {tuple(tensor.shape)} does not split into {count} "
-                             f"equal parts along dimension {dim}")
+            raise ValueError(
+                f"the checkpoint tensor of shape {tuple(tensor.shape)} does not split into {count} "
+                f"equal parts along dimension {dim}"
+            )
         size = n // count
         return tensor.narrow(dim, index * size, size)
 

@@ -12,6 +12,7 @@ activation scales, asymmetric weights or activations (``scaled_gemm`` has no zer
 and group-wise weight scales, several config groups. ``ignore`` lists modules left in float
 (names, suffixes or ``re:`` regexes).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -42,8 +43,10 @@ def _weight_form(w: dict[str, Any], kind: str) -> str:
         return "channel"
     if strategy == "block" and list(w.get("block_structure") or ()) == [BLOCK, BLOCK]:
         return "block"
-    raise _refuse(f"weight strategy {strategy!r} (block_structure {w.get('block_structure')}): only per-channel "
-                  f"and {BLOCK}x{BLOCK} block weights are supported")
+    raise _refuse(
+        f"weight strategy {strategy!r} (block_structure {w.get('block_structure')}): only per-channel "
+        f"and {BLOCK}x{BLOCK} block weights are supported"
+    )
 
 
 def _act_quant(a: dict[str, Any] | None, kind: str) -> str | None:
@@ -60,7 +63,9 @@ def _act_quant(a: dict[str, Any] | None, kind: str) -> str | None:
         return "token"
     if strategy == "group" and a.get("group_size") == BLOCK:
         return "group128"
-    raise _refuse(f"activation strategy {strategy!r} (group_size {a.get('group_size')}): per token or groups of {BLOCK}")
+    raise _refuse(
+        f"activation strategy {strategy!r} (group_size {a.get('group_size')}): per token or groups of {BLOCK}"
+    )
 
 
 def compressed_tensors_config(qc: dict[str, Any]) -> ScaledQuantConfig:
@@ -72,8 +77,9 @@ def compressed_tensors_config(qc: dict[str, Any]) -> ScaledQuantConfig:
     group = next(iter(groups.values()))
     fmt = group.get("format") or fmt
     if fmt not in _FORMATS:
-        raise _refuse(f"format {fmt!r} is not supported (supported: {', '.join(_FORMATS)}; "
-                      "4-bit pack-quantized W4A16 is not)")
+        raise _refuse(
+            f"format {fmt!r} is not supported (supported: {', '.join(_FORMATS)}; 4-bit pack-quantized W4A16 is not)"
+        )
     if "Linear" not in (group.get("targets") or ()):
         raise _refuse(f"targets {group.get('targets')!r} (the group must target Linear)")
     kind, dtype = _FORMATS[fmt]

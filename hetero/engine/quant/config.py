@@ -1,5 +1,6 @@
 """Choosing a method per layer: a ``QuantConfig`` maps checkpoint prefixes to methods, and
 ``quant_config_of`` builds one from a config.json's ``quantization_config``."""
+
 from __future__ import annotations
 
 import importlib
@@ -15,8 +16,10 @@ __all__ = ["QuantConfig", "FORMATS", "UnsupportedQuantization", "quant_config_of
 
 #: ``quantization_config["quant_method"]`` -> "module:function" under hetero.engine.quant; the function
 #: takes that dict and returns the format's QuantConfig. A format is one new module and one line here.
-FORMATS: dict[str, str] = {"fp8": "fp8:fp8_config",
-                           "compressed-tensors": "compressed_tensors:compressed_tensors_config"}
+FORMATS: dict[str, str] = {
+    "fp8": "fp8:fp8_config",
+    "compressed-tensors": "compressed_tensors:compressed_tensors_config",
+}
 
 
 class UnsupportedQuantization(UsageError):
@@ -64,8 +67,9 @@ def quant_config_of(hf_config: Any) -> QuantConfig:
     method = qc.get("quant_method")
     if method not in FORMATS:
         supported = ", ".join(sorted(FORMATS)) or "none yet, unquantized checkpoints only"
-        raise UnsupportedQuantization(f"quantization_config.quant_method {method!r} is not supported by "
-                                      f"hetero.engine (supported: {supported})")
+        raise UnsupportedQuantization(
+            f"quantization_config.quant_method {method!r} is not supported by hetero.engine (supported: {supported})"
+        )
     module, fn = FORMATS[method].split(":")
     return getattr(importlib.import_module(f"hetero.engine.quant.{module}"), fn)(dict(qc))
 

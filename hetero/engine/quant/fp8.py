@@ -7,6 +7,7 @@ rounded up to powers of two) and ``"modules_to_not_convert"``. Each quantized Li
 float16 for Qwen3; ``W = weight * scale_inv`` per block); activations are quantized per token in
 groups of 128 at run time. Routers, norms, embeddings and lm_head stay in float.
 """
+
 from __future__ import annotations
 
 from typing import Any

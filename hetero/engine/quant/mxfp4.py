@@ -5,6 +5,7 @@ its ``*_scales`` tensor one e8m0 exponent per block: ``value = e2m1[nibble] * 2 
 (transformers' ``integrations/mxfp4.py``). The engine has no MXFP4 expert op, so the experts run on the
 dequantized weights in the model dtype (exact: every MXFP4 value is a float of a few bits).
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,8 +23,10 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
         raise ValueError(f"MXFP4 blocks and scales are uint8, got {blocks.dtype} and {scales.dtype}")
     if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != MXFP4_BLOCK // 2:
-        raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} do not fit scales {tuple(scales.shape)} "
-                         f"(blocks are [..., G, {MXFP4_BLOCK // 2}] for scales [..., G])")
+        raise ValueError(
+            f"MXFP4 blocks {tuple(blocks.shape)} do not fit scales {tuple(scales.shape)} "
+            f"(blocks are [..., G, {MXFP4_BLOCK // 2}] for scales [..., G])"
+        )
     lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=blocks.device)
     out = torch.empty(*scales.shape[:-1], scales.shape[-1] * MXFP4_BLOCK, dtype=dtype, device=blocks.device)
     if scales.ndim == 1:

@@ -18,6 +18,7 @@ e4m3fn weights as e4m3fnuz (``_qmath.e4m3fn_to_fnuz``): the parameters keep the 
 with 0x80 (-0) made +0 in place, and the layer runs a free fnuz view of them with doubled scales.
 Activations are then quantized to e4m3fnuz (qmax 224), which gives the same bits as e4m3fn at 448.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -53,7 +54,9 @@ class Scheme:
 
     def describe(self) -> str:
         dtype = "fp8" if self.dtype.is_floating_point else "int8"
-        act = {"group128": f"{dtype} 1x128 groups", "token": f"{dtype} per token", None: "float (W8A16)"}[self.act_quant]
+        act = {"group128": f"{dtype} 1x128 groups", "token": f"{dtype} per token", None: "float (W8A16)"}[
+            self.act_quant
+        ]
         fmt = ", ue8m0 scales" if self.scale_fmt == "ue8m0" else ""
         form = "128x128 blocks" if self.weight_form == "block" else "per channel"
         return f"{dtype} weights ({form}), activations {act}{fmt}"
@@ -83,16 +86,20 @@ class _ScaledLoading(QuantMethod):
             return super().tp_part(layer, param, tensor, dim, index, count)
         bad = [n for n in self._split_sizes(layer, dim) if n % BLOCK]
         if bad:
-            raise ValueError(f"{layer.prefix}: splitting over {count} ranks leaves {bad[0]} rows/columns per rank, "
-                             f"which cuts a {BLOCK}x{BLOCK} scale block (each rank's share must be a multiple of {BLOCK})")
+            raise ValueError(
+                f"{layer.prefix}: splitting over {count} ranks leaves {bad[0]} rows/columns per rank, "
+                f"which cuts a {BLOCK}x{BLOCK} scale block (each rank's share must be a multiple of {BLOCK})"
+            )
         return super().tp_part(layer, param, tensor, dim, index, count)
 
     def shard_range(self, layer, param, dim, start, size):
         if not self._is_block(param):
             return start, size
         if start % BLOCK:
-            raise ValueError(f"{layer.prefix}: a packed shard starts at row {start}, inside a {BLOCK}-row scale block "
-                             f"(every packed part but the last must be a multiple of {BLOCK} rows)")
+            raise ValueError(
+                f"{layer.prefix}: a packed shard starts at row {start}, inside a {BLOCK}-row scale block "
+                f"(every packed part but the last must be a multiple of {BLOCK} rows)"
+            )
         return start // BLOCK, -(-size // BLOCK)
 
     def _choose_run_dtype(self, layer: nn.Module, op: str, key: str, **static) -> torch.dtype:
@@ -128,8 +135,9 @@ class _ScaledLoading(QuantMethod):
             layer.ctx.bind_op(layer, "_quant", "quantize_activation", quant_dtype=layer.run_dtype)
 
     def _quantized(self, layer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q, scale = layer._quant(x, dtype=layer.run_dtype, group_size=_GROUP_SIZE[self.scheme.act_quant],
-                                scale_fmt=self.scheme.scale_fmt)[:2]
+        q, scale = layer._quant(
+            x, dtype=layer.run_dtype, group_size=_GROUP_SIZE[self.scheme.act_quant], scale_fmt=self.scheme.scale_fmt
+        )[:2]
         return q, scale
 
 
@@ -138,10 +146,26 @@ class ScaledLinearMethod(_ScaledLoading, LinearMethod):
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
         ctx, s = layer.ctx, self.scheme
-        register_weight(layer, "weight", ctx.empty(out_features, in_features, dtype=s.dtype), loader=layer.load_weight,
-                        shards=layer.shard_ids, output_dim=0, input_dim=1)
-        self._make_scale(layer, s.scale_name, (), out_features, in_features, loader=layer.load_weight,
-                         shards=layer.shard_ids, output_dim=0, input_dim=1 if s.weight_form == "block" else None)
+        register_weight(
+            layer,
+            "weight",
+            ctx.empty(out_features, in_features, dtype=s.dtype),
+            loader=layer.load_weight,
+            shards=layer.shard_ids,
+            output_dim=0,
+            input_dim=1,
+        )
+        self._make_scale(
+            layer,
+            s.scale_name,
+            (),
+            out_features,
+            in_features,
+            loader=layer.load_weight,
+            shards=layer.shard_ids,
+            output_dim=0,
+            input_dim=1 if s.weight_form == "block" else None,
+        )
         layer.dense = None
         if s.act_quant is None:
             ctx.bind_op(layer, "_gemm", "gemm")
@@ -182,27 +206,51 @@ class ScaledMoEMethod(_ScaledLoading, MoEMethod):
         if s.weight_form == "block" and intermediate % BLOCK:
             raise UnsupportedQuantization(
                 f"{layer.prefix}: the experts' intermediate size on this rank, {intermediate}, is not a multiple of "
-                f"{BLOCK}: the gate and up block scales cannot be packed into one w13 scale (fused_moe)")
+                f"{BLOCK}: the gate and up block scales cannot be packed into one w13 scale (fused_moe)"
+            )
         gate_up, down = layer.expert_shards(("gate", "up")), layer.expert_shards(("down",))
-        register_weight(layer, "w13", ctx.empty(num_experts, 2 * intermediate, hidden, dtype=s.dtype),
-                        loader=layer.load_expert, shards=gate_up)
-        register_weight(layer, "w2", ctx.empty(num_experts, hidden, intermediate, dtype=s.dtype),
-                        loader=layer.load_expert, shards=down)
-        self._make_scale(layer, f"w13_{s.scale_name}", (num_experts,), 2 * intermediate, hidden,
-                         loader=layer.load_expert, shards=gate_up)
-        self._make_scale(layer, f"w2_{s.scale_name}", (num_experts,), hidden, intermediate,
-                         loader=layer.load_expert, shards=down)
+        register_weight(
+            layer,
+            "w13",
+            ctx.empty(num_experts, 2 * intermediate, hidden, dtype=s.dtype),
+            loader=layer.load_expert,
+            shards=gate_up,
+        )
+        register_weight(
+            layer,
+            "w2",
+            ctx.empty(num_experts, hidden, intermediate, dtype=s.dtype),
+            loader=layer.load_expert,
+            shards=down,
+        )
+        self._make_scale(
+            layer,
+            f"w13_{s.scale_name}",
+            (num_experts,),
+            2 * intermediate,
+            hidden,
+            loader=layer.load_expert,
+            shards=gate_up,
+        )
+        self._make_scale(
+            layer, f"w2_{s.scale_name}", (num_experts,), hidden, intermediate, loader=layer.load_expert, shards=down
+        )
         if layer.ep:
             if s.act_quant is None:
-                raise UnsupportedQuantization(f"{layer.prefix}: expert parallel runs quantized experts with "
-                                              "activation quantization only (no W8A16 grouped GEMM)")
+                raise UnsupportedQuantization(
+                    f"{layer.prefix}: expert parallel runs quantized experts with "
+                    "activation quantization only (no W8A16 grouped GEMM)"
+                )
             run = self._choose_run_dtype(layer, "scaled_grouped_gemm", "dtype")
             self._bind_quant(layer)
             ctx.bind_op(layer, "_scaled_grouped_gemm", "scaled_grouped_gemm", dtype=run)
             ctx.bind_op(layer, "_silu_and_mul", "silu_and_mul")
         else:
-            static = dict(activation="silu", w13_scale=s.weight_form,
-                          **({"act_quant": s.act_quant} if s.act_quant is not None else {}))
+            static = dict(
+                activation="silu",
+                w13_scale=s.weight_form,
+                **({"act_quant": s.act_quant} if s.act_quant is not None else {}),
+            )
             run = self._choose_run_dtype(layer, "fused_moe", "weight_dtype", **static)
             ctx.bind_op(layer, "_fused_moe", "fused_moe", weight_dtype=run, **static)
 
@@ -219,8 +267,17 @@ class ScaledMoEMethod(_ScaledLoading, MoEMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         s13, s2 = self.scales(layer, run=True)
-        return layer._fused_moe(x, layer.run_w13, layer.run_w2, weights, ids, w13_scale=s13, w2_scale=s2,
-                                act_quant=self.scheme.act_quant, act_scale_fmt=self.scheme.scale_fmt)
+        return layer._fused_moe(
+            x,
+            layer.run_w13,
+            layer.run_w2,
+            weights,
+            ids,
+            w13_scale=s13,
+            w2_scale=s2,
+            act_quant=self.scheme.act_quant,
+            act_scale_fmt=self.scheme.scale_fmt,
+        )
 
     def apply_grouped(self, layer: nn.Module, x: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
         s13, s2 = self.scales(layer, run=True)

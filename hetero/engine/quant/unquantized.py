@@ -1,4 +1,5 @@
 """The unquantized methods: float weights in the model dtype, ``gemm`` and ``fused_moe`` / ``grouped_gemm``."""
+
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,15 @@ class UnquantizedLinearMethod(LinearMethod):
     """``weight [out, in]`` in the layer's dtype, through the backend's ``gemm``."""
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int) -> None:
-        register_weight(layer, "weight", layer.ctx.empty(out_features, in_features), loader=layer.load_weight,
-                        shards=layer.shard_ids, output_dim=0, input_dim=1)
+        register_weight(
+            layer,
+            "weight",
+            layer.ctx.empty(out_features, in_features),
+            loader=layer.load_weight,
+            shards=layer.shard_ids,
+            output_dim=0,
+            input_dim=1,
+        )
         layer.ctx.bind_op(layer, "_gemm", "gemm")
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -32,10 +40,20 @@ class UnquantizedMoEMethod(MoEMethod):
 
     def create_weights(self, layer: nn.Module, num_experts: int, hidden: int, intermediate: int) -> None:
         ctx = layer.ctx
-        register_weight(layer, "w13", ctx.empty(num_experts, 2 * intermediate, hidden), loader=layer.load_expert,
-                        shards=layer.expert_shards(("gate", "up")))
-        register_weight(layer, "w2", ctx.empty(num_experts, hidden, intermediate), loader=layer.load_expert,
-                        shards=layer.expert_shards(("down",)))
+        register_weight(
+            layer,
+            "w13",
+            ctx.empty(num_experts, 2 * intermediate, hidden),
+            loader=layer.load_expert,
+            shards=layer.expert_shards(("gate", "up")),
+        )
+        register_weight(
+            layer,
+            "w2",
+            ctx.empty(num_experts, hidden, intermediate),
+            loader=layer.load_expert,
+            shards=layer.expert_shards(("down",)),
+        )
         if layer.ep:
             ctx.bind_op(layer, "_grouped_gemm", "grouped_gemm")
             ctx.bind_op(layer, "_silu_and_mul", "silu_and_mul")

@@ -1,4 +1,5 @@
 """Paged-pool allocation: KV blocks with reference counts and prefix caching over full blocks."""
+
 from __future__ import annotations
 
 import math
@@ -35,7 +36,9 @@ class BlockAllocator:
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"BlockManager needs num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
+            raise ValueError(
+                f"BlockManager needs num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching

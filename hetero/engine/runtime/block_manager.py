@@ -1,4 +1,5 @@
 """The scheduler's view of the cache: one allocator per pool, coordinated so a sequence holds all or nothing."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,8 +29,15 @@ class BlockManager:
     runner through ``take_ops``.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, *,
-                 num_state_slots: int = 0, num_state_snapshots: int = 0):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        *,
+        num_state_slots: int = 0,
+        num_state_snapshots: int = 0,
+    ):
         self.blocks = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
         self.slots = SlotAllocator(num_state_slots, num_state_snapshots) if num_state_slots else None
         self._ops: list[CacheOp] = []
@@ -107,8 +115,11 @@ class BlockManager:
         """Register the blocks of ``seq`` that became full and computed, and snapshot its state when
         its computed tokens end exactly on such a block (call after each step)."""
         self.blocks.cache_computed(seq)
-        if self.slots is not None and seq.block_hashes and \
-                seq.num_computed_tokens == len(seq.block_hashes) * self.block_size:
+        if (
+            self.slots is not None
+            and seq.block_hashes
+            and seq.num_computed_tokens == len(seq.block_hashes) * self.block_size
+        ):
             op = self.slots.snapshot(seq, seq.block_hashes[-1])
             if op is not None:
                 self._ops.append(op)

@@ -4,10 +4,12 @@ Prefill/decode disaggregation moves a prefilled sequence to another engine this
 way: the exporter reads the sequence's blocks and state slot, the importer writes
 them into blocks and a slot of its own, which may be numbered and sized otherwise.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence as Seq
+from typing import Protocol
+from typing import Sequence as Seq
 
 import torch
 
@@ -42,15 +44,18 @@ class SequenceCache:
 
 def _slots(block_table: Seq[int], num_tokens: int, block_size: int, device: torch.device) -> torch.Tensor:
     if len(block_table) * block_size < num_tokens:
-        raise ValueError(f"{num_tokens} tokens need {-(-num_tokens // block_size)} blocks of {block_size}, "
-                         f"the sequence holds {len(block_table)}")
+        raise ValueError(
+            f"{num_tokens} tokens need {-(-num_tokens // block_size)} blocks of {block_size}, "
+            f"the sequence holds {len(block_table)}"
+        )
     pos = torch.arange(num_tokens, device=device)
     table = torch.tensor(list(block_table), dtype=torch.int64, device=device)
     return table[pos // block_size] * block_size + pos % block_size
 
 
-def export_sequence_cache(pools: Pools, block_table: Seq[int], slot: int | None, num_tokens: int,
-                          token_ids: Seq[int] | None = None) -> SequenceCache:
+def export_sequence_cache(
+    pools: Pools, block_table: Seq[int], slot: int | None, num_tokens: int, token_ids: Seq[int] | None = None
+) -> SequenceCache:
     """Copy the entries of tokens ``[0, num_tokens)`` (in ``block_table``'s blocks) and of state ``slot`` to the CPU;
     ``token_ids``: those tokens, recorded with them."""
     out = SequenceCache(num_tokens, token_ids=list(token_ids[:num_tokens]) if token_ids is not None else None)
@@ -64,14 +69,18 @@ def export_sequence_cache(pools: Pools, block_table: Seq[int], slot: int | None,
     return out
 
 
-def _check(kind: str, have: dict[str, torch.Tensor], got: dict[str, torch.Tensor], lead: tuple[int, ...], cut: int) -> None:
+def _check(
+    kind: str, have: dict[str, torch.Tensor], got: dict[str, torch.Tensor], lead: tuple[int, ...], cut: int
+) -> None:
     if set(have) != set(got):
         raise ValueError(f"the cache to import has {kind} entries {sorted(got)}, this model has {sorted(have)}")
     for name, t in have.items():
         want = (*lead, *t.shape[cut:])
         if tuple(got[name].shape) != want or got[name].dtype != t.dtype:
-            raise ValueError(f"{kind} entry '{name}': expected {t.dtype} {list(want)}, "
-                             f"the cache to import has {got[name].dtype} {list(got[name].shape)}")
+            raise ValueError(
+                f"{kind} entry '{name}': expected {t.dtype} {list(want)}, "
+                f"the cache to import has {got[name].dtype} {list(got[name].shape)}"
+            )
 
 
 def check_fits(pools: Pools, cache: SequenceCache) -> None:

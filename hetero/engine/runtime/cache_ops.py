@@ -1,5 +1,6 @@
 """Changes to the cache tensors that allocation decides on the host and the runner applies, in order,
 before the next step's forward (so a snapshot is taken before the state moves on)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

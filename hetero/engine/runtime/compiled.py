@@ -13,6 +13,7 @@ cannot trace runs between graphs, eagerly. Mode: "reduce-overhead" (CUDA graphs 
 batch size) on CUDA, Inductor's default elsewhere. ``torch.compile`` itself is lazy: the first
 decode step of each kind compiles, and ``compiled_steps`` / ``eager_steps`` count what ran how.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +30,14 @@ __all__ = ["CompiledForward"]
 def _batch_tensors(step: Step, input_ids: torch.Tensor | None) -> list[torch.Tensor]:
     """The tensors whose first dimension is the step's batch (or batch + 1)."""
     metas = [m for m in (step.meta, step.decode_meta) if m is not None]
-    found = [input_ids, step.positions, step.slot_mapping, step.state_slots, step.has_initial_state,
-             *(t for m in metas for t in (m.query_start_loc, m.seq_lens, m.block_table))]
+    found = [
+        input_ids,
+        step.positions,
+        step.slot_mapping,
+        step.state_slots,
+        step.has_initial_state,
+        *(t for m in metas for t in (m.query_start_loc, m.seq_lens, m.block_table)),
+    ]
     return [t for t in found if t is not None]
 
 

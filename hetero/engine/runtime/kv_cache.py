@@ -1,4 +1,5 @@
 """The cache pools of a model: its paged entries in blocks, its state entries in slots, bound to its layers."""
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,9 @@ def _cached_layers(model: nn.Module) -> list[tuple[str, CachedLayer]]:
 
 
 def _entries(model: nn.Module, kind: type) -> list[tuple[str, CachedLayer, PagedEntry | StateEntry]]:
-    return [(path, layer, e) for path, layer in _cached_layers(model) for e in layer.cache_spec() if isinstance(e, kind)]
+    return [
+        (path, layer, e) for path, layer in _cached_layers(model) for e in layer.cache_spec() if isinstance(e, kind)
+    ]
 
 
 def bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
@@ -61,8 +64,14 @@ class CachePools:
                 raise TypeError(f"unknown cache op {op!r}")
 
 
-def allocate_kv_cache(model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype,
-                      device: torch.device | str, num_state_slots: int = 0) -> CachePools:
+def allocate_kv_cache(
+    model: nn.Module,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    num_state_slots: int = 0,
+) -> CachePools:
     """Allocate every entry of every cached layer of ``model`` and bind the tensors to their layers.
 
     Paged entries are filled with their ``fill`` (NaN by default, so a read of a slot nobody

@@ -1,4 +1,5 @@
 """Runs one scheduled batch through the model on a hetero backend and samples its next tokens."""
+
 from __future__ import annotations
 
 import torch
@@ -47,10 +48,22 @@ class ModelRunner:
         state_bytes = (self.num_state_slots + self.num_state_snapshots) * slot_bytes
         self.num_kv_blocks = config.kv_blocks(bytes_per_block(self.model, self.block_size, self.dtype), state_bytes)
         with torch.no_grad():
-            self.cache = allocate_kv_cache(self.model, self.num_kv_blocks, self.block_size, self.dtype, self.device,
-                                           self.num_state_slots + self.num_state_snapshots)
-        self.buffers = StepBuffers(config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
-                                   self.block_size, self.device, has_state=bool(self.num_state_slots))
+            self.cache = allocate_kv_cache(
+                self.model,
+                self.num_kv_blocks,
+                self.block_size,
+                self.dtype,
+                self.device,
+                self.num_state_slots + self.num_state_snapshots,
+            )
+        self.buffers = StepBuffers(
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            config.max_model_len,
+            self.block_size,
+            self.device,
+            has_state=bool(self.num_state_slots),
+        )
         self.sampler = Sampler(config.seed)
         self.forward = CompiledForward(self.model, self.device) if config.compile else self.model
 
@@ -70,8 +83,9 @@ class ModelRunner:
             self.cache.apply(plan.cache_ops)  # even without rows: a snapshot must not be lost
             if not plan.query_lens:
                 return []
-            step, input_ids = self.buffers.fill(plan.query_lens, plan.seq_lens, plan.block_tables, plan.sample,
-                                                plan.state_slots, plan.input_ids)
+            step, input_ids = self.buffers.fill(
+                plan.query_lens, plan.seq_lens, plan.block_tables, plan.sample, plan.state_slots, plan.input_ids
+            )
             hidden = self.forward(input_ids, step)
             if step.logits_indices.numel() == 0:
                 return []

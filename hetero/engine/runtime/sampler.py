@@ -1,4 +1,5 @@
 """Logits to token ids: greedy, or temperature, top-k and top-p sampling with per-request generators; and their logprobs."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -27,19 +28,24 @@ class Sampler:
         seed = params.seed if params.seed is not None else (self.seed * _GOLDEN + index) % (1 << 63)
         return torch.Generator(device=device).manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, params: Sequence[SamplingParams],
-                 generators: Sequence[torch.Generator | None]) -> list[int]:
+    def __call__(
+        self, logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]
+    ) -> list[int]:
         """Token ids for each row; ``generators[i]`` may be None only when row i is greedy."""
         if logits.ndim != 2 or logits.shape[0] != len(params) or len(params) != len(generators):
-            raise ValueError(f"Sampler: logits {list(logits.shape)} need one row per entry of params "
-                             f"({len(params)}) and generators ({len(generators)})")
+            raise ValueError(
+                f"Sampler: logits {list(logits.shape)} need one row per entry of params "
+                f"({len(params)}) and generators ({len(generators)})"
+            )
         out = logits.argmax(dim=-1)
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if rows:
             probs = self.probabilities(logits[rows], [params[i] for i in rows])
             for j, i in enumerate(rows):
                 if generators[i] is None:
-                    raise ValueError(f"Sampler: row {i} samples (temperature {params[i].temperature}) but has no generator")
+                    raise ValueError(
+                        f"Sampler: row {i} samples (temperature {params[i].temperature}) but has no generator"
+                    )
                 out[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
         return out.tolist()
 
@@ -66,8 +72,9 @@ class Sampler:
         return torch.empty_like(x).scatter_(1, order, sorted_x.softmax(dim=-1))
 
     @staticmethod
-    def logprobs(logits: torch.Tensor, params: Sequence[SamplingParams],
-                 token_ids: Sequence[int]) -> list[dict[int, Logprob] | None]:
+    def logprobs(
+        logits: torch.Tensor, params: Sequence[SamplingParams], token_ids: Sequence[int]
+    ) -> list[dict[int, Logprob] | None]:
         """Per row of float32 logits [S, V]: None when ``params[i].logprobs`` is None, else the
         ``params[i].logprobs`` most likely token ids and ``token_ids[i]`` mapped to their
         :class:`Logprob` (log_softmax of the row itself, before any sampling transform), in rank

@@ -1,4 +1,5 @@
 """Continuous batching with chunked prefill and preemption by recompute."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -75,8 +76,15 @@ class Scheduler:
     blocks can then start from them.
     """
 
-    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, eos_token_ids: Iterable[int] = ()):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: Iterable[int] = (),
+    ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -96,18 +104,30 @@ class Scheduler:
         """
         n, params, who = seq.num_prompt_tokens, seq.sampling_params, _who(seq)
         if n == 0:
-            raise UsageError(f"{who}: argument 'prompt': expected at least one token, got an empty prompt",
-                             arg="prompt", expected="at least one token", got=[])
+            raise UsageError(
+                f"{who}: argument 'prompt': expected at least one token, got an empty prompt",
+                arg="prompt",
+                expected="at least one token",
+                got=[],
+            )
         if n > self.max_model_len:
-            raise UsageError(f"{who}: argument 'prompt': prompt of {n} tokens is longer than max_model_len "
-                             f"({self.max_model_len})", arg="prompt", expected=f"<= {self.max_model_len} tokens", got=n)
+            raise UsageError(
+                f"{who}: argument 'prompt': prompt of {n} tokens is longer than max_model_len ({self.max_model_len})",
+                arg="prompt",
+                expected=f"<= {self.max_model_len} tokens",
+                got=n,
+            )
         longest = min(n + params.max_tokens - 1, self.max_model_len)
         needed = self.block_manager.blocks_needed(longest)
         if needed > self.block_manager.num_blocks:
-            raise UsageError(f"{who}: prompt of {n} tokens with max_tokens={params.max_tokens} "
-                             f"needs {needed} KV blocks of {self.block_manager.block_size} tokens for {longest} tokens, "
-                             f"but the cache has {self.block_manager.num_blocks}", arg="max_tokens",
-                             expected=f"a request that fits {self.block_manager.num_blocks} KV blocks", got=params.max_tokens)
+            raise UsageError(
+                f"{who}: prompt of {n} tokens with max_tokens={params.max_tokens} "
+                f"needs {needed} KV blocks of {self.block_manager.block_size} tokens for {longest} tokens, "
+                f"but the cache has {self.block_manager.num_blocks}",
+                arg="max_tokens",
+                expected=f"a request that fits {self.block_manager.num_blocks} KV blocks",
+                got=params.max_tokens,
+            )
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 

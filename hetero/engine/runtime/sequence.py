@@ -1,4 +1,5 @@
 """A request in flight: its sampling parameters, its tokens and where its KV lives."""
+
 from __future__ import annotations
 
 import enum
@@ -158,5 +159,5 @@ class Sequence:
         if end <= n:
             return self.prompt_token_ids[start:end]
         if start >= n:
-            return self.output_token_ids[start - n:end - n]
-        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
+            return self.output_token_ids[start - n : end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]

@@ -1,5 +1,6 @@
 """State-pool allocation: one state slot per running sequence, and snapshots that let prefix caching
 serve a hybrid model only where the state at the end of the hit exists."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -24,7 +25,9 @@ class SlotAllocator:
 
     def __init__(self, num_slots: int, num_snapshots: int = 0):
         if num_slots < 1 or num_snapshots < 0:
-            raise ValueError(f"SlotAllocator needs num_slots >= 1 and num_snapshots >= 0, got {num_slots}, {num_snapshots}")
+            raise ValueError(
+                f"SlotAllocator needs num_slots >= 1 and num_snapshots >= 0, got {num_slots}, {num_snapshots}"
+            )
         self.num_slots, self.num_snapshots = num_slots, num_snapshots
         self._free: dict[int, None] = dict.fromkeys(range(num_slots))
         self._snapshots: OrderedDict[int, int] = OrderedDict()  # block hash -> snapshot slot, LRU first

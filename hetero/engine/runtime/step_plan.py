@@ -1,4 +1,5 @@
 """One step as plain host data: what the model runner needs, and what rank 0 broadcasts under TP."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,9 +30,15 @@ class StepPlan:
         ids: list[int] = []
         for seq, n, length in zip(batch.seqs, batch.query_lens, batch.seq_lens):
             ids.extend(seq.tokens(length - n, length))
-        return cls(ids, list(batch.query_lens), list(batch.seq_lens), [list(t) for t in batch.block_tables],
-                   list(batch.sample), [seq.state_slot for seq in batch.seqs] if stateful else None,
-                   list(batch.cache_ops))
+        return cls(
+            ids,
+            list(batch.query_lens),
+            list(batch.seq_lens),
+            [list(t) for t in batch.block_tables],
+            list(batch.sample),
+            [seq.state_slot for seq in batch.seqs] if stateful else None,
+            list(batch.cache_ops),
+        )
 
     @property
     def num_sampled(self) -> int:

@@ -6,6 +6,7 @@ chips: the cache moves in a hardware-neutral layout (``wire``) over a torch.dist
 (``link``), after both sides proved they serve the same model with the same cache layout
 (``identity``).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -21,7 +22,9 @@ if TYPE_CHECKING:
 __all__ = ["open_role"]
 
 
-def open_role(llm: "LLM", role: str, addr: str, timeout_s: float, registry: "CollectorRegistry") -> "PrefillRole | DecodeRole":
+def open_role(
+    llm: "LLM", role: str, addr: str, timeout_s: float, registry: "CollectorRegistry"
+) -> "PrefillRole | DecodeRole":
     """Meet the peer at ``addr`` (waiting up to ``timeout_s``) and return this instance's role.
 
     Raises ``KVLinkRefused`` (a UsageError) when the peer serves another model or cache layout."""
@@ -32,9 +35,13 @@ def open_role(llm: "LLM", role: str, addr: str, timeout_s: float, registry: "Col
     from hetero.serve.pd.wire import tokens_per_payload
 
     if llm.runner.parallel.size > 1:
-        raise UsageError(f"hetero serve --role {role}: disaggregation needs tensor_parallel_size 1 on both instances "
-                         f"(an exported cache is one rank's shard), got {llm.runner.parallel.size}",
-                         arg="--tensor-parallel-size", expected=1, got=llm.runner.parallel.size)
+        raise UsageError(
+            f"hetero serve --role {role}: disaggregation needs tensor_parallel_size 1 on both instances "
+            f"(an exported cache is one rank's shard), got {llm.runner.parallel.size}",
+            arg="--tensor-parallel-size",
+            expected=1,
+            got=llm.runner.parallel.size,
+        )
     link = connect(role, addr, Identity.of(llm, role), timeout_s)
     if role == "prefill":
         return PrefillRole(KVSender(link, tokens_per_payload(link.identity, llm.config.block_size)), registry)

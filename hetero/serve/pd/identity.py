@@ -5,6 +5,7 @@ from every tensor) and the cache layout (every paged entry's per-token shape and
 state entry's shape and dtype). The backend, the chip and the block size may differ: the cache
 travels token-major, written into the importer's own blocks.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -86,17 +87,23 @@ def refusal(mine: Identity, theirs: Identity) -> str | None:
     if theirs.wire != mine.wire:
         return f"{peer} speaks KV transfer version {theirs.wire}, {here} version {mine.wire}: run one hetero version"
     if theirs.fingerprint != mine.fingerprint:
-        return (f"{peer} serves another model than {here}: fingerprints {theirs.fingerprint} and "
-                f"{mine.fingerprint} (config.json, safetensors headers or weights differ); a KV cache is only "
-                f"valid for the weights that computed it")
+        return (
+            f"{peer} serves another model than {here}: fingerprints {theirs.fingerprint} and "
+            f"{mine.fingerprint} (config.json, safetensors headers or weights differ); a KV cache is only "
+            f"valid for the weights that computed it"
+        )
     for kind in ("paged", "state"):
-        ours, peers = dict((n, (dt, s)) for n, dt, s in getattr(mine, kind)), \
-            dict((n, (dt, s)) for n, dt, s in getattr(theirs, kind))
+        ours, peers = (
+            dict((n, (dt, s)) for n, dt, s in getattr(mine, kind)),
+            dict((n, (dt, s)) for n, dt, s in getattr(theirs, kind)),
+        )
         if set(ours) != set(peers):
             odd = sorted(set(ours) ^ set(peers))
             return f"{peer} and {here} hold different {kind} cache entries (not in both: {odd[:4]})"
         for name, (dt, shape) in sorted(ours.items()):
             if peers[name] != (dt, shape):
-                return (f"{kind} cache entry '{name}': {peer} holds {peers[name][0]} {list(peers[name][1])}, "
-                        f"{here} {dt} {list(shape)}; serve both with the same --dtype")
+                return (
+                    f"{kind} cache entry '{name}': {peer} holds {peers[name][0]} {list(peers[name][1])}, "
+                    f"{here} {dt} {list(shape)}; serve both with the same --dtype"
+                )
     return None

@@ -13,6 +13,7 @@ Why gloo point-to-point: it is torch.distributed's CPU transport, present wherev
 and the cache is exported to CPU memory anyway (``SequenceCache``), so the two chips need no
 common device runtime. A device-to-device transport (NCCL, HCCL, NIXL) would skip that copy.
 """
+
 from __future__ import annotations
 
 import collections
@@ -43,8 +44,12 @@ def parse_addr(addr: str) -> tuple[str, int]:
     """``HOST:PORT`` (``--kv-transfer-addr``)."""
     host, sep, port = addr.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"argument '--kv-transfer-addr': expected HOST:PORT, got {addr!r}",
-                         arg="--kv-transfer-addr", expected="HOST:PORT", got=addr)
+        raise UsageError(
+            f"argument '--kv-transfer-addr': expected HOST:PORT, got {addr!r}",
+            arg="--kv-transfer-addr",
+            expected="HOST:PORT",
+            got=addr,
+        )
     return host, int(port)
 
 
@@ -122,8 +127,14 @@ def connect(role: str, addr: str, identity: Identity, timeout_s: float, op_timeo
     late = TimeoutError(f"--role {role}: no {other} instance met this one at {host}:{port} within {timeout_s:g} s")
     if rank == PREFILL and not _listening(host, port, deadline):
         raise late
-    store = TCPStore(host, port, 2, is_master=rank == DECODE, timeout=datetime.timedelta(seconds=max(timeout_s, 1)),
-                     wait_for_workers=False)
+    store = TCPStore(
+        host,
+        port,
+        2,
+        is_master=rank == DECODE,
+        timeout=datetime.timedelta(seconds=max(timeout_s, 1)),
+        wait_for_workers=False,
+    )
     peer = _swap(store, rank, identity, deadline)
     if peer is None:
         raise late
@@ -149,7 +160,9 @@ def _swap(store: TCPStore, rank: int, identity: Identity, deadline: float) -> Id
     """Exchange identities (None: the peer's never came). The prefill side reads the decode's before it
     writes its own, so by the time the decode side (which hosts the store) can refuse and exit, both
     have read both."""
-    mine, theirs = ("identity/decode", "identity/prefill") if rank == DECODE else ("identity/prefill", "identity/decode")
+    mine, theirs = (
+        ("identity/decode", "identity/prefill") if rank == DECODE else ("identity/prefill", "identity/decode")
+    )
     if rank == DECODE:
         store.set(mine, identity.to_json())
     while not store.check([theirs]):

@@ -7,6 +7,7 @@ instance with the same request. There the cache is imported and only the last pr
 the output are computed, as vLLM's disaggregated prefill recomputes the last token on the decode
 side. A one-token prompt has nothing to ship (``transfer_id`` null).
 """
+
 from __future__ import annotations
 
 import time
@@ -31,13 +32,19 @@ class Unavailable(Exception):
 
 class _Counters:
     def __init__(self, registry: CollectorRegistry, role: str):
-        self.transfers = Counter("hetero_kv_transfers", "KV caches sent (prefill) or received (decode)",
-                                 ("role",), registry=registry).labels(role)
-        self.bytes = Counter("hetero_kv_transfer_bytes", "Bytes of KV caches sent or received", ("role",),
-                             registry=registry).labels(role)
-        self.seconds = Histogram("hetero_kv_transfer_seconds", "Prefill: sending a cache over the link (from the "
-                                 "queue of the link's thread); decode: waiting for it", ("role",), buckets=LATENCY_BUCKETS,
-                                 registry=registry).labels(role)
+        self.transfers = Counter(
+            "hetero_kv_transfers", "KV caches sent (prefill) or received (decode)", ("role",), registry=registry
+        ).labels(role)
+        self.bytes = Counter(
+            "hetero_kv_transfer_bytes", "Bytes of KV caches sent or received", ("role",), registry=registry
+        ).labels(role)
+        self.seconds = Histogram(
+            "hetero_kv_transfer_seconds",
+            "Prefill: sending a cache over the link (from the queue of the link's thread); decode: waiting for it",
+            ("role",),
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ).labels(role)
 
 
 class PrefillRole:

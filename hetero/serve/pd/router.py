@@ -6,6 +6,7 @@ the decode instance over their KV link, and the router sends the request, with t
 ``kv_transfer_params`` the prefill answered, to the decode instance, relaying its answer (streamed
 or whole) to the client. A client that leaves closes the decode request, which aborts it there.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,10 +28,18 @@ __all__ = ["build_router"]
 class _Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()
-        self.requests = Counter("hetero_router_requests", "Requests routed, by endpoint and the client's status",
-                                ("endpoint", "status"), registry=self.registry)
-        self.prefill = Histogram("hetero_router_prefill_seconds", "Prefill instance: computing and shipping a "
-                                 "prompt's cache", buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.requests = Counter(
+            "hetero_router_requests",
+            "Requests routed, by endpoint and the client's status",
+            ("endpoint", "status"),
+            registry=self.registry,
+        )
+        self.prefill = Histogram(
+            "hetero_router_prefill_seconds",
+            "Prefill instance: computing and shipping a prompt's cache",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
 
 
 def build_router(prefill_url: str, decode_url: str, timeout_s: float = 600.0) -> FastAPI:
@@ -83,8 +92,9 @@ def build_router(prefill_url: str, decode_url: str, timeout_s: float = 600.0) ->
     return app
 
 
-async def _route(http: httpx2.AsyncClient, urls: dict[str, str], endpoint: str, request: Request,
-                 metrics: _Metrics) -> Response:
+async def _route(
+    http: httpx2.AsyncClient, urls: dict[str, str], endpoint: str, request: Request, metrics: _Metrics
+) -> Response:
     try:
         body = json.loads(await request.body())
     except ValueError as e:
@@ -97,8 +107,9 @@ async def _route(http: httpx2.AsyncClient, urls: dict[str, str], endpoint: str, 
         return Response(status_code=499)
 
 
-async def _forward(http: httpx2.AsyncClient, urls: dict[str, str], endpoint: str, body: dict,
-                   metrics: _Metrics) -> Response:
+async def _forward(
+    http: httpx2.AsyncClient, urls: dict[str, str], endpoint: str, body: dict, metrics: _Metrics
+) -> Response:
     # the whole body, so the prefill instance refuses what the decode instance's schema would
     # (a request refused before the decode instance takes its cache would leave it there)
     ask = dict(body, kv_transfer_params={"do_remote_decode": True})

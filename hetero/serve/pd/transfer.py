@@ -1,6 +1,7 @@
 """The two ends of a ``KVLink`` as the servers use them: ``KVSender`` on the prefill instance queues
 caches to send, ``KVReceiver`` on the decode instance receives them and hands each to the request
 that names its transfer id. Each owns one thread, so gloo calls never block the event loop."""
+
 from __future__ import annotations
 
 import asyncio

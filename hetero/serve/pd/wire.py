@@ -10,6 +10,7 @@ block size, block ids or device is baked in. For a cache of ``n`` tokens sent in
   ``PAYLOAD_BYTES`` a payload);
 - one payload of every state entry, entry after entry, when the model has state.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,17 @@ import torch
 from hetero.engine.runtime.cache_io import SequenceCache
 from hetero.serve.pd.identity import Identity
 
-__all__ = ["Header", "header_of", "payloads", "encode_header", "decode_header", "sizes", "Assembly", "MAX_HEADER_BYTES",
-           "tokens_per_payload"]
+__all__ = [
+    "Header",
+    "header_of",
+    "payloads",
+    "encode_header",
+    "decode_header",
+    "sizes",
+    "Assembly",
+    "MAX_HEADER_BYTES",
+    "tokens_per_payload",
+]
 
 #: a header longer than this is a broken peer, not a long prompt (a million token ids fit)
 MAX_HEADER_BYTES = 1 << 24
@@ -54,10 +64,15 @@ def tokens_per_payload(identity: Identity, block_size: int) -> int:
 
 def header_of(cache: SequenceCache, transfer_id: str, identity: Identity, tokens_per_block: int) -> Header:
     """The header announcing ``cache``, sent in blocks of ``tokens_per_block`` tokens."""
-    return {"transfer_id": transfer_id, "fingerprint": identity.fingerprint, "num_tokens": cache.num_tokens,
-            "tokens_per_block": tokens_per_block, "token_ids": list(cache.token_ids or ()),
-            "paged": [[n, dt, list(s)] for n, dt, s in identity.paged],
-            "state": [[n, dt, list(s)] for n, dt, s in identity.state]}
+    return {
+        "transfer_id": transfer_id,
+        "fingerprint": identity.fingerprint,
+        "num_tokens": cache.num_tokens,
+        "tokens_per_block": tokens_per_block,
+        "token_ids": list(cache.token_ids or ()),
+        "paged": [[n, dt, list(s)] for n, dt, s in identity.paged],
+        "state": [[n, dt, list(s)] for n, dt, s in identity.state],
+    }
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -68,7 +83,7 @@ def payloads(cache: SequenceCache, header: Header) -> Iterator[torch.Tensor]:
     """The uint8 payloads after ``header``: one per block of tokens, then the state (if any)."""
     n, per = header["num_tokens"], header["tokens_per_block"]
     for start in range(0, n, per):
-        rows = [_bytes(cache.paged[name][start:start + per]) for name, _, _ in header["paged"]]
+        rows = [_bytes(cache.paged[name][start : start + per]) for name, _, _ in header["paged"]]
         yield torch.cat(rows) if rows else torch.empty(0, dtype=torch.uint8)
     if header["state"]:
         yield torch.cat([_bytes(cache.state[name]) for name, _, _ in header["state"]])
@@ -110,22 +125,28 @@ class Assembly:
     def take(self, index: int, data: torch.Tensor) -> None:
         """Payload ``index`` (uint8) into its place."""
         n, per = self.header["num_tokens"], self.header["tokens_per_block"]
-        targets = [t[index * per:(index + 1) * per] for _, t in self.paged] if index * per < n else \
-            [t for _, t in self.state]
+        targets = (
+            [t[index * per : (index + 1) * per] for _, t in self.paged]
+            if index * per < n
+            else [t for _, t in self.state]
+        )
         at = 0
         for t in targets:
-            _bytes(t).copy_(data[at:at + t.nbytes])
+            _bytes(t).copy_(data[at : at + t.nbytes])
             at += t.nbytes
 
     def result(self) -> SequenceCache:
-        return SequenceCache(self.header["num_tokens"], dict(self.paged), dict(self.state),
-                             list(self.header["token_ids"]))
+        return SequenceCache(
+            self.header["num_tokens"], dict(self.paged), dict(self.state), list(self.header["token_ids"])
+        )
 
 
 def _check(header: Header, identity: Identity, max_tokens: int) -> str | None:
     n, per = header.get("num_tokens"), header.get("tokens_per_block")
     if header.get("fingerprint") != identity.fingerprint:
-        return f"it comes from model fingerprint {header.get('fingerprint')}, this instance serves {identity.fingerprint}"
+        return (
+            f"it comes from model fingerprint {header.get('fingerprint')}, this instance serves {identity.fingerprint}"
+        )
     if not isinstance(n, int) or not 0 < n <= max_tokens:
         return f"num_tokens must be an integer in [1, {max_tokens}], got {n!r}"
     if not isinstance(per, int) or per < 1:
@@ -135,7 +156,9 @@ def _check(header: Header, identity: Identity, max_tokens: int) -> str | None:
     for kind in ("paged", "state"):
         want = [[name, dt, list(s)] for name, dt, s in getattr(identity, kind)]
         if header.get(kind) != want:
-            return f"its {kind} entries are not this instance's: expected {_short(want)}, got {_short(header.get(kind))}"
+            return (
+                f"its {kind} entries are not this instance's: expected {_short(want)}, got {_short(header.get(kind))}"
+            )
     return None
 
 

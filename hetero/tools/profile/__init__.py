@@ -14,6 +14,7 @@ host work per step; ``stop()`` puts back the exact callables and methods, so a
 model profiled and stopped runs as one never profiled. Timing: ``perf_counter``
 with the garbage collector paused on the CPU, device events on an accelerator.
 """
+
 from __future__ import annotations
 
 import gc
@@ -29,8 +30,18 @@ from hetero.tools.profile._layers import LAYER_KINDS, layer_kinds
 from hetero.tools.profile._report import ALL, PHASES, Figures, ProfileReport
 from hetero.tools.profile._timer import OpCall, OpTimer
 
-__all__ = ["Profiler", "ProfileReport", "Figures", "OpCall", "StepTimes", "profile_run", "HOST_PARTS", "LAYER_KINDS",
-           "PHASES", "ALL"]
+__all__ = [
+    "Profiler",
+    "ProfileReport",
+    "Figures",
+    "OpCall",
+    "StepTimes",
+    "profile_run",
+    "HOST_PARTS",
+    "LAYER_KINDS",
+    "PHASES",
+    "ALL",
+]
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -48,8 +59,9 @@ class Profiler:
     ``ceilings_note`` saying why); ``device_name``: the accelerator's name for the label.
     """
 
-    def __init__(self, target: Any, *, ceilings: Ceilings | None = None, ceilings_note: str = "",
-                 device_name: str = ""):
+    def __init__(
+        self, target: Any, *, ceilings: Ceilings | None = None, ceilings_note: str = "", device_name: str = ""
+    ):
         self.llm = target if hasattr(target, "runner") else None
         self.model: nn.Module = target.runner.model if self.llm is not None else target
         if not isinstance(self.model, nn.Module):
@@ -97,14 +109,27 @@ class Profiler:
         """The calls and steps recorded so far; ``run`` describes the workload in the JSON form."""
         if self.timer is None:
             raise RuntimeError("Profiler.report: the profiler never started")
-        return ProfileReport(self.label, list(self.timer.calls), list(self._clock.steps) if self._clock else [],
-                             self.ceilings, self.ceilings_note,
-                             "perf_counter" if self.device.type == "cpu" else "torch.Event",
-                             dict(self.timer.no_model), dict(run or {}))
+        return ProfileReport(
+            self.label,
+            list(self.timer.calls),
+            list(self._clock.steps) if self._clock else [],
+            self.ceilings,
+            self.ceilings_note,
+            "perf_counter" if self.device.type == "cpu" else "torch.Event",
+            dict(self.timer.no_model),
+            dict(run or {}),
+        )
 
 
-def profile_run(llm: Any, workload: Any, *, warmup: int = 1, ceilings: Ceilings | None = None,
-                ceilings_note: str = "", device_name: str = "") -> ProfileReport:
+def profile_run(
+    llm: Any,
+    workload: Any,
+    *,
+    warmup: int = 1,
+    ceilings: Ceilings | None = None,
+    ceilings_note: str = "",
+    device_name: str = "",
+) -> ProfileReport:
     """Run ``workload`` (a ``hetero.bench.engine.Workload``) through ``llm`` under a ``Profiler``.
 
     First ``warmup`` requests of the workload's lengths (other prompt tokens) run unprofiled,
@@ -119,7 +144,13 @@ def profile_run(llm: Any, workload: Any, *, warmup: int = 1, ceilings: Ceilings 
         llm.generate(prompts[:warmup], params, progress=False)
     with Profiler(llm, ceilings=ceilings, ceilings_note=ceilings_note, device_name=device_name) as profiler:
         run = run_workload(llm, workload, warmup=0)
-    info = {"workload": workload.as_dict(), "warmup_requests": warmup, "elapsed_s": run.elapsed,
-            "requests": len(run.outputs), "prompt_tokens": sum(len(o.prompt_token_ids) for o in run.outputs),
-            "output_tokens": sum(len(o.token_ids) for o in run.outputs), "steps": int(run.stats["steps"])}
+    info = {
+        "workload": workload.as_dict(),
+        "warmup_requests": warmup,
+        "elapsed_s": run.elapsed,
+        "requests": len(run.outputs),
+        "prompt_tokens": sum(len(o.prompt_token_ids) for o in run.outputs),
+        "output_tokens": sum(len(o.token_ids) for o in run.outputs),
+        "steps": int(run.stats["steps"]),
+    }
     return profiler.report(info)

@@ -16,6 +16,7 @@ Phase: a step is "prefill" when its batch holds prompt chunks only (``Step.prefi
 and prompt chunks in one forward (their op calls are one call each, so they are not
 split); a step that computes no rows is "empty".
 """
+
 from __future__ import annotations
 
 import time
@@ -65,7 +66,7 @@ class _TimedSampler:
 
 
 def _phase(step: Any) -> str:
-    """"prefill" (prompt chunks only), "decode" (one-row sequences only) or "mixed" (both in one batch)."""
+    """ "prefill" (prompt chunks only), "decode" (one-row sequences only) or "mixed" (both in one batch)."""
     if step.prefill is None:
         return "decode"
     return "mixed" if step.num_decodes else "prefill"
@@ -109,6 +110,7 @@ class HostClock:
         def call(*args: Any, **kwargs: Any) -> Any:
             with self.part(name):
                 return fn(*args, **kwargs)
+
         return call
 
     def _fill(self, fn: Callable) -> Callable:
@@ -121,6 +123,7 @@ class HostClock:
                 self.current.tokens = step.num_tokens
                 self.timer.phase = self.current.phase
             return out
+
         return fill
 
     def _step(self, fn: Callable) -> Callable:
@@ -141,6 +144,7 @@ class HostClock:
                 self.steps.append(record)
                 self.current, timer.phase, timer.step = None, "-", -1
                 timer.resolve()
+
         return step
 
     def restore(self) -> None:

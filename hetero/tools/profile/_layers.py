@@ -9,6 +9,7 @@ between blocks) is "other". So a Qwen3 layer's ``self_attn`` (one ``Attention``)
 is attention, its ``mlp`` (one ``SiluAndMul``) a dense MLP, and a DeepSeek
 ``mlp`` with routed and shared experts is MoE, shared experts included.
 """
+
 from __future__ import annotations
 
 from torch import nn
@@ -31,8 +32,15 @@ def _marker_classes() -> tuple[tuple[type, str], ...]:
     from hetero.engine.layers.moe import FusedMoE
     from hetero.engine.layers.moe_oai import OaiExperts
 
-    return ((FusedMoE, MOE), (OaiExperts, MOE), (GatedDeltaNet, LINEAR_ATTENTION), (MLAttention, ATTENTION),
-            (GatedAttention, ATTENTION), (Attention, ATTENTION), (SiluAndMul, DENSE_MLP))
+    return (
+        (FusedMoE, MOE),
+        (OaiExperts, MOE),
+        (GatedDeltaNet, LINEAR_ATTENTION),
+        (MLAttention, ATTENTION),
+        (GatedAttention, ATTENTION),
+        (Attention, ATTENTION),
+        (SiluAndMul, DENSE_MLP),
+    )
 
 
 def _markers(module: nn.Module, classes: tuple[tuple[type, str], ...], memo: dict[int, list[str]]) -> list[str]:

@@ -7,6 +7,7 @@ dtype and bytes / bandwidth, the ceilings of ``hetero bench``) summed, over the 
 measured. A row any of whose calls the model has no figure for, or with no device
 ceilings, shows None ("-"), never a guess.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,10 +69,17 @@ class Figures:
 
     def as_dict(self, step_seconds: float) -> dict[str, Any]:
         modelled = self.modelled == self.calls
-        return {"calls": self.calls, "total_s": self.seconds, "mean_s": self.mean,
-                "pct_of_step": 100 * self.seconds / step_seconds if step_seconds > 0 else None,
-                "bytes": self.bytes if modelled else None, "flops": self.flops if modelled else None,
-                "gb_s": self.gb_s, "tflop_s": self.tflop_s, "roofline_fraction": self.roofline}
+        return {
+            "calls": self.calls,
+            "total_s": self.seconds,
+            "mean_s": self.mean,
+            "pct_of_step": 100 * self.seconds / step_seconds if step_seconds > 0 else None,
+            "bytes": self.bytes if modelled else None,
+            "flops": self.flops if modelled else None,
+            "gb_s": self.gb_s,
+            "tflop_s": self.tflop_s,
+            "roofline_fraction": self.roofline,
+        }
 
 
 def _ordered(keys: Any, order: tuple[str, ...]) -> list[str]:
@@ -132,29 +140,60 @@ class ProfileReport:
         out: dict[str, dict[str, float]] = {}
         for phase in [ALL, *_ordered({s.phase for s in self.steps}, PHASES)]:
             steps = [s for s in self.steps if phase in (ALL, s.phase)]
-            out[phase] = {"steps": len(steps), "step": sum(s.seconds for s in steps),
-                          **{part: sum(s.parts[part] for s in steps) for part in HOST_PARTS}}
+            out[phase] = {
+                "steps": len(steps),
+                "step": sum(s.seconds for s in steps),
+                **{part: sum(s.parts[part] for s in steps) for part in HOST_PARTS},
+            }
         return out
 
     def as_dict(self) -> dict[str, Any]:
         total = self.step_seconds
-        ceilings = None if self.ceilings is None else {"name": self.ceilings.name, "tflops": dict(self.ceilings.tflops),
-                                                       "tb_s": self.ceilings.tb_s, "source": self.ceilings.source}
-        return {"device": self.device, "timing": self.timing, "ceilings": ceilings, "ceilings_note": self.ceilings_note,
-                "run": self.run, "step_seconds": total, "total_calls": len(self.calls),
-                "ops": {op: {p: f.as_dict(total) for p, f in row.items()} for op, row in self.ops().items()},
-                "layers": {k: {p: f.as_dict(total) for p, f in row.items()} for k, row in self.layers().items()},
-                "host": self.host(), "no_byte_model": dict(self.no_model),
-                "steps": [{"index": s.index, "phase": s.phase, "tokens": s.tokens, "seconds": s.seconds,
-                           "parts": dict(s.parts)} for s in self.steps]}
+        ceilings = (
+            None
+            if self.ceilings is None
+            else {
+                "name": self.ceilings.name,
+                "tflops": dict(self.ceilings.tflops),
+                "tb_s": self.ceilings.tb_s,
+                "source": self.ceilings.source,
+            }
+        )
+        return {
+            "device": self.device,
+            "timing": self.timing,
+            "ceilings": ceilings,
+            "ceilings_note": self.ceilings_note,
+            "run": self.run,
+            "step_seconds": total,
+            "total_calls": len(self.calls),
+            "ops": {op: {p: f.as_dict(total) for p, f in row.items()} for op, row in self.ops().items()},
+            "layers": {k: {p: f.as_dict(total) for p, f in row.items()} for k, row in self.layers().items()},
+            "host": self.host(),
+            "no_byte_model": dict(self.no_model),
+            "steps": [
+                {"index": s.index, "phase": s.phase, "tokens": s.tokens, "seconds": s.seconds, "parts": dict(s.parts)}
+                for s in self.steps
+            ],
+        }
 
     def trace(self) -> dict[str, Any]:
         """Chrome trace-event JSON: one complete ("X") event per op call, named as the op table names it."""
         names = (("process_name", f"hetero profile ({self.device})"), ("thread_name", f"ops ({self.timing})"))
         meta = [{"name": key, "ph": "M", "pid": 0, "tid": 0, "args": {"name": name}} for key, name in names]
-        events = [{"name": c.op, "cat": "op", "ph": "X", "ts": c.start * 1e6, "dur": c.seconds * 1e6, "pid": 0,
-                   "tid": 0, "args": {"path": c.path, "layer": c.layer, "phase": c.phase, "step": c.step}}
-                  for c in self.calls]
+        events = [
+            {
+                "name": c.op,
+                "cat": "op",
+                "ph": "X",
+                "ts": c.start * 1e6,
+                "dur": c.seconds * 1e6,
+                "pid": 0,
+                "tid": 0,
+                "args": {"path": c.path, "layer": c.layer, "phase": c.phase, "step": c.step},
+            }
+            for c in self.calls
+        ]
         return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
 
     def write_trace(self, path: str | Path) -> None:

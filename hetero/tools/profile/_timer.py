@@ -8,6 +8,7 @@ device spent from the op's first kernel to its last. Either way the hook's own
 work (the byte/flop model, the bookkeeping) runs outside the timed span and is
 summed in ``overhead``.
 """
+
 from __future__ import annotations
 
 import time
@@ -41,8 +42,14 @@ class OpCall:
 
 def call_work(op: str, args: tuple, kwargs: dict[str, Any]) -> tuple[Work | None, str, str]:
     """(work, dtype name, "") of one call from ``hetero.bench.model``, or (None, dtype, why not)."""
-    dtype = next((str(a.dtype).removeprefix("torch.") for a in (*args, *kwargs.values())
-                  if isinstance(a, torch.Tensor) and a.is_floating_point()), "-")
+    dtype = next(
+        (
+            str(a.dtype).removeprefix("torch.")
+            for a in (*args, *kwargs.values())
+            if isinstance(a, torch.Tensor) and a.is_floating_point()
+        ),
+        "-",
+    )
     try:
         bound = OPS[op].signature.bind(*args, **kwargs)
         return work(op, bound.arguments), dtype, ""
@@ -81,8 +88,17 @@ class OpTimer:
         w, dtype, why = call_work(site.op, args, kwargs)
         if why:
             self.no_model.setdefault(site.op, why)
-        call = OpCall(site.op, site.path, self.kinds.get(site.path, "other"), self.phase, self.step,
-                      (t0 - self._origin_ns) / 1e9, (t1 - t0) / 1e9, w, dtype)
+        call = OpCall(
+            site.op,
+            site.path,
+            self.kinds.get(site.path, "other"),
+            self.phase,
+            self.step,
+            (t0 - self._origin_ns) / 1e9,
+            (t1 - t0) / 1e9,
+            w,
+            dtype,
+        )
         if self._events:
             self._pending.append((call, begin, end))
         else:

@@ -1,4 +1,5 @@
 """The ``hetero profile`` tables: per op and phase, per layer kind and phase, and the host parts of a step."""
+
 from __future__ import annotations
 
 from rich.console import Console
@@ -21,8 +22,15 @@ def _pct(seconds: float, total: float) -> str:
 
 def _figure_cells(f: Figures, total: float) -> list[str]:
     roof = None if f.roofline is None else 100 * f.roofline
-    return [str(f.calls), format_seconds(f.seconds), format_seconds(f.mean), _pct(f.seconds, total),
-            _num(f.gb_s, ".3g"), _num(f.tflop_s, ".3g"), _num(roof, ".1f", "%")]
+    return [
+        str(f.calls),
+        format_seconds(f.seconds),
+        format_seconds(f.mean),
+        _pct(f.seconds, total),
+        _num(f.gb_s, ".3g"),
+        _num(f.tflop_s, ".3g"),
+        _num(roof, ".1f", "%"),
+    ]
 
 
 def _op_table(report: ProfileReport, title: str, rows: dict[str, dict[str, Figures]], first: str) -> Table:
@@ -36,8 +44,13 @@ def _op_table(report: ProfileReport, title: str, rows: dict[str, dict[str, Figur
             if phase != ALL and not split:
                 continue
             style = "bold" if phase == ALL else None
-            table.add_row(name if i == 0 else "", phase, *_figure_cells(f, total), style=style,
-                          end_section=i == len(phases) - 1 or not split)
+            table.add_row(
+                name if i == 0 else "",
+                phase,
+                *_figure_cells(f, total),
+                style=style,
+                end_section=i == len(phases) - 1 or not split,
+            )
     return table
 
 
@@ -54,8 +67,13 @@ def _host_table(report: ProfileReport) -> Table:
         if part == "device wait" and host[ALL][part] == 0.0:
             continue  # the CPU has none
         cells = [format_seconds(host[p][part] / host[p]["steps"]) if host[p]["steps"] else "-" for p in phases]
-        table.add_row(part, *cells, _pct(host[ALL][part], total), style="bold" if part == "step" else None,
-                      end_section=part == "step")
+        table.add_row(
+            part,
+            *cells,
+            _pct(host[ALL][part], total),
+            style="bold" if part == "step" else None,
+            end_section=part == "step",
+        )
     return table
 
 
@@ -75,8 +93,10 @@ def print_report(console: Console, report: ProfileReport, title: str = "") -> No
     run = report.run
     head = title or f"hetero profile on {report.device}"
     if run:
-        head += (f": {run.get('requests')} requests, {run.get('prompt_tokens')} prompt + {run.get('output_tokens')} "
-                 f"output tokens, {run.get('steps')} steps")
+        head += (
+            f": {run.get('requests')} requests, {run.get('prompt_tokens')} prompt + {run.get('output_tokens')} "
+            f"output tokens, {run.get('steps')} steps"
+        )
     console.print(head, highlight=False, markup=False)
     timing = "host clock, GC paused" if report.timing == "perf_counter" else "device events"
     console.print(_op_table(report, f"ops ({len(report.calls)} calls; time: {timing})", report.ops(), "op"))

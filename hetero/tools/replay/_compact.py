@@ -6,6 +6,7 @@ and slot mapping name (the slots its ``state_slots`` name). The recorder keeps t
 order, and renumbers the call's block table, slot mapping and state slots to match, so the
 replayed call computes exactly what the recorded one did on a cache of a few blocks.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -95,8 +96,11 @@ def compaction(args: dict[str, Any]) -> Compaction | None:
         block_size = int(cache.shape[1])
         blocks = _used_blocks(args, block_size).to(cache.device)
     slots = args.get("state_slots")
-    kept_slots = slots[slots >= 0].long().unique() if isinstance(slots, torch.Tensor) and any(
-        isinstance(args.get(n), torch.Tensor) for n in STATES) else None
+    kept_slots = (
+        slots[slots >= 0].long().unique()
+        if isinstance(slots, torch.Tensor) and any(isinstance(args.get(n), torch.Tensor) for n in STATES)
+        else None
+    )
     if blocks is None and kept_slots is None:
         return None
     return Compaction(blocks, block_size or 0, kept_slots)

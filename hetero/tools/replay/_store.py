@@ -5,6 +5,7 @@ every dtype the engine uses (fp8 flavours and int8 too) round-trips bit for bit 
 safetensors itself supports. A file is one call's tensors, or one weight that every call
 using it shares.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,11 @@ class TensorStore:
         if not self.fits(size):
             return False
         layout = {k: [str(t.dtype).removeprefix("torch."), list(t.shape)] for k, t in tensors.items()}
-        save_file({k: _as_bytes(t) for k, t in tensors.items()}, str(self._path(name)),
-                  metadata={"layout": json.dumps(layout)})
+        save_file(
+            {k: _as_bytes(t) for k, t in tensors.items()},
+            str(self._path(name)),
+            metadata={"layout": json.dumps(layout)},
+        )
         self.nbytes += size
         self._sizes[name] = size
         return True

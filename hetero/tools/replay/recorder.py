@@ -9,6 +9,7 @@ host, in a ``TensorStore``; the model's weights are stored once and shared by ev
 reads them. The cap is checked on the sizes before anything is copied. What was not recorded
 is counted per op and reason.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,10 +22,10 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from hetero.engine.instrument import OpSite
+from hetero.spec import OPS
 from hetero.tools.replay._compact import compaction
 from hetero.tools.replay._store import TensorStore, nbytes
 from hetero.verify.outputs import outputs_of
-from hetero.spec import OPS
 
 __all__ = ["CallRecord", "OpRecorder", "Located", "layer_of", "NOT_SAMPLED", "OVER_CAP", "COLLECTIVE"]
 
@@ -38,7 +39,7 @@ def layer_of(path: str) -> tuple[int | None, str]:
     m = _LAYER.search(path)
     if m is None:
         return None, path
-    return int(m.group(1)), path[m.end():] or "."
+    return int(m.group(1)), path[m.end() :] or "."
 
 
 class Located:
@@ -122,16 +123,26 @@ class OpRecorder:
 
     def unrecorded(self) -> list[tuple[str, str]]:
         """(path, op) of every call site that ran and has no recorded call (collectives aside)."""
-        return [(path, s.op) for (path, _), s in self.sites.items()
-                if not s.early and not s.late and not OPS[s.op].collective]
+        return [
+            (path, s.op)
+            for (path, _), s in self.sites.items()
+            if not s.early and not s.late and not OPS[s.op].collective
+        ]
 
     def __call__(self, site: OpSite, fn: Callable, args: tuple, kwargs: dict[str, Any]) -> Any:
         index = self._calls
         self._calls += 1
         st = self.sites.setdefault((site.path, site.attr), _Site(site.op))
         n, st.seen = st.seen, st.seen + 1
-        slot = None if OPS[site.op].collective else "early" if len(st.early) < self.early and n < self.early \
-            else "late" if self.late and n >= self.early and n & (n - 1) == 0 else None
+        slot = (
+            None
+            if OPS[site.op].collective
+            else "early"
+            if len(st.early) < self.early and n < self.early
+            else "late"
+            if self.late and n >= self.early and n & (n - 1) == 0
+            else None
+        )
         if slot is None:
             self.skipped[site.op, COLLECTIVE if OPS[site.op].collective else NOT_SAMPLED] += 1
             return fn(*args, **kwargs)
@@ -146,8 +157,9 @@ class OpRecorder:
             (st.early if slot == "early" else st.late).append(record)
         return result
 
-    def _record(self, index: int, site: OpSite, fn: Callable, args: tuple,
-                kwargs: dict[str, Any]) -> tuple[CallRecord | None, Any]:
+    def _record(
+        self, index: int, site: OpSite, fn: Callable, args: tuple, kwargs: dict[str, Any]
+    ) -> tuple[CallRecord | None, Any]:
         arguments = dict(OPS[site.op].signature.bind(*args, **kwargs).arguments)
         cut = compaction(arguments)
         record, own, weights = self._flatten(index, site, cut.arguments(arguments) if cut else arguments)

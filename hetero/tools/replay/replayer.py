@@ -8,6 +8,7 @@ kind (``row_set`` outputs as sets), the same tolerance row for the op's dtype, a
 another shape or dtype than the reference's is wrong. A call the tool itself cannot replay is
 an ``error``, never a fault of the backend.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,8 @@ from typing import Any
 
 import torch
 
-from hetero.tools.replay.recorder import CallRecord, Located
 from hetero.tools.replay._store import TensorStore
+from hetero.tools.replay.recorder import CallRecord, Located
 from hetero.verify.calls import call
 from hetero.verify.case import dtype_name
 from hetero.verify.judge import judge
@@ -89,11 +90,14 @@ class Replayer:
             g, r = got.get(name), ref.get(name)
             if g is None or tuple(g.shape) != tuple(want.shape) or (r is not None and g.dtype != r.dtype):
                 what = None if g is None else f"{dtype_name(g.dtype)}{list(g.shape)}"
-                verdict.problems.append(f"'{name}': the backend gave {what}, the reference "
-                                        f"{dtype_name(r.dtype) if r is not None else ''}{list(want.shape)}")
+                verdict.problems.append(
+                    f"'{name}': the backend gave {what}, the reference "
+                    f"{dtype_name(r.dtype) if r is not None else ''}{list(want.shape)}"
+                )
                 continue
-            tol = tolerance(dtype_name(self.dtype), dtype_name(r.dtype) if r is not None else None,
-                            quantized_activations=quantized)
+            tol = tolerance(
+                dtype_name(self.dtype), dtype_name(r.dtype) if r is not None else None, quantized_activations=quantized
+            )
             judge(name, g, want, r, kind_of(record.op, name, want), tol, verdict.outputs, verdict.problems)
 
     def replay_all(self, records: list[CallRecord]) -> list[CallVerdict]:

@@ -1,12 +1,13 @@
 """The per-op verdict of a run: a row per call site, the first call out of tolerance, drift, or not enough seen."""
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero.tools.replay.replayer import CallVerdict, finite
 from hetero.tools.replay.recorder import Located
+from hetero.tools.replay.replayer import CallVerdict, finite
 
 __all__ = ["OpRow", "PerOpReport", "STATUSES"]
 
@@ -97,31 +98,74 @@ class PerOpReport:
         if status == "inconclusive":
             parts = []
             if self.unrecorded:
-                parts.append(f"{len(self.unrecorded)} call sites never recorded (store cap; raise --per-op-max-mb "
-                             f"or lower --per-op-samples), e.g. {self.unrecorded[0][1]} at {self.unrecorded[0][0]}")
+                parts.append(
+                    f"{len(self.unrecorded)} call sites never recorded (store cap; raise --per-op-max-mb "
+                    f"or lower --per-op-samples), e.g. {self.unrecorded[0][1]} at {self.unrecorded[0][0]}"
+                )
             if self.errors:
-                parts.append(f"{len(self.errors)} calls could not be replayed, e.g. {self.errors[0].op}: "
-                             f"{self.errors[0].error}")
+                parts.append(
+                    f"{len(self.errors)} calls could not be replayed, e.g. {self.errors[0].op}: {self.errors[0].error}"
+                )
             return f"inconclusive: no replayed op call is out of bounds, but {'; '.join(parts)}"
         if status == "drift":
-            return (f"accumulated rounding, no op at fault: all {n} replayed op calls are within their "
-                    f"conformance bounds while the residual stream drifts from {stream_first_bad}")
+            return (
+                f"accumulated rounding, no op at fault: all {n} replayed op calls are within their "
+                f"conformance bounds while the residual stream drifts from {stream_first_bad}"
+            )
         return f"no op at fault: all {n} replayed op calls are within their conformance bounds"
 
     def as_dict(self, stream_first_bad: str | None = None) -> dict[str, Any]:
         """The report as strict JSON types (non-finite numbers as strings)."""
         f = self.first_fault
-        return finite({
-            "backend": self.backend, "dtype": self.dtype, "rank": self.rank,
-            "status": self.status(stream_first_bad), "passed": self.passed, "verdict": self.verdict(stream_first_bad),
-            "first_fault": None if f is None else {"index": f.index, "layer": f.layer, "module": f.module, "op": f.op,
-                                                   "path": f.path, "problems": f.problems},
-            "rows": [{"layer": r.layer, "module": r.module, "op": r.op, "calls": r.calls, "failed": r.failed,
-                      "errors": r.errors, "rel_l2_of_bound": r.rel_l2, "max_abs_of_bound": r.max_abs,
-                      "mismatched": r.mismatched} for r in self.rows],
-            "calls": [{"index": v.index, "layer": v.layer, "module": v.module, "op": v.op, "ok": v.ok, "error": v.error,
-                       "static": v.static, "shapes": v.shapes, "outputs": v.outputs, "problems": v.problems}
-                      for v in self.calls],
-            "skipped": self.skipped, "unrecorded": [{"path": p, "op": o} for p, o in self.unrecorded],
-            "recorded_bytes": self.recorded_bytes,
-        })
+        return finite(
+            {
+                "backend": self.backend,
+                "dtype": self.dtype,
+                "rank": self.rank,
+                "status": self.status(stream_first_bad),
+                "passed": self.passed,
+                "verdict": self.verdict(stream_first_bad),
+                "first_fault": None
+                if f is None
+                else {
+                    "index": f.index,
+                    "layer": f.layer,
+                    "module": f.module,
+                    "op": f.op,
+                    "path": f.path,
+                    "problems": f.problems,
+                },
+                "rows": [
+                    {
+                        "layer": r.layer,
+                        "module": r.module,
+                        "op": r.op,
+                        "calls": r.calls,
+                        "failed": r.failed,
+                        "errors": r.errors,
+                        "rel_l2_of_bound": r.rel_l2,
+                        "max_abs_of_bound": r.max_abs,
+                        "mismatched": r.mismatched,
+                    }
+                    for r in self.rows
+                ],
+                "calls": [
+                    {
+                        "index": v.index,
+                        "layer": v.layer,
+                        "module": v.module,
+                        "op": v.op,
+                        "ok": v.ok,
+                        "error": v.error,
+                        "static": v.static,
+                        "shapes": v.shapes,
+                        "outputs": v.outputs,
+                        "problems": v.problems,
+                    }
+                    for v in self.calls
+                ],
+                "skipped": self.skipped,
+                "unrecorded": [{"path": p, "op": o} for p, o in self.unrecorded],
+                "recorded_bytes": self.recorded_bytes,
+            }
+        )

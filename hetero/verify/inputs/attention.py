@@ -1,5 +1,6 @@
 """Inputs of the attention cases (write_kv, paged_attention, varlen_attention, merge_attention),
 and their static options."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,7 +16,9 @@ __all__ = ["merge", "paged", "static_paged", "varlen", "write_kv"]
 # ----------------------------------------------------------------------------- builders
 
 
-def _paged_tensors(gen: torch.Generator, h: Heads, nb: int, bs: int, t: int, dtype: torch.dtype, q_mag: float, views: bool):
+def _paged_tensors(
+    gen: torch.Generator, h: Heads, nb: int, bs: int, t: int, dtype: torch.dtype, q_mag: float, views: bool
+):
     """(query, k_cache, v_cache). ``views``: query is a slice of a packed qkv tensor and the caches
     are the K and V halves of one [NB, 2, BS, Hkv, D] tensor (FlashInfer's layout)."""
     if views:
@@ -28,9 +31,20 @@ def _paged_tensors(gen: torch.Generator, h: Heads, nb: int, bs: int, t: int, dty
     return query, randn(gen, (nb, bs, h.hkv, h.d), dtype), randn(gen, (nb, bs, h.hkv, h.d), dtype)
 
 
-def paged(h: Heads, bs: int, seqs: Seqs, *, causal: bool = True, window: tuple[int, int] = (-1, -1),
-           softcap: float = 0.0, sinks: bool | tuple[float, float] = False, lse: bool = False, q_mag: float = 1.0,
-           views: bool = False, alloc_out: bool = False):
+def paged(
+    h: Heads,
+    bs: int,
+    seqs: Seqs,
+    *,
+    causal: bool = True,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: bool | tuple[float, float] = False,
+    lse: bool = False,
+    q_mag: float = 1.0,
+    views: bool = False,
+    alloc_out: bool = False,
+):
     """paged_attention over random caches (``views``: see ``_paged_tensors``; ``sinks``: True or their (lo, hi) range)."""
 
     def build(gen: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
@@ -57,7 +71,9 @@ def paged(h: Heads, bs: int, seqs: Seqs, *, causal: bool = True, window: tuple[i
     return build
 
 
-def _varlen_tensors(gen: torch.Generator, h: Heads, tq: int, tk: int, dv: int, dtype: torch.dtype, q_mag: float, view: str):
+def _varlen_tensors(
+    gen: torch.Generator, h: Heads, tq: int, tk: int, dv: int, dtype: torch.dtype, q_mag: float, view: str
+):
     """(query, key, value). ``view``: "qkv" (slices of one packed projection; needs tq == tk) or
     "mla" (value the second half of [Tk, H, qk_nope + Dv], as MLA prefill splits kv_b_proj)."""
     if view == "qkv":
@@ -80,8 +96,19 @@ def _cu_seqlens(lens: list[int]) -> torch.Tensor:
     return torch.tensor(cu, dtype=torch.int32)
 
 
-def varlen(h: Heads, seqs: Seqs, *, dv: int | None = None, causal: bool = True, window: tuple[int, int] = (-1, -1),
-            softcap: float = 0.0, lse: bool = False, q_mag: float = 1.0, view: str = "", scale: float | None = None):
+def varlen(
+    h: Heads,
+    seqs: Seqs,
+    *,
+    dv: int | None = None,
+    causal: bool = True,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    lse: bool = False,
+    q_mag: float = 1.0,
+    view: str = "",
+    scale: float | None = None,
+):
     """varlen_attention (``view``: see ``_varlen_tensors``). ``scale`` defaults to D ** -0.5 (MLA
     prefill passes DeepSeek's, with the yarn mscale)."""
     dv = dv or h.d

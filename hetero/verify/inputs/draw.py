@@ -1,4 +1,5 @@
 """Random inputs for cases: drawn in float32 from the case's generator, never zeros."""
+
 from __future__ import annotations
 
 import torch
@@ -13,7 +14,9 @@ def randn(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, scal
     return x.to(dtype)
 
 
-def uniform(gen: torch.Generator, shape: tuple[int, ...], lo: float, hi: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def uniform(
+    gen: torch.Generator, shape: tuple[int, ...], lo: float, hi: float, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     return (torch.rand(shape, generator=gen, dtype=torch.float32) * (hi - lo) + lo).to(dtype)
 
 

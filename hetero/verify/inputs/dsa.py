@@ -1,4 +1,5 @@
 """Inputs of the DSA cases: the index-key write, the indexer and sparse MLA."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -6,8 +7,17 @@ from typing import Any
 import torch
 
 from hetero.verify.inputs.draw import randn
-from hetero.verify.inputs.dsa_draw import (DSA, Dsa, fp8_edge_keys, fp8_exact_keys, fp8_format, grid, index_weights,
-                                           key_pool, sparse_rows)
+from hetero.verify.inputs.dsa_draw import (
+    DSA,
+    Dsa,
+    fp8_edge_keys,
+    fp8_exact_keys,
+    fp8_format,
+    grid,
+    index_weights,
+    key_pool,
+    sparse_rows,
+)
 from hetero.verify.inputs.paged import Seqs, blocks, meta, slots
 
 __all__ = ["GLM5", "GLM5_TP8", "V32", "V32_TP8", "indexer", "sparse", "write"]
@@ -37,8 +47,9 @@ def write(m: Dsa, bs: int, seqs: Seqs, skipped: int, *, fp8: bool = False, edges
     return build
 
 
-def indexer(m: Dsa, bs: int, seqs: Seqs, *, topk: int | None = None, fp8: bool = False, signed: bool = False,
-             pool: int = 0):
+def indexer(
+    m: Dsa, bs: int, seqs: Seqs, *, topk: int | None = None, fp8: bool = False, signed: bool = False, pool: int = 0
+):
     """indexer_topk on grid values. ``pool``: keys drawn from that many vectors (exact ties)."""
 
     def build(gen: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
@@ -52,8 +63,12 @@ def indexer(m: Dsa, bs: int, seqs: Seqs, *, topk: int | None = None, fp8: bool =
             args["index_cache"] = key_pool(gen, (nb, bs, m.d), pool, dtype)
         else:
             args["index_cache"] = grid(gen, (nb, bs, m.d), dtype)
-        return {**args, "weights": index_weights(gen, t, m.hi, signed), "meta": meta(seqs, table),
-                "topk": topk or m.topk}
+        return {
+            **args,
+            "weights": index_weights(gen, t, m.hi, signed),
+            "meta": meta(seqs, table),
+            "topk": topk or m.topk,
+        }
 
     return build
 
@@ -65,8 +80,16 @@ def sparse(m: Dsa, bs: int, seqs: Seqs, k: int, *, beyond: int = 0, empty: int =
         nb, table = blocks(gen, [L for _, L in seqs], bs)
         t = sum(n for n, _ in seqs)
         rows = sparse_rows(gen, seqs, k, beyond=beyond, empty=empty, dtype=torch.int64 if idx64 else torch.int32)
-        return {"q_nope": randn(gen, (t, m.heads, m.lkv), dtype), "q_pe": randn(gen, (t, m.heads, m.rope), dtype),
-                "ckv_cache": randn(gen, (nb, bs, m.lkv), dtype), "kpe_cache": randn(gen, (nb, bs, m.rope), dtype),
-                "meta": meta(seqs, table), "scale": m.scale, "causal": True, "return_lse": True, "topk_indices": rows}
+        return {
+            "q_nope": randn(gen, (t, m.heads, m.lkv), dtype),
+            "q_pe": randn(gen, (t, m.heads, m.rope), dtype),
+            "ckv_cache": randn(gen, (nb, bs, m.lkv), dtype),
+            "kpe_cache": randn(gen, (nb, bs, m.rope), dtype),
+            "meta": meta(seqs, table),
+            "scale": m.scale,
+            "causal": True,
+            "return_lse": True,
+            "topk_indices": rows,
+        }
 
     return build

@@ -10,6 +10,7 @@ of the sums. Every evaluation then computes the very same scores, and equal scor
 cases draw keys from a small pool on purpose) are exact ties that the spec's rule (the smaller
 position first) decides.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,8 +20,17 @@ import torch
 
 from hetero.verify.inputs.draw import randn
 
-__all__ = ["Dsa", "DSA", "grid", "index_weights", "fp8_exact_keys", "fp8_format", "fp8_edge_keys",
-           "key_pool", "sparse_rows"]
+__all__ = [
+    "Dsa",
+    "DSA",
+    "grid",
+    "index_weights",
+    "fp8_exact_keys",
+    "fp8_format",
+    "fp8_edge_keys",
+    "key_pool",
+    "sparse_rows",
+]
 
 FP8 = torch.float8_e4m3fn
 GROUP, FP8_MAX = 128, 448.0
@@ -42,12 +52,14 @@ class Dsa:
 
     def shard(self, tp: int) -> "Dsa":
         """One rank's MLA heads under tensor parallelism (the indexer is replicated)."""
-        return Dsa(self.hi, self.d, self.topk, self.heads // tp, self.lkv, self.rope, self.qk_nope, self.v_head, self.scale)
+        return Dsa(
+            self.hi, self.d, self.topk, self.heads // tp, self.lkv, self.rope, self.qk_nope, self.v_head, self.scale
+        )
 
 
 def _yarn_scale(qk_head_dim: int, factor: float, mscale_all_dim: float) -> float:
     mscale = 0.1 * mscale_all_dim * torch.log(torch.tensor(factor, dtype=torch.float64)).item() + 1.0
-    return qk_head_dim ** -0.5 * mscale ** 2
+    return qk_head_dim**-0.5 * mscale**2
 
 
 #: DeepSeek-V3.2 (V3's MLA, yarn factor 40, and a 64-head indexer) and GLM-5 (32 indexer heads;
@@ -127,8 +139,15 @@ def key_pool(gen: torch.Generator, shape: tuple[int, ...], pool: int, dtype: tor
     return vectors[torch.randint(0, pool, tuple(lead), generator=gen)]
 
 
-def sparse_rows(gen: torch.Generator, seqs: Sequence[tuple[int, int]], k: int, *, beyond: int = 0,
-                empty: int = 0, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+def sparse_rows(
+    gen: torch.Generator,
+    seqs: Sequence[tuple[int, int]],
+    k: int,
+    *,
+    beyond: int = 0,
+    empty: int = 0,
+    dtype: torch.dtype = torch.int32,
+) -> torch.Tensor:
     """topk_indices [T, K] as indexer_topk leaves them: per row at position pos, min(K, pos + 1)
     distinct positions in [0, pos] in random order, then -1s. ``beyond``: that many of a row's
     entries (when it has room) replaced by positions the row cannot see (pos + 1 .. L - 1, past
@@ -144,7 +163,7 @@ def sparse_rows(gen: torch.Generator, seqs: Sequence[tuple[int, int]], k: int, *
             if beyond:
                 bad = torch.tensor([pos + 1, length + 3, 1 << 30, -2, -(1 << 20)], dtype=torch.int64)
                 bad = bad[(bad != pos + 1) | (pos + 1 < length)][:beyond]
-                row[-len(bad):] = bad
+                row[-len(bad) :] = bad
             rows.append(row[torch.randperm(k, generator=gen)])
     out = torch.stack(rows) if rows else torch.empty(0, k, dtype=torch.int64)
     out[:empty] = -1

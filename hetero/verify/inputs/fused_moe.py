@@ -1,4 +1,5 @@
 """Inputs of the fused_moe cases: routed tokens, expert weights (plain or quantized), activation options."""
+
 from __future__ import annotations
 
 import math
@@ -33,7 +34,9 @@ def expert_pool(e: int, unused: tuple[int, ...]) -> torch.Tensor:
     return torch.tensor([x for x in range(e) if x not in drop], dtype=torch.int64)
 
 
-def routing_weights(gen: torch.Generator, m: int, k: int, scoring: str = "softmax", factor: float = 1.0) -> torch.Tensor:
+def routing_weights(
+    gen: torch.Generator, m: int, k: int, scoring: str = "softmax", factor: float = 1.0
+) -> torch.Tensor:
     """float32 [m, k] routing weights as a router returns them: renormalized softmax or sigmoid scores."""
     logits = torch.randn(m, k, generator=gen) * 1.5
     w = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
@@ -56,8 +59,18 @@ def _check_clamped(args: dict) -> None:
         raise RuntimeError(f"fused_moe case: only {above} gate and {beyond} up values of {n} pass the limit {limit}")
 
 
-def fused(m: int, e: int, k: int, h: int, inter: int, unused: tuple[int, ...], act: str = "silu", bias: bool = False,
-           scoring: str = "softmax", factor: float = 1.0):
+def fused(
+    m: int,
+    e: int,
+    k: int,
+    h: int,
+    inter: int,
+    unused: tuple[int, ...],
+    act: str = "silu",
+    bias: bool = False,
+    scoring: str = "softmax",
+    factor: float = 1.0,
+):
     options, gain = ACTS[act]
 
     def build(gen: torch.Generator, dtype: torch.dtype):
@@ -77,16 +90,35 @@ def fused(m: int, e: int, k: int, h: int, inter: int, unused: tuple[int, ...], a
     return build
 
 
-def fused_quant(m: int, e: int, k: int, h: int, inter: int, unused: tuple[int, ...], qdtype: torch.dtype, form: str,
-                 act_quant: str | None, fmt: str = "float", bias: bool = False):
+def fused_quant(
+    m: int,
+    e: int,
+    k: int,
+    h: int,
+    inter: int,
+    unused: tuple[int, ...],
+    qdtype: torch.dtype,
+    form: str,
+    act_quant: str | None,
+    fmt: str = "float",
+    bias: bool = False,
+):
     """Quantized experts (spec 1.4): weights drawn as trained ones, quantized per scale ``form``."""
 
     def build(gen: torch.Generator, dtype: torch.dtype):
         w13, s13 = quantize_weights(gen, e, 2 * inter, h, qdtype, form)
         w2, s2 = quantize_weights(gen, e, h, inter, qdtype, form)
-        args = {"x": randn(gen, (m, h), dtype), "w13": w13, "w2": w2, "weights": routing_weights(gen, m, k),
-                "ids": expert_ids(gen, m, k, expert_pool(e, unused)), "w13_scale": s13, "w2_scale": s2,
-                "act_quant": act_quant, "act_scale_fmt": fmt}
+        args = {
+            "x": randn(gen, (m, h), dtype),
+            "w13": w13,
+            "w2": w2,
+            "weights": routing_weights(gen, m, k),
+            "ids": expert_ids(gen, m, k, expert_pool(e, unused)),
+            "w13_scale": s13,
+            "w2_scale": s2,
+            "act_quant": act_quant,
+            "act_scale_fmt": fmt,
+        }
         if bias:
             args["w13_bias"], args["w2_bias"] = randn(gen, (e, 2 * inter), dtype, 0.5), randn(gen, (e, h), dtype, 0.1)
         return args

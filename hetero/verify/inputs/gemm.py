@@ -1,4 +1,5 @@
 """Inputs of the GEMM cases: plain, scaled (fp8 / int8, per tensor, row or block) and grouped."""
+
 from __future__ import annotations
 
 import math
@@ -13,6 +14,7 @@ BLOCK = 128  # hetero.spec.gemm.SCALE_BLOCK
 
 
 # ---------------------------------------------------------------- gemm
+
 
 def gemm(m: int, n: int, k: int, *, bias: bool = False, view: str = "", out_dtype: torch.dtype | None = None):
     """a [m, k] activations, b [n, k] weights scaled like a trained layer (outputs of order 1).
@@ -39,6 +41,7 @@ def gemm(m: int, n: int, k: int, *, bias: bool = False, view: str = "", out_dtyp
 
 
 # ---------------------------------------------------------------- scaled_gemm
+
 
 def _qmax(qdtype: torch.dtype) -> float:
     return 127.0 if qdtype == torch.int8 else float(torch.finfo(qdtype).max)
@@ -96,8 +99,16 @@ def _weights(gen: torch.Generator, n: int, k: int) -> torch.Tensor:
     return randn(gen, (n, k), torch.float32, 1 / math.sqrt(k)) * rowmag * colmag
 
 
-def scaled(m: int, n: int, k: int, a_form: str, b_form: str, *, bias: torch.dtype | None = None,
-            out_dtype: torch.dtype | None = None):
+def scaled(
+    m: int,
+    n: int,
+    k: int,
+    a_form: str,
+    b_form: str,
+    *,
+    bias: torch.dtype | None = None,
+    out_dtype: torch.dtype | None = None,
+):
     def build(gen: torch.Generator, qdtype: torch.dtype):
         a, a_scale = _quantize(_activations(gen, m, k), qdtype, a_form, weight=False)
         b, b_scale = _quantize(_weights(gen, n, k), qdtype, b_form, weight=True)
@@ -112,6 +123,7 @@ def scaled(m: int, n: int, k: int, a_form: str, b_form: str, *, bias: torch.dtyp
 
 
 # ---------------------------------------------------------------- grouped_gemm
+
 
 def _group_ends(gen: torch.Generator, rows: int, groups: int, empty: tuple[int, ...], only: int | None) -> torch.Tensor:
     """Cumulative row counts of ``rows`` rows spread at random over the groups not in ``empty``
@@ -131,8 +143,17 @@ def _group_ends(gen: torch.Generator, rows: int, groups: int, empty: tuple[int, 
     return counts.cumsum(0).to(torch.int32)
 
 
-def grouped(rows: int, groups: int, n: int, k: int, *, tail: int = 0, empty: tuple[int, ...] = (), only: int | None = None,
-             out_dtype: torch.dtype | None = None):
+def grouped(
+    rows: int,
+    groups: int,
+    n: int,
+    k: int,
+    *,
+    tail: int = 0,
+    empty: tuple[int, ...] = (),
+    only: int | None = None,
+    out_dtype: torch.dtype | None = None,
+):
     """a [rows + tail, k]: ``rows`` rows in groups, then ``tail`` rows past group_ends[-1] (zero in the output)."""
 
     def build(gen: torch.Generator, dtype: torch.dtype):

@@ -1,4 +1,5 @@
 """Inputs of the layer-op cases: rms_norm, layer_norm, rotary_embedding, silu_and_mul."""
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,15 @@ def rms(tokens: int, hidden: int, residual: bool, noncontig: bool):
     return build
 
 
-def rms_options(lead: tuple[int, ...], hidden: int, *, offset: float = 0.0, residual: bool = False,
-                 gate: str | None = None, gate_view: bool = False):
+def rms_options(
+    lead: tuple[int, ...],
+    hidden: int,
+    *,
+    offset: float = 0.0,
+    residual: bool = False,
+    gate: str | None = None,
+    gate_view: bool = False,
+):
     """rms_norm on x [*lead, hidden] with the 1.2 options: ``offset`` (zero-centred weights drawn
     near 0, as trained), ``gate`` ("silu"/"sigmoid"; ``gate_view``: a slice of a packed projection)."""
 
@@ -47,9 +55,12 @@ def layer_norm(lead: tuple[int, ...], hidden: int, *, f32_params: bool = True, b
 
     def build(gen: torch.Generator, dtype: torch.dtype):
         pdt = torch.float32 if f32_params else dtype
-        return {"x": (offset + 2 * randn(gen, (*lead, hidden), torch.float32)).to(dtype),
-                "weight": 1 + 0.2 * randn(gen, (hidden,), pdt), "bias": 0.5 * randn(gen, (hidden,), pdt) if bias else None,
-                "eps": 1e-6}
+        return {
+            "x": (offset + 2 * randn(gen, (*lead, hidden), torch.float32)).to(dtype),
+            "weight": 1 + 0.2 * randn(gen, (hidden,), pdt),
+            "bias": 0.5 * randn(gen, (hidden,), pdt) if bias else None,
+            "eps": 1e-6,
+        }
 
     return build
 

@@ -1,4 +1,5 @@
 """Inputs of the MLA cases (write_mla_kv, mla_attention), and their static options."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -65,6 +66,13 @@ def mla(model: str, bs: int, seqs: Seqs, *, lse: bool = False, q_mag: float = 1.
 
 def static(dt: str, model: str, bs: int, lse: bool = False) -> dict[str, Any]:
     m = MODELS[model]
-    return {"dtype": dt, "head_dim": m.kv_lora_rank + m.qk_rope_head_dim, "head_dim_v": m.kv_lora_rank,
-            "kv_lora_rank": m.kv_lora_rank, "qk_rope_head_dim": m.qk_rope_head_dim, "num_heads": m.heads,
-            "block_size": bs, **({"return_lse": True} if lse else {})}
+    return {
+        "dtype": dt,
+        "head_dim": m.kv_lora_rank + m.qk_rope_head_dim,
+        "head_dim_v": m.kv_lora_rank,
+        "kv_lora_rank": m.kv_lora_rank,
+        "qk_rope_head_dim": m.qk_rope_head_dim,
+        "num_heads": m.heads,
+        "block_size": bs,
+        **({"return_lse": True} if lse else {}),
+    }

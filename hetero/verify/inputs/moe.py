@@ -1,5 +1,6 @@
 """Inputs of the MoE data cases: route (logits with a margin between selected and rejected experts),
 moe_permute and moe_unpermute."""
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,10 @@ _TRIES = 200
 
 # ---------------------------------------------------------------- route
 
-def _spaced_logits(gen: torch.Generator, m: int, e: int, sigma: tuple[float, float], shift: tuple[float, float]) -> torch.Tensor:
+
+def _spaced_logits(
+    gen: torch.Generator, m: int, e: int, sigma: tuple[float, float], shift: tuple[float, float]
+) -> torch.Tensor:
     """float32 [m, e]: per token, the e normal quantiles (so the values are spread like router
     logits, yet well apart) jittered by under a quarter of their smallest gap, scaled by a random
     sigma, shifted, in a random order."""
@@ -33,8 +37,17 @@ def _spaced_logits(gen: torch.Generator, m: int, e: int, sigma: tuple[float, flo
     return vals.gather(1, order).float()
 
 
-def _select(logits: torch.Tensor, *, top_k: int, scoring: str, n_group: int, topk_group: int,
-            bias: torch.Tensor | None, group_top2: bool | None = None, fill: float = float("-inf")) -> tuple[torch.Tensor, torch.Tensor]:
+def _select(
+    logits: torch.Tensor,
+    *,
+    top_k: int,
+    scoring: str,
+    n_group: int,
+    topk_group: int,
+    bias: torch.Tensor | None,
+    group_top2: bool | None = None,
+    fill: float = float("-inf"),
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The experts route picks, in float64 (sorted per token), and per token whether every
     decision on the way cleared MARGIN. ``group_top2`` (default: bias given) and ``fill``
     (the value of dropped experts) let the builders check that a variant picks differently."""
@@ -66,8 +79,20 @@ def _select(logits: torch.Tensor, *, top_k: int, scoring: str, n_group: int, top
     return order[:, :top_k].sort(dim=1).values, ok
 
 
-def route(m: int, e: int, top_k: int, *, scoring: str = "softmax", renormalize: bool = True, n_group: int = 1,
-           topk_group: int = 1, bias: str | None = None, factor: float = 1.0, sigma=(1.0, 2.5), shift=(0.0, 0.0)):
+def route(
+    m: int,
+    e: int,
+    top_k: int,
+    *,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    n_group: int = 1,
+    topk_group: int = 1,
+    bias: str | None = None,
+    factor: float = 1.0,
+    sigma=(1.0, 2.5),
+    shift=(0.0, 0.0),
+):
     """route's inputs: logits drawn per token until every routing decision clears MARGIN in the case dtype.
 
     bias: None, "small" (|b| < 0.05: moves few choices), "large" (|b| < 0.5: the selection
@@ -109,8 +134,15 @@ def route(m: int, e: int, top_k: int, *, scoring: str = "softmax", renormalize: 
                 differ = min(differ, int((ids != _select(logits, bias=b, fill=0.0, **sel)[0]).any(dim=1).sum()))
             if 2 * differ < m:
                 raise RuntimeError(f"route case: the {bias} bias decides only {differ} of {m} tokens")
-        args = {"router_logits": logits, "top_k": top_k, "scoring": scoring, "renormalize": renormalize,
-                "n_group": n_group, "topk_group": topk_group, "routed_scaling_factor": factor}
+        args = {
+            "router_logits": logits,
+            "top_k": top_k,
+            "scoring": scoring,
+            "renormalize": renormalize,
+            "n_group": n_group,
+            "topk_group": topk_group,
+            "routed_scaling_factor": factor,
+        }
         if b is not None:
             args["correction_bias"] = b
         return args
@@ -119,6 +151,7 @@ def route(m: int, e: int, top_k: int, *, scoring: str = "softmax", renormalize: 
 
 
 # ---------------------------------------------------------------- permute / unpermute
+
 
 def permute(m: int, e: int, k: int, h: int, unused: tuple[int, ...], hot: int = 0):
     """hot > 0: every token picks among ``hot`` experts only (long runs of one expert: stability matters)."""
@@ -136,6 +169,10 @@ def unpermute(m: int, e: int, k: int, h: int, scoring: str = "softmax", factor: 
     def build(gen: torch.Generator, dtype: torch.dtype):
         ids = expert_ids(gen, m, k, expert_pool(e, (0, -1)))
         perm = torch.sort(ids.reshape(-1).long(), stable=True).indices
-        return {"y_sorted": randn(gen, (m * k, h), dtype), "perm": perm, "weights": routing_weights(gen, m, k, scoring, factor)}
+        return {
+            "y_sorted": randn(gen, (m * k, h), dtype),
+            "perm": perm,
+            "weights": routing_weights(gen, m, k, scoring, factor),
+        }
 
     return build

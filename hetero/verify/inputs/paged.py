@@ -1,5 +1,6 @@
 """What the attention and MLA cases share: dtypes, head geometry, DeepSeek's softmax scale and the
 paged-cache layout (random block permutations, slot mappings, AttentionMeta)."""
+
 from __future__ import annotations
 
 import math

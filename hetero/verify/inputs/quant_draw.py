@@ -1,5 +1,6 @@
 """Inputs of the quantized-op cases (spec 1.4): LLM-like activations with edge rows, and operands
 quantized with each scale form of ``scaled_grouped_gemm`` (amax / qmax, the checkpoints' rule)."""
+
 from __future__ import annotations
 
 import math
@@ -47,7 +48,7 @@ def ties(gen: torch.Generator, m: int, k: int, qdtype: torch.dtype, dtype: torch
         grid = torch.cat([mid, -mid])
     pick = grid[torch.randint(0, len(grid), (m, k), generator=gen)]
     pick[:, 0] = qmax
-    return (pick * 2.0 ** -5).to(dtype)
+    return (pick * 2.0**-5).to(dtype)
 
 
 def _rounded(y: torch.Tensor, qdtype: torch.dtype) -> torch.Tensor:
@@ -92,8 +93,9 @@ def _weight_scale(w: torch.Tensor, form: str, qmax: float) -> tuple[torch.Tensor
     return s, s.repeat_interleave(BLOCK, dim=0)[:n].repeat_interleave(BLOCK, dim=1)[:, :k]
 
 
-def quantize_weights(gen: torch.Generator, groups: int, n: int, k: int, qdtype: torch.dtype, form: str,
-                     gain: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_weights(
+    gen: torch.Generator, groups: int, n: int, k: int, qdtype: torch.dtype, form: str, gain: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Expert weights [G, N, K] of a trained layer (std gain/sqrt(K), per channel and column-block
     magnitudes varying) quantized with scales of ``form``: "block" [G, ceil(N/128), ceil(K/128)],
     "row" [G, N, 1] or "group" [G]."""

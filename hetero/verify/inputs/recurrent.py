@@ -1,4 +1,5 @@
 """Inputs of the recurrent cases (causal_conv1d, gated_delta_rule), and their static options."""
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -15,8 +16,15 @@ def _tokens(index: dict[str, torch.Tensor]) -> int:
     return int(index["query_start_loc"][-1])
 
 
-def conv(lin: Linear, seqs: Sequence[Seq], *, width: int | None = None, bias: bool = False,
-          activation: str | None = "silu", view: bool = False):
+def conv(
+    lin: Linear,
+    seqs: Sequence[Seq],
+    *,
+    width: int | None = None,
+    bias: bool = False,
+    activation: str | None = "silu",
+    view: bool = False,
+):
     """causal_conv1d over [T, C] with C = 2*H*K + HV*V. ``view``: x is the q|k|v columns of a
     q|k|v|z projection (Qwen3-Next's fused in_proj_qkvz), rows strided."""
     w, c = width or lin.width, lin.channels
@@ -25,9 +33,14 @@ def conv(lin: Linear, seqs: Sequence[Seq], *, width: int | None = None, bias: bo
         index, num_slots, nan = batch(gen, seqs)
         t = _tokens(index)
         x = randn(gen, (t, c + (lin.hv * lin.v if view else 0)), dtype)[:, :c]
-        return {"x": x if view else x.contiguous(), "weight": randn(gen, (c, w), dtype, 0.5),
-                "bias": randn(gen, (c,), dtype) if bias else None,
-                "conv_state": nan_fill(randn(gen, (num_slots, w - 1, c), dtype), nan), **index, "activation": activation}
+        return {
+            "x": x if view else x.contiguous(),
+            "weight": randn(gen, (c, w), dtype, 0.5),
+            "bias": randn(gen, (c,), dtype) if bias else None,
+            "conv_state": nan_fill(randn(gen, (num_slots, w - 1, c), dtype), nan),
+            **index,
+            "activation": activation,
+        }
 
     return build
 
@@ -44,8 +57,16 @@ def gdr(lin: Linear, seqs: Sequence[Seq], *, views: bool = True, beta_f32: bool 
         t = _tokens(index)
         q, k, v = qkv(gen, lin, t, dtype, views, normalized=not l2norm)
         state = nan_fill(randn(gen, (num_slots, lin.hv, lin.k, lin.v), torch.float32, 0.1), nan)
-        return {"q": q, "k": k, "v": v, **gates(gen, lin, t, torch.float32 if beta_f32 else dtype),
-                "ssm_state": state, **index, "scale": lin.k ** -0.5, "use_qk_l2norm": l2norm}
+        return {
+            "q": q,
+            "k": k,
+            "v": v,
+            **gates(gen, lin, t, torch.float32 if beta_f32 else dtype),
+            "ssm_state": state,
+            **index,
+            "scale": lin.k**-0.5,
+            "use_qk_l2norm": l2norm,
+        }
 
     return build
 
@@ -55,5 +76,12 @@ def conv_static(dt: str, lin: Linear, width: int | None = None, bias: bool = Fal
 
 
 def gdr_static(dt: str, lin: Linear, l2norm: bool = True):
-    return {"dtype": dt, "num_heads": lin.h, "head_dim": lin.k, "num_v_heads": lin.hv, "head_dim_v": lin.v,
-            "g_per_key": lin.kda, "use_qk_l2norm": l2norm}
+    return {
+        "dtype": dt,
+        "num_heads": lin.h,
+        "head_dim": lin.k,
+        "num_v_heads": lin.hv,
+        "head_dim_v": lin.v,
+        "g_per_key": lin.kda,
+        "use_qk_l2norm": l2norm,
+    }

@@ -1,5 +1,6 @@
 """What the recurrent cases draw: the linear-attention geometry of real models, and the per-sequence
 batch layout (rows, state slots, has_initial_state) with states full of random values or NaN."""
+
 from __future__ import annotations
 
 import math
@@ -69,20 +70,24 @@ def batch(gen: torch.Generator, seqs: Sequence[Seq], spare: int = 1) -> tuple[di
         starts.append(starts[-1] + rows)
         if state == "nan":
             nan.append(slot)
-    index = {"query_start_loc": torch.tensor(starts, dtype=torch.int32),
-             "state_slots": torch.tensor(slots, dtype=torch.int32),
-             "has_initial_state": torch.tensor(initial, dtype=torch.bool)}
+    index = {
+        "query_start_loc": torch.tensor(starts, dtype=torch.int32),
+        "state_slots": torch.tensor(slots, dtype=torch.int32),
+        "has_initial_state": torch.tensor(initial, dtype=torch.bool),
+    }
     return index, num_slots, nan
 
 
-def qkv(gen: torch.Generator, lin: Linear, tokens: int, dtype: torch.dtype, views: bool, normalized: bool) -> tuple[torch.Tensor, ...]:
+def qkv(
+    gen: torch.Generator, lin: Linear, tokens: int, dtype: torch.dtype, views: bool, normalized: bool
+) -> tuple[torch.Tensor, ...]:
     """q, k [T, H, K], v [T, HV, V]. ``views``: slices of one [T, C] tensor, the conv's output as the
     engine splits it (rows C apart, not contiguous). ``normalized``: q and k of unit norm, as a
     caller that normalizes them itself passes them with use_qk_l2norm False."""
     hk = lin.h * lin.k
     mixed = randn(gen, (tokens, lin.channels), torch.float32)
     if normalized:
-        for part in (mixed[:, :hk], mixed[:, hk:2 * hk]):
+        for part in (mixed[:, :hk], mixed[:, hk : 2 * hk]):
             rows = part.unflatten(1, (lin.h, lin.k))
             rows /= rows.norm(dim=-1, keepdim=True)
     mixed = mixed.to(dtype)
@@ -112,4 +117,3 @@ def nan_fill(state: torch.Tensor, nan: list[int]) -> torch.Tensor:
     for slot in nan:
         state[slot] = float("nan")
     return state
-

@@ -18,6 +18,7 @@ classes that use the base forward (``layers``), the attention backend
 cache) and ``UnquantizedFusedMoEMethod`` (``moe``). Everything else keeps vLLM's
 kernels; ``report`` lists what ran where (``HETERO_VLLM_REPORT=path.json``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -82,5 +83,8 @@ def register() -> None:
     routed = layers.register() + moe.register() + attention.register()
     report.arm_at_exit()
     _registered.append(True)
-    _logger.info("hetero-vllm: routing %s to hetero backend %s", ", ".join(routed),
-                 os.environ.get("HETERO_BACKEND") or "(additional_config's hetero_backend, else hetero's default)")
+    _logger.info(
+        "hetero-vllm: routing %s to hetero backend %s",
+        ", ".join(routed),
+        os.environ.get("HETERO_BACKEND") or "(additional_config's hetero_backend, else hetero's default)",
+    )

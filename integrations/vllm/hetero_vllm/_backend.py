@@ -7,6 +7,7 @@ choice, where the environment variable is the whole process's (and its workers')
 The configuration is read when vLLM builds the routed layers (``remember_config``,
 under vLLM's current config), because the first routed call may run outside it.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,10 @@ def _from_config(vllm_config: Any) -> str | None:
     extra = getattr(vllm_config, "additional_config", None)
     value = extra.get(CONFIG_KEY) if isinstance(extra, dict) else None
     if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise ValueError(f"hetero-vllm: additional_config[{CONFIG_KEY!r}] must be a backend name (a non-empty "
-                         f"string such as 'cpu_ref'), got {value!r}")
+        raise ValueError(
+            f"hetero-vllm: additional_config[{CONFIG_KEY!r}] must be a backend name (a non-empty "
+            f"string such as 'cpu_ref'), got {value!r}"
+        )
     return value.strip() if value else None
 
 

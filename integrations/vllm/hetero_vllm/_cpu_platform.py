@@ -6,6 +6,7 @@ attributes vLLM reads: ``device_type``, ``dist_backend`` and, through the class
 methods, the device name and memory. Everything else (worker, model runner,
 communicator, compilation settings) is ``CpuPlatform``'s.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Registering out-of-tree CustomOp replacements: skip names another plugin owns, stay on under compilation."""
+
 from __future__ import annotations
 
 import logging
@@ -61,4 +62,3 @@ def register_oot(vllm_cls: type, replacement: type, routes: list[str]) -> bool:
     CustomOp.register_oot(replacement, name=name)
     routes.append(name)
     return True
-

@@ -11,6 +11,7 @@ Registered as ``AttentionBackendEnum.CUSTOM`` (select it with vLLM's attention
 backend option), and on the CPU platform also in place of ``CPU_ATTN``, which the
 CPU platform always picks.
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,16 +53,18 @@ class HeteroAttentionMetadataBuilder(AttentionMetadataBuilder[HeteroAttentionMet
     def __init__(self, kv_cache_spec, layer_names: list[str], vllm_config, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
 
-    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
-              fast_build: bool = False) -> HeteroAttentionMetadata:
+    def build(
+        self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
+    ) -> HeteroAttentionMetadata:
         cm = common_attn_metadata
         b = cm.num_reqs
         if not isinstance(cm.causal, bool):
             raise NotImplementedError("hetero-vllm: per-token causal masks are not routed")
         for field in ("mm_req_doc_ranges", "rswa_prefix_lens"):
             if getattr(cm, field, None) is not None:
-                raise NotImplementedError(f"hetero-vllm: attention metadata {field} (multimodal prefix / R-SWA "
-                                          "masks) is not routed")
+                raise NotImplementedError(
+                    f"hetero-vllm: attention metadata {field} (multimodal prefix / R-SWA masks) is not routed"
+                )
         return HeteroAttentionMetadata(
             num_actual_tokens=cm.num_actual_tokens,
             query_start_loc=cm.query_start_loc[: b + 1],
@@ -83,13 +86,25 @@ def _kv_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, tor
 class HeteroAttentionImpl(AttentionImpl):
     """Decoder self-attention (GQA, sliding window, softcap, sinks) on hetero's paged ops."""
 
-    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
-                 alibi_slopes: list[float] | None, sliding_window: int | None, kv_cache_dtype: str,
-                 logits_soft_cap: float | None = None, attn_type: str = "decoder",
-                 kv_sharing_target_layer_name: str | None = None, sinks: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        alibi_slopes: list[float] | None,
+        sliding_window: int | None,
+        kv_cache_dtype: str,
+        logits_soft_cap: float | None = None,
+        attn_type: str = "decoder",
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> None:
         if str(getattr(attn_type, "value", attn_type)) != "decoder":
-            raise NotImplementedError(f"hetero-vllm: {attn_type} attention is not routed (decoder self-attention only); "
-                                      "unset HETERO_VLLM for this model")
+            raise NotImplementedError(
+                f"hetero-vllm: {attn_type} attention is not routed (decoder self-attention only); "
+                "unset HETERO_VLLM for this model"
+            )
         if alibi_slopes is not None:
             raise NotImplementedError("hetero-vllm: ALiBi is not routed (no hetero op takes slopes)")
         if kv_cache_dtype != "auto":
@@ -104,8 +119,14 @@ class HeteroAttentionImpl(AttentionImpl):
         self.sinks = sinks
         _backend.remember_config()
 
-    def do_kv_cache_update(self, layer: torch.nn.Module, key: torch.Tensor, value: torch.Tensor,
-                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    def do_kv_cache_update(
+        self,
+        layer: torch.nn.Module,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
         """hetero ``write_kv`` of this step's keys and values into the layer's cache."""
         if self.kv_sharing_target_layer_name is not None:
             return
@@ -113,10 +134,18 @@ class HeteroAttentionImpl(AttentionImpl):
         n = min(key.shape[0], slot_mapping.shape[0])
         torch.ops.hetero.write_kv(key[:n], value[:n], k_cache, v_cache, slot_mapping[:n], _SITE)
 
-    def forward(self, layer: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: torch.Tensor, attn_metadata: HeteroAttentionMetadata | None, output: torch.Tensor,
-                output_scale: torch.Tensor | None = None, output_block_scale: torch.Tensor | None = None,
-                ) -> torch.Tensor:
+    def forward(
+        self,
+        layer: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: HeteroAttentionMetadata | None,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """hetero ``paged_attention`` of query [T, Hq, D] into output [T, Hq, D] (the cache is already written)."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("hetero-vllm: fused output quantization is not routed")
@@ -128,8 +157,22 @@ class HeteroAttentionImpl(AttentionImpl):
         sinks = None if self.sinks is None else self.sinks.to(torch.float32)
         m = attn_metadata
         torch.ops.hetero.paged_attention(
-            query[:n], k_cache, v_cache, m.query_start_loc, m.seq_lens, m.block_table, m.max_query_len,
-            m.max_seq_len, self.scale, m.causal, self.window_left, -1, self.softcap, sinks, out, _SITE,
+            query[:n],
+            k_cache,
+            v_cache,
+            m.query_start_loc,
+            m.seq_lens,
+            m.block_table,
+            m.max_query_len,
+            m.max_seq_len,
+            self.scale,
+            m.causal,
+            self.window_left,
+            -1,
+            self.softcap,
+            sinks,
+            out,
+            _SITE,
         )
         return output
 

@@ -5,6 +5,7 @@ Each replacement subclasses the vLLM class it replaces (same weights, buffers an
 ``torch.ops.hetero.*``. An instance whose configuration hetero's op does not
 cover keeps ``forward_native`` and is listed in the report as not routed.
 """
+
 from __future__ import annotations
 
 import torch

@@ -6,6 +6,7 @@ instead, which leaves ``w13 [E, 2I, H]`` (gate rows, then up rows) and
 ``w2 [E, H, I]`` as loaded: hetero ``fused_moe``'s layout. vLLM's router has already
 picked ``topk_weights``/``topk_ids``; shared experts stay with vLLM's MoE runner.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,8 +23,11 @@ def unsupported(moe) -> str | None:
     """Why hetero ``fused_moe`` cannot serve a layer of this ``FusedMoEConfig`` (None: it can)."""
     if moe.activation.value != "silu":
         return f"activation {moe.activation.value!r} (routed: 'silu')"
-    tuned = [k for k in ("swiglu_limit", "swiglu_alpha", "swiglu_beta", "activation_situ_beta",
-                         "activation_situ_linear_beta") if getattr(moe, k, None) is not None]
+    tuned = [
+        k
+        for k in ("swiglu_limit", "swiglu_alpha", "swiglu_beta", "activation_situ_beta", "activation_situ_linear_beta")
+        if getattr(moe, k, None) is not None
+    ]
     if tuned:
         return f"a tuned SwiGLU ({', '.join(tuned)})"
     if moe.has_bias:
@@ -60,8 +64,13 @@ def _method_class(base: type) -> type:
             if self.hetero_reason is not None:
                 return self.forward_native(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
             return torch.ops.hetero.fused_moe(
-                x, layer.w13_weight, layer.w2_weight, topk_weights.to(torch.float32), topk_ids.to(torch.int32),
-                "silu", _SITE,
+                x,
+                layer.w13_weight,
+                layer.w2_weight,
+                topk_weights.to(torch.float32),
+                topk_ids.to(torch.int32),
+                "silu",
+                _SITE,
             )
 
     return dispatch_to(HeteroUnquantizedFusedMoEMethod, "forward_hetero")

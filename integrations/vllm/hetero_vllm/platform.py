@@ -18,6 +18,7 @@ communicator, graph capture, streams and events, and a torch dispatch key,
 none of which a hetero backend describes (docs/vllm.md lists them).
 ``VLLM_TARGET_DEVICE=cpu`` makes vLLM skip every platform plugin.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,9 +57,12 @@ def backend_facts(name: str | None = None) -> BackendFacts:
     ops = hetero.load(name if name is not None else os.environ.get("HETERO_BACKEND") or None)
     backend = ops.backend
     probe = type(backend).probe()
-    return BackendFacts(backend=ops.name, device_type=backend.device.type,
-                        device_name=probe.device_name or backend.device.type,
-                        dist_backend=type(backend).process_group_backend())
+    return BackendFacts(
+        backend=ops.name,
+        device_type=backend.device.type,
+        device_name=probe.device_name or backend.device.type,
+        dist_backend=type(backend).process_group_backend(),
+    )
 
 
 def _cpu_memory() -> tuple[int, int]:
@@ -100,6 +104,9 @@ def activate() -> str | None:
         _logger.warning(
             "hetero-vllm: no platform for backend %s on %r devices: a chip needs a worker/model runner, a device "
             "communicator, graph capture, streams/events and a dispatch key (see docs/vllm.md); keeping vLLM's "
-            "platform", facts.backend, facts.device_type)
+            "platform",
+            facts.backend,
+            facts.device_type,
+        )
         return None
     return CPU_PLATFORM

@@ -15,13 +15,14 @@ file at exit (under a lock on the file, so workers exiting together merge). The 
      "processes": 2,
      "writers": [{"pid": 4242, "process": "MainProcess", "calls": 0}, ...]}
 """
+
 from __future__ import annotations
 
 import atexit
-import multiprocessing.util
 import fcntl
 import json
 import multiprocessing
+import multiprocessing.util
 import os
 import threading
 from collections import Counter
@@ -71,9 +72,14 @@ def snapshot() -> dict[str, Any]:
             routed.setdefault(cls, {})[op] = n
         skipped = {c: r for c, r in sorted(_not_routed.items()) if c not in routed}
         writer = {"pid": os.getpid(), "process": multiprocessing.current_process().name, "calls": sum(_counts.values())}
-    return {"backend": _backend[0] if _backend else None, "platform": _platform[0] if _platform else None,
-            "routed": routed, "not_routed": skipped, "processes": 1,
-            "writers": [writer]}
+    return {
+        "backend": _backend[0] if _backend else None,
+        "platform": _platform[0] if _platform else None,
+        "routed": routed,
+        "not_routed": skipped,
+        "processes": 1,
+        "writers": [writer],
+    }
 
 
 def reset() -> None:

@@ -8,6 +8,7 @@ layer class it serves; the fake one only gives shapes and dtypes. Shapes and
 semantics are hetero's (``hetero.spec``); the extra arguments are flattened
 forms of hetero's (``AttentionMeta`` fields, the attention window pair).
 """
+
 from __future__ import annotations
 
 import torch
@@ -87,7 +88,11 @@ def _(positions, q, k, cos_sin_cache, is_neox, site):
 
 @torch.library.custom_op("hetero::write_kv", mutates_args=("k_cache", "v_cache"))
 def write_kv(
-    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
     site: str,
 ) -> None:
     """hetero ``write_kv``: scatters key/value [T, Hkv, D] into the caches [NB, BS, Hkv, D] (strided views allowed)."""
@@ -102,28 +107,72 @@ def _(key, value, k_cache, v_cache, slot_mapping, site):
 
 @torch.library.custom_op("hetero::paged_attention", mutates_args=("out",))
 def paged_attention(
-    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor, block_table: torch.Tensor, max_query_len: int, max_seq_len: int, scale: float,
-    causal: bool, window_left: int, window_right: int, softcap: float, sinks: torch.Tensor | None, out: torch.Tensor, site: str,
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
+    out: torch.Tensor,
+    site: str,
 ) -> None:
     """hetero ``paged_attention`` into ``out`` [T, Hq, Dv]; the metadata fields are ``hetero.AttentionMeta``'s."""
     import hetero
 
     report.record(site, "paged_attention")
     meta = hetero.AttentionMeta(query_start_loc, seq_lens, block_table, max_query_len, max_seq_len)
-    _backend.ops().paged_attention(query, k_cache, v_cache, meta, scale=scale, causal=causal, window=(window_left, window_right),
-                                   softcap=softcap, sinks=sinks, out=out)
+    _backend.ops().paged_attention(
+        query,
+        k_cache,
+        v_cache,
+        meta,
+        scale=scale,
+        causal=causal,
+        window=(window_left, window_right),
+        softcap=softcap,
+        sinks=sinks,
+        out=out,
+    )
 
 
 @paged_attention.register_fake
-def _(query, k_cache, v_cache, query_start_loc, seq_lens, block_table, max_query_len, max_seq_len, scale,
-      causal, window_left, window_right, softcap, sinks, out, site):
+def _(
+    query,
+    k_cache,
+    v_cache,
+    query_start_loc,
+    seq_lens,
+    block_table,
+    max_query_len,
+    max_seq_len,
+    scale,
+    causal,
+    window_left,
+    window_right,
+    softcap,
+    sinks,
+    out,
+    site,
+):
     return None
 
 
 @torch.library.custom_op("hetero::fused_moe", mutates_args=())
 def fused_moe(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, activation: str,
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    activation: str,
     site: str,
 ) -> torch.Tensor:
     """hetero ``fused_moe``: x [M, H], w13 [E, 2I, H], w2 [E, H, I], weights float32 [M, k], ids int32 [M, k]."""

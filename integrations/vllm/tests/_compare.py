@@ -1,5 +1,6 @@
 """Comparing two runs of ``_driver.py`` (identical greedy tokens, top-k logprobs within a tolerance) and reading
 the routing report (every routed class served by hetero)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,10 +30,14 @@ DENSE_ROUTES = {
     "RotaryEmbedding": {"rotary_embedding"},
     "Attention": {"write_kv", "paged_attention"},
 }
-LLAMA_ROUTES = {**{k: v for k, v in DENSE_ROUTES.items() if k != "RotaryEmbedding"},
-                "Llama3RotaryEmbedding": {"rotary_embedding"}}  # a rope subclass, routed under its own name
-MOE_ROUTES = {**{k: v for k, v in DENSE_ROUTES.items() if k != "SiluAndMul"},
-              "UnquantizedFusedMoEMethod": {"fused_moe"}}
+LLAMA_ROUTES = {
+    **{k: v for k, v in DENSE_ROUTES.items() if k != "RotaryEmbedding"},
+    "Llama3RotaryEmbedding": {"rotary_embedding"},
+}  # a rope subclass, routed under its own name
+MOE_ROUTES = {
+    **{k: v for k, v in DENSE_ROUTES.items() if k != "SiluAndMul"},
+    "UnquantizedFusedMoEMethod": {"fused_moe"},
+}
 
 
 def assert_routed(report: dict, expected: dict[str, set[str]], backend: str = "cpu_ref") -> None:

@@ -9,6 +9,7 @@ The workload: prompts of 9 to 100 tokens over block size 32 (several blocks),
 ``max_num_batched_tokens=64`` (chunked prefill), then a second batch that shares a
 64-token prefix with the first (a prefix-cache hit).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,19 @@ def main() -> None:
     if args.custom_ops:
         extra["compilation_config"] = {"custom_ops": ["all", *args.custom_ops.split(",")]}
 
-    llm = LLM(model=args.model, skip_tokenizer_init=True, dtype="float32", enforce_eager=not args.compiled,
-              block_size=32, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=8,
-              enable_prefix_caching=True, seed=0, **extra)
+    llm = LLM(
+        model=args.model,
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=not args.compiled,
+        block_size=32,
+        max_model_len=256,
+        max_num_batched_tokens=64,
+        max_num_seqs=8,
+        enable_prefix_caching=True,
+        seed=0,
+        **extra,
+    )
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=TOP_K, ignore_eos=True)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     results = []

@@ -1,13 +1,24 @@
 """Tiny random checkpoints written by transformers: Llama, Qwen3 dense, Qwen3-MoE and Gemma2, float32."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 __all__ = ["write_llama", "write_qwen3", "write_qwen3_moe", "write_gemma2"]
 
-_COMMON = dict(vocab_size=256, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-               head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.1,
-               tie_word_embeddings=False, torch_dtype="float32")
+_COMMON = dict(
+    vocab_size=256,
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    initializer_range=0.1,
+    tie_word_embeddings=False,
+    torch_dtype="float32",
+)
 
 
 def _save(model, path: Path) -> Path:
@@ -21,8 +32,14 @@ def write_llama(path: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 128,
+    }
     return _save(LlamaForCausalLM(LlamaConfig(intermediate_size=256, rope_parameters=rope, **_COMMON)).float(), path)
 
 
@@ -41,8 +58,16 @@ def write_qwen3_moe(path: Path) -> Path:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3MoeConfig(intermediate_size=256, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
-                            decoder_sparse_step=1, norm_topk_prob=True, mlp_only_layers=[], **_COMMON)
+    config = Qwen3MoeConfig(
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        norm_topk_prob=True,
+        mlp_only_layers=[],
+        **_COMMON,
+    )
     return _save(Qwen3MoeForCausalLM(config).float(), path)
 
 
@@ -52,8 +77,14 @@ def write_gemma2(path: Path) -> Path:
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     torch.manual_seed(0)
-    config = Gemma2Config(intermediate_size=256, sliding_window=48, attn_logit_softcapping=50.0,
-                          final_logit_softcapping=30.0, query_pre_attn_scalar=32, hidden_activation="gelu_pytorch_tanh",
-                          layer_types=["sliding_attention", "full_attention"],
-                          **{**_COMMON, "tie_word_embeddings": True})  # vLLM's Gemma2 has no separate lm_head
+    config = Gemma2Config(
+        intermediate_size=256,
+        sliding_window=48,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        query_pre_attn_scalar=32,
+        hidden_activation="gelu_pytorch_tanh",
+        layer_types=["sliding_attention", "full_attention"],
+        **{**_COMMON, "tie_word_embeddings": True},
+    )  # vLLM's Gemma2 has no separate lm_head
     return _save(Gemma2ForCausalLM(config).float(), path)

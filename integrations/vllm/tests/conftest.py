@@ -4,6 +4,7 @@ Each engine run is ``_driver.py`` in a fresh process, because vLLM loads general
 plugins once per process and hetero-vllm's registrations are process-wide: the
 stock reference and the hetero run must not share one. Runs are cached per session.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,15 @@ HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "_driver.py"
 sys.path.insert(0, str(HERE))
 
-_ROUTING_ENV = ("HETERO_VLLM", "HETERO_BACKEND", "HETERO_VLLM_PLATFORM", "HETERO_VLLM_REPORT",
-                "HETERO_TRITON_INTERPRET", "VLLM_PLUGINS", "VLLM_TARGET_DEVICE")
+_ROUTING_ENV = (
+    "HETERO_VLLM",
+    "HETERO_BACKEND",
+    "HETERO_VLLM_PLATFORM",
+    "HETERO_VLLM_REPORT",
+    "HETERO_TRITON_INTERPRET",
+    "VLLM_PLUGINS",
+    "VLLM_TARGET_DEVICE",
+)
 
 
 class Runs:
@@ -32,8 +40,16 @@ class Runs:
         self.root = root
         self.cache: dict[tuple, tuple[list[dict[str, Any]], dict[str, Any] | None]] = {}
 
-    def __call__(self, model: Path, *, backend: str | None = None, compiled: bool = False,
-                 multiprocess: bool = False, platform: bool = False, env: dict[str, str] | None = None):
+    def __call__(
+        self,
+        model: Path,
+        *,
+        backend: str | None = None,
+        compiled: bool = False,
+        multiprocess: bool = False,
+        platform: bool = False,
+        env: dict[str, str] | None = None,
+    ):
         """(sequences, routing report or None for a stock run).
 
         ``platform``: through hetero's platform plugin alone (``HETERO_VLLM_PLATFORM=1``,
@@ -45,18 +61,30 @@ class Runs:
             self.cache[key] = self._run(model, backend, compiled, multiprocess, platform, env or {})
         return self.cache[key]
 
-    def _run(self, model: Path, backend: str | None, compiled: bool, multiprocess: bool, platform: bool,
-             extra: dict[str, str]):
-        tag = (f"{model.name}-{backend or 'stock'}{'-platform' if platform else ''}-"
-               f"{'compiled' if compiled else 'eager'}-{'mp' if multiprocess else 'inproc'}"
-               + "".join(f"-{k}={v}" for k, v in sorted(extra.items())).replace("/", "_"))
+    def _run(
+        self,
+        model: Path,
+        backend: str | None,
+        compiled: bool,
+        multiprocess: bool,
+        platform: bool,
+        extra: dict[str, str],
+    ):
+        tag = (
+            f"{model.name}-{backend or 'stock'}{'-platform' if platform else ''}-"
+            f"{'compiled' if compiled else 'eager'}-{'mp' if multiprocess else 'inproc'}"
+            + "".join(f"-{k}={v}" for k, v in sorted(extra.items())).replace("/", "_")
+        )
         out, report = self.root / f"{tag}.json", self.root / f"{tag}.report.json"
         report.unlink(missing_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in _ROUTING_ENV}
         # one KV split in vLLM's CPU attention: its split-KV partitioning follows the thread count, a source of
         # run-to-run differences in the stock reference on a shared machine
-        env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocess else "0",
-                   VLLM_CPU_ATTN_SPLIT_KV="0")
+        env.update(
+            VLLM_CPU_KVCACHE_SPACE="1",
+            VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocess else "0",
+            VLLM_CPU_ATTN_SPLIT_KV="0",
+        )
         cmd = [sys.executable, str(DRIVER), str(model), str(out)] + (["--compiled"] if compiled else [])
         if backend is not None and platform:
             env.update(HETERO_VLLM_PLATFORM="1", HETERO_VLLM_REPORT=str(report))
@@ -82,8 +110,12 @@ def models(tmp_path_factory) -> dict[str, Path]:
     import _models
 
     root = tmp_path_factory.mktemp("models")
-    return {"llama": _models.write_llama(root / "llama"), "qwen3": _models.write_qwen3(root / "qwen3"), "qwen3_moe": _models.write_qwen3_moe(root / "qwen3_moe"),
-            "gemma2": _models.write_gemma2(root / "gemma2")}
+    return {
+        "llama": _models.write_llama(root / "llama"),
+        "qwen3": _models.write_qwen3(root / "qwen3"),
+        "qwen3_moe": _models.write_qwen3_moe(root / "qwen3_moe"),
+        "gemma2": _models.write_gemma2(root / "gemma2"),
+    }
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 Every engine run is a subprocess (see conftest). The workload (``_driver.py``) has
 prompts over several KV blocks, chunked prefill and a prefix-cache hit.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,10 +30,9 @@ def test_llama_eager_matches_stock(models, runs):
 
 def test_dense_eager_matches_float64_transformers(models, runs):
     """Independent of vLLM's kernels: hetero's logprobs are those of transformers in float64."""
+    import _driver
     import torch
     from transformers import AutoModelForCausalLM
-
-    import _driver
 
     got, _ = runs(models["qwen3"], backend="cpu_ref")
     model = AutoModelForCausalLM.from_pretrained(models["qwen3"], dtype=torch.float64)
@@ -40,7 +40,7 @@ def test_dense_eager_matches_float64_transformers(models, runs):
     for prompt, seq in zip(first + second, got):
         ids = torch.tensor([prompt + seq["tokens"]])
         with torch.no_grad():
-            logprobs = torch.log_softmax(model(ids).logits[0, len(prompt) - 1:-1], dim=-1)
+            logprobs = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1], dim=-1)
         for step, top in enumerate(seq["logprobs"]):
             for token, value in top.items():
                 assert abs(float(logprobs[step, int(token)]) - value) <= 1e-5, (step, token)

@@ -1,4 +1,5 @@
 """The platform plugin: opt-in, device facts from the hetero backend, and an engine run on ``HeteroCpuPlatform``."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """The plugin's contract without an engine: opt-in, version gate, skipping others' ops, the report, compiled ops."""
+
 from __future__ import annotations
 
 import json
@@ -17,18 +18,22 @@ from hetero_vllm import _backend, report
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (plugin registration is process-wide) with only ``env`` opting in."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("HETERO_")}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**base, **env}, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env={**base, **env}, capture_output=True, text=True, timeout=300
+    )
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({}, False),
-    ({"HETERO_VLLM": "1"}, True),
-    ({"HETERO_BACKEND": "cpu_ref"}, True),
-    ({"HETERO_BACKEND": "cpu_ref", "HETERO_VLLM": "0"}, False),
-    ({"HETERO_VLLM_PLATFORM": "1"}, True),
-    ({"HETERO_VLLM_PLATFORM": "1", "HETERO_VLLM": "0"}, False),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, False),
+        ({"HETERO_VLLM": "1"}, True),
+        ({"HETERO_BACKEND": "cpu_ref"}, True),
+        ({"HETERO_BACKEND": "cpu_ref", "HETERO_VLLM": "0"}, False),
+        ({"HETERO_VLLM_PLATFORM": "1"}, True),
+        ({"HETERO_VLLM_PLATFORM": "1", "HETERO_VLLM": "0"}, False),
+    ],
+)
 def test_opt_in(monkeypatch, env, expected):
     for name in ("HETERO_VLLM", "HETERO_BACKEND", "HETERO_VLLM_PLATFORM"):
         monkeypatch.delenv(name, raising=False)
@@ -55,7 +60,8 @@ def test_not_opted_in_registers_nothing():
 
 
 def test_register_is_idempotent_and_skips_ops_another_plugin_owns():
-    proc = _python("""
+    proc = _python(
+        """
         import json
         from vllm.model_executor.custom_op import CustomOp, op_registry_oot
         from vllm.model_executor.layers.layernorm import RMSNorm
@@ -70,7 +76,10 @@ def test_register_is_idempotent_and_skips_ops_another_plugin_owns():
         hetero_vllm.register()
         print(json.dumps({"owners": {k: v.__qualname__ for k, v in op_registry_oot.items()},
                           "not_routed": report.snapshot()["not_routed"]}))
-    """, HETERO_VLLM="1", HETERO_BACKEND="cpu_ref")
+    """,
+        HETERO_VLLM="1",
+        HETERO_BACKEND="cpu_ref",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["owners"]["RMSNorm"] == "VendorRMSNorm"

@@ -5,6 +5,7 @@ when the head dim is below 64, as a tiled kernel path for long contexts and smal
 Conformance's quick tier (head dims 64 and 128) never takes that path; a tiny Qwen3 (head dim
 32) with a prompt past 64 tokens does. docs/finding-bugs.md hunts it down.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,10 +22,34 @@ class DemoBugBackend(CpuRefBackend):
     #: the first query position whose output is off
     from_position = 64
 
-    def paged_attention(self, query, k_cache, v_cache, meta, *, scale, causal=True, window=(-1, -1), softcap=0.0,
-                        sinks=None, out=None, return_lse=False):
-        result = super().paged_attention(query, k_cache, v_cache, meta, scale=scale, causal=causal, window=window,
-                                         softcap=softcap, sinks=sinks, out=out, return_lse=return_lse)
+    def paged_attention(
+        self,
+        query,
+        k_cache,
+        v_cache,
+        meta,
+        *,
+        scale,
+        causal=True,
+        window=(-1, -1),
+        softcap=0.0,
+        sinks=None,
+        out=None,
+        return_lse=False,
+    ):
+        result = super().paged_attention(
+            query,
+            k_cache,
+            v_cache,
+            meta,
+            scale=scale,
+            causal=causal,
+            window=window,
+            softcap=softcap,
+            sinks=sinks,
+            out=out,
+            return_lse=return_lse,
+        )
         o = result[0] if return_lse else result
         if query.shape[-1] < 64:
             starts, lens = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
