@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import os
 import sys
 import textwrap
@@ -15,13 +16,23 @@ _counter = itertools.count()
 
 
 def pytest_configure(config):
-    """Under pytest-xdist, each worker takes its share of the cores instead of a thread per core.
+    """Under pytest-xdist, each worker sees the caller's terminal size and takes its share of the cores.
 
     Workers at full intra-op width would oversubscribe the machine. OMP/MKL_NUM_THREADS reach the
     subprocesses tests start (CLIs, servers, torchrun ranks); a value set by the caller is kept.
     """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        # what the workers see as the terminal: xdist hands them COLUMNS=80 and LINES=24, which rich obeys (hetero's
+        # CLI folds its tables to 80 columns when COLUMNS is set); a worker restores this caller's values instead
+        os.environ["HETERO_TESTS_TERMINAL"] = json.dumps({k: os.environ.get(k) for k in ("COLUMNS", "LINES")})
+        return
+    for key, value in json.loads(os.environ.get("HETERO_TESTS_TERMINAL", "{}")).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if not os.environ.get("PYTEST_XDIST_WORKER") or workers < 2 or "OMP_NUM_THREADS" in os.environ:
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = max(1, cores // workers)
