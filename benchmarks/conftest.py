@@ -40,7 +40,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr = terminalreporter
     tr.section("hetero dispatch overhead (median ns per call)")
     tr.write_line(
-        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, python {platform.python_version()}"
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+        f"torch {torch.__version__}, python {platform.python_version()}"
     )
     tr.write_line(f"  {'group':9s} {'variant':22s} {'median':>10s}    {'min':>10s}")
     for (group, variant), v in sorted(ns.items()):
@@ -51,7 +52,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         overhead = hetero_ops - direct
         min_overhead = _RESULTS.min_ns[("dispatch", "hetero_ops")] - _RESULTS.min_ns[("dispatch", "direct")]
         tr.write_line(
-            f"hetero overhead (hetero_ops - direct): {overhead:.1f} ns by medians, {min_overhead:.1f} ns by minima (target < 100 ns)"
+            f"hetero overhead (hetero_ops - direct): {overhead:.1f} ns by medians, "
+            f"{min_overhead:.1f} ns by minima (target < 100 ns)"
         )
         pluggy_ns = d("dispatch", "pluggy_hook")
         if pluggy_ns is not None:
@@ -63,18 +65,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                 cop = c - clone_ns
                 ratio = f"{cop / overhead:.0f}x" if overhead > 0 else "n/a (hetero overhead <= 0 within noise)"
                 tr.write_line(
-                    f"{name} overhead ({name} - direct_clone): {cop:.1f} ns; ratio to hetero overhead: {ratio} (target >= 20x)"
+                    f"{name} overhead ({name} - direct_clone): {cop:.1f} ns; "
+                    f"ratio to hetero overhead: {ratio} (target >= 20x)"
                 )
     fresh, profiled = d("seam", "fresh"), d("seam", "profiled")
     if fresh is not None and profiled is not None:
         tr.write_line(
             f"seam: a layer's op call after hetero profile ran and stopped / never profiled: "
-            f"{profiled / fresh:.3f} by medians, {_RESULTS.min_ns[('seam', 'profiled')] / _RESULTS.min_ns[('seam', 'fresh')]:.3f} by minima (target 1)"
+            f"{profiled / fresh:.3f} by medians, "
+            f"{_RESULTS.min_ns[('seam', 'profiled')] / _RESULTS.min_ns[('seam', 'fresh')]:.3f} by minima (target 1)"
         )
     real_d = d("real_op", "direct_layers")
     for name in ("hetero_ops_private", "hetero_load_cpu_ref"):
         real_h = d("real_op", name)
         if real_d is not None and real_h is not None:
             tr.write_line(
-                f"real op (cpu_ref silu_and_mul [1, 8]): {name} {real_h:.0f} ns, direct {real_d:.0f} ns, difference {real_h - real_d:.1f} ns"
+                f"real op (cpu_ref silu_and_mul [1, 8]): {name} {real_h:.0f} ns, direct {real_d:.0f} ns, "
+                f"difference {real_h - real_d:.1f} ns"
             )

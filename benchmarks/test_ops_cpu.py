@@ -1,9 +1,10 @@
-"""The reference ops (cpu_ref) on their quick performance shapes, one benchmark per op, for pytest-benchmark.
+r"""The reference ops (cpu_ref) on their quick performance shapes, one benchmark per op, for pytest-benchmark.
 
 Not part of the test run (pyproject's testpaths is ``tests``). Run, save and compare:
 
     .venv/bin/python -m pytest benchmarks/test_ops_cpu.py --benchmark-only --benchmark-autosave
-    .venv/bin/python -m pytest benchmarks/test_ops_cpu.py --benchmark-only --benchmark-compare --benchmark-compare-fail=median:10%
+    .venv/bin/python -m pytest benchmarks/test_ops_cpu.py --benchmark-only \
+        --benchmark-compare --benchmark-compare-fail=median:10%
 
 The shapes are ``hetero.bench.perf.perf_cases("quick")`` (the first
 case of each op), the same ones ``hetero bench cpu_ref --shapes quick`` times;

@@ -61,7 +61,7 @@ def ep_dispatch(
     comm: Communicator,
 ) -> EPDispatch:
     check_dispatch(x, ids, weights, num_experts, comm)
-    world, rank, k = comm.world_size, comm.rank, ids.shape[1]
+    world, _rank, k = comm.world_size, comm.rank, ids.shape[1]
     m, hidden, device = x.shape[0], x.shape[1], x.device
     local = num_experts // world
 

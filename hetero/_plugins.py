@@ -57,12 +57,14 @@ def _version_problem(cls: type[Backend]) -> tuple[str, str]:
     if major != our_major:
         return (
             "incompatible",
-            f"implements spec {declared} but this hetero provides spec {SPEC_VERSION} (major versions differ); upgrade the one that is older",
+            f"implements spec {declared} but this hetero provides spec {SPEC_VERSION} (major versions differ); "
+            "upgrade the one that is older",
         )
     if minor != our_minor:
         return (
             "warn",
-            f"implements spec {declared}, this hetero provides {SPEC_VERSION}; ops of the newer minor version are missing on one side",
+            f"implements spec {declared}, this hetero provides {SPEC_VERSION}; "
+            "ops of the newer minor version are missing on one side",
         )
     return "ok", ""
 

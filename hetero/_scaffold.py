@@ -134,7 +134,7 @@ class $cls(hetero.Backend):
 
 # Many ops: keep each family in a module of functions listed in its __all__ and bind them all,
 # as hetero's own backends do: from $pkg import layers; $cls.bind_from(layers)
-'''
+'''  # noqa: E501 (generated code: the template's text is the file written)
     + _HOOK
 )
 
@@ -223,7 +223,7 @@ class $cls(TritonBackend):
     #     super().__init__(device)
     #     if not self.interpreted:
     #         self.bind_from({"gemm": fast_gemm(self.gemm)})
-'''
+'''  # noqa: E501 (generated code: the template's text is the file written)
     + _HOOK
 )
 

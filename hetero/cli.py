@@ -1,9 +1,9 @@
-"""The ``hetero`` command: backends | explain | conformance | generate | check-model | bench | ceilings | bench-engine | profile | quantize | serve | new-backend.
+"""The ``hetero`` command: backends | explain | conformance | generate | check-model | bench | ceilings |
+bench-engine | profile | quantize | serve | new-backend.
 
-An error the user can fix (``hetero.errors.USER_ERRORS``: a bad argument, a missing
-file, an unknown or unavailable backend) prints one line, ``hetero <command>: error:
-...``, and exits 2; ``--debug`` or ``HETERO_DEBUG=1`` shows its traceback instead. Any
-other exception is a bug and keeps its traceback.
+An error the user can fix (``hetero.errors.USER_ERRORS``: a bad argument, a missing file, an unknown
+or unavailable backend) prints one line, ``hetero <command>: error: ...``, and exits 2; ``--debug`` or
+``HETERO_DEBUG=1`` shows its traceback instead. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations

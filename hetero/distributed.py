@@ -89,7 +89,8 @@ def init(backend: Any = None, *, timeout: float | timedelta | None = None) -> To
             rank,
             world_size,
             seconds,
-            f"init_process_group({pg_backend!r}) at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} failed: {e}",
+            f"init_process_group({pg_backend!r}) at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
+            f"failed: {e}",
         ) from e
     TIMEOUTS[None] = seconds
     return TorchCommunicator(None, timeout=seconds)

@@ -182,7 +182,10 @@ class Ops:
 
     def __repr__(self) -> str:
         fallback = sum(1 for i in self._info.values() if i.origin != BACKEND and not i.origin.startswith("override"))
-        return f"<Ops {self.backend.name!r} on {self.backend.device}: {len(OP_NAMES) - fallback} native, {fallback} fallback>"
+        return (
+            f"<Ops {self.backend.name!r} on {self.backend.device}: "
+            f"{len(OP_NAMES) - fallback} native, {fallback} fallback>"
+        )
 
 
 def _missing_option(fn: Callable, op: str, static: dict[str, Any]) -> str | None:

@@ -4,19 +4,18 @@
     python scripts/gpu_check.py [--smoke] [--backend cuda] [--conformance REPORT.json] [OUT.md]
     python scripts/gpu_check.py --list [--smoke]     # the cases and their roofline, nothing run
 
-Each op runs through ``hetero.load(backend)`` (the bound implementation: a vendor
-path where the backend has one), through the backend's Triton kernel when that
-differs, and through the torch reference (cpu_ref's functions on the same device
-tensors). Ops that take index tensors are also timed with validation on
-(``hetero.load(backend, validate=True)``: a device-to-host read of the indices per
-call) beside validation off, the default on a GPU. Times are medians of ``triton.testing.do_bench`` on a GPU. The roofline
-of a case is max(bytes / 4.3 TB/s, flops / 790 TFLOP/s) (1580 TFLOP/s for fp8 and int8),
-the H200's measured copy bandwidth and dense bf16 rate. The row-wise fp8
-scaled_grouped_gemm case is also timed beside torch._scaled_grouped_mm, in a separate section
-(scripts/gpu_check_quant.py). ``--smoke`` runs tiny
-shapes through Triton's interpreter on the CPU (HETERO_TRITON_INTERPRET=1),
-timed with time.perf_counter since do_bench needs a GPU driver: it checks that
-the script works, not how fast anything is. Exit 1 when an op raised.
+Each op runs through ``hetero.load(backend)`` (the bound implementation: a vendor path where the
+backend has one), through the backend's Triton kernel when that differs, and through the torch
+reference (cpu_ref's functions on the same device tensors). Ops that take index tensors are also
+timed with validation on (``hetero.load(backend, validate=True)``: a device-to-host read of the
+indices per call) beside validation off, the default on a GPU. Times are medians of
+``triton.testing.do_bench`` on a GPU. The roofline of a case is max(bytes / 4.3 TB/s, flops /
+790 TFLOP/s) (1580 TFLOP/s for fp8 and int8), the H200's measured copy bandwidth and dense bf16
+rate. The row-wise fp8 scaled_grouped_gemm case is also timed beside torch._scaled_grouped_mm,
+in a separate section (scripts/gpu_check_quant.py). ``--smoke`` runs tiny shapes through
+Triton's interpreter on the CPU (HETERO_TRITON_INTERPRET=1), timed with time.perf_counter since
+do_bench needs a GPU driver: it checks that the script works, not how fast anything is. Exit 1
+when an op raised.
 """
 
 from __future__ import annotations
@@ -191,9 +190,11 @@ def markdown(rows: list[Row], head: dict[str, str], interpreted: bool) -> str:
         "- roofline: max(bytes / 4.3 TB/s, flops / 790 TFLOP/s bf16 or 1580 TFLOP/s fp8 / int8), the H200's ceilings;"
         " *of roofline* = roofline time / hetero time",
         "",
-        "- validate on / off: the op's time with `hetero.load(backend, validate=True)` over its time with validation off",
+        "- validate on / off: the op's time with `hetero.load(backend, validate=True)` "
+        "over its time with validation off",
         "",
-        "| op | case | dtype | implementation | hetero ms | Triton kernel ms | torch ref ms | roofline ms | bound | of roofline | vs ref | validate on / off | rel err vs ref |",
+        "| op | case | dtype | implementation | hetero ms | Triton kernel ms | torch ref ms | roofline ms | bound "
+        "| of roofline | vs ref | validate on / off | rel err vs ref |",
         "|---|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -201,7 +202,8 @@ def markdown(rows: list[Row], head: dict[str, str], interpreted: bool) -> str:
         hetero = f"error: {r.error}" if r.error else _ms(r.hetero_ms)
         lines.append(
             f"| {r.op} | {r.case} | {r.dtype} | `{r.impl}` | {hetero} | {_ms(r.kernel_ms)} | {_ms(r.ref_ms)} | "
-            f"{_ms(r.roof_ms)} | {r.bound} | {_ratio(r.roof_ms, r.hetero_ms, pct=True)} | {_ratio(r.ref_ms, r.hetero_ms)} | "
+            f"{_ms(r.roof_ms)} | {r.bound} | {_ratio(r.roof_ms, r.hetero_ms, pct=True)} | "
+            f"{_ratio(r.ref_ms, r.hetero_ms)} | "
             f"{_ratio(r.validated_ms, r.hetero_ms)} | {err} |"
         )
     return "\n".join(lines) + "\n"

@@ -59,7 +59,7 @@ def _varlen(s: Sizes) -> Bench:
 
 
 def _write_kv(s: Sizes) -> Bench:
-    (b, n), (hq, hkv, d) = s.prefill, s.heads
+    (b, n), (_hq, hkv, d) = s.prefill, s.heads
 
     def make(dev):
         t = b * n

@@ -137,7 +137,7 @@ child = subprocess.run([sys.executable, "-c", "import sys; print(*[__import__(m)
 isolated = subprocess.run([sys.executable, "-c", "import sys; print(*[__import__(m).__file__ for m in sys.argv[1:]])", *mods],
                           capture_output=True, text=True, check=True, env=child_env()).stdout.split()
 print("\\n".join(where() + child + isolated))
-"""
+"""  # noqa: E501 (the probe program run in the copy, kept as it is)
 
 
 def check_shadowing(copy: Path) -> None:
@@ -258,7 +258,9 @@ def shadowing_checked(snapshot: Path) -> None:
 
 
 def tree_state() -> str:
-    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
     return f"commit {git('rev-parse', '--short', 'HEAD')}" + (
         " plus uncommitted changes" if git("status", "--porcelain") else ""
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetero_conformance._version import __version__
+from hetero_conformance._version import __version__ as __version__
 
 __all__ = ["Case", "CaseResult", "Runner", "catalog", "Malformed", "run_robustness"]
 

@@ -145,7 +145,8 @@ class Child:
         self.proc.wait()
 
     def stderr_gist(self) -> list[str]:
-        """:func:`gist` of what the child wrote to its log (read it once the child ended: the child shares the file's offset)."""
+        """:func:`gist` of what the child wrote to its log (read it once the child ended: the child
+        shares the file's offset)."""
         self.log.seek(0)
         return gist(self.log.read().decode(errors="replace"))
 

@@ -29,7 +29,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "conformance",
         help="check a backend's ops against the float64 reference (exit 1 on any failure)",
-        description="Run the conformance catalog (every op on real-model shapes and edge cases, per dtype) against a backend.",
+        description=(
+            "Run the conformance catalog (every op on real-model shapes and edge cases, per dtype) against a backend."
+        ),
     )
     p.add_argument("name", help="backend name, e.g. cpu_ref (cuda:1 picks a device index)")
     p.add_argument("--quick", action="store_true", help="the CI tier (about a minute); default: the full catalog")
@@ -45,7 +47,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="PATTERN",
-        help="only case ids (op/shape/dtype) matching PATTERN: a glob if it has *?[, else a substring; repeatable (any matches)",
+        help=(
+            "only case ids (op/shape/dtype) matching PATTERN: a glob if it has *?[, else a substring; "
+            "repeatable (any matches)"
+        ),
     )
     p.add_argument("--seed", type=int, default=0, help="base seed of the random inputs (default 0)")
     p.add_argument("--json", metavar="FILE", help="write the JSON report (schema: docs/conformance-report.md)")

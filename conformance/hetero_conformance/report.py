@@ -143,7 +143,8 @@ def _headline(suite: SuiteResult) -> str:
     b, env, run = suite.meta["backend"], suite.meta["environment"], suite.meta["run"]
     size = f"{len(suite.robustness.calls)} calls" if suite.robustness is not None else f"{len(suite.results)} cases"
     return (
-        f"backend {b['name']} ({b['package'] or '?'} {b['version']}) on {b['device_name'] or b['device']}; spec {suite.meta['spec_version']}; "
+        f"backend {b['name']} ({b['package'] or '?'} {b['version']}) on {b['device_name'] or b['device']}; "
+        f"spec {suite.meta['spec_version']}; "
         f"torch {env['torch']}; seed {run['seed']}; {run['tier']} tier; {size} in {run['duration_s']:.1f} s"
     )
 
@@ -228,7 +229,8 @@ def to_markdown(suite: SuiteResult, *, max_failures: int = 50) -> str:
     ]
     for row in summary_rows(suite.results):
         lines.append(
-            f"| {row['op']} | {row['dtype']} | {row['passed']} | {row['failed']} | {row['skipped']} | {row['fallback']} | {cell(_worst_text(row))} |"
+            f"| {row['op']} | {row['dtype']} | {row['passed']} | {row['failed']} | {row['skipped']} | "
+            f"{row['fallback']} | {cell(_worst_text(row))} |"
         )
     lines += failure_details(
         ((r.id, r.status, r.message) for r in suite.results if r.status in FAILING), "case", max_failures

@@ -99,7 +99,8 @@ def _visible(row_seq_ptr, row_pos_ptr, kv_len_ptr, t, max_kv_len, width):
 
 @triton.jit
 def _key_tile(k_ptr, scale_ptr, table_ptr, j, ok, num_blocks, sk_b, sk_s, sk_d, ss_b, ss_s, ss_g, s_tab_c,
-              BS: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+              BS: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
+              FP8: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
     """K^T [D_P, BLOCK_N] of key positions j through the block table (zero where not ok)."""
     blk = tl.load(table_ptr + (j // BS) * s_tab_c, mask=ok, other=0).to(tl.int64)
     ok = ok & (blk >= 0) & (blk < num_blocks)

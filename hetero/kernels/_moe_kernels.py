@@ -124,7 +124,8 @@ def _invert_kernel(perm_ptr, inv_ptr, P, s_p, BLOCK: tl.constexpr):
 @triton.jit
 def _combine_kernel(y_ptr, inv_ptr, w_ptr, out_ptr, M, H, TOPK,
                     s_ym, s_yh, s_wm, s_wk, s_om, s_oh,
-                    ACC: tl.constexpr, SOFT_RTNE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+                    ACC: tl.constexpr, SOFT_RTNE: tl.constexpr,
+                    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
     """out[m] = sum over s of w[m, s] * y[inv[m * TOPK + s]], accumulated in ACC."""
     m = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)

@@ -100,8 +100,8 @@ def indexer_topk(q, weights, index_cache, meta, *, topk, index_scale=None, tunin
             BS=bs, D=d, D_P=_pow2(d), HI_P=_pow2(hi), FP8=fp8, UPCAST=tuning.interpreted and q.dtype == torch.bfloat16,
             DOT_PREC="ieee", SPAN=span, BLOCK_N=block_n, **launch,
         )  # fmt: skip
-        ik.indexer_select_kernel[(rows,)](ws, out, seq, pos, seq_lens, row0, keys, width, topk, ws.stride(0), *out.stride(),
-                                          BLOCK=select, **launch)  # fmt: skip
+        ik.indexer_select_kernel[(rows,)](ws, out, seq, pos, seq_lens, row0, keys, width, topk,
+                                          ws.stride(0), *out.stride(), BLOCK=select, **launch)  # fmt: skip
     return out
 
 

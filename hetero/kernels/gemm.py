@@ -144,7 +144,8 @@ def launch_grouped(
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1), group_ends.stride(0),
         bias_at.stride(0), bias_at.stride(-1),
         GATHER=perm is not None, SWIGLU=swiglu, ACT=int(code), HAS_BIAS=bias is not None, G_POW2=_pow2(groups),
-        **float_flags(a.dtype, tuning), BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"], **launch,
+        **float_flags(a.dtype, tuning), BLOCK_M=meta["BLOCK_M"], BLOCK_N=meta["BLOCK_N"], BLOCK_K=meta["BLOCK_K"],
+        **launch,
     )  # fmt: skip
     return c
 

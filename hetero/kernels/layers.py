@@ -1,6 +1,6 @@
 """Triton kernels of the glue ops: rms_norm (optionally fused with the residual add, with a
-weight offset, or gated), layer_norm (weight and optional bias), rotary_embedding (NeoX and interleaved pairs, partial rotary) and
-silu_and_mul.
+weight offset, or gated), layer_norm (weight and optional bias), rotary_embedding (NeoX and
+interleaved pairs, partial rotary) and silu_and_mul.
 
 Semantics: ``hetero.spec.layers``. Each kernel computes in float32 (float64 when an input is
 float64) and rounds once to the input's dtype; inputs are read through their strides and
@@ -123,7 +123,8 @@ def layer_norm(x, weight, bias, eps, *, tuning: Tuning):
     kern.layer_norm_kernel[(triton.cdiv(rows, br),)](
         x2, weight, b, y.view(-1, hidden), rows, hidden, float(eps),
         x2.stride(0), x2.stride(1), weight.stride(0), b.stride(0), hidden,
-        HAS_BIAS=bias is not None, ACC=_acc(x, weight, bias), RNE_BF16=rne_bf16(x.dtype, tuning), BLOCK_R=br, BLOCK_H=bh, **launch,
+        HAS_BIAS=bias is not None, ACC=_acc(x, weight, bias), RNE_BF16=rne_bf16(x.dtype, tuning),
+        BLOCK_R=br, BLOCK_H=bh, **launch,
     )  # fmt: skip
     return y
 
@@ -151,7 +152,8 @@ def rotary_embedding(positions, q, k, cos_sin_cache, *, is_neox=True, tuning: Tu
         positions.stride(0), *cos_sin_cache.stride(),
         *q.stride(), *k.stride(),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
-        IS_NEOX=is_neox, ACC=_acc(q, k, cos_sin_cache), RNE_Q=rne_bf16(q.dtype, tuning), RNE_K=rne_bf16(k.dtype, tuning),
+        IS_NEOX=is_neox, ACC=_acc(q, k, cos_sin_cache),
+        RNE_Q=rne_bf16(q.dtype, tuning), RNE_K=rne_bf16(k.dtype, tuning),
         BLOCK_H=bh, BLOCK_HALF=b_half, BLOCK_PASS=b_pass, **launch,
     )  # fmt: skip
     return q_out, k_out

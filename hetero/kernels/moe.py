@@ -151,7 +151,8 @@ def _sort_pairs(flat_ids: torch.Tensor, experts: int, tuning: Tuning, *, want_in
     inv = torch.empty(pairs, dtype=torch.int32, device=device) if want_inv else None
     kern._count_kernel[(nb,)](flat_ids, counts, totals, pairs, experts, E_POW2=e_pow2, BLOCK_P=block_p, **launch)
     kern._offsets_kernel[(triton.cdiv(experts, block_e),)](
-        counts, totals, offsets, ends, nb, experts, E_POW2=e_pow2, BLOCK_E=block_e, BLOCK_B=int(meta["BLOCK_B"]), **launch)  # fmt: skip
+        counts, totals, offsets, ends, nb, experts,
+        E_POW2=e_pow2, BLOCK_E=block_e, BLOCK_B=int(meta["BLOCK_B"]), **launch)  # fmt: skip
     kern._place_kernel[(nb,)](flat_ids, offsets, perm, inv if want_inv else perm, pairs, experts,
                               WRITE_INV=want_inv, E_POW2=e_pow2, BLOCK_P=block_p, **launch)  # fmt: skip
     return perm, ends, inv
@@ -169,7 +170,8 @@ def _combine(y_sorted: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor, t
     kern._combine_kernel[(triton.cdiv(rows, bt), triton.cdiv(hidden, bh))](
         y_sorted, inv, weights, out, rows, hidden, k,
         y_sorted.stride(0), y_sorted.stride(1), weights.stride(0), weights.stride(1), out.stride(0), out.stride(1),
-        ACC=tl.float64 if wide else tl.float32, SOFT_RTNE=interpreted(tuning), BLOCK_T=bt, BLOCK_H=bh, **launch)  # fmt: skip
+        ACC=tl.float64 if wide else tl.float32, SOFT_RTNE=interpreted(tuning),
+        BLOCK_T=bt, BLOCK_H=bh, **launch)  # fmt: skip
     return out
 
 

@@ -49,7 +49,8 @@ def quantize(
     zpt = zp if asymmetric else scale
     qk.quantize_kernel[(triton.cdiv(m, block_m), groups)](
         x, qv, scale, zpt, m, k, width,
-        x.stride(0), x.stride(1), qv.stride(0), qv.stride(1), scale.stride(0), scale.stride(1), zpt.stride(0), zpt.stride(1),
+        x.stride(0), x.stride(1), qv.stride(0), qv.stride(1),
+        scale.stride(0), scale.stride(1), zpt.stride(0), zpt.stride(1),
         QMAX=float(QMAX[dtype]), MODE=_MODES[dtype], ASYM=asymmetric, UE8M0=ue8m0, BLOCK_M=block_m, BLOCK_K=block_k,
         **launch)  # fmt: skip
     return (q, scale, zp) if asymmetric else (q, scale)

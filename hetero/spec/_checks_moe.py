@@ -1,4 +1,5 @@
-"""The cheap checks of ``fused_moe`` shared by every backend: options, ranks, shapes, dtypes (no tensor value is read)."""
+"""The cheap checks of ``fused_moe`` shared by every backend: options, ranks, shapes, dtypes
+(no tensor value is read)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Argument validation of the MoE ops (route, moe_permute, moe_unpermute, fused_moe), shared by the backends that check in Python.
+"""Argument validation of the MoE ops (route, moe_permute, moe_unpermute, fused_moe), shared by the
+backends that check in Python.
 
 Every failure is a hetero.OpError naming the op, the argument, what was expected
 and what came.

@@ -45,8 +45,8 @@ def rms_norm(
     ``y = r(r(r(xn) * w) * act(gate))``, the order of transformers'
     ``Qwen3NextRMSNormGated`` and ``Qwen3_5RMSNormGated`` (``xn.to(dtype)``, times
     the weight, rounded as the weight has x's dtype in a checkpoint, times
-    ``act(gate.float())``, ``.to(dtype)``); the norm comes before the gate. Kimi-Linear's gated norm rounds only at the end:
-    a backend may do that (it is within the tolerance). The norm runs over the
+    ``act(gate.float())``, ``.to(dtype)``); the norm comes before the gate. Kimi-Linear's gated
+    norm rounds only at the end: a backend may do that (it is within the tolerance). The norm runs over the
     last dimension only, so a norm grouped per head (Gated DeltaNet's per value
     head, V = 128) is the caller's reshape of x and gate to [..., V], with weight
     [V]. ``gate`` with ``residual`` is an OpError (no model fuses them);

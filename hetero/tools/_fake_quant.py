@@ -27,7 +27,8 @@ _GROUP = {"group128": 128, "token": None}
 
 
 def _engine_prefix(name: str) -> tuple[str, bool]:
-    """(engine prefix, is_experts) of transformers parameter ``name`` (``...q_proj.weight``, ``...experts.down_proj``)."""
+    """(engine prefix, is_experts) of transformers parameter ``name`` (``...q_proj.weight``,
+    ``...experts.down_proj``)."""
     module = name.removesuffix(".weight")
     m = re.fullmatch(r"(.*\.experts)\.(gate_up_proj|down_proj)", module)
     if m:

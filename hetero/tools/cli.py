@@ -1,4 +1,5 @@
-"""``hetero generate``, ``hetero check-model``, ``hetero bench-engine`` and ``hetero quantize``: the engine on the command line."""
+"""``hetero generate``, ``hetero check-model``, ``hetero bench-engine`` and ``hetero quantize``:
+the engine on the command line."""
 
 from __future__ import annotations
 

@@ -126,7 +126,8 @@ def _rewrite(src: Path, dst: Path, convert, config_fn) -> dict[str, Any]:
 def quantize_checkpoint(
     src: str | Path, dst: str | Path, scheme: str, *, scale_dtype: torch.dtype = torch.float32, scale_fmt: str = "float"
 ) -> dict[str, list[str]]:
-    """Write the ``scheme`` copy of float checkpoint ``src`` to ``dst``; {"converted": [...], "kept": [...]} module names.
+    """Write the ``scheme`` copy of float checkpoint ``src`` to ``dst``; {"converted": [...],
+    "kept": [...]} module names.
 
     ``scale_dtype`` float32 (DeepSeek), bfloat16 or float16 (Qwen3-FP8, compressed-tensors);
     ``scale_fmt`` "ue8m0" marks an fp8-block checkpoint's activation scales as powers of two (V3.1+).

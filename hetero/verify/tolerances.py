@@ -55,7 +55,8 @@ _BY_DTYPE = {
     "float16": Tolerance(
         1e-3,
         5e-3,
-        "fp16 half-ulp 4.9e-4 at 1.0: one rounding of the output plus a little; fp16 accumulation over thousands of terms exceeds it",
+        "fp16 half-ulp 4.9e-4 at 1.0: one rounding of the output plus a little; "
+        "fp16 accumulation over thousands of terms exceeds it",
     ),
     "bfloat16": Tolerance(
         8e-3,

@@ -1,4 +1,5 @@
-"""The ``torch`` backend (backends/torch): conformance's full tier and robustness tier, and what it leaves to the reference."""
+"""The ``torch`` backend (backends/torch): conformance's full tier and robustness tier, and what it
+leaves to the reference."""
 
 from __future__ import annotations
 

@@ -67,7 +67,8 @@ def mini_quantize_activation(bug: str | None):
 
 
 def _full_scale(scale: torch.Tensor, rows: int, cols: int, bug: str | None) -> torch.Tensor:
-    """A 2-D scale (one element, [rows, 1], [rows, ceil(cols/128)] or [ceil(rows/128), ceil(cols/128)]) as [rows, cols]."""
+    """A 2-D scale (one element, [rows, 1], [rows, ceil(cols/128)] or [ceil(rows/128), ceil(cols/128)])
+    as [rows, cols]."""
     s = scale.float().reshape(1, 1) if scale.numel() == 1 else scale.float()
     if s.shape == (1, 1) or s.shape == (rows, 1):
         return s.expand(rows, cols)

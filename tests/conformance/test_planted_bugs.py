@@ -79,7 +79,8 @@ def test_moe_control_backend_passes(suite):
 
 @pytest.mark.parametrize("op", ["quantize_activation", "scaled_grouped_gemm"])
 def test_quant_control_backends_pass(suite, op):
-    """The bug-free mini quantized ops pass (quantize_activation bit for bit): their planted bugs are the only difference."""
+    """The bug-free mini quantized ops pass (quantize_activation bit for bit): their planted bugs are
+    the only difference."""
     assert suite(make_quant_control(op)) == {}
 
 

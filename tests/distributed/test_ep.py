@@ -11,7 +11,8 @@ DSV3 = dict(experts=256, top_k=8, hidden=64, inter=16, scoring="sigmoid", n_grou
 
 
 def test_two_ranks_qwen3_and_deepseek_v3_and_bad_expert_count():
-    """Qwen3-30B-A3B-like (128 experts, top-8) and DeepSeek-V3-like (256, top-8, 8 groups) routing; E % R != 0 raises OpError."""
+    """Qwen3-30B-A3B-like (128 experts, top-8) and DeepSeek-V3-like (256, top-8, 8 groups) routing;
+    E % R != 0 raises OpError."""
     spawn(_workers.ep_cases, 2, [{**QWEN3, "tokens": [13, 7]}, {**DSV3, "tokens": [6, 11]}, "bad_experts"])
 
 

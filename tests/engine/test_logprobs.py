@@ -1,4 +1,5 @@
-"""SamplingParams.logprobs: the raw log_softmax of each generated token's logits, its top-k and the sampled token's rank."""
+"""SamplingParams.logprobs: the raw log_softmax of each generated token's logits, its top-k and the
+sampled token's rank."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _prompts(*lengths: int) -> list[list[int]]:
 
 
 def _reference(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    """log_softmax (float64) of the logits that chose each of ``tokens``, from one independent prefill: [len(tokens), V]."""
+    """log_softmax (float64) of the logits that chose each of ``tokens``, from one independent prefill:
+    [len(tokens), V]."""
     from hetero.engine.forward import prefill
 
     with torch.inference_mode():

@@ -74,7 +74,8 @@ class Int8BlockLinear(LinearMethod):
 
 
 class Int8BlockMoE(MoEMethod):
-    """The same format for stacked experts: ``w13``/``w2`` int8 plus ``w13_weight_scale_inv``/``w2_weight_scale_inv``."""
+    """The same format for stacked experts: ``w13``/``w2`` int8 plus
+    ``w13_weight_scale_inv``/``w2_weight_scale_inv``."""
 
     def create_weights(self, layer, num_experts, hidden, intermediate):
         for name, shape, projs in (

@@ -16,17 +16,17 @@ import pytest
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
-from _serving import (
+from _serving import (  # noqa: E402
     TIMEOUT,
     Server,
     command_servers,
     concurrent_streams,
     get,
-    leave_a_whole_request,  # noqa: E402
+    leave_a_whole_request,
     prompts,
     wait_aborted,
     with_chat_template,
-)  # noqa: E402
+)
 from _serving import client as serving_client  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 

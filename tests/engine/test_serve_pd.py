@@ -18,13 +18,13 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from _serving import (
+from _serving import (  # noqa: E402
     Server,
     client,
     command_servers,
     concurrent_streams,
     get,
-    leave_a_whole_request,  # noqa: E402
+    leave_a_whole_request,
     linked,
     prompts,
     wait_aborted,

@@ -550,8 +550,9 @@ def _quant_cases(r):
 
 def _child(family):
     r = Runner()
-    {"paged": lambda: _paged_cases(r, mla=False), "mla": lambda: _paged_cases(r, mla=True), "varlen": lambda: _varlen_cases(r),
-     "cache": lambda: _cache_cases(r), "rotary": lambda: _rotary_cases(r), "grouped_gemm": lambda: _grouped_gemm_cases(r),
+    {"paged": lambda: _paged_cases(r, mla=False), "mla": lambda: _paged_cases(r, mla=True),
+     "varlen": lambda: _varlen_cases(r), "cache": lambda: _cache_cases(r), "rotary": lambda: _rotary_cases(r),
+     "grouped_gemm": lambda: _grouped_gemm_cases(r),
      "moe": lambda: _moe_cases(r), "ep": lambda: _ep_cases(r), "dsa": lambda: _dsa_cases(r),
      "quant": lambda: _quant_cases(r)}[family]()  # fmt: skip
     r.run()

@@ -71,7 +71,8 @@ def test_grouped_gemm_empty_groups_and_tail(dtype):
     from hetero.kernels import gemm as G
 
     g = torch.Generator().manual_seed(2)
-    # groups: 0 empty, 1 = 37 rows (3 tiles, last partial), 2-3 empty, 4 = 1 row, 5 = 20 rows, 6 empty; 7 rows past the end
+    # groups: 0 empty, 1 = 37 rows (3 tiles, last partial), 2-3 empty, 4 = 1 row, 5 = 20 rows, 6 empty;
+    # 7 rows past the end
     ends = torch.tensor([0, 37, 37, 37, 38, 58, 58], dtype=torch.int32)
     a = torch.randn(65, 24, generator=g).to(dtype)
     b = torch.randn(7, 40, 24, generator=g).to(dtype)

@@ -90,7 +90,10 @@ def test_cli_lists_the_installed_plugin_and_the_broken_one(installed):
 
 
 def test_load_and_explain_in_a_fresh_process(installed):
-    code = "import hetero, torch; ops = hetero.load('mychip'); print(ops.gemm(torch.ones(2, 3), torch.ones(4, 3)).sum().item())"
+    code = (
+        "import hetero, torch; ops = hetero.load('mychip'); "
+        "print(ops.gemm(torch.ones(2, 3), torch.ones(4, 3)).sum().item())"
+    )
     res = _run([sys.executable, "-c", code], installed)
     assert res.returncode == 0 and res.stdout.strip() == "24.0", res.stderr
     res = _run([str(BIN / "hetero"), "explain", "mychip", "--json"], installed)

@@ -119,7 +119,8 @@ def test_generated_as_is_every_op_is_fallback(generated, tmp_path):
     rc, statuses, out = _statuses(env, tmp_path / "report.json")
     assert rc == 0, out
     assert statuses and set(statuses.values()) == {"fallback"}
-    # ep_dispatch/ep_combine are collectives: single-process conformance has no case for them (multi-process: --world-size)
+    # ep_dispatch/ep_combine are collectives: single-process conformance has no case for them
+    # (multi-process: --world-size)
     assert {case.split("/")[0] for case in statuses} == set(OP_NAMES) - {"ep_dispatch", "ep_combine"}
 
 

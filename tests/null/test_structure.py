@@ -53,7 +53,8 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _runtime_imports(body: list[ast.stmt]):
-    """The import statements of ``body`` that run on import: nested blocks yes, functions, classes and TYPE_CHECKING no."""
+    """The import statements of ``body`` that run on import: nested blocks yes, functions, classes and
+    TYPE_CHECKING no."""
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node

@@ -220,9 +220,10 @@ def test_fused_moe_quantized_is_the_spec_composition(act_quant, fmt):
 def test_fused_moe_weight_only_is_the_float_op_on_dequantized_weights():
     x, w13, w2, weights, ids, s13, s2 = _moe_inputs(50, torch.int8)
     x = x.float()
-    deq = lambda w, s: (
-        w.float() * s.repeat_interleave(128, 1)[:, : w.shape[1]].repeat_interleave(128, 2)[..., : w.shape[2]]
-    )  # noqa: E731
+
+    def deq(w, s):
+        return w.float() * s.repeat_interleave(128, 1)[:, : w.shape[1]].repeat_interleave(128, 2)[..., : w.shape[2]]
+
     got = moe.fused_moe(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
     want = moe.fused_moe(x, deq(w13, s13), deq(w2, s2), weights, ids)
     assert torch.allclose(got, want, rtol=1e-6, atol=1e-6 * want.abs().max())

@@ -163,7 +163,8 @@ class AscendBackend(TritonBackend):
         out=None,
         return_lse=False,
     ):
-        """torch_npu.npu_fused_infer_attention_score, TND + block_table; never run on an NPU (conversions tested on CPU)."""
+        """torch_npu.npu_fused_infer_attention_score, TND + block_table; never run on an NPU
+        (conversions tested on CPU)."""
         q_lens, kv_lens = convert.paged_lengths(meta, num_tokens=query.shape[0], block_size=k_cache.shape[1])
         res = self._fia(
             query,
@@ -323,7 +324,8 @@ class AscendBackend(TritonBackend):
         return weights.float(), ids.to(torch.int32)
 
     def moe_permute(self, x, ids, num_experts):
-        """torch_npu.npu_moe_init_routing_v2 (dropless, cumsum counts); never run on an NPU (conversions tested on CPU)."""
+        """torch_npu.npu_moe_init_routing_v2 (dropless, cumsum counts); never run on an NPU
+        (conversions tested on CPU)."""
         x_sorted, row_idx, ends, _ = _npu().npu_moe_init_routing_v2(
             x,
             convert.safe_expert_ids(ids, num_experts),

@@ -42,7 +42,10 @@ def _no_device_reason() -> str | None:
     if torch.version.cuda is None:
         return f"torch was built without CUDA (torch {torch.__version__} is a CPU build)"
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-        return f"no CUDA device visible (torch {torch.__version__} built for CUDA {torch.version.cuda}; check the driver and CUDA_VISIBLE_DEVICES)"
+        return (
+            f"no CUDA device visible (torch {torch.__version__} built for CUDA {torch.version.cuda}; "
+            "check the driver and CUDA_VISIBLE_DEVICES)"
+        )
     return None
 
 

@@ -23,7 +23,10 @@ def sm_name(capability: tuple[int, int]) -> str:
 
 def _fp8_reason(dtype: str, cap: tuple[int, int] | None) -> str | None:
     if dtype == "float8_e4m3fnuz":
-        return f"float8_e4m3fnuz is AMD's fp8 (MI300); {sm_name(cap) + ' uses' if cap else 'NVIDIA GPUs use'} float8_e4m3fn"
+        return (
+            f"float8_e4m3fnuz is AMD's fp8 (MI300); "
+            f"{sm_name(cap) + ' uses' if cap else 'NVIDIA GPUs use'} float8_e4m3fn"
+        )
     if dtype == "float8_e4m3fn" and cap is not None and cap < MIN_FP8:
         return f"float8_e4m3fn needs sm89+ (fp8 tensor cores), this device is {sm_name(cap)}"
     return None

@@ -112,7 +112,8 @@ def _grouped_fits(a: torch.Tensor, b: torch.Tensor, group_ends: torch.Tensor, ou
 
 
 def torch_grouped_gemm(triton_grouped_gemm: Callable) -> Callable:
-    """torch.nn.functional.grouped_mm (CUTLASS grouped GEMM on sm90) for bfloat16; rows past the last group are zeroed."""
+    """torch.nn.functional.grouped_mm (CUTLASS grouped GEMM on sm90) for bfloat16; rows past the
+    last group are zeroed."""
 
     def grouped_gemm(a, b, group_ends, *, out_dtype=None):
         if not _grouped_fits(a, b, group_ends, out_dtype):
@@ -192,7 +193,7 @@ def _scaled_grouped_args(a, b, a_scale, b_scale, group_ends, a_zero_point, out_d
         and b_scale.dtype is torch.float32
     ):
         return None
-    (m, k), (groups, n) = a.shape, b.shape[:2]
+    (m, _k), (groups, n) = a.shape, b.shape[:2]
     if tuple(a_scale.shape) == (m, 1):
         sa = a_scale.reshape(m)
     elif a_scale.numel() == 1 and a_scale.ndim <= 2:

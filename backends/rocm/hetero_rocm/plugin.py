@@ -44,9 +44,15 @@ def _no_device_reason() -> str | None:
     """Why this process cannot use an AMD GPU through torch, or None when it can."""
     if torch.version.hip is None:
         build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU build"
-        return f"torch was built without ROCm (torch {torch.__version__} is {build}; install torch from the ROCm wheel index)"
+        return (
+            f"torch was built without ROCm (torch {torch.__version__} is {build}; "
+            "install torch from the ROCm wheel index)"
+        )
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-        return f"no ROCm (HIP) device visible (torch {torch.__version__} built for HIP {torch.version.hip}; check /dev/kfd access and HIP_VISIBLE_DEVICES)"
+        return (
+            f"no ROCm (HIP) device visible (torch {torch.__version__} built for HIP {torch.version.hip}; "
+            "check /dev/kfd access and HIP_VISIBLE_DEVICES)"
+        )
     return None
 
 

@@ -1,14 +1,14 @@
 """Recurrent ops of linear-attention layers from torch's batched operators: the short causal
 convolution and the gated delta rule, each continuing a per-sequence state slot.
 
-Every op validates as the reference does (shapes, dtypes, devices, then the index values on
-the host, so every gather and scatter index is in range on any device), then runs over the
-sequences that own a slot and rows at once, in a few padded groups [B, L, ...]
-(``_recurrent_plan``: one for a decode batch, which needs no padding). ``causal_conv1d`` prepends each sequence's initial state and
-sums W shifted products; ``gated_delta_rule`` is one batched state update for decode and the
-chunked WY form for prefill (``_recurrent_delta``). Accumulation is float32 (float64 when any
-input is float64); outputs take the input's dtype, states keep theirs, and each state is
-written with one index op. Semantics: ``hetero.spec.recurrent``.
+Every op validates as the reference does (shapes, dtypes, devices, then the index values on the
+host, so every gather and scatter index is in range on any device), then runs over the sequences
+that own a slot and rows at once, in a few padded groups [B, L, ...] (``_recurrent_plan``: one
+for a decode batch, which needs no padding). ``causal_conv1d`` prepends each sequence's initial
+state and sums W shifted products; ``gated_delta_rule`` is one batched state update for decode
+and the chunked WY form for prefill (``_recurrent_delta``). Accumulation is float32 (float64
+when any input is float64); outputs take the input's dtype, states keep theirs, and each state
+is written with one index op. Semantics: ``hetero.spec.recurrent``.
 """
 
 from __future__ import annotations

@@ -64,7 +64,8 @@ def quant_cases(dt: str) -> list[Case]:
         "group128",
         dt == "bfloat16",
         model=ds,
-        note=f"DeepSeek-V3 fp8: 1x128 activation groups, 128x128 weight blocks, H = 7168, top-8; 12 of 256 experts, I {ds.moe_intermediate} -> 128",
+        note="DeepSeek-V3 fp8: 1x128 activation groups, 128x128 weight blocks, H = 7168, top-8; "
+        f"12 of 256 experts, I {ds.moe_intermediate} -> 128",
     )
     case(
         "deepseek-v3.1.fp8.group128-ue8m0.e12.i256.t4",
@@ -159,7 +160,8 @@ def _gpt_oss(dt: str, case) -> None:
         (0, -1),
         dt in ("float32", "bfloat16"),
         **both,
-        note=f"32 experts top-4, H = 2880, I shrunk from {real_i} to 32, alpha 1.702, limit 7, both biases; empty experts",
+        note=f"32 experts top-4, H = 2880, I shrunk from {real_i} to 32, alpha 1.702, limit 7, "
+        "both biases; empty experts",
     )
     case("gpt-oss-20b.swigluoai.i32.t7", 7, e20, k, h, 32, (), act="swigluoai", note="swigluoai without biases")
     case("gpt-oss-20b.swigluoai.bias.i32.t1", 1, e20, k, h, 32, (), **both, note="one token (decode)")
@@ -213,7 +215,8 @@ def _deepseek_v4(dt: str, case) -> None:
         (0, -1),
         dt in ("float32", "bfloat16"),
         **clamp,
-        note=f"silu(min(gate, 10)) * clamp(up, +-10), H = 4096, top-6; experts cut from 256 to 32, I from {V4_INTER} to 32",
+        note="silu(min(gate, 10)) * clamp(up, +-10), H = 4096, top-6; "
+        f"experts cut from 256 to 32, I from {V4_INTER} to 32",
     )
     if dt == "bfloat16":
         case(

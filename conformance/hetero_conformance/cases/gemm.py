@@ -211,7 +211,10 @@ def _grouped_cases() -> list[Case]:
             qm.hidden,
             draw.grouped(5 * qm.top_k, g, 256, qm.hidden, tail=3, empty=(0, 1, 7, -1)),
             quick=dt in ("float32", "bfloat16"),
-            note="16 local experts (EP 8 of 128); empty groups leading, middle and trailing; 3 padding rows past the last group",
+            note=(
+                "16 local experts (EP 8 of 128); empty groups leading, middle and trailing; "
+                "3 padding rows past the last group"
+            ),
         )
         case(
             f"qwen3-30b-a3b.down.g{qm.experts}.n128.t16",
@@ -237,7 +240,9 @@ def _grouped_cases() -> list[Case]:
             ),
             quick=dt == "bfloat16",
             out_dtype="float32" if half else dt,
-            note="K = 7168, 32 local experts (EP 8 of 256), rows past the last group; half inputs give a float32 output",
+            note=(
+                "K = 7168, 32 local experts (EP 8 of 256), rows past the last group; half inputs give a float32 output"
+            ),
         )
         case(
             f"deepseek-v3.down.g{ds.experts}.n32.t4",

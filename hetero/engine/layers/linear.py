@@ -92,7 +92,8 @@ class Linear(nn.Module):
         return getattr(param, attr, None) if attr else None
 
     def load_weight(self, param: nn.Parameter, tensor: torch.Tensor, shard: Any = None) -> None:
-        """Copy this rank's part of checkpoint ``tensor`` into ``shard``'s rows of ``param`` (any of the method's parameters)."""
+        """Copy this rank's part of checkpoint ``tensor`` into ``shard``'s rows of ``param`` (any of the
+        method's parameters)."""
         what = f"{type(self).__name__} shard {shard!r}" if shard is not None else type(self).__name__
         if shard not in self.shard_ids:
             raise ValueError(f"{what}: unknown shard; this layer packs {self.shard_ids}")

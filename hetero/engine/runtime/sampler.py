@@ -1,4 +1,5 @@
-"""Logits to token ids: greedy, or temperature, top-k and top-p sampling with per-request generators; and their logprobs."""
+"""Logits to token ids: greedy, or temperature, top-k and top-p sampling with per-request generators;
+and their logprobs."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ class Sampler:
         self.seed = seed
 
     def generator(self, params: SamplingParams, index: int, device: torch.device | str) -> torch.Generator:
-        """A generator for request number ``index``: seeded by ``params.seed``, else by the engine seed and ``index``."""
+        """A generator for request number ``index``: seeded by ``params.seed``, else by the engine seed
+        and ``index``."""
         seed = params.seed if params.seed is not None else (self.seed * _GOLDEN + index) % (1 << 63)
         return torch.Generator(device=device).manual_seed(seed)
 

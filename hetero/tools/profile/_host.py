@@ -8,7 +8,8 @@ and the sampler. A step's parts, in host seconds:
 - ``scheduler``: schedule + postprocess; ``metadata``: building the step tensors;
 - ``op calls``: inside op calls (on a device: launching them, the device time is in the op table);
 - ``device wait``: on a device, the synchronize before sampling, waiting for the step's kernels;
-- ``sampling``: the sampler (tokens and their logprobs); ``profiler``: the op hook's own work (byte/flop model, bookkeeping);
+- ``sampling``: the sampler (tokens and their logprobs); ``profiler``: the op hook's own work
+  (byte/flop model, bookkeeping);
 - ``other host``: the rest of the step (plan, cache ops, embedding and glue between ops, outputs).
 
 Phase: a step is "prefill" when its batch holds prompt chunks only (``Step.prefill``),

@@ -45,7 +45,8 @@ def paged(
     views: bool = False,
     alloc_out: bool = False,
 ):
-    """paged_attention over random caches (``views``: see ``_paged_tensors``; ``sinks``: True or their (lo, hi) range)."""
+    """paged_attention over random caches (``views``: see ``_paged_tensors``; ``sinks``: True or
+    their (lo, hi) range)."""
 
     def build(gen: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
         nb, table = blocks(gen, [L for _, L in seqs], bs)

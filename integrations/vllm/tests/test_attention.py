@@ -1,4 +1,5 @@
-"""The attention backend on its own: vLLM's cache layout, GQA, sliding window, softcap and sinks against a naive reference."""
+"""The attention backend on its own: vLLM's cache layout, GQA, sliding window, softcap and sinks
+against a naive reference."""
 
 from __future__ import annotations
 
