@@ -14,8 +14,7 @@ indices per call) beside validation off, the default on a GPU. Times are medians
 rate. The row-wise fp8 scaled_grouped_gemm case is also timed beside torch._scaled_grouped_mm,
 in a separate section (scripts/gpu_check_quant.py). ``--smoke`` runs tiny shapes through
 Triton's interpreter on the CPU (HETERO_TRITON_INTERPRET=1), timed with time.perf_counter since
-do_bench needs a GPU driver: it checks that the script works, not how fast anything is. Exit 1
-when an op raised.
+do_bench needs a GPU driver: it checks that the script works, not how fast anything is. Exit 1 when an op raised.
 """
 
 from __future__ import annotations
@@ -190,8 +189,7 @@ def markdown(rows: list[Row], head: dict[str, str], interpreted: bool) -> str:
         "- roofline: max(bytes / 4.3 TB/s, flops / 790 TFLOP/s bf16 or 1580 TFLOP/s fp8 / int8), the H200's ceilings;"
         " *of roofline* = roofline time / hetero time",
         "",
-        "- validate on / off: the op's time with `hetero.load(backend, validate=True)` "
-        "over its time with validation off",
+        "- validate on / off: the op's time with `hetero.load(backend, validate=True)` over validation off's",
         "",
         "| op | case | dtype | implementation | hetero ms | Triton kernel ms | torch ref ms | roofline ms | bound "
         "| of roofline | vs ref | validate on / off | rel err vs ref |",

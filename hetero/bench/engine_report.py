@@ -1,4 +1,4 @@
-"""``hetero bench-engine``: the command, its tables and JSON, and the baseline decision.
+"""``hetero bench-engine``: the command, its JSON and the baseline decision (its tables: ``_engine_tables``).
 
 The baseline key is ``hetero.bench.baseline.environment`` (backend, device, versions)
 plus the model (architecture and config.json hash), the workload and the engine
@@ -17,8 +17,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
+from hetero.bench._engine_tables import print_comparison, print_summary
 from hetero.bench.baseline import (
     BaselineError,
     Comparison,
@@ -84,58 +84,6 @@ def key_error(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str | Non
         if old != new:
             return f"the baseline's {part} is {old}, this run's is {new}: compare runs of the same {part}"
     return None
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.2f}"
-
-
-def _print_summary(console: Console, summary: Mapping[str, Any], title: str) -> None:
-    kv = summary["kv_cache"]
-    console.print(title, highlight=False, markup=False)
-    table = Table()
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    rows = [
-        ("requests/s", f"{summary['request_throughput']:.2f}"),
-        ("output tok/s", f"{summary['output_throughput']:.1f}"),
-        ("total tok/s (prompt + output)", f"{summary['total_throughput']:.1f}"),
-        (
-            "requests / prompt tokens / output tokens",
-            f"{summary['requests']} / {summary['prompt_tokens']} / {summary['output_tokens']}",
-        ),
-        ("elapsed s", f"{summary['elapsed_s']:.2f}"),
-        (
-            "KV cache utilization mean / peak",
-            f"{kv['mean_utilization']:.1%} / {kv['peak_utilization']:.1%} of {kv['num_blocks']} blocks",
-        ),
-        ("preemptions", str(summary["preemptions"])),
-        ("prefix-cache hit tokens", str(summary["cached_prompt_tokens"])),
-        ("steps", str(summary["steps"])),
-    ]
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-    latency = Table(title="latency (ms)")
-    for col in ("", "mean", "p50", "p90", "p99"):
-        latency.add_column(col, justify="right" if col else "left")
-    for label, key in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("end-to-end", "e2e_s")):
-        latency.add_row(label, *(_ms(summary[key][q]) for q in ("mean", "p50", "p90", "p99")))
-    console.print(latency)
-
-
-def _print_comparison(
-    console: Console, comparisons: Sequence[Comparison], units: Mapping[str, str], threshold: float
-) -> None:
-    table = Table(title=f"against the baseline (regression: more than {threshold:.0%} worse)")
-    for col in ("metric", "unit", "baseline", "current", "change", "spread of runs (min/median/max)", ""):
-        table.add_column(col, justify="left" if col in ("metric", "unit", "") else "right")
-    for c in comparisons:
-        spread = "-" if c.spread is None else " / ".join(f"{v:.2f}" for v in c.spread)
-        status = "[red]regressed[/]" if c.regressed else (c.note or "[green]ok[/]")
-        change = "-" if math.isnan(c.change) else f"{c.change:+.1%}"
-        table.add_row(c.name, units.get(c.name, ""), f"{c.baseline:.2f}", f"{c.current:.2f}", change, spread, status)
-    console.print(table)
 
 
 def _judge(
@@ -294,7 +242,7 @@ def bench_engine(args: argparse.Namespace, registry: Any, console: Console) -> i
     run = run_workload(llm, workload, args.warmup)
     runs = [summarize(run.outputs, run.stats, run.elapsed)]
     model = env["model"]
-    _print_summary(
+    print_summary(
         console,
         runs[0],
         f"bench-engine: {model['name']} ({model['architecture']}, {cfg.dtype}) on "
@@ -304,7 +252,7 @@ def bench_engine(args: argparse.Namespace, registry: Any, console: Console) -> i
     comparisons = _judge(llm, args, workload, saved, runs, console) if saved is not None else None
     metrics = _final_metrics(engine_metrics(runs[0]), runs)
     if comparisons is not None:
-        _print_comparison(console, comparisons, {m.name: m.unit for m in metrics}, args.threshold)
+        print_comparison(console, comparisons, {m.name: m.unit for m in metrics}, args.threshold)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(_document(args, env, workload, llm, runs, metrics, comparisons), f, indent=1)

@@ -18,24 +18,22 @@ its inputs alone takes gigabytes.
 The ep_* ops have no case here: they need several ranks (see
 ``hetero conformance --world-size``). Case shapes start with ``perf/`` so a
 benchmark metric name (the case id) never collides with a conformance case.
+The attention families' builders (attention, MLA, DSA) are in ``hetero.bench._perf_attention``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from hetero.bench._perf_attention import attention_cases, dsa_cases, mla_cases
 from hetero.spec import OPS
 from hetero.verify.case import Case
-from hetero.verify.inputs import attention as _att
-from hetero.verify.inputs import dsa as _dsa
 from hetero.verify.inputs import fused_moe as _fused_moe
 from hetero.verify.inputs import gemm as _gemm
 from hetero.verify.inputs import layers as _layers
-from hetero.verify.inputs import mla as _mla
 from hetero.verify.inputs import moe as _moe
 from hetero.verify.inputs import quant as _quant
 from hetero.verify.inputs import recurrent as _rec
-from hetero.verify.inputs.paged import heads, mla_scale
 from hetero.verify.inputs.recurrent_draw import LINEAR
 from hetero.verify.shapes import MODELS
 
@@ -50,109 +48,6 @@ UNBENCHED = {
 }
 
 _Add = Callable[..., None]
-
-
-def _attention(add: _Add, full: bool, dt: str) -> None:
-    q8, v3 = heads("qwen3-8b"), heads("deepseek-v3")
-    bs = 16
-    decode = [(1, 4096)] * 64 if full else [(1, 1024)] * 8
-    prefill = [(4096, 4096)] if full else [(128, 128)] * 2
-    dname = "decode-b64-ctx4k" if full else "decode-b8-ctx1k"
-    pname = "prefill-4k" if full else "prefill-b2-128"
-    for name, seqs in ((dname, decode), (pname, prefill)):
-        add("paged_attention", f"qwen3-8b-{name}", _att.paged(q8, bs, seqs), _att.static_paged(dt, q8, bs, {}))
-    add(
-        "write_kv",
-        f"qwen3-8b-{pname}",
-        _att.write_kv(q8, bs, prefill, 0),
-        {"dtype": dt, "head_dim": q8.d, "head_dim_v": q8.d, "block_size": bs, "num_kv_heads": q8.hkv},
-    )
-    dv = MODELS["deepseek-v3"].v_head_dim
-    mla_prefill = [(4096, 4096)] if full else [(128, 128)]
-    add(
-        "varlen_attention",
-        f"deepseek-v3-mla-prefill-{'4k' if full else '128'}",
-        _att.varlen(v3, mla_prefill, dv=dv, scale=mla_scale("deepseek-v3")),
-        {
-            "dtype": dt,
-            "head_dim": v3.d,
-            "head_dim_v": dv,
-            "num_heads": v3.hq,
-            "num_kv_heads": v3.hkv,
-            "causal": True,
-            "window": (-1, -1),
-            "softcap": 0.0,
-        },
-    )
-    t = 4096 if full else 256
-    add(
-        "merge_attention",
-        f"deepseek-v3-mla-prefill-t{t}",
-        _att.merge(t, v3.hq, dv),
-        {"dtype": dt, "head_dim": dv, "num_heads": v3.hq},
-    )
-
-
-def _mla_ops(add: _Add, full: bool, dt: str) -> None:
-    bs = 64
-    decode = [(1, 4096)] * 64 if full else [(1, 1024)] * 2
-    add(
-        "mla_attention",
-        "deepseek-v3-decode-b64-ctx4k" if full else "deepseek-v3-decode-b2-ctx1k",
-        _mla.mla("deepseek-v3", bs, decode),
-        _mla.static(dt, "deepseek-v3", bs),
-    )
-    tokens = [(4096, 4096)] if full else [(512, 512)]
-    add(
-        "write_mla_kv",
-        f"deepseek-v3-prefill-{'4k' if full else '512'}",
-        _mla.write_mla_kv("deepseek-v3", bs, tokens, 0),
-        _mla.static(dt, "deepseek-v3", bs),
-    )
-
-
-def _dsa_ops(add: _Add, full: bool, dt: str) -> None:
-    """DeepSeek-V3.2's DSA layer: the index-key write of a prefill, the indexer and sparse MLA at decode
-    (top-k 2048 of 4k keys; quick: of 2.1k, MLA with one tp8 rank's 16 heads), the indexer's k_norm."""
-    bs, v32 = 64, _dsa.V32
-    b, ctx = (64, 4096) if full else (2, 2100)
-    tokens = [(4096, 4096)] if full else [(512, 512)]
-    add(
-        "write_index_k",
-        f"deepseek-v3.2-prefill-{tokens[0][0]}",
-        _dsa.write(v32, bs, tokens, 0),
-        {"dtype": dt, "head_dim": v32.d, "block_size": bs, "index_scale": False},
-    )
-    add(
-        "indexer_topk",
-        f"deepseek-v3.2-decode-b{b}-ctx{ctx}",
-        _dsa.indexer(v32, bs, [(1, ctx)] * b),
-        {"dtype": dt, "num_heads": v32.hi, "head_dim": v32.d, "block_size": bs, "topk": v32.topk, "index_scale": False},
-    )
-    m = v32 if full else _dsa.V32_TP8
-    add(
-        "mla_attention",
-        f"deepseek-v3.2-{'' if full else 'tp8-'}sparse-decode-b{b}-ctx{ctx}-k2048",
-        _dsa.sparse(m, bs, [(1, ctx)] * b, v32.topk),
-        {
-            "dtype": dt,
-            "head_dim": m.lkv + m.rope,
-            "head_dim_v": m.lkv,
-            "kv_lora_rank": m.lkv,
-            "qk_rope_head_dim": m.rope,
-            "num_heads": m.heads,
-            "block_size": bs,
-            "topk_indices": True,
-            "topk": v32.topk,
-        },
-    )
-    t = 4096 if full else 256
-    add(
-        "layer_norm",
-        f"deepseek-v3.2-k-norm-t{t}",
-        _layers.layer_norm((t,), v32.d),
-        {"dtype": dt, "hidden": v32.d, "weight_dtype": "float32", "bias": True},
-    )
 
 
 def _gemms(add: _Add, full: bool, dt: str) -> None:
@@ -357,6 +252,6 @@ def perf_cases(tier: str) -> list[Case]:
     def add(op: str, shape: str, build: Any, static: dict[str, Any], dtype: str | None = None) -> None:
         out.append(Case(op, f"perf/{shape}", dtype or dt, build, static, quick=not full))
 
-    for family in (_attention, _mla_ops, _dsa_ops, _gemms, _quant_ops, _moe_ops, _layer_ops, _recurrent_ops):
+    for family in (attention_cases, mla_cases, dsa_cases, _gemms, _quant_ops, _moe_ops, _layer_ops, _recurrent_ops):
         family(add, full, dt)
     return out

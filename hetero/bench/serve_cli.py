@@ -147,7 +147,7 @@ def _cmd_bench_serve(args: argparse.Namespace, registry: Any, console: Console) 
 
 
 def _compare(console: Console, args: argparse.Namespace, env: dict, summary: dict) -> int:
-    from hetero.bench.engine_report import _print_comparison
+    from hetero.bench._engine_tables import print_comparison
 
     saved_env, saved = load_baseline(args.compare, "serve")
     error, warnings = check_environment(saved_env, env)
@@ -157,7 +157,7 @@ def _compare(console: Console, args: argparse.Namespace, env: dict, summary: dic
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
     metrics = _metrics(summary)
     comparisons = compare(saved, metrics, args.threshold)
-    _print_comparison(console, comparisons, {m.name: m.unit for m in metrics}, args.threshold)
+    print_comparison(console, comparisons, {m.name: m.unit for m in metrics}, args.threshold)
     return EXIT_FAIL if any(c.regressed for c in comparisons) else EXIT_OK
 
 

@@ -5,7 +5,8 @@ A CUDA graph replays kernels on fixed addresses, so the tensors a step hands the
 sized by the limits of the engine, and ``fill`` writes each step's host data into them and
 returns a ``Step`` made of views. The host arrays are built with numpy in (pinned, for CUDA)
 staging memory and copied in one ``copy_`` per buffer, so a step costs a few copies
-instead of a dozen tensor constructions.
+instead of a dozen tensor constructions (the batch checks and the numpy staging of the
+per-row arrays are in ``hetero.engine._step_staging``).
 
 The one buffer that is not fixed is ``kv_slots`` (the cache slot of every KV position of
 the prefill sequences): its size is bounded by the sum of their lengths, not by a small
@@ -20,6 +21,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from hetero.engine._step_staging import StepLimits, check_batch, stage_rows
 from hetero.engine.step import PrefillSpan, Step
 from hetero.spec.types import AttentionMeta
 
@@ -68,6 +70,9 @@ class StepBuffers:
         self.max_blocks = -(-int(max_model_len) // self.block_size)
         self.device = torch.device(device)
         self.has_state = bool(has_state)
+        self._limits = StepLimits(
+            self.max_num_seqs, self.max_num_tokens, self.max_blocks, self.block_size, self.has_state
+        )
         # pinned staging makes the host-to-device copies asynchronous; an event keeps the next
         # fill from overwriting the staging before the copies that read it have run
         self._pinned = self.device.type == "cuda"
@@ -123,7 +128,7 @@ class StepBuffers:
         q = np.asarray(query_lens, dtype=np.int64).reshape(-1)
         s = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
         widths = np.fromiter((len(r) for r in block_tables), dtype=np.int64, count=len(block_tables))
-        self._check(q, s, widths, sample, state_slots, input_ids)
+        check_batch(self._limits, q, s, widths, sample, state_slots, input_ids)
         if self._pending:
             self._copied.synchronize()
         table = self._host["block_table"][: len(q)]
@@ -132,83 +137,12 @@ class StepBuffers:
             table[b, : widths[b]] = row
         starts = np.zeros(len(q) + 1, dtype=np.int64)
         np.cumsum(q, out=starts[1:])
-        used = self._stage_rows(q, s, starts, sample, state_slots, input_ids)
+        used = stage_rows(self._host, self.block_size, q, s, starts, sample, state_slots, input_ids)
         ones = q == 1
         num_decodes = len(q) if ones.all() else int(ones.argmin())
         prefill = self._prefill(q, s, starts, num_decodes, used)
         self._upload(used)
         return self._step(q, s, num_decodes, prefill, used), self._view("input_ids", used)
-
-    def _stage_rows(
-        self, q: np.ndarray, s: np.ndarray, starts: np.ndarray, sample, state_slots, input_ids
-    ) -> dict[str, int]:
-        """Stage the per-row and per-sequence arrays; return how many entries of each buffer are used."""
-        h, bs, nb, nt = self._host, self.block_size, len(q), int(starts[-1])
-        owner = np.repeat(np.arange(nb), q)  # the sequence of each query row
-        pos = np.arange(nt) - starts[owner] + (s - q)[owner]
-        h["positions"][:nt] = pos
-        h["slot_mapping"][:nt] = h["block_table"][owner, pos // bs].astype(np.int64) * bs + pos % bs
-        h["query_start_loc"][: nb + 1] = starts
-        h["seq_lens"][:nb] = s
-        rows = starts[1:] - 1 if sample is None else (starts[1:] - 1)[np.asarray(sample, dtype=bool).reshape(-1)]
-        h["logits_indices"][: len(rows)] = rows
-        used = {
-            "positions": nt,
-            "slot_mapping": nt,
-            "query_start_loc": nb + 1,
-            "seq_lens": nb,
-            "block_table": nb,
-            "logits_indices": len(rows),
-        }
-        if input_ids is not None:
-            h["input_ids"][:nt] = input_ids
-            used["input_ids"] = nt
-        if state_slots is not None:
-            h["state_slots"][:nb] = state_slots
-            h["has_initial_state"][:nb] = s > q
-            used.update(state_slots=nb, has_initial_state=nb)
-        return used
-
-    def _check(self, q: np.ndarray, s: np.ndarray, widths: np.ndarray, sample, state_slots, input_ids) -> None:
-        """Raise ValueError naming what overflowed or does not match."""
-        nb, nt = len(q), int(q.sum())
-        counts = {
-            "seq_lens": len(s),
-            "block_tables": len(widths),
-            "sample": None if sample is None else len(sample),
-            "state_slots": None if state_slots is None else len(state_slots),
-        }
-        for name, n in counts.items():
-            if n is not None and n != nb:
-                raise ValueError(f"StepBuffers.fill: {name} has {n} entries for {nb} sequences")
-        if nb > self.max_num_seqs:
-            raise ValueError(f"StepBuffers.fill: {nb} sequences exceed max_num_seqs={self.max_num_seqs}")
-        if nt > self.max_num_tokens:
-            raise ValueError(f"StepBuffers.fill: {nt} tokens exceed max_num_batched_tokens={self.max_num_tokens}")
-        if input_ids is not None and len(input_ids) != nt:
-            raise ValueError(f"StepBuffers.fill: {len(input_ids)} input_ids for {nt} query rows")
-        if state_slots is not None and not self.has_state:
-            raise ValueError("StepBuffers.fill: state_slots given, but the buffers were made without has_state")
-        bad = np.flatnonzero((q < 0) | (s < q))
-        if bad.size:
-            b = int(bad[0])
-            raise ValueError(
-                f"StepBuffers.fill: sequence {b} has query length {q[b]} and seq_len {s[b]} (need 0 <= query <= seq_len)"
-            )
-        bad = np.flatnonzero(widths > self.max_blocks)
-        if bad.size:
-            b = int(bad[0])
-            raise ValueError(
-                f"StepBuffers.fill: block table of sequence {b} has {widths[b]} blocks, more than "
-                f"max_blocks={self.max_blocks} (ceil(max_model_len / block_size))"
-            )
-        bad = np.flatnonzero(widths * self.block_size < s)
-        if bad.size:
-            b = int(bad[0])
-            raise ValueError(
-                f"StepBuffers.fill: block table of sequence {b} has {widths[b]} blocks, too few for "
-                f"seq_len {s[b]} with block size {self.block_size}"
-            )
 
     def _prefill(
         self, q: np.ndarray, s: np.ndarray, starts: np.ndarray, first: int, used: dict[str, int]

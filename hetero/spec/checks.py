@@ -39,9 +39,6 @@ from hetero.spec._checks_core import (
     check_kv_write,
     check_mla_inputs,
     check_perm,
-    check_positions,
-    check_rms_norm,
-    check_rotary,
     check_same_device,
     check_scale_form,
     check_slot_mapping,
@@ -66,6 +63,7 @@ from hetero.spec._checks_gemm import (
     check_out_dtype,
     check_scaled_gemm,
 )
+from hetero.spec._checks_layers import check_positions, check_rms_norm, check_rotary
 from hetero.spec._checks_meta import check_meta, check_meta_shapes
 from hetero.spec._checks_moe import check_fused_moe_options, check_fused_moe_weights
 from hetero.spec._checks_moe_ops import WEIGHT_DTYPES, check_fused_moe, check_int, check_route, check_weights

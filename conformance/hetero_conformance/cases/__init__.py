@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from hetero.verify.case import Case
-from hetero_conformance.cases import attention, dsa, gemm, layers, mla, moe, quant, recurrent
+from hetero_conformance.cases import attention, dsa, gemm, layers, mla, moe, quant, recurrent, scaled_grouped_gemm
 
 __all__ = ["catalog"]
 
-_FAMILIES = (attention, mla, dsa, gemm, quant, moe, layers, recurrent)
+_FAMILIES = (attention, mla, dsa, gemm, quant, scaled_grouped_gemm, moe, layers, recurrent)
 
 
 def catalog(*, quick: bool = False) -> list[Case]:
