@@ -69,9 +69,7 @@ def test_architecture_names_paths():
 
 @pytest.mark.parametrize("path", architecture_paths(ARCHITECTURE.read_text(encoding="utf-8")))
 def test_architecture_path_exists(path):
-    marked = f"`{path}`\N{DAGGER}" in ARCHITECTURE.read_text(encoding="utf-8")
-    hint = " (it is marked as created by issue 31's restructuring: is that branch merged?)" if marked else ""
-    assert exists(path), f"docs/architecture.md names `{path}`, which is not in the repository{hint}"
+    assert exists(path), f"docs/architecture.md names `{path}`, which is not in the repository"
 
 
 def test_path_recognition():
