@@ -21,7 +21,7 @@ import hetero  # noqa: E402
 import hetero_cpu_ref.gemm as ref_gemm  # noqa: E402
 import hetero_cpu_ref.quant as ref_quant  # noqa: E402
 from hetero.spec import OPS  # noqa: E402
-from hetero_ascend import plugin, quant  # noqa: E402
+from hetero_ascend import common, plugin, quant  # noqa: E402
 from hetero_ascend.plugin import AscendBackend  # noqa: E402
 
 I8 = torch.int8
@@ -77,7 +77,7 @@ FAKE = SimpleNamespace(npu_grouped_matmul=npu_grouped_matmul)
 
 @pytest.fixture
 def npu(monkeypatch):
-    monkeypatch.setattr(plugin, "_npu", lambda: FAKE)
+    monkeypatch.setattr(common, "torch_npu", lambda: FAKE)
     return AscendBackend("cpu")
 
 
@@ -135,7 +135,7 @@ def test_conversions_clamp_untrusted_group_ends():
 
 
 def test_empty_calls_make_no_npu_call(monkeypatch):
-    monkeypatch.setattr(plugin, "_npu", lambda: None)
+    monkeypatch.setattr(common, "torch_npu", lambda: None)
     a, b, sa, sb, ends = _case(2, rows=0, ends=(0, 0, 0, 0))
     out = AscendBackend("cpu").scaled_grouped_gemm(a, b, sa.reshape(0, 1), sb, ends, out_dtype=torch.float16)
     assert out.shape == (0, 24) and out.dtype == torch.float16
@@ -159,7 +159,7 @@ def test_outside_the_documented_form_takes_the_triton_kernel(npu, monkeypatch, c
 
 
 def test_malformed_calls_raise_before_any_npu_call(monkeypatch):
-    monkeypatch.setattr(plugin, "_npu", lambda: None)
+    monkeypatch.setattr(common, "torch_npu", lambda: None)
     a, b, sa, sb, ends = _case(4)
     with pytest.raises(hetero.OpError, match="a_scale"):
         AscendBackend("cpu").scaled_grouped_gemm(a, b, sa[:5], sb, ends)

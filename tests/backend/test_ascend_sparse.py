@@ -21,7 +21,7 @@ import hetero_cpu_ref.attention as ref_attn  # noqa: E402
 import hetero_cpu_ref.dsa as ref_dsa  # noqa: E402
 import hetero_cpu_ref.layers as ref_layers  # noqa: E402
 from hetero.spec import AttentionMeta  # noqa: E402
-from hetero_ascend import plugin, sparse  # noqa: E402
+from hetero_ascend import common, plugin, sparse  # noqa: E402
 from hetero_ascend.plugin import AscendBackend  # noqa: E402
 
 INT32 = torch.int32
@@ -135,7 +135,7 @@ FAKE = SimpleNamespace(
 
 @pytest.fixture
 def npu(monkeypatch):
-    monkeypatch.setattr(plugin, "_npu", lambda: FAKE)
+    monkeypatch.setattr(common, "torch_npu", lambda: FAKE)
     return AscendBackend("cpu")
 
 
@@ -225,7 +225,7 @@ def test_indexer_topk_outside_the_documented_limits_takes_the_triton_kernel(npu,
 def test_empty_steps_make_no_npu_call(npu, monkeypatch):
     monkeypatch.setattr(sparse, "indexer_static", lambda *a: {})
     monkeypatch.setattr(sparse, "sfa_static", lambda *a: {})
-    monkeypatch.setattr(plugin, "_npu", lambda: None)  # the ops reject empty tensors (doc): never called
+    monkeypatch.setattr(common, "torch_npu", lambda: None)  # the ops reject empty tensors (doc): never called
     meta = AttentionMeta.build([], [], [])
     q, w, cache = (
         torch.zeros(0, 64, 16, dtype=torch.bfloat16),

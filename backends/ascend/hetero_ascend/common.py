@@ -1,0 +1,57 @@
+"""What the torch_npu ops of hetero_ascend share: the one torch_npu lookup, and how an op that may hand a call
+to the portable Triton kernel is bound (:class:`WithTriton`)."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from typing import Any, Callable
+
+from hetero.kernels import TritonBackend
+
+__all__ = ["torch_npu", "TritonOps", "WithTriton"]
+
+
+def torch_npu() -> Any:
+    """The torch_npu module, imported at the call, never at import (it needs a matching CANN). Every op and the
+    probe call it as ``common.torch_npu()``, so one replacement (a test's fake torch_npu) reaches them all."""
+    return importlib.import_module("torch_npu")
+
+
+class TritonOps:
+    """A backend's portable Triton ops: ``triton.rms_norm(...)`` runs ``TritonBackend.rms_norm`` with that
+    backend's tuning, looked up at the call, as ``super().rms_norm(...)`` in a method of the backend would."""
+
+    def __init__(self, backend: Any):
+        self._backend = backend
+
+    def __getattr__(self, op: str) -> Callable:
+        return getattr(TritonBackend, op).__get__(self._backend, TritonBackend)
+
+
+class WithTriton:
+    """An op that chooses per call between torch_npu and the portable Triton kernel, written as a function
+    ``fn(triton, *args, **kwargs)`` whose first argument is a :class:`TritonOps`.
+
+    ``Backend.bind_from`` binds it as it is, a descriptor like ``TritonBackend``'s kernels: on a backend it is
+    ``partial(fn, TritonOps(backend))`` under fn's name (which ``hetero explain`` shows) and the spec's
+    signature; on the class it carries fn's docstring. A module lists it in ``__all__`` like a plain function.
+    """
+
+    def __init__(self, fn: Callable):
+        functools.update_wrapper(self, fn)
+        params = list(inspect.signature(fn).parameters.values())[1:]
+        self.__signature__ = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *params])
+
+    def __get__(self, backend: Any, owner: type | None = None) -> Callable:
+        if backend is None:
+            return self
+        fn = self.__wrapped__
+        bound = functools.partial(fn, TritonOps(backend))
+        bound.__name__, bound.__qualname__, bound.__module__ = fn.__name__, fn.__qualname__, fn.__module__
+        bound.__doc__ = fn.__doc__
+        return bound
+
+    def __call__(self, backend: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.__get__(backend)(*args, **kwargs)
