@@ -1,7 +1,8 @@
-"""The Backend base class a plugin subclasses, and the Availability its probe returns."""
+"""The Backend base class a plugin subclasses, the Availability its probe returns, and PerBackendOp."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from functools import partial
 from types import FunctionType, MethodType, ModuleType
@@ -14,7 +15,7 @@ from hetero.spec import OP_NAMES, OPS
 if TYPE_CHECKING:
     from hetero.spec.comm import Communicator
 
-__all__ = ["Backend", "Availability", "spec_ops"]
+__all__ = ["Backend", "Availability", "PerBackendOp", "spec_ops"]
 
 OpSource = ModuleType | Mapping[str, Callable]
 
@@ -51,6 +52,43 @@ class _ClassOrInstanceMethod:
 
     def __get__(self, obj: Any, owner: type | None = None) -> Callable:
         return MethodType(self.__func__, owner if obj is None else obj)
+
+
+class PerBackendOp:
+    """An op built for the backend it is called on, e.g. ``partial(kernel, tuning=backend.tune)``; a descriptor
+    that :meth:`Backend.bind_from` binds as it is.
+
+    ``make(backend)`` returns the callable. On a backend the descriptor gives it as a fresh ``functools.partial``
+    named ``name``/``qualname`` in ``module`` (what ``hetero explain`` shows), with ``doc`` and ``signature``
+    (the op's, without the backend); on the class it is itself, called with the backend first.
+    """
+
+    def __init__(
+        self,
+        make: Callable[[Any], Callable],
+        *,
+        name: str,
+        qualname: str,
+        module: str,
+        doc: str | None,
+        signature: inspect.Signature,
+    ):
+        self.make, self.__name__, self.__qualname__, self.__module__, self.__doc__ = make, name, qualname, module, doc
+        self.op_signature = signature
+        self.__signature__ = signature.replace(
+            parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *signature.parameters.values()]
+        )
+
+    def __get__(self, backend: Any, owner: type | None = None) -> Callable:
+        if backend is None:
+            return self
+        bound = partial(self.make(backend))
+        bound.__name__, bound.__qualname__, bound.__module__ = self.__name__, self.__qualname__, self.__module__
+        bound.__doc__, bound.__signature__ = self.__doc__, self.op_signature
+        return bound
+
+    def __call__(self, backend: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.__get__(backend)(*args, **kwargs)
 
 
 @dataclass(frozen=True)

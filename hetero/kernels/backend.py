@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 from types import ModuleType
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from hetero.backend import Availability, Backend
+from hetero.backend import Availability, Backend, PerBackendOp
 from hetero.kernels._triton import interpreter_requested, triton_missing_reason
 from hetero.kernels.limits import kernel_reason
 from hetero.kernels.tuning import Tuning, TuningTable
@@ -51,30 +50,20 @@ def _run(module: str, op: str, *args: Any, **kwargs: Any) -> Any:
     return getattr(_module(module), op)(*args, **kwargs)
 
 
-class KernelOp:
-    """A portable implementation as a TritonBackend op. On a backend it is
-    ``partial(module.op, tuning=backend.tune)`` (no ``tuning`` for route and the EP ops), carrying the
-    spec's signature and the name ``TritonBackend.<op>``, which ``hetero explain`` shows."""
+class KernelOp(PerBackendOp):
+    """A portable implementation as a TritonBackend op: on a backend, ``partial(module.op, tuning=backend.tune)``
+    (no ``tuning`` for route and the EP ops) with the spec's signature, named ``TritonBackend.<op>``."""
 
     def __init__(self, module: str, op: str):
-        self.module, self.op, self.tuned = module, op, op not in _UNTUNED
-        self.__name__, self.__qualname__, self.__module__ = op, f"TritonBackend.{op}", __name__
-        self.__doc__ = f"``{module}.{op}``" + (" with this backend's tuning." if self.tuned else ".")
-        spec = OPS[op].signature
-        self.__signature__ = spec.replace(
-            parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *spec.parameters.values()]
+        tuned = op not in _UNTUNED
+        super().__init__(
+            lambda backend: functools.partial(_run, module, op, **({"tuning": backend.tune} if tuned else {})),
+            name=op,
+            qualname=f"TritonBackend.{op}",
+            module=__name__,
+            doc=f"``{module}.{op}``" + (" with this backend's tuning." if tuned else "."),
+            signature=OPS[op].signature,
         )
-
-    def __get__(self, backend: Any, owner: type | None = None) -> Callable:
-        if backend is None:
-            return self
-        bound = functools.partial(_run, self.module, self.op, **({"tuning": backend.tune} if self.tuned else {}))
-        bound.__name__, bound.__qualname__, bound.__module__ = self.__name__, self.__qualname__, self.__module__
-        bound.__doc__, bound.__signature__ = self.__doc__, OPS[self.op].signature
-        return bound
-
-    def __call__(self, backend: Any, *args: Any, **kwargs: Any) -> Any:
-        return self.__get__(backend)(*args, **kwargs)
 
 
 class TritonBackend(Backend):

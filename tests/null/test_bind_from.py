@@ -3,6 +3,7 @@ mapping, on the class (every instance) or on one instance (vendor paths chosen p
 
 from __future__ import annotations
 
+import functools
 import types
 
 import pytest
@@ -65,3 +66,29 @@ def test_on_an_instance_it_replaces_ops_of_that_instance_only():
     assert Ops(fast, None, {}).explain()["silu_and_mul"].implementation.endswith("vendor_silu_and_mul")
     with pytest.raises(ValueError, match="gemm"):
         fast.bind_from({"gemm": vendor_silu_and_mul})  # the class has no gemm to replace
+
+
+def test_a_per_backend_op_is_built_for_the_instance_it_is_called_on():
+    cls = _backend_class()
+    cls.scale = 1.0
+
+    def scaled_silu_and_mul(x, *, scale):
+        return x * scale
+
+    spec = OPS["silu_and_mul"].signature
+    op = hetero.backend.PerBackendOp(
+        lambda backend: functools.partial(scaled_silu_and_mul, scale=backend.scale),
+        name="silu_and_mul",
+        qualname="Fake.silu_and_mul",
+        module="hetero_fake.layers",
+        doc="scaled",
+        signature=spec,
+    )
+    cls.bind_from({"silu_and_mul": op})
+    one, two = cls(), cls()
+    two.scale = 3.0
+    assert (one.silu_and_mul(2.0), two.silu_and_mul(2.0), op(two, 2.0)) == (2.0, 6.0, 6.0)
+    assert one.silu_and_mul is not one.silu_and_mul  # a fresh partial per lookup: naming it never renames another
+    assert OPS["silu_and_mul"].check_signature(one.silu_and_mul) is None
+    assert (one.silu_and_mul.__doc__, cls.silu_and_mul) == ("scaled", op)
+    assert Ops(one, None, {}).explain()["silu_and_mul"].implementation == "hetero_fake.layers.Fake.silu_and_mul"

@@ -8,6 +8,7 @@ import importlib
 import inspect
 from typing import Any, Callable
 
+from hetero.backend import PerBackendOp
 from hetero.kernels import TritonBackend
 
 __all__ = ["torch_npu", "TritonOps", "WithTriton"]
@@ -30,28 +31,21 @@ class TritonOps:
         return getattr(TritonBackend, op).__get__(self._backend, TritonBackend)
 
 
-class WithTriton:
+class WithTriton(PerBackendOp):
     """An op that chooses per call between torch_npu and the portable Triton kernel, written as a function
-    ``fn(triton, *args, **kwargs)`` whose first argument is a :class:`TritonOps`.
-
-    ``Backend.bind_from`` binds it as it is, a descriptor like ``TritonBackend``'s kernels: on a backend it is
-    ``partial(fn, TritonOps(backend))`` under fn's name (which ``hetero explain`` shows) and the spec's
-    signature; on the class it carries fn's docstring. A module lists it in ``__all__`` like a plain function.
+    ``fn(triton, *args, **kwargs)`` whose first argument is a :class:`TritonOps`: on a backend it is
+    ``partial(fn, TritonOps(backend))``, under fn's name and signature without ``triton``. A module lists it in
+    ``__all__`` like a plain function; ``Backend.bind_from`` binds it as a descriptor.
     """
 
     def __init__(self, fn: Callable):
-        functools.update_wrapper(self, fn)
         params = list(inspect.signature(fn).parameters.values())[1:]
-        self.__signature__ = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *params])
-
-    def __get__(self, backend: Any, owner: type | None = None) -> Callable:
-        if backend is None:
-            return self
-        fn = self.__wrapped__
-        bound = functools.partial(fn, TritonOps(backend))
-        bound.__name__, bound.__qualname__, bound.__module__ = fn.__name__, fn.__qualname__, fn.__module__
-        bound.__doc__ = fn.__doc__
-        return bound
-
-    def __call__(self, backend: Any, *args: Any, **kwargs: Any) -> Any:
-        return self.__get__(backend)(*args, **kwargs)
+        super().__init__(
+            lambda backend: functools.partial(fn, TritonOps(backend)),
+            name=fn.__name__,
+            qualname=fn.__qualname__,
+            module=fn.__module__,
+            doc=fn.__doc__,
+            signature=inspect.signature(fn).replace(parameters=params),
+        )
+        self.__wrapped__ = fn
