@@ -24,12 +24,11 @@ demo: $(STAMP)
 	$(BIN)/hetero generate --model $(DEMO_MODEL) --backend cpu_ref --dtype float32 --prompt "Hello, hetero" --prompt-ids "5 6 7 8" --max-tokens 16
 	$(BIN)/hetero check-model $(DEMO_MODEL) --backend cpu_ref
 
-# .venv installs and hetero-torch's C++ kernels build while .venv-vllm installs (mostly downloads) and the vLLM
-# tests run (--output-sync keeps each one's log whole); tests/ runs last, so its pytest summary closes the output.
-# A failure in either fails `make test`.
+# .venv installs, hetero-torch's C++ kernels build and ruff runs while .venv-vllm installs (mostly downloads) and the
+# vLLM tests run (--output-sync keeps each one's log whole); tests/ runs last, so its pytest summary closes the output.
+# A failure in any fails `make test`.
 test:
-	$(MAKE) -j2 --output-sync=target --no-print-directory native test-vllm
-	$(MAKE) --no-print-directory lint
+	$(MAKE) -j2 --output-sync=target --no-print-directory native lint test-vllm
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) tests
 
 # hetero-torch's native CPU kernels, built once into torch's extension cache (the tests would build them on first use,

@@ -63,7 +63,7 @@ conformance_args=(--isolate)  # on a GPU a faulting kernel kills its worker, not
 engine_args=(--device cuda)
 if (( smoke )); then
   export HETERO_TRITON_INTERPRET=1
-  bench_args+=(--smoke)
+  bench_args+=(--smoke --reps 1)  # interpreted timings prove the script runs, not how fast: one run each
   conformance_args=(--quick --ops rms_norm,silu_and_mul)
   robustness_args=(--ops write_kv,grouped_gemm)
   engine_args=(--quick --device cpu --configs hetero-torch,hetero-cpu_ref --requests 4 --max-tokens 4)
