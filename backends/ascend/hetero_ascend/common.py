@@ -39,13 +39,13 @@ class WithTriton(PerBackendOp):
     """
 
     def __init__(self, fn: Callable):
-        params = list(inspect.signature(fn).parameters.values())[1:]
+        signature = inspect.signature(fn)
         super().__init__(
             lambda backend: functools.partial(fn, TritonOps(backend)),
             name=fn.__name__,
             qualname=fn.__qualname__,
             module=fn.__module__,
             doc=fn.__doc__,
-            signature=inspect.signature(fn).replace(parameters=params),
+            signature=signature.replace(parameters=list(signature.parameters.values())[1:]),
         )
         self.__wrapped__ = fn

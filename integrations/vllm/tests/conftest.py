@@ -41,7 +41,7 @@ class Runs:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.cache: dict[tuple, tuple[list[dict[str, Any]], dict[str, Any] | None]] = {}
+        self.cache: dict[str, tuple[list[dict[str, Any]], dict[str, Any] | None]] = {}
 
     def __call__(
         self,
@@ -59,20 +59,19 @@ class Runs:
         neither ``HETERO_VLLM`` nor ``HETERO_BACKEND``), the backend given as vLLM's
         ``additional_config``. The report gains ``driver_platform``, the platform class in use.
         """
-        key = (str(model), backend, compiled, multiprocess, platform, tuple(sorted((env or {}).items())))
-        if key not in self.cache:
-            self.cache[key] = self._shared(model, backend, compiled, multiprocess, platform, env or {})
-        return self.cache[key]
-
-    def _shared(self, model: Path, *settings: Any):
-        """The run of these settings that another worker of this session made, else made here, under a lock."""
+        settings = (backend, compiled, multiprocess, platform, env or {})
         tag = self._tag(model, *settings)
+        if tag not in self.cache:
+            self.cache[tag] = self._shared(tag, model, *settings)
+        return self.cache[tag]
+
+    def _shared(self, tag: str, model: Path, *settings: Any):
+        """The run of these settings that another worker of this session made, else made here, under a lock."""
         done = self.root / f"{tag}.result.json"
         with FileLock(str(self.root / f"{tag}.lock")):
             if not done.exists():
-                done.write_text(json.dumps(self._run(model, *settings)))
-        sequences, routing = json.loads(done.read_text())
-        return sequences, routing
+                done.write_text(json.dumps(self._run(tag, model, *settings)))
+        return tuple(json.loads(done.read_text()))
 
     @staticmethod
     def _tag(model: Path, backend, compiled, multiprocess, platform, extra) -> str:
@@ -84,6 +83,7 @@ class Runs:
 
     def _run(
         self,
+        tag: str,
         model: Path,
         backend: str | None,
         compiled: bool,
@@ -91,7 +91,6 @@ class Runs:
         platform: bool,
         extra: dict[str, str],
     ):
-        tag = self._tag(model, backend, compiled, multiprocess, platform, extra)
         out, report = self.root / f"{tag}.json", self.root / f"{tag}.report.json"
         report.unlink(missing_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in _ROUTING_ENV}
