@@ -4,11 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := -e '.[test,plot]' -e backends/cpu_ref -e conformance -e backends/cuda -e backends/rocm -e backends/ascend -e backends/torch
-# pytest-xdist: a worker per core, each test file whole on one worker (its module fixtures are built once);
-# tests/conftest.py splits the cores' threads between the workers. PYTEST_PARALLEL= runs tests/ in one process.
-PYTEST_PARALLEL ?= -n auto --dist loadfile
+# pytest-xdist: one worker per core plus one (a test waiting on its subprocesses, servers or timeouts leaves its core
+# to the others), each test file whole on one worker (its module fixtures are built once); tests/conftest.py splits
+# the cores' threads between the workers. PYTEST_PARALLEL= runs tests/ in one process.
+PYTEST_PARALLEL ?= -n $(shell echo $$(( $$(nproc) + 1 ))) --dist loadfile
+# the tests' Python processes (CLIs, servers, torchrun ranks: hundreds) read hetero's modules compiled once, not
+# compiled again in each process where the environment says not to write bytecode
+TEST_ENV := PYTHONDONTWRITEBYTECODE=
 
-.PHONY: demo test test-vllm native lint bench mutants clean
+.PHONY: demo test test-main test-vllm native lint bench mutants clean
 
 $(STAMP): pyproject.toml backends/cpu_ref/pyproject.toml conformance/pyproject.toml backends/cuda/pyproject.toml backends/rocm/pyproject.toml backends/ascend/pyproject.toml backends/torch/pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,12 +28,15 @@ demo: $(STAMP)
 	$(BIN)/hetero generate --model $(DEMO_MODEL) --backend cpu_ref --dtype float32 --prompt "Hello, hetero" --prompt-ids "5 6 7 8" --max-tokens 16
 	$(BIN)/hetero check-model $(DEMO_MODEL) --backend cpu_ref
 
-# .venv installs, hetero-torch's C++ kernels build and ruff runs while .venv-vllm installs (mostly downloads) and the
-# vLLM tests run (--output-sync keeps each one's log whole); tests/ runs last, so its pytest summary closes the output.
-# A failure in any fails `make test`.
+# Two branches side by side: .venv installs, hetero-torch's C++ kernels build, ruff runs and then tests/; meanwhile
+# .venv-vllm installs (mostly downloads) and the vLLM tests run. The whole run is CPU-bound on a small machine, so
+# neither branch waits for the other's idle moments; --output-sync keeps each one's log whole, and tests/, the longer,
+# ends last with its pytest summary. A failure in either fails `make test`.
 test:
-	$(MAKE) -j2 --output-sync=target --no-print-directory native lint test-vllm
-	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) tests
+	$(MAKE) -j2 --output-sync=target --no-print-directory test-main test-vllm
+
+test-main: native lint
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) tests
 
 # hetero-torch's native CPU kernels, built once into torch's extension cache (the tests would build them on first use,
 # a worker holding the build lock while the others wait); a failed build only prints why, the portable path runs
@@ -45,7 +52,7 @@ lint: $(STAMP)
 # two xdist workers, because an engine run (a subprocess) keeps about one core busy; they share the runs (conftest)
 test-vllm:
 	integrations/vllm/setup_venv.sh
-	.venv-vllm/bin/python -m pytest -q -p no:randomly -n 2 integrations/vllm/tests
+	$(TEST_ENV) .venv-vllm/bin/python -m pytest -q -p no:randomly -n 2 integrations/vllm/tests
 
 bench: $(STAMP)
 	$(BIN)/python -m pytest benchmarks --benchmark-only
