@@ -5,9 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PACKAGES := -e '.[test,plot]' -e backends/cpu_ref -e conformance -e backends/cuda -e backends/rocm -e backends/ascend -e backends/torch
 # pytest-xdist: one worker per core plus one (a test waiting on its subprocesses, servers or timeouts leaves its core
-# to the others), each test file whole on one worker (its module fixtures are built once); tests/conftest.py splits
-# the cores' threads between the workers. PYTEST_PARALLEL= runs tests/ in one process.
-PYTEST_PARALLEL ?= -n $(shell echo $$(( $$(nproc) + 1 ))) --dist loadfile
+# to the others), each test file whole on one worker (its module fixtures are built once), the longest files first
+# (tests/conftest.py orders them; xdist's own reorder, by count of tests, would start some of them last);
+# tests/conftest.py also splits the cores' threads between the workers. PYTEST_PARALLEL= runs tests/ in one process.
+PYTEST_PARALLEL ?= -n $(shell echo $$(( $$(nproc) + 1 ))) --dist loadfile --no-loadscope-reorder
 # the tests' Python processes (CLIs, servers, torchrun ranks: hundreds) read hetero's modules compiled once, not
 # compiled again in each process where the environment says not to write bytecode
 TEST_ENV := PYTHONDONTWRITEBYTECODE=
