@@ -24,6 +24,9 @@ from hetero_cpu_ref import gemm as ref_gemm
 from hetero_cpu_ref import layers as ref_layers
 from hetero_cpu_ref.plugin import CpuRefBackend
 
+# wall-clock comparisons: `make test` runs this file alone, after the parallel run (pyproject.toml's markers)
+pytestmark = pytest.mark.timing
+
 FAST = ["--warmup", "2", "--reps", "5", "--min-time", "0.05", "--no-reference"]
 COMPARED = ["--warmup", "2", "--reps", "10", "--min-time", "0.2", "--no-reference", "--threshold", "1.0"]
 
