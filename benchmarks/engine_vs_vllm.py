@@ -1,13 +1,15 @@
-"""hetero's engine beside vLLM and transformers: output tok/s and greedy tokens, dense and MoE, in one run.
+"""hetero's engine beside vLLM and transformers: output tok/s, latency and greedy tokens, dense and MoE, in one run.
 
     .venv/bin/python benchmarks/engine_vs_vllm.py [--quick] [--json F] [--configs A,B] [--models qwen3,qwen3_moe]
+    .venv/bin/python benchmarks/engine_vs_vllm.py --models qwen3-0.6b,qwen3-30b-a3b-x4     (real shapes, bfloat16)
     .venv/bin/python benchmarks/engine_vs_vllm.py --device cuda [--vllm-python PY]     (on a GPU machine)
 
-The checkpoints, the workload and vLLM's worker are benchmarks/vllm_route.py's: two random
-float32 Qwen3 (dense and MoE, 8 layers, hidden 512, vocabulary 256), N requests with prompt and
-output lengths uniform in [16, 128), greedy, EOS ignored; the same engine settings (block 32,
-max_model_len 256, 64 sequences, 2048 tokens a step). Every config runs in its own process,
-started and warmed up untimed, then times ``--inner`` workloads (seeds seed, seed+1, ...):
+The models are benchmarks/_workloads.py's: two tiny float32 ones (vllm_route.py's) and two at real models' shapes
+in bfloat16, random weights written by transformers' classes. The workload and vLLM's worker are vllm_route.py's:
+N requests with prompt and output lengths uniform in [16, 128), greedy, EOS ignored; the same engine settings
+(block 32, max_model_len 256, 64 sequences, 2048 tokens a step), in the checkpoint's dtype. Every config runs in
+its own process, started and warmed up (start and warm-up/compile seconds reported), then times ``--inner``
+workloads (seeds seed, seed+1, ...):
 
 - hetero-* : ``hetero.engine.LLM`` on a backend, ``compile=True`` for the compiled ones
   (``HETERO_VALIDATE=0``: index-content checks off, as vLLM checks none);
@@ -17,8 +19,12 @@ started and warmed up untimed, then times ``--inner`` workloads (seeds seed, see
   own tokens cut to its length (the batch runs until its longest request is done).
 
 Repeats are interleaved (every config once, then again), so load biases all alike. Each cell is
-the best output tok/s (median beside); tokens are compared per request with vLLM eager's (else
-hetero cpu_ref's, else the first config's). A config that cannot start here is reported
+the best output tok/s (median beside), with the median TTFT and TPOT over the requests; tokens are compared per
+request with vLLM eager's (else hetero cpu_ref's, else the first config's): identical in float32; in bfloat16 also
+the first token, and the top-5 rule (up to the first differing token, which must be among the reference's 5 most
+likely there; the reference reruns 16 requests untimed for its logprobs). The decode roofline is the fastest
+output tok/s the machine's ceilings (``--ceilings`` FILE from ``hetero ceilings``, else measured here) allow a
+decode step of the workload's batch (_workloads.decode_roofline). A config that cannot start here is reported
 "unavailable" with the reason; exit status 1 when a config crashed.
 """
 
@@ -35,8 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import vllm_route  # noqa: E402  (sibling scripts, not a package)
-from _engine_report import model_rows, report  # noqa: E402
+import _workloads  # noqa: E402  (sibling scripts, not a package)
+import vllm_route  # noqa: E402
+from _engine_report import REFERENCES, model_rows, report  # noqa: E402
+from _engine_workers import TOP5_REQUESTS, hetero_worker, hf_worker  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,82 +83,6 @@ QUICK = {
 }
 
 
-def workload(requests: int, vocab: int, seed: int, max_tokens: int | None) -> tuple[list[list[int]], list[int]]:
-    """vllm_route's workload, output lengths capped at ``max_tokens`` when given (hetero and hf workers only)."""
-    prompts, out_lens = vllm_route.workload(requests, vocab, seed)
-    return prompts, [min(m, max_tokens or m) for m in out_lens]
-
-
-def hetero_worker(
-    config: Config, model: str, device: str, requests: int, seed: int, inner: int, max_tokens: int | None = None
-) -> dict:
-    """Start ``hetero.engine.LLM`` on the config's backend, warm up, time ``inner`` workloads."""
-    import torch
-
-    from hetero.engine import LLM, SamplingParams
-
-    extra = {"compile": True} if config.compiled else {}
-    start = time.perf_counter()
-    try:
-        llm = LLM(model, backend=config.backend, dtype="float32", device=device, **vllm_route._ENGINE, **extra)
-    except Exception as e:  # noqa: BLE001  (a config this machine or this hetero cannot start is reported, not fatal)
-        return {"unavailable": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
-    result = _result(time.perf_counter() - start, torch.get_num_threads())
-    vocab = llm.config.hf_config.vocab_size
-    # batches of 4 down to 1 over several lengths: a compiled config builds all its graphs here
-    warm, _ = vllm_route.workload(4, vocab, seed + 1000)
-    llm.generate(warm, [SamplingParams(max_tokens=8 * (i + 1)) for i in range(4)], progress=False)
-    for i in range(inner):
-        prompts, out_lens = workload(requests, vocab, seed + i, max_tokens)
-        params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in out_lens]
-        start = time.perf_counter()
-        outs = llm.generate(prompts, params, progress=False)
-        _record(result, time.perf_counter() - start, [list(o.token_ids) for o in outs])
-    return result
-
-
-def hf_worker(model: str, device: str, requests: int, seed: int, inner: int, max_tokens: int | None = None) -> dict:
-    """transformers ``generate`` on one left-padded batch per workload; each request's own tokens count."""
-    import torch
-    import transformers
-
-    from hetero.tools.check import greedy_generation_config
-
-    start = time.perf_counter()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device).eval()
-    result = _result(time.perf_counter() - start, torch.get_num_threads())
-    with torch.inference_mode():
-        warm, warm_lens = vllm_route.workload(2, hf.config.vocab_size, seed + 1000)
-        _hf_batch(hf, warm, [8, 8], device, greedy_generation_config)
-        for i in range(inner):
-            prompts, out_lens = workload(requests, hf.config.vocab_size, seed + i, max_tokens)
-            start = time.perf_counter()
-            tokens = _hf_batch(hf, prompts, out_lens, device, greedy_generation_config)
-            _record(result, time.perf_counter() - start, tokens)
-    return result
-
-
-def _hf_batch(hf, prompts: list[list[int]], out_lens: list[int], device: str, generation_config) -> list[list[int]]:
-    import torch
-
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    out = hf.generate(ids, attention_mask=mask, generation_config=generation_config(hf, max(out_lens))).tolist()
-    return [row[width : width + m] for row, m in zip(out, out_lens)]
-
-
-def _result(init_s: float, threads: int) -> dict:
-    return {"init_s": init_s, "torch_threads": threads, "seconds": [], "rates": [], "tokens": [], "load": []}
-
-
-def _record(result: dict, seconds: float, tokens: list[list[int]]) -> None:
-    result["seconds"].append(seconds)
-    result["rates"].append(sum(map(len, tokens)) / seconds)
-    result["load"].append(os.getloadavg()[0])
-    result["tokens"] += tokens
-
-
 def vllm_python(args) -> tuple[str | None, str]:
     """(the Python that runs vLLM, its versions) or (None, why vLLM is skipped)."""
     python = args.vllm_python or str(ROOT / ".venv-vllm" / "bin" / "python")
@@ -163,13 +95,16 @@ def vllm_python(args) -> tuple[str | None, str]:
     return python, probe.stdout.strip().splitlines()[-1]
 
 
-def run_once(config: Config, model: Path, args, scratch: Path) -> dict:
-    """One subprocess run of ``config`` on ``model``: its worker's JSON, or {"failed": ...} / {"unavailable": ...}."""
+def run_once(config: Config, model: Path, args, scratch: Path, top5: bool = False) -> dict:
+    """One subprocess run of ``config`` on ``model``: its worker's JSON, or {"failed": ...} / {"unavailable": ...};
+    ``top5``: the worker also records its top-5 ids per position (a reference's run on a bfloat16 model)."""
     if config.engine == "vllm" and args.vllm is None:
         return {"unavailable": args.vllm_versions}
     out = scratch / f"{model.name}-{config.name}-{time.monotonic_ns()}.json"
     if config.engine == "vllm":
-        cmd = vllm_route.worker_command(model, out, config.compiled, args.requests, args.seed, args.inner, args.vllm)
+        cmd = vllm_route.worker_command(
+            model, out, config.compiled, args.requests, args.seed, args.inner, args.vllm, TOP5_REQUESTS * top5
+        )
         env = vllm_route.engine_env("stock")
     else:
         cmd = [
@@ -191,6 +126,7 @@ def run_once(config: Config, model: Path, args, scratch: Path) -> dict:
             str(args.inner),
         ]
         cmd += ["--max-tokens", str(args.max_tokens)] if args.max_tokens else []
+        cmd += ["--top5"] if top5 else []
         env = {**vllm_route.engine_env("stock"), "HETERO_VALIDATE": "0"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=ROOT)
     if proc.returncode != 0 or not out.exists():
@@ -204,14 +140,26 @@ def measure(models: dict[str, Path], configs: list[Config], args, scratch: Path)
     rows = []
     for name, model in models.items():
         runs: dict[str, list[dict]] = {c.name: [] for c in configs}
-        for _ in range(args.repeats):
+        reduced = _workloads.MODELS[name].dtype != "float32"  # bfloat16: agreement by the top-5 rule
+        for repeat in range(args.repeats):
             for c in configs:
                 if runs[c.name] and "seconds" not in runs[c.name][-1]:
                     continue  # unavailable or failed once: not tried again
-                runs[c.name].append(run_once(c, model, args, scratch))
+                top5 = reduced and repeat == 0 and c.name in REFERENCES
+                runs[c.name].append(run_once(c, model, args, scratch, top5))
                 print(f"  {name} {c.name}: {_log(runs[c.name][-1])}", flush=True)
-        rows += model_rows(name, configs, runs)
+        rows += model_rows(name, configs, runs, roofline=_roofline(model, args))
     return rows
+
+
+def _roofline(model: Path, args) -> dict | None:
+    """The decode roofline of ``model`` at the workload's batch and mean context, on this machine's ceilings."""
+    if args.ceilings is None:
+        return None
+    prompts, out_lens = vllm_route.workload(args.requests, 256, args.seed)
+    context = sum(map(len, prompts)) / len(prompts) + sum(out_lens) / len(out_lens) / 2
+    batch = min(args.requests, vllm_route._ENGINE["max_num_seqs"])
+    return {**_workloads.decode_roofline(model, batch, round(context), args.ceilings), "batch": batch}
 
 
 def _log(run: dict) -> str:
@@ -219,8 +167,8 @@ def _log(run: dict) -> str:
         return f"unavailable: {run['unavailable']}" if "unavailable" in run else f"FAILED: {run['failed']}"
     times = ", ".join(f"{t:.2f}" for t in run["seconds"])
     return (
-        f"{times} s (start {run['init_s']:.1f} s, torch threads {run['torch_threads']}, "
-        f"1-min load {max(run['load']):.1f})"
+        f"{times} s (start {run['init_s']:.1f} s, warm-up {run.get('warmup_s', 0):.1f} s, torch threads "
+        f"{run['torch_threads']}, 1-min load {max(run['load']):.1f})"
     )
 
 
@@ -228,7 +176,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=sorted(CONFIGS), help="cpu, or cuda on a GPU machine")
     p.add_argument("--configs", help="comma-separated config names (default: all of --device's)")
-    p.add_argument("--models", default="qwen3,qwen3_moe", help="comma-separated: qwen3, qwen3_moe")
+    p.add_argument("--models", default="qwen3,qwen3_moe", help=f"comma-separated, of {', '.join(_workloads.MODELS)}")
+    p.add_argument(
+        "--ceilings",
+        type=Path,
+        help="the machine's ceilings (`hetero ceilings cpu_ref --out FILE`) for the decode roofline; "
+        "default: measured here (not with --quick)",
+    )
     p.add_argument("--quick", action="store_true", help=f"8 requests, one repeat, one workload; configs {QUICK['cpu']}")
     p.add_argument("--requests", type=int)
     p.add_argument("--repeats", type=int, default=2, help="processes per config and model, interleaved")
@@ -239,6 +193,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="also write the rows, the command and the machine to this JSON file")
     p.add_argument("--markdown", type=Path, help="also write the command, the machine and the tables to this file")
     p.add_argument("--worker", nargs=3, metavar=("CONFIG", "MODEL", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument("--top5", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.inner, args.configs = 1, 1, args.configs or QUICK[args.device]
@@ -254,20 +209,35 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             f"got {args.max_tokens} with {','.join(names)}"
         )
     args.models = args.models.split(",")
-    if set(args.models) - {"qwen3", "qwen3_moe"} or min(args.requests, args.repeats, args.inner) < 1:
+    if set(args.models) - set(_workloads.MODELS) or min(args.requests, args.repeats, args.inner) < 1:
         p.error(
-            f"--models takes qwen3,qwen3_moe and --requests, --repeats, --inner at least 1; "
+            f"--models takes {','.join(_workloads.MODELS)} and --requests, --repeats, --inner at least 1; "
             f"got {','.join(args.models)}, {args.requests}, {args.repeats}, {args.inner}"
         )
     return args
 
 
+def ceilings(args) -> dict | None:
+    """The --ceilings file, else this machine's measured by hetero ceilings' code (None with --quick)."""
+    if args.ceilings is not None:
+        from hetero.bench.devices import load_ceilings
+
+        return load_ceilings(args.ceilings)
+    if args.quick or args.device != "cpu":
+        return None
+    import torch
+
+    from hetero.bench.ceilings_cli import measure_ceilings
+
+    return measure_ceilings(torch.device("cpu"), size=1024, copy_mib=64, dtypes=("float32", "bfloat16"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.worker:
-        config = next(c for c in args.configs if c.name == args.worker[0])
-        run = (args.worker[1], args.device, args.requests, args.seed, args.inner, args.max_tokens)
-        result = hf_worker(*run) if config.engine == "hf" else hetero_worker(config, *run)
+        c = next(c for c in args.configs if c.name == args.worker[0])
+        run = (args.worker[1], args.device, args.requests, args.seed, args.inner, args.max_tokens, args.top5)
+        result = hf_worker(*run) if c.engine == "hf" else hetero_worker(c.backend, c.compiled, *run)
         Path(args.worker[2]).write_text(json.dumps(result))
         return 0
     args.vllm, args.vllm_versions = (
@@ -282,8 +252,15 @@ def main(argv: list[str] | None = None) -> int:
     print("machine:", ", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
     if args.vllm is None and any(c.engine == "vllm" for c in args.configs):
         print(f"vLLM skipped: {args.vllm_versions}")
+    args.ceilings = ceilings(args)
+    if args.ceilings:
+        info["ceilings"] = (
+            f"{args.ceilings['tflops']['bfloat16']:.2f} bf16 / {args.ceilings['tflops']['float32']:.2f} fp32 "
+            f"TFLOP/s, {args.ceilings['tb_s'] * 1000:.1f} GB/s ({args.ceilings['source']})"
+        )
+        print("ceilings:", info["ceilings"], flush=True)
     with tempfile.TemporaryDirectory() as d:
-        models = vllm_route.write_models(Path(d), tuple(args.models))
+        models = _workloads.write(Path(d), args.models)
         rows = measure(models, args.configs, args, Path(d))
     text = report(rows, list(models), args)
     print(text)

@@ -89,47 +89,6 @@ def workload(n: int, vocab: int, seed: int) -> tuple[list[list[int]], list[int]]
     return [[rng.randrange(1, vocab) for _ in range(p)] for p in prompt_lens], out_lens
 
 
-def worker(model: str, out: str, compiled: bool, requests: int, seed: int, inner: int) -> None:
-    """One engine in this process: start, warm up, time ``inner`` workloads (seeds seed, seed+1, ...), write JSON."""
-    import torch
-    from vllm import LLM, SamplingParams
-
-    start = time.perf_counter()
-    llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", enforce_eager=not compiled, seed=0, **_ENGINE)
-    result = {
-        "init_s": time.perf_counter() - start,
-        "torch_threads": torch.get_num_threads(),
-        "seconds": [],
-        "rates": [],
-        "tokens": [],
-        "load": [],
-    }
-    vocab = llm.llm_engine.model_config.get_vocab_size()
-    warm, _ = workload(2, vocab, seed + 1000)
-    llm.generate([{"prompt_token_ids": p} for p in warm], SamplingParams(max_tokens=8), use_tqdm=False)
-    for i in range(inner):
-        prompts, out_lens = workload(requests, vocab, seed + i)
-        params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in out_lens]
-        start = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        result["seconds"].append(time.perf_counter() - start)
-        result["rates"].append(sum(len(o.outputs[0].token_ids) for o in outs) / result["seconds"][-1])
-        result["load"].append(os.getloadavg()[0])
-        result["tokens"] += [list(o.outputs[0].token_ids) for o in outs]
-    result["routed"] = _routed()
-    with open(out, "w") as f:
-        json.dump(result, f)
-
-
-def _routed() -> dict[str, int] | None:
-    """{vLLM class: hetero calls} in this process, or None when hetero-vllm did not route."""
-    if os.environ.get("HETERO_VLLM") != "1":
-        return None
-    from hetero_vllm import report
-
-    return {cls: sum(ops.values()) for cls, ops in report.snapshot()["routed"].items()}
-
-
 def engine_env(variant: str) -> dict[str, str]:
     """This process's environment for one engine process: routing variables dropped, vLLM in-process;
     ``variant`` "hetero" routes vLLM's layers to hetero's cpu_ref (validation off), "stock" does not."""
@@ -141,7 +100,14 @@ def engine_env(variant: str) -> dict[str, str]:
 
 
 def worker_command(
-    model: Path, out: Path, compiled: bool, requests: int, seed: int, inner: int, python: str = sys.executable
+    model: Path,
+    out: Path,
+    compiled: bool,
+    requests: int,
+    seed: int,
+    inner: int,
+    python: str = sys.executable,
+    top5: int = 0,
 ) -> list[str]:
     """The command line of one ``--worker`` engine process run by ``python`` (a Python with vLLM)."""
     return [
@@ -156,6 +122,8 @@ def worker_command(
         str(seed),
         "--inner",
         str(inner),
+        "--top5",
+        str(top5),
     ] + (["--compiled"] if compiled else [])
 
 
@@ -269,9 +237,12 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--worker", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--top5", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        return worker(*args.worker, args.compiled, args.requests, args.seed, args.inner)
+        from _vllm_worker import worker
+
+        return worker(*args.worker, args.compiled, args.requests, args.seed, args.inner, args.top5)
     args.modes = args.modes.split(",")
     if args.quick:
         args.requests, args.repeats, args.inner, args.modes = 8, 1, 1, ["eager"]

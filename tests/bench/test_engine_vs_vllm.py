@@ -103,3 +103,44 @@ def test_failed_and_unavailable_configs_are_rows_not_crashes(script):
     assert rows["hetero-torch"]["x_vllm-eager"] == 2.0 and "x_vllm-compiled" not in rows["hetero-torch"]
     assert rows["vllm-compiled"]["status"] == "unavailable" and rows["hf-batched"]["status"] == "FAILED"
     assert "hetero-torch 100 tok/s = 2.00x vllm-eager" in verdict(list(rows.values()), "qwen3")
+
+
+def test_bf16_agreement_is_the_first_token_and_the_top5_rule(script):
+    from _engine_report import agreement
+
+    ref = [[5, 6, 7], [5, 6, 7], [5, 6, 7], [1, 2]]
+    top5 = [[[5, 9], [6, 8], [7, 4]]] * 3 + [[[1, 3], [2, 4]]]
+    got = [
+        [5, 6, 7],  # identical
+        [5, 6, 4],  # differs at 2, where 4 is among the reference's top-5: kept
+        [5, 3, 7],  # differs at 1, where 3 is not: broken
+        [3, 2],  # differs at 0 (first token), where 3 is among the top-5: kept
+    ]
+    assert agreement(got, ref, top5) == {"first_token": 3, "top5": 3, "sampled": 4}
+    assert agreement(got[:2], ref, top5[:2])["sampled"] == 2  # only the requests the reference has top-5 ids for
+
+
+def test_decode_roofline_by_hand(tmp_path):
+    """Dense: every weight and the KV cache read once a step; MoE: only the experts the batch routes to."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from _workloads import decode_roofline
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    arch = dict(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    Qwen3Config(**arch, head_dim=16, intermediate_size=128, dtype="bfloat16").save_pretrained(tmp_path / "d")
+    ceilings = {"tflops": {"bfloat16": 1e-3, "float32": 1e-3}, "tb_s": 1e-3}  # 1 GFLOP/s, 1 GB/s
+    attn = 64 * 16 * (2 * 4 + 2 * 2)
+    weights = 2 * (attn + 3 * 64 * 128) + 100 * 64
+    kv = 8 * 10 * 2 * 2 * 2 * 16  # batch 8, context 10, 2 layers, K and V, 2 KV heads of 16
+    got = decode_roofline(tmp_path / "d", 8, 10, ceilings)
+    assert got["step_bytes"] == 2 * (weights + kv)
+    assert got["step_flops"] == 2 * 8 * weights + 2 * kv * 2  # 4 query heads per 2 KV heads
+    assert got["tok_s"] == pytest.approx(8 / max(got["step_bytes"] / 1e9, got["step_flops"] / 1e9))
+    moe = dict(num_experts=16, num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[])
+    Qwen3MoeConfig(**arch, **moe, head_dim=16, dtype="bfloat16").save_pretrained(tmp_path / "m")
+    one, many = (decode_roofline(tmp_path / "m", b, 10, ceilings)["step_bytes"] for b in (1, 64))
+    expert = 3 * 64 * 32
+    assert many - one == 2 * 2 * (16 - 2) * expert + 2 * 2 * (64 - 1) * 10 * 2 * 2 * 16  # all 16 experts, more KV
