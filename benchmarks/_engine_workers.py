@@ -14,7 +14,7 @@ from typing import Any
 
 import vllm_route
 
-__all__ = ["TOP5_REQUESTS", "hetero_worker", "hf_worker", "workload", "new_result", "record"]
+__all__ = ["TOP5_REQUESTS", "hetero_worker", "hf_worker", "workload", "new_result", "record", "top_ids"]
 
 #: requests whose top-5 the reference records (the agreement check's sample)
 TOP5_REQUESTS = 16
@@ -96,12 +96,12 @@ def hetero_worker(
             SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=5) for m in out_lens[:TOP5_REQUESTS]
         ]
         outs = llm.generate(prompts[:TOP5_REQUESTS], params, progress=False)
-        result["top5"] = [[_top(entry) for entry in o.logprobs] for o in outs]
+        result["top5"] = [[top_ids(entry) for entry in o.logprobs] for o in outs]
     return result
 
 
-def _top(entry: dict) -> list[int]:
-    """The 5 most likely ids of one position's logprobs ({id: Logprob})."""
+def top_ids(entry: dict) -> list[int]:
+    """The 5 most likely ids of one position's logprobs ({id: Logprob}, hetero's or vLLM's)."""
     return sorted(entry, key=lambda t: -entry[t].logprob)[:5]
 
 

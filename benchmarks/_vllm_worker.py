@@ -10,6 +10,7 @@ import os
 import time
 
 import vllm_route
+from _engine_workers import new_result, record, top_ids
 
 __all__ = ["worker"]
 
@@ -31,16 +32,7 @@ def worker(model: str, out: str, compiled: bool, requests: int, seed: int, inner
         disable_log_stats=False,  # the request stats that give TTFT and TPOT (on, as in `vllm serve`)
         **vllm_route._ENGINE,
     )
-    result = {
-        "init_s": time.perf_counter() - start,
-        "torch_threads": torch.get_num_threads(),
-        "seconds": [],
-        "rates": [],
-        "tokens": [],
-        "load": [],
-        "ttft": [],
-        "tpot": [],
-    }
+    result = new_result(time.perf_counter() - start, torch.get_num_threads())
     vocab = llm.llm_engine.model_config.get_vocab_size()
     warm, _ = vllm_route.workload(2, vocab, seed + 1000)
     start = time.perf_counter()
@@ -51,25 +43,22 @@ def worker(model: str, out: str, compiled: bool, requests: int, seed: int, inner
         params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in out_lens]
         start = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        result["seconds"].append(time.perf_counter() - start)
-        result["rates"].append(sum(len(o.outputs[0].token_ids) for o in outs) / result["seconds"][-1])
-        result["load"].append(os.getloadavg()[0])
-        result["tokens"] += [list(o.outputs[0].token_ids) for o in outs]
-        for o in outs:
-            m, n = o.metrics, len(o.outputs[0].token_ids)
-            if m is not None:
-                result["ttft"].append(m.first_token_latency)
-                result["tpot"].append((m.last_token_ts - m.first_token_ts) / max(1, n - 1))
+        latencies = [_latency(o) for o in outs if o.metrics is not None]
+        record(result, time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outs], latencies)
     if top5:
         prompts, out_lens = vllm_route.workload(requests, vocab, seed)
         params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=5) for m in out_lens[:top5]]
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts[:top5]], params, use_tqdm=False)
-        result["top5"] = [
-            [sorted(pos, key=lambda t: -pos[t].logprob)[:5] for pos in o.outputs[0].logprobs] for o in outs
-        ]
+        result["top5"] = [[top_ids(pos) for pos in o.outputs[0].logprobs] for o in outs]
     result["routed"] = _routed()
     with open(out, "w") as f:
         json.dump(result, f)
+
+
+def _latency(out) -> tuple[float, float]:
+    """(TTFT, TPOT) of one request from vLLM's request stats."""
+    m, n = out.metrics, len(out.outputs[0].token_ids)
+    return m.first_token_latency, (m.last_token_ts - m.first_token_ts) / max(1, n - 1)
 
 
 def _routed() -> dict[str, int] | None:
