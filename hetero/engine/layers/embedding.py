@@ -46,7 +46,12 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """logits = hidden @ W.T through ``gemm`` on this rank's vocabulary slice, gathered over ranks in float32."""
+    """logits = hidden @ W.T through ``gemm`` on this rank's vocabulary slice, gathered over ranks.
+
+    The logits keep the model's dtype, as transformers' and vLLM's LM heads do: a bfloat16 model's
+    greedy choice then breaks ties where the reference breaks them, and the 152k-row weight is not
+    widened to float32 on every step. The sampler widens the rows it samples from or scores.
+    """
 
     def __init__(self, ctx: ModelContext, vocab_size: int, hidden: int, *, prefix: str = ""):
         super().__init__(ctx, vocab_size, hidden, prefix=prefix)
@@ -57,6 +62,6 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.weight = embedding.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self._gemm(hidden, self.weight, out_dtype=torch.float32)
+        logits = self._gemm(hidden, self.weight)
         logits = self.ctx.parallel.all_gather(logits, dim=-1)
         return logits[..., : self.vocab_size]

@@ -15,7 +15,8 @@ _GOLDEN = 0x9E3779B97F4A7C15  # spreads consecutive request indices over the see
 
 
 class Sampler:
-    """Chooses one token per row of float32 logits [S, V].
+    """Chooses one token per row of logits [S, V] (float32, or the model's dtype: greedy rows take
+    the argmax as given, sampled rows and logprobs are computed in float32).
 
     Each non-greedy request draws from its own ``torch.Generator``, so its tokens do
     not depend on which other requests share the batch.
@@ -77,7 +78,7 @@ class Sampler:
     def logprobs(
         logits: torch.Tensor, params: Sequence[SamplingParams], token_ids: Sequence[int]
     ) -> list[dict[int, Logprob] | None]:
-        """Per row of float32 logits [S, V]: None when ``params[i].logprobs`` is None, else the
+        """Per row of logits [S, V]: None when ``params[i].logprobs`` is None, else the
         ``params[i].logprobs`` most likely token ids and ``token_ids[i]`` mapped to their
         :class:`Logprob` (log_softmax of the row itself, before any sampling transform), in rank
         order. Nothing is computed when no row asks."""
