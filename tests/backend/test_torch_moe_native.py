@@ -62,6 +62,22 @@ def test_fused_moe_through_the_native_kernel_matches_float64(rows, hidden, inter
     torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_experts_through_the_native_kernel_match_float64(bias):
+    """bfloat16 x and experts (Qwen3-MoE-like widths): the float64 result on the same bf16 values,
+    within float32 accumulation and the output's one rounding."""
+    _module()
+    gen = torch.Generator().manual_seed(11)
+    x, w13, w2, weights, ids, b13, b2 = _case(gen, 20, 256, 96, 16, 4, bias)  # routing weights stay float32
+    x, w13, w2, b13, b2 = (None if t is None else t.to(torch.bfloat16) for t in (x, w13, w2, b13, b2))
+    got = hetero.load("torch").fused_moe(x, w13, w2, weights, ids, w13_bias=b13, w2_bias=b2)
+    assert got.dtype == torch.bfloat16 and isinstance(getattr(w13, "_hetero_torch_panels")[1], torch.Tensor)
+    assert getattr(w13, "_hetero_torch_panels")[1].dtype == torch.bfloat16  # panels keep the weights' bytes
+    wide = [None if t is None else t.double() for t in (x, w13, w2, weights, b13, b2)]
+    want = REF.fused_moe(*wide[:4], ids, w13_bias=wide[4], w2_bias=wide[5])
+    torch.testing.assert_close(got.double(), want, atol=1e-3, rtol=2**-8)
+
+
 def test_an_in_place_weight_update_repacks():
     _module()
     ops = hetero.load("torch")
@@ -107,6 +123,7 @@ def _kernel_args(module):
         (RuntimeError, "E experts in both projections", lambda a: {**a, "p2": torch.randn(3, 1, 5, a["p2"].shape[3])}),
         (RuntimeError, "a bias must be", lambda a: {**a, "b13": torch.randn(4, 3)}),
         (RuntimeError, "a known activation", lambda a: {**a, "act": 3}),
+        (RuntimeError, "must both be float32 or both bfloat16", lambda a: {**a, "p2": a["p2"].bfloat16()}),
     ],
 )
 def test_the_kernel_rejects_what_would_read_outside_its_tensors(error, what, change):

@@ -1,11 +1,13 @@
-"""paged_attention and write_kv for CPU float32 through hetero-torch's native kernels
+"""paged_attention and write_kv for CPU float32 and bfloat16 through hetero-torch's native kernels
 (``csrc/paged_attention.cpp``, part of ``_native``'s extension).
 
 The keys are read in place through the block table, so a step neither gathers the cache into a
 padded copy nor reads the metadata on the host; the kernel clamps the metadata's values into its
 tensors (the registry checks them when validation is on). The ops are ``torch.ops.hetero_torch_native``
 ops with fake kernels, so torch.compile keeps them in its graph; where the extension is off or
-missing, or the tensors are not float32 on the CPU, the callers keep torch's operators.
+missing, or the tensors are not all float32 or all bfloat16 on the CPU, the callers keep torch's
+operators. In bfloat16 the kernel widens each row as it reads it and keeps scores, softmax and the
+weighted sum in float32 (the torch path's precision), rounding the output once.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import torch
 from hetero.spec.types import AttentionMeta
 from hetero_torch._native import extension
 
-__all__ = ["applies", "paged_attention", "write_kv"]
+__all__ = ["applies", "paged_attention", "write_kv", "DTYPES"]
+
+#: the dtypes the native kernels take (query, key, value and caches all of one)
+DTYPES = (torch.float32, torch.bfloat16)
 
 
 @functools.cache
@@ -53,12 +58,17 @@ def _registered() -> bool:
     return True
 
 
-def applies(k_cache: torch.Tensor, v_cache: torch.Tensor, *others: torch.Tensor | None) -> bool:
-    """Whether the native kernels take these tensors: float32 on the CPU without autograd, the caches
-    contiguous (they are read and written in place), and the extension built."""
+def applies(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, *others: torch.Tensor | None, sinks: torch.Tensor | None = None
+) -> bool:
+    """Whether the native kernels take these tensors: all of one of ``DTYPES`` (sinks: any float
+    dtype, read as float32) on the CPU without autograd, the caches contiguous (they are read and
+    written in place), and the extension built."""
     given = [k_cache, v_cache, *(t for t in others if t is not None)]
     return (
-        all(t.device.type == "cpu" and t.dtype == torch.float32 and not t.requires_grad for t in given)
+        k_cache.dtype in DTYPES
+        and all(t.device.type == "cpu" and t.dtype == k_cache.dtype and not t.requires_grad for t in given)
+        and (sinks is None or (sinks.device.type == "cpu" and not sinks.requires_grad))
         and k_cache.is_contiguous()
         and v_cache.is_contiguous()
         and _built()
@@ -108,7 +118,7 @@ def paged_attention(
         window[0],
         window[1],
         softcap,
-        sinks,
+        None if sinks is None else sinks.to(torch.float32).contiguous(),
         return_lse,
     )
     res.copy_(out)

@@ -174,7 +174,7 @@ def paged_attention(
     check_same_device(op, query=query, k_cache=k_cache, v_cache=v_cache, sinks=sinks, **meta_tensors(meta))
     res = out if out is not None else query.new_empty(shape)
     check_meta_shapes(op, meta, t)
-    if native.applies(k_cache, v_cache, query, sinks):
+    if native.applies(k_cache, v_cache, query, sinks=sinks):
         return native.paged_attention(
             query,
             k_cache,

@@ -1,4 +1,5 @@
-// hetero-torch's CPU fused_moe, float32: out[m] = sum_s weights[m, s] * expert(ids[m, s], x[m]) with
+// hetero-torch's CPU fused_moe, float32 rows over float32 or bfloat16 experts (bf16 panels are
+// widened as they are read; accumulation, activation and the combine stay float32): out[m] = sum_s weights[m, s] * expert(ids[m, s], x[m]) with
 // expert(e, x) = W2[e] @ act(W13[e] @ x + b13[e]) + b2[e], one call from routing to the combined rows.
 //
 // torch's CPU grouped_mm (and oneDNN called once per expert) pays a library call, its thread
@@ -31,8 +32,8 @@ constexpr int64_t NR = 2 * VW;  // a panel row is two vectors
 constexpr int64_t MR = 6;       // rows per micro-tile: 12 vector accumulators
 enum Activation : int64_t { SILU = 0, SWIGLU_CLAMP = 1, SWIGLUOAI = 2 };  // _moe_native.ACTIVATIONS' order
 
-template <int64_t R>
-void tile(const float* const* rows, const float* panel, int64_t K, float* const* outs, int64_t cols,
+template <int64_t R, typename W>
+void tile(const float* const* rows, const W* panel, int64_t K, float* const* outs, int64_t cols,
           const float* bias) {
   vec acc[R][2];
   for (int64_t r = 0; r < R; ++r) acc[r][0] = acc[r][1] = vec{};
@@ -52,7 +53,8 @@ void tile(const float* const* rows, const float* panel, int64_t K, float* const*
   }
 }
 
-void tile_rows(int64_t count, const float* const* rows, const float* panel, int64_t K, float* const* outs,
+template <typename W>
+void tile_rows(int64_t count, const float* const* rows, const W* panel, int64_t K, float* const* outs,
                int64_t cols, const float* bias) {
   switch (count) {
     case 6: return tile<6>(rows, panel, K, outs, cols, bias);
@@ -108,18 +110,20 @@ inline float activate(float g, float u, int64_t act, float alpha, float limit) {
   return g / (1.0f + std::exp(-g)) * u;
 }
 
+template <typename W>
 struct Projection {
-  const float* packed;  // [E, NB, K, NR]
+  const W* packed;      // [E, NB, K, NR]
   const float* bias;    // [E, N] or null
   int64_t NB, K, N;
 };
 
-Projection projection(const torch::Tensor& packed, int64_t N, const c10::optional<torch::Tensor>& bias,
-                      int64_t panels, int64_t K, const char* name) {
-  check(packed.dim() == 4 && packed.scalar_type() == torch::kFloat && packed.is_contiguous() &&
+template <typename W>
+Projection<W> projection(const torch::Tensor& packed, int64_t N, const c10::optional<torch::Tensor>& bias,
+                         int64_t panels, int64_t K, const char* name) {
+  check(packed.dim() == 4 && packed.element_size() == sizeof(W) && packed.is_contiguous() &&
             packed.size(1) == panels && packed.size(2) == K && packed.size(3) == NR,
-        "a packed projection must be contiguous float32 [E, panels, K, NR]", name, " ", packed.sizes(),
-        ", expected ", panels, " panels, K = ", K, ", NR = ", NR);
+        "a packed projection must be contiguous [E, panels, K, NR]", name, " ", packed.sizes(), " ",
+        packed.scalar_type(), ", expected ", panels, " panels, K = ", K, ", NR = ", NR);
   const float* b = nullptr;
   if (bias.has_value() && bias->defined()) {
     check(bias->scalar_type() == torch::kFloat && bias->is_contiguous() && bias->dim() == 2 &&
@@ -127,41 +131,17 @@ Projection projection(const torch::Tensor& packed, int64_t N, const c10::optiona
           "a bias must be contiguous float32 [E, N]", bias->sizes(), ", expected [", packed.size(0), ", ", N, "]");
     b = bias->data_ptr<float>();
   }
-  return {packed.data_ptr<float>(), b, packed.size(1), K, N};
+  return {static_cast<const W*>(packed.data_ptr()), b, packed.size(1), K, N};
 }
 
-}  // namespace
-
-int64_t panel_width() { return NR; }
-
-// x [M, H]; ids int32 or int64 [M, k] in [0, E); weights [M, k]; p13 [E, 2 * ceil(I / NR), H, NR] (gate
-// panels, then up panels); p2 [E, ceil(H / NR), I, NR]; biases [E, 2I] and [E, H] or none;
-// act: Activation. Returns [M, H].
-torch::Tensor fused_moe(const torch::Tensor& x, const torch::Tensor& ids, const torch::Tensor& weights,
-                        const torch::Tensor& p13, int64_t I, const torch::Tensor& p2,
-                        const c10::optional<torch::Tensor>& bias13, const c10::optional<torch::Tensor>& bias2,
-                        int64_t act, double alpha, double limit) {
-  check(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous() && x.device().is_cpu(),
-        "x must be a contiguous 2-D float32 CPU tensor", x.sizes(), " ", x.scalar_type(), " on ", x.device());
-  const int64_t M = x.size(0), H = x.size(1), E = p13.size(0), half = (I + NR - 1) / NR;
-  check(ids.dim() == 2 && ids.size(0) == M && ids.is_contiguous() &&
-            (ids.scalar_type() == torch::kInt || ids.scalar_type() == torch::kLong),
-        "ids must be contiguous int32 or int64 [M, k] for x's M", ids.sizes(), " ", ids.scalar_type(), " for M = ", M);
-  check(weights.sizes() == ids.sizes() && weights.scalar_type() == torch::kFloat && weights.is_contiguous(),
-        "weights must be contiguous float32 of ids' shape", weights.sizes(), " for ", ids.sizes());
-  check(I >= 1 && p2.dim() == 4 && p2.size(0) == E && act >= SILU && act <= SWIGLUOAI,
-        "I >= 1, E experts in both projections and a known activation", "I = ", I, ", p2 ", p2.sizes(), " for E = ",
-        E, ", act ", act);
-  const Projection w13 = projection(p13, 2 * I, bias13, 2 * half, H, "p13");
-  const Projection w2 = projection(p2, H, bias2, (H + NR - 1) / NR, I, "p2");
-  const int64_t k = ids.size(1), P = M * k;
-  const Pairs pairs = ids.scalar_type() == torch::kInt ? bucket(ids.data_ptr<int32_t>(), P, E)
-                                                       : bucket(ids.data_ptr<int64_t>(), P, E);
-  auto hidden = torch::empty({P, I}, x.options());
-  auto y = torch::empty({P, H}, x.options());
-  const float *xp = x.data_ptr<float>(), *wp = weights.data_ptr<float>();
-  float *hp = hidden.data_ptr<float>(), *yp = y.data_ptr<float>();
-  const float a = static_cast<float>(alpha), lim = static_cast<float>(limit);
+// Both projections: y[p] = expert(ids[p], x[p / k]) for every pair p, through hidden [P, I].
+template <typename W>
+void experts(const float* xp, const Pairs& pairs, int64_t k, int64_t H, int64_t I, const torch::Tensor& p13,
+             const torch::Tensor& p2, const c10::optional<torch::Tensor>& bias13,
+             const c10::optional<torch::Tensor>& bias2, int64_t act, float a, float lim, float* hp, float* yp) {
+  const int64_t half = (I + NR - 1) / NR;
+  const Projection<W> w13 = projection<W>(p13, 2 * I, bias13, 2 * half, H, "p13");
+  const Projection<W> w2 = projection<W>(p2, H, bias2, (H + NR - 1) / NR, I, "p2");
   over_tiles(pairs, half, [&](int64_t e, int64_t b, int64_t first, int64_t count) {
     const float* rows[MR];
     float gate[MR][NR], up[MR][NR];
@@ -186,6 +166,43 @@ torch::Tensor fused_moe(const torch::Tensor& x, const torch::Tensor& ids, const 
     tile_rows(count, rows, w2.packed + (e * w2.NB + b) * I * NR, I, outs, std::min(NR, H - col),
               w2.bias ? w2.bias + e * H + col : nullptr);
   });
+}
+
+}  // namespace
+
+int64_t panel_width() { return NR; }
+
+// x [M, H]; ids int32 or int64 [M, k] in [0, E); weights [M, k]; p13 [E, 2 * ceil(I / NR), H, NR] (gate
+// panels, then up panels) and p2 [E, ceil(H / NR), I, NR], both float32 or both bfloat16; biases
+// [E, 2I] and [E, H] or none; act: Activation. Returns [M, H].
+torch::Tensor fused_moe(const torch::Tensor& x, const torch::Tensor& ids, const torch::Tensor& weights,
+                        const torch::Tensor& p13, int64_t I, const torch::Tensor& p2,
+                        const c10::optional<torch::Tensor>& bias13, const c10::optional<torch::Tensor>& bias2,
+                        int64_t act, double alpha, double limit) {
+  check(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous() && x.device().is_cpu(),
+        "x must be a contiguous 2-D float32 CPU tensor", x.sizes(), " ", x.scalar_type(), " on ", x.device());
+  const int64_t M = x.size(0), H = x.size(1), E = p13.size(0);
+  check(ids.dim() == 2 && ids.size(0) == M && ids.is_contiguous() &&
+            (ids.scalar_type() == torch::kInt || ids.scalar_type() == torch::kLong),
+        "ids must be contiguous int32 or int64 [M, k] for x's M", ids.sizes(), " ", ids.scalar_type(), " for M = ", M);
+  check(weights.sizes() == ids.sizes() && weights.scalar_type() == torch::kFloat && weights.is_contiguous(),
+        "weights must be contiguous float32 of ids' shape", weights.sizes(), " for ", ids.sizes());
+  check(I >= 1 && p2.dim() == 4 && p2.size(0) == E && act >= SILU && act <= SWIGLUOAI,
+        "I >= 1, E experts in both projections and a known activation", "I = ", I, ", p2 ", p2.sizes(), " for E = ",
+        E, ", act ", act);
+  const auto wt = p13.scalar_type();
+  check(p2.scalar_type() == wt && (wt == torch::kFloat || wt == torch::kBFloat16),
+        "the packed projections must both be float32 or both bfloat16", wt, " and ", p2.scalar_type());
+  const int64_t k = ids.size(1), P = M * k;
+  const Pairs pairs = ids.scalar_type() == torch::kInt ? bucket(ids.data_ptr<int32_t>(), P, E)
+                                                       : bucket(ids.data_ptr<int64_t>(), P, E);
+  auto hidden = torch::empty({P, I}, x.options());
+  auto y = torch::empty({P, H}, x.options());
+  const float *xp = x.data_ptr<float>(), *wp = weights.data_ptr<float>();
+  float *hp = hidden.data_ptr<float>(), *yp = y.data_ptr<float>();
+  (wt == torch::kFloat ? &experts<float> : &experts<bf16>)(xp, pairs, k, H, I, p13, p2, bias13, bias2, act,
+                                                            static_cast<float>(alpha), static_cast<float>(limit),
+                                                            hp, yp);
   auto out = torch::empty({M, H}, x.options());
   float* op = out.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t lo, int64_t hi) {
@@ -203,6 +220,6 @@ torch::Tensor fused_moe(const torch::Tensor& x, const torch::Tensor& ids, const 
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("fused_moe", &fused_moe, "fused_moe of float32 experts over packed weights");
+  m.def("fused_moe", &fused_moe, "fused_moe of float32 rows over float32 or bfloat16 packed experts");
   m.def("panel_width", &panel_width, "NR, the packed panel width this build uses");
 }

@@ -1,4 +1,5 @@
-// hetero-torch's CPU paged attention, float32 (hetero.spec.attention's paged_attention). The keys
+// hetero-torch's CPU paged attention, float32 or bfloat16 (hetero.spec.attention's paged_attention:
+// bf16 operands, float32 scores, softmax and accumulation, the output rounded once). The keys
 // are read in place through the block table: no gathered copy of the cache, no padded batch, no
 // mask tensor (the torch path's gather of a decode batch's keys cost more than its attention;
 // benchmarks/attention_cpu.py times both paths).
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "simd.h"
@@ -29,17 +31,19 @@ constexpr int64_t KT = 64;    // keys per tile, a multiple of VW
 constexpr int64_t QMAX = 16;  // query vectors per task (rows x heads of one KV head), at least
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
-inline float dot(const float* a, const float* b, int64_t n) {
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t n) {
   vec acc{};
   int64_t d = 0;
   for (; d + VW <= n; d += VW) acc += load(a + d) * load(b + d);
   float s = hsum(acc);
-  for (; d < n; ++d) s += a[d] * b[d];
+  for (; d < n; ++d) s += a[d] * widen(b[d]);
   return s;
 }
 
 // acc[0, n) += sum over keys jj of p[jj] * v[jj][0, n), the accumulators in registers across the keys
-inline void accumulate(float* acc, const float* p, const float* const* v, int64_t nk, int64_t n) {
+template <typename T>
+inline void accumulate(float* acc, const float* p, const T* const* v, int64_t nk, int64_t n) {
   constexpr int64_t C = 4;  // vectors of columns per pass
   int64_t d = 0;
   for (; d + C * VW <= n; d += C * VW) {
@@ -57,7 +61,7 @@ inline void accumulate(float* acc, const float* p, const float* const* v, int64_
     store(acc + d, a0 + a1);
   }
   for (; d < n; ++d)
-    for (int64_t jj = 0; jj < nk; ++jj) acc[d] += p[jj] * v[jj][d];
+    for (int64_t jj = 0; jj < nk; ++jj) acc[d] += p[jj] * widen(v[jj][d]);
 }
 
 template <typename... Got>
@@ -88,21 +92,24 @@ Layout sanitize(const torch::Tensor& qsl, const torch::Tensor& seq_lens, int64_t
   return out;
 }
 
+template <typename T>
 struct Problem {
-  const float *q, *k, *v, *sinks;
+  const T *q, *k, *v;
+  const float* sinks;
   const int32_t* table;
-  float *out, *lse;
+  T* out;
+  float* lse;
   int64_t q_stride, Hq, Hkv, G, D, Dv, NB, BS, table_stride;
   float scale, softcap;
   bool causal;
   int64_t wl, wr;
 
   // the addresses of keys [j0, j0 + n) of sequence b, KV head h, in cache (one table lookup a block)
-  void rows(int64_t b, int64_t j0, int64_t n, int64_t h, const float* cache, int64_t dim, const float** out) const {
+  void rows(int64_t b, int64_t j0, int64_t n, int64_t h, const T* cache, int64_t dim, const T** out) const {
     for (int64_t j = j0, i = 0; i < n;) {
       const int64_t blk = std::clamp<int64_t>(table[b * table_stride + j / BS], 0, NB - 1);
       const int64_t off = j % BS, run = std::min(BS - off, n - i);
-      const float* base = cache + ((blk * BS + off) * Hkv + h) * dim;
+      const T* base = cache + ((blk * BS + off) * Hkv + h) * dim;
       for (int64_t x = 0; x < run; ++x) out[i + x] = base + x * Hkv * dim;
       i += run, j += run;
     }
@@ -114,20 +121,28 @@ struct Task {
   int64_t kv_heads;                   // KV heads kvh, kvh + 1, ... done one after the other
 };
 
-// Scratch of one thread: per query vector its range, running max and sum, scores and accumulator.
+// Scratch of one thread: per query vector its range, running max and sum, scores and accumulator
+// (and in bf16 the query widened once).
+template <typename T>
 struct Scratch {
   std::vector<int64_t> lo, hi;
-  std::vector<float> m, l, s, acc;
+  std::vector<float> m, l, s, acc, qw;
   std::vector<const float*> qp;
-  const float* kv[KT];  // the tile's key rows
-  const float* vv[KT];  // and value rows
-  void fit(int64_t nq, int64_t dv) {
+  const T* kv[KT];  // the tile's key rows
+  const T* vv[KT];  // and value rows
+  void fit(int64_t nq, int64_t d, int64_t dv) {
     lo.resize(nq), hi.resize(nq), m.resize(nq), l.resize(nq), qp.resize(nq);
-    s.resize(nq * KT), acc.resize(nq * dv);
+    s.resize(nq * KT), acc.resize(nq * dv), qw.resize(std::is_same_v<T, float> ? 0 : nq * d);
+  }
+  const float* query(const T* q, int64_t i, int64_t d) {
+    if constexpr (std::is_same_v<T, float>) return q;
+    std::transform(q, q + d, &qw[i * d], [](T x) { return widen(x); });
+    return &qw[i * d];
   }
 };
 
-void scores(const Problem& pr, const Task& t, Scratch& w, int64_t nq, int64_t j0, int64_t nk) {
+template <typename T>
+void scores(const Problem<T>& pr, const Task& t, Scratch<T>& w, int64_t nq, int64_t j0, int64_t nk) {
   std::fill(w.s.begin(), w.s.begin() + nq * KT, NEG_INF);
   for (int64_t i = 0; i < nq; ++i) {
     const int64_t first = std::max<int64_t>(w.lo[i] - j0, 0), last = std::min<int64_t>(w.hi[i] - j0, nk - 1);
@@ -138,14 +153,15 @@ void scores(const Problem& pr, const Task& t, Scratch& w, int64_t nq, int64_t j0
   }
 }
 
-void tile(const Problem& pr, const Task& t, Scratch& w, int64_t nq, int64_t j0, int64_t nk) {
+template <typename T>
+void tile(const Problem<T>& pr, const Task& t, Scratch<T>& w, int64_t nq, int64_t j0, int64_t nk) {
   // every row of the tile is asked for at once, so the memory fetches overlap (the cache rarely
   // holds them: a step reads each layer's cache once)
   pr.rows(t.b, j0, nk, t.kvh, pr.k, pr.D, w.kv);
   pr.rows(t.b, j0, nk, t.kvh, pr.v, pr.Dv, w.vv);
   for (int64_t jj = 0; jj < nk; ++jj) {
-    for (int64_t d = 0; d < pr.D; d += 64 / sizeof(float)) __builtin_prefetch(w.kv[jj] + d);
-    for (int64_t d = 0; d < pr.Dv; d += 64 / sizeof(float)) __builtin_prefetch(w.vv[jj] + d);
+    for (int64_t d = 0; d < pr.D; d += 64 / sizeof(T)) __builtin_prefetch(w.kv[jj] + d);
+    for (int64_t d = 0; d < pr.Dv; d += 64 / sizeof(T)) __builtin_prefetch(w.vv[jj] + d);
   }
   scores(pr, t, w, nq, j0, nk);
   for (int64_t i = 0; i < nq; ++i) {
@@ -174,13 +190,14 @@ void tile(const Problem& pr, const Task& t, Scratch& w, int64_t nq, int64_t j0, 
     if (w.m[i] != NEG_INF) accumulate(&w.acc[i * pr.Dv], &w.s[i * KT], w.vv, nk, pr.Dv);
 }
 
-void run_task(const Problem& pr, const Task& t, int64_t len, Scratch& w) {
+template <typename T>
+void run_task(const Problem<T>& pr, const Task& t, int64_t len, Scratch<T>& w) {
   const int64_t nq = (t.r1 - t.r0) * pr.G;
-  w.fit(nq, pr.Dv);
+  w.fit(nq, pr.D, pr.Dv);
   int64_t jlo = len, jhi = -1;
   for (int64_t i = 0; i < nq; ++i) {
     const int64_t r = t.r0 + i / pr.G, h = t.kvh * pr.G + i % pr.G, pos = t.first_pos + (r - t.r0);
-    w.qp[i] = pr.q + r * pr.q_stride + h * pr.D;
+    w.qp[i] = w.query(pr.q + r * pr.q_stride + h * pr.D, i, pr.D);
     int64_t lo = 0, hi = len - 1;
     if (pr.causal) hi = std::min(hi, pos);
     if (pr.wl >= 0) lo = std::max(lo, pos - pr.wl);
@@ -192,11 +209,11 @@ void run_task(const Problem& pr, const Task& t, int64_t len, Scratch& w) {
   for (int64_t j0 = jlo; j0 <= jhi; j0 += KT) tile(pr, t, w, nq, j0, std::min(KT, jhi + 1 - j0));
   for (int64_t i = 0; i < nq; ++i) {
     const int64_t r = t.r0 + i / pr.G, h = t.kvh * pr.G + i % pr.G;
-    float* o = pr.out + (r * pr.Hq + h) * pr.Dv;
+    T* o = pr.out + (r * pr.Hq + h) * pr.Dv;
     float denom = w.l[i];
     if (pr.sinks && w.m[i] != NEG_INF) denom += std::exp(pr.sinks[h] - w.m[i]);
     const float inv = w.l[i] > 0.0f ? 1.0f / denom : 0.0f;
-    for (int64_t d = 0; d < pr.Dv; ++d) o[d] = w.acc[i * pr.Dv + d] * inv;
+    for (int64_t d = 0; d < pr.Dv; ++d) o[d] = narrow<T>(w.acc[i * pr.Dv + d] * inv);
     if (pr.lse) pr.lse[r * pr.Hq + h] = w.l[i] > 0.0f ? w.m[i] + std::log(w.l[i]) : NEG_INF;
   }
 }
@@ -224,15 +241,16 @@ std::vector<Task> tasks_of(const Layout& lay, int64_t Hkv, int64_t G) {
 void check_inputs(const torch::Tensor& query, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                   const torch::Tensor& qsl, const torch::Tensor& seq_lens, const torch::Tensor& table,
                   const c10::optional<torch::Tensor>& sinks) {
-  check(query.dim() == 3 && query.scalar_type() == torch::kFloat && query.device().is_cpu() &&
+  const auto dtype = query.scalar_type();
+  check(query.dim() == 3 && (dtype == torch::kFloat || dtype == torch::kBFloat16) && query.device().is_cpu() &&
             query.stride(2) == 1 && query.stride(1) == query.size(2),
-        "query must be float32 CPU [T, Hq, D] with each row's heads contiguous", query.sizes(), " ",
-        query.strides(), " ", query.scalar_type());
+        "query must be float32 or bfloat16 CPU [T, Hq, D] with each row's heads contiguous", query.sizes(), " ",
+        query.strides(), " ", dtype);
   for (const auto* c : {&k_cache, &v_cache})
-    check(c->dim() == 4 && c->scalar_type() == torch::kFloat && c->is_contiguous() && c->device().is_cpu() &&
+    check(c->dim() == 4 && c->scalar_type() == dtype && c->is_contiguous() && c->device().is_cpu() &&
               c->size(0) == k_cache.size(0) && c->size(1) == k_cache.size(1) && c->size(2) == k_cache.size(2),
-          "the caches must be contiguous float32 CPU [NB, BS, Hkv, D] of one NB, BS and Hkv", k_cache.sizes(),
-          " and ", v_cache.sizes());
+          "the caches must be contiguous CPU [NB, BS, Hkv, D] of the query's dtype and one NB, BS and Hkv",
+          k_cache.sizes(), " and ", v_cache.sizes(), " of ", c->scalar_type(), " for ", dtype);
   check(k_cache.size(3) == query.size(2) && k_cache.size(2) >= 1 && query.size(1) % k_cache.size(2) == 0,
         "query [T, Hq, D] must match k_cache's D and have a multiple of its Hkv heads", query.sizes(), " for ",
         k_cache.sizes());
@@ -250,6 +268,25 @@ void check_inputs(const torch::Tensor& query, const torch::Tensor& k_cache, cons
           "sinks must be contiguous float32 [Hq]", sinks->sizes());
 }
 
+template <typename T>
+void launch(const torch::Tensor& query, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+            const torch::Tensor& block_table, const float* sinks, torch::Tensor& out, float* lse, const Layout& lay,
+            float scale, float softcap, bool causal, int64_t wl, int64_t wr) {
+  const int64_t Hq = query.size(1), Hkv = k_cache.size(2);
+  const Problem<T> pr{static_cast<const T*>(query.data_ptr()), static_cast<const T*>(k_cache.data_ptr()),
+                      static_cast<const T*>(v_cache.data_ptr()), sinks, block_table.data_ptr<int32_t>(),
+                      static_cast<T*>(out.data_ptr()), lse, query.stride(0), Hq, Hkv, Hq / Hkv, query.size(2),
+                      v_cache.size(3), k_cache.size(0), k_cache.size(1), block_table.stride(0), scale, softcap,
+                      causal, wl, wr};
+  const std::vector<Task> tasks = tasks_of(lay, Hkv, pr.G);
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t lo, int64_t hi) {
+    Scratch<T> w;
+    for (int64_t i = lo; i < hi; ++i)
+      for (Task one = tasks[i]; one.kvh < tasks[i].kvh + tasks[i].kv_heads; ++one.kvh)
+        run_task(pr, one, lay.len[one.b], w);
+  });
+}
+
 }  // namespace
 
 // out [T, Hq, Dv] and lse float32 [T, Hq] (empty [0] unless need_lse).
@@ -260,24 +297,17 @@ std::tuple<torch::Tensor, torch::Tensor> paged_attention(
     const c10::optional<torch::Tensor>& sinks, bool need_lse) {
   check_inputs(query, k_cache, v_cache, query_start_loc, seq_lens, block_table, sinks);
   const int64_t T = query.size(0), Hq = query.size(1), NB = k_cache.size(0), BS = k_cache.size(1);
-  const int64_t Hkv = k_cache.size(2), Dv = v_cache.size(3);
+  const int64_t Dv = v_cache.size(3);
   const int64_t max_keys = NB > 0 && BS > 0 ? block_table.size(1) * BS : 0;
   const Layout lay = sanitize(query_start_loc, seq_lens, T, max_keys);
   auto out = lay.covers_all ? torch::empty({T, Hq, Dv}, query.options()) : torch::zeros({T, Hq, Dv}, query.options());
-  auto lse = need_lse ? torch::full({T, Hq}, -INFINITY, query.options()) : torch::empty({0}, query.options());
-  const bool has_sinks = sinks.has_value() && sinks->defined();
-  const Problem pr{query.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                   has_sinks ? sinks->data_ptr<float>() : nullptr, block_table.data_ptr<int32_t>(),
-                   out.data_ptr<float>(), need_lse ? lse.data_ptr<float>() : nullptr, query.stride(0), Hq, Hkv,
-                   Hq / Hkv, query.size(2), Dv, NB, BS, block_table.stride(0),
-                   static_cast<float>(scale), static_cast<float>(softcap), causal, window_left, window_right};
-  const std::vector<Task> tasks = tasks_of(lay, Hkv, pr.G);
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t lo, int64_t hi) {
-    Scratch w;
-    for (int64_t i = lo; i < hi; ++i)
-      for (Task one = tasks[i]; one.kvh < tasks[i].kvh + tasks[i].kv_heads; ++one.kvh)
-        run_task(pr, one, lay.len[one.b], w);
-  });
+  const auto f32 = query.options().dtype(torch::kFloat);
+  auto lse = need_lse ? torch::full({T, Hq}, -INFINITY, f32) : torch::empty({0}, f32);
+  const float* sink = sinks.has_value() && sinks->defined() ? sinks->data_ptr<float>() : nullptr;
+  float* lse_p = need_lse ? lse.data_ptr<float>() : nullptr;
+  const auto go = query.scalar_type() == torch::kFloat ? &launch<float> : &launch<bf16>;
+  go(query, k_cache, v_cache, block_table, sink, out, lse_p, lay, static_cast<float>(scale),
+     static_cast<float>(softcap), causal, window_left, window_right);
   return {out, lse};
 }
 

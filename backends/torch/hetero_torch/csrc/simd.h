@@ -24,6 +24,35 @@ inline vec load(const float* p) {
 inline void store(float* p, vec v) { __builtin_memcpy(p, &v, sizeof(vec)); }
 inline vec splat(float x) { return vec{} + x; }
 
+// bfloat16 as its raw bits: widening is exact (the bits move up 16); narrowing rounds to nearest
+// even, as torch's bfloat16 conversion does (a NaN stays a quiet NaN).
+typedef uint16_t bf16;
+typedef uint16_t hvec __attribute__((vector_size(VW * sizeof(uint16_t))));
+typedef uint32_t uvec __attribute__((vector_size(VW * sizeof(uint32_t))));
+inline vec load(const bf16* p) {
+  hvec h;
+  __builtin_memcpy(&h, p, sizeof(hvec));
+  return (vec)(__builtin_convertvector(h, uvec) << 16);
+}
+inline float widen(float x) { return x; }
+inline float widen(bf16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+template <typename T>
+inline T narrow(float x);
+template <>
+inline float narrow<float>(float x) { return x; }
+template <>
+inline bf16 narrow<bf16>(float x) {
+  uint32_t u;
+  __builtin_memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 // e^x per lane (Cody-Waite reduction by ln 2, degree-6 polynomial; about 1 ulp); below -87.3,
 // -inf included, it is 0.
 inline vec vexp(vec x) {
