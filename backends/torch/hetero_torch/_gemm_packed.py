@@ -26,8 +26,10 @@ __all__ = ["packed_linear", "packed_grouped", "cached_pack", "PACK_WEIGHTS", "DT
 PACK_WEIGHTS = os.environ.get("HETERO_TORCH_PACK_WEIGHTS", "1") != "0" and torch.backends.mkldnn.is_available()
 _ATTR = "_hetero_torch_packed"
 #: the dtypes packed: float32, and bfloat16 where oneDNN computes it natively
-DTYPES = (torch.float32, torch.bfloat16) if PACK_WEIGHTS and torch.ops.mkldnn._is_mkldnn_bf16_supported() else (
-    torch.float32,
+DTYPES = (
+    (torch.float32, torch.bfloat16)
+    if PACK_WEIGHTS and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    else (torch.float32,)
 )
 #: packed_linear's domain: weights of at least this many elements
 MIN_WEIGHT = 1 << 18
