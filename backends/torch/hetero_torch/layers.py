@@ -2,7 +2,9 @@
 layer_norm, rotary_embedding (neox and interleaved, partial rotary), silu_and_mul.
 
 Semantics: ``hetero.spec.layers``. Each op computes in float32 (float64 when an input is float64)
-and rounds to the input's dtype where the spec says; inputs are never modified.
+and rounds to the input's dtype where the spec says; inputs are never modified. On a CPU in
+float32 or bfloat16, rms_norm without a gate, silu_and_mul and rotary_embedding (float32 table)
+run hetero-torch's native kernels (``_layers_native``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from hetero.errors import OpError
 from hetero.spec.checks import check_at_least_1d, check_layer_norm, check_rms_norm, check_rotary
 from hetero.spec.layers import check_rms_norm_options
 from hetero.spec.types import FLOAT_DTYPES
+from hetero_torch import _layers_native as native
 from hetero_torch._layers_util import acc_dtype
 
 __all__ = ["rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"]
@@ -46,6 +49,8 @@ def rms_norm(x, weight, eps, *, residual=None, weight_offset=0.0, gate=None, gat
     op = "rms_norm"
     check_rms_norm(op, x, weight, eps, residual)
     check_rms_norm_options(op, x, residual, weight_offset, gate, gate_act)
+    if gate is None and native.norm_applies(x, weight, residual):
+        return native.rms_norm(x, weight, float(eps), residual, float(weight_offset))
     acc = acc_dtype(x, weight, residual, gate)
     if residual is None:
         return _normalize(x, weight, float(eps), acc, float(weight_offset), gate, gate_act)
@@ -83,6 +88,8 @@ def rotary_embedding(positions, q, k, cos_sin_cache, *, is_neox=True):
     # positions are range-checked by the registry when validation is on; unchecked, they are clamped
     # into the cache's rows (undefined results, no read outside it, no host sync)
     _, _, max_pos, rot = check_rotary("rotary_embedding", positions, q, k, cos_sin_cache, is_neox, read_positions=False)
+    if native.rotary_applies(positions, q, k, cos_sin_cache):
+        return native.rotary_embedding(positions, q, k, cos_sin_cache, is_neox)
     acc = acc_dtype(q, k, cos_sin_cache)
     rows = cos_sin_cache.index_select(0, positions.clamp(0, max_pos - 1)).to(acc)  # [T, rot]
     cos, sin = rows.unsqueeze(1).chunk(2, dim=-1)
@@ -95,6 +102,8 @@ def silu_and_mul(x):
     width = x.shape[-1]
     if not (width % 2 == 0):
         raise OpError(op, "x", "an even last dimension (2I)", f"shape {list(x.shape)}")
+    if native.act_applies(x):
+        return native.silu_and_mul(x)
     a = x.to(acc_dtype(x))
     gate, up = a.chunk(2, dim=-1)
     return (F.silu(gate) * up).to(x.dtype)

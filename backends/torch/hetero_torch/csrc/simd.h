@@ -41,6 +41,15 @@ inline float widen(bf16 x) {
   __builtin_memcpy(&f, &bits, sizeof f);
   return f;
 }
+// 16-bit lanes rounded to nearest even from each float's bits, a NaN kept quiet
+inline void store(bf16* p, vec v) {
+  uvec u;
+  __builtin_memcpy(&u, &v, sizeof u);
+  const uvec rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uvec bits = (u & 0x7fffffffu) > 0x7f800000u ? uvec{} + 0x7fc0u : rounded;
+  const hvec h = __builtin_convertvector(bits, hvec);
+  __builtin_memcpy(p, &h, sizeof h);
+}
 template <typename T>
 inline T narrow(float x);
 template <>
