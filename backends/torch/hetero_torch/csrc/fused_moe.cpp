@@ -35,20 +35,37 @@ enum Activation : int64_t { SILU = 0, SWIGLU_CLAMP = 1, SWIGLUOAI = 2 };  // _mo
 template <int64_t R, typename W>
 void tile(const float* const* rows, const W* panel, int64_t K, float* const* outs, int64_t cols,
           const float* bias) {
-  vec acc[R][2];
-  for (int64_t r = 0; r < R; ++r) acc[r][0] = acc[r][1] = vec{};
-  for (int64_t k = 0; k < K; ++k) {
+  // at a decode step's one or two rows an expert, two independent chains of k keep the FMA
+  // pipeline busy (one chain waits on each add's latency)
+  constexpr int64_t U = R <= 3 ? 2 : 1;
+  vec acc[U][R][2];
+  for (int64_t u = 0; u < U; ++u)
+    for (int64_t r = 0; r < R; ++r) acc[u][r][0] = acc[u][r][1] = vec{};
+  int64_t k = 0;
+  for (; k + U <= K; k += U) {
+    __builtin_prefetch(panel + (k + 16) * NR);
+    for (int64_t u = 0; u < U; ++u) {
+      const vec b0 = load(panel + (k + u) * NR), b1 = load(panel + (k + u) * NR + VW);
+      for (int64_t r = 0; r < R; ++r) {
+        const float a = rows[r][k + u];
+        acc[u][r][0] += a * b0;
+        acc[u][r][1] += a * b1;
+      }
+    }
+  }
+  for (; k < K; ++k) {
     const vec b0 = load(panel + k * NR), b1 = load(panel + k * NR + VW);
     for (int64_t r = 0; r < R; ++r) {
       const float a = rows[r][k];
-      acc[r][0] += a * b0;
-      acc[r][1] += a * b1;
+      acc[0][r][0] += a * b0;
+      acc[0][r][1] += a * b1;
     }
   }
   for (int64_t r = 0; r < R; ++r) {
+    for (int64_t u = 1; u < U; ++u) acc[0][r][0] += acc[u][r][0], acc[0][r][1] += acc[u][r][1];
     float out[NR];
-    __builtin_memcpy(out, &acc[r][0], sizeof(vec));
-    __builtin_memcpy(out + VW, &acc[r][1], sizeof(vec));
+    __builtin_memcpy(out, &acc[0][r][0], sizeof(vec));
+    __builtin_memcpy(out + VW, &acc[0][r][1], sizeof(vec));
     for (int64_t j = 0; j < cols; ++j) outs[r][j] = out[j] + (bias ? bias[j] : 0.0f);
   }
 }
