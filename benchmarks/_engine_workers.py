@@ -8,13 +8,23 @@ requests untimed with 5 logprobs, each generated position's top-5 ids: the refer
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
 
 import vllm_route
 
-__all__ = ["TOP5_REQUESTS", "hetero_worker", "hf_worker", "workload", "new_result", "record", "top_ids"]
+__all__ = [
+    "TOP5_REQUESTS",
+    "hetero_worker",
+    "hf_worker",
+    "workload",
+    "new_result",
+    "record",
+    "top_ids",
+    "checkpoint_dtype",
+]
 
 #: requests whose top-5 the reference records (the agreement check's sample)
 TOP5_REQUESTS = 16
@@ -24,6 +34,14 @@ def workload(requests: int, vocab: int, seed: int, max_tokens: int | None) -> tu
     """vllm_route's workload, output lengths capped at ``max_tokens`` when given (hetero and hf workers only)."""
     prompts, out_lens = vllm_route.workload(requests, vocab, seed)
     return prompts, [min(m, max_tokens or m) for m in out_lens]
+
+
+def checkpoint_dtype(model: str) -> str:
+    """The dtype config.json names ("float32", "bfloat16", ...): every engine is given it explicitly,
+    since vLLM's ``dtype="auto"`` runs a float32 checkpoint in bfloat16 on CPUs that have bf16."""
+    with open(os.path.join(model, "config.json")) as f:
+        config = json.load(f)
+    return str(config.get("dtype") or config["torch_dtype"])
 
 
 def new_result(init_s: float, threads: int) -> dict[str, Any]:
@@ -74,7 +92,7 @@ def hetero_worker(
     extra = {"compile": True} if compiled else {}
     start = time.perf_counter()
     try:
-        llm = LLM(model, backend=backend, dtype="auto", device=device, **vllm_route._ENGINE, **extra)
+        llm = LLM(model, backend=backend, dtype=checkpoint_dtype(model), device=device, **vllm_route._ENGINE, **extra)
     except Exception as e:  # noqa: BLE001  (a config this machine or this hetero cannot start is reported, not fatal)
         return {"unavailable": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
     result = new_result(time.perf_counter() - start, torch.get_num_threads())
@@ -115,7 +133,7 @@ def hf_worker(
     from hetero.tools.check import greedy_generation_config
 
     start = time.perf_counter()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype="auto").to(device).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=checkpoint_dtype(model)).to(device).eval()
     result = new_result(time.perf_counter() - start, torch.get_num_threads())
     with torch.inference_mode():
         warm, _ = vllm_route.workload(2, hf.config.vocab_size, seed + 1000)

@@ -10,7 +10,7 @@ import os
 import time
 
 import vllm_route
-from _engine_workers import new_result, record, top_ids
+from _engine_workers import checkpoint_dtype, new_result, record, top_ids
 
 __all__ = ["worker"]
 
@@ -26,7 +26,7 @@ def worker(model: str, out: str, compiled: bool, requests: int, seed: int, inner
     llm = LLM(
         model=model,
         skip_tokenizer_init=True,
-        dtype="auto",
+        dtype=checkpoint_dtype(model),  # "auto" would run a float32 checkpoint in bf16 here
         enforce_eager=not compiled,
         seed=0,
         disable_log_stats=False,  # the request stats that give TTFT and TPOT (on, as in `vllm serve`)

@@ -4,7 +4,8 @@ Two tiny float32 models (vllm_route.py's: 8 layers, hidden 512, vocabulary 256) 
 bfloat16: Qwen3-0.6B's config (28 layers, hidden 1024, 16 query / 8 KV heads of 128, vocabulary 151936, tied
 embeddings) and four layers of Qwen3-30B-A3B (hidden 2048, 128 experts top-8 of 768, 32 query / 4 KV heads of 128,
 vocabulary 151936). Every checkpoint is written by transformers' own class with seeded random weights (its
-``initializer_range``); the checkpoint's dtype is the one both engines run in (``dtype="auto"``).
+``initializer_range``); every engine runs in the checkpoint's dtype, given explicitly (vLLM's ``dtype="auto"`` would
+run a float32 checkpoint in bfloat16 on a CPU with bf16).
 """
 
 from __future__ import annotations

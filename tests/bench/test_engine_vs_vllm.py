@@ -144,3 +144,20 @@ def test_decode_roofline_by_hand(tmp_path):
     one, many = (decode_roofline(tmp_path / "m", b, 10, ceilings)["step_bytes"] for b in (1, 64))
     expert = 3 * 64 * 32
     assert many - one == 2 * 2 * (16 - 2) * expert + 2 * 2 * (64 - 1) * 10 * 2 * 2 * 16  # all 16 experts, more KV
+
+
+def test_every_engine_is_given_the_checkpoints_dtype(tmp_path):
+    """vLLM's dtype="auto" runs a float32 checkpoint in bf16 on a CPU with bf16 (its float32 numbers were bf16
+    ones, its tokens bf16 ones): the workers read the dtype config.json names and pass it explicitly."""
+    from transformers import Qwen3Config
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import _vllm_worker
+        from _engine_workers import checkpoint_dtype
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    for dtype in ("float32", "bfloat16"):
+        Qwen3Config(vocab_size=10, hidden_size=8, dtype=dtype).save_pretrained(tmp_path / dtype)
+        assert checkpoint_dtype(str(tmp_path / dtype)) == dtype
+    assert "dtype=checkpoint_dtype(model)" in Path(_vllm_worker.__file__).read_text()
