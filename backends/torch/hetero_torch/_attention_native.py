@@ -17,12 +17,10 @@ import functools
 import torch
 
 from hetero.spec.types import AttentionMeta
-from hetero_torch._native import extension
+from hetero_torch._native import DTYPES, extension
+from hetero_torch._native import rows as _rows
 
-__all__ = ["applies", "paged_attention", "write_kv", "DTYPES"]
-
-#: the dtypes the native kernels take (query, key, value and caches all of one)
-DTYPES = (torch.float32, torch.bfloat16)
+__all__ = ["applies", "paged_attention", "write_kv"]
 
 
 @functools.cache
@@ -79,11 +77,6 @@ def applies(
 @torch.compiler.assume_constant_result
 def _built() -> bool:
     return _registered()
-
-
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] with each row's heads contiguous (the kernels' layout; any row stride)."""
-    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
 
 
 def _index(x: torch.Tensor) -> torch.Tensor:

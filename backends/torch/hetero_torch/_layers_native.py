@@ -14,11 +14,10 @@ import functools
 
 import torch
 
-from hetero_torch._native import extension
+from hetero_torch._native import DTYPES, extension
+from hetero_torch._native import rows as _rows
 
 __all__ = ["norm_applies", "act_applies", "rotary_applies", "rms_norm", "silu_and_mul", "rotary_embedding"]
-
-_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @functools.cache
@@ -54,7 +53,7 @@ def _plain(t: torch.Tensor, dtype: torch.dtype) -> bool:
 def norm_applies(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> bool:
     """x (and residual) all float32 or all bfloat16 on the CPU, weight of x's dtype or float32."""
     return (
-        x.dtype in _DTYPES
+        x.dtype in DTYPES
         and _plain(x, x.dtype)
         and (_plain(weight, x.dtype) or _plain(weight, torch.float32))
         and (residual is None or _plain(residual, x.dtype))
@@ -63,23 +62,19 @@ def norm_applies(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor |
 
 
 def act_applies(x: torch.Tensor) -> bool:
-    return x.dtype in _DTYPES and _plain(x, x.dtype) and _built()
+    return x.dtype in DTYPES and _plain(x, x.dtype) and _built()
 
 
 def rotary_applies(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor) -> bool:
     """q and k both float32 or both bfloat16 on the CPU, the table float32 (the engine's)."""
     return (
-        q.dtype in _DTYPES
+        q.dtype in DTYPES
         and _plain(q, q.dtype)
         and _plain(k, q.dtype)
         and _plain(cache, torch.float32)
         and positions.device.type == "cpu"
         and _built()
     )
-
-
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
 
 
 def rotary_embedding(positions, q, k, cache, is_neox: bool):

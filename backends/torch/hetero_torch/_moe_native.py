@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from hetero.errors import OpError
 from hetero_torch._gemm_packed import DTYPES as PACKED_DTYPES
 from hetero_torch._gemm_packed import cached_pack
-from hetero_torch._native import extension
+from hetero_torch._native import DTYPES, extension
 
 __all__ = ["ACTIVATIONS", "BF16_MAX_PAIRS_PER_EXPERT", "native_fused_moe"]
 
@@ -73,7 +73,7 @@ def native_fused_moe(
     tensors = [t for t in (x, w13, w2, weights, w13_bias, w2_bias) if t is not None]
     if (
         x.device.type != "cpu"
-        or w13.dtype not in (torch.float32, torch.bfloat16)
+        or w13.dtype not in DTYPES
         or any(t.dtype not in (torch.float32, w13.dtype) for t in tensors)
         or any(t.requires_grad for t in tensors)
     ):

@@ -18,10 +18,14 @@ import platform
 import warnings
 from pathlib import Path
 
-__all__ = ["NATIVE", "extension"]
+import torch
+
+__all__ = ["NATIVE", "DTYPES", "extension", "rows"]
 
 #: whether hetero-torch may use its native CPU kernels (read once, at import)
 NATIVE = os.environ.get("HETERO_TORCH_NATIVE", "1") != "0"
+#: the dtypes the kernels compute in (bfloat16 widened to float32 as it is read, rounded once on output)
+DTYPES = (torch.float32, torch.bfloat16)
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = sorted(_CSRC.glob("*.cpp"))
 _FLAGS = ["-O3", "-march=native", "-fopenmp"]
@@ -83,3 +87,8 @@ def extension() -> tuple[object | None, str | None]:
             stacklevel=2,
         )
         return None, why
+
+
+def rows(x: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] with each row's heads contiguous (the kernels' layout; any row stride)."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()

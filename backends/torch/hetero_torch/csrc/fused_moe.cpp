@@ -1,5 +1,6 @@
 // hetero-torch's CPU fused_moe, float32 rows over float32 or bfloat16 experts (bf16 panels are
-// widened as they are read; accumulation, activation and the combine stay float32): out[m] = sum_s weights[m, s] * expert(ids[m, s], x[m]) with
+// widened as they are read; accumulation, activation and the combine stay float32):
+// out[m] = sum_s weights[m, s] * expert(ids[m, s], x[m]) with
 // expert(e, x) = W2[e] @ act(W13[e] @ x + b13[e]) + b2[e], one call from routing to the combined rows.
 //
 // torch's CPU grouped_mm (and oneDNN called once per expert) pays a library call, its thread
