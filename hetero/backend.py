@@ -141,6 +141,38 @@ class Backend:
         block_size=...), else the reason it does not. Called once per layer at init, never per call."""
         return None
 
+    def plan_attention(self, meta: Any, *, num_tokens: int, num_blocks: int, block_size: int) -> Any:
+        """Optional hook (spec 1.6): prepare one step's ``AttentionMeta`` once for every layer's
+        ``paged_attention`` and ``mla_attention`` (host lists, device copies, work partitions),
+        for T tokens over caches of NB blocks of BS slots. Whatever it returns reaches those ops as
+        ``meta.plan.data`` (``hetero.spec.types.Plan``) when the plan serves their call. It may
+        read the metadata's values, and raises ``OpError`` for values it cannot plan. The default
+        prepares nothing (None): the ops then work from the metadata alone, as before 1.6."""
+        return None
+
+    def plan_recurrent(
+        self,
+        query_start_loc: torch.Tensor,
+        state_slots: torch.Tensor,
+        has_initial_state: torch.Tensor,
+        *,
+        num_tokens: int,
+        num_slots: int,
+    ) -> Any:
+        """Optional hook (spec 1.6): as :meth:`plan_attention`, for the index tensors of the recurrent
+        ops (``causal_conv1d``, ``gated_delta_rule``) over T tokens and S state slots; what it returns
+        reaches them as ``plan.data``. The default prepares nothing (None)."""
+        return None
+
+    @classmethod
+    def plans(cls) -> tuple[str, ...]:
+        """The plan hooks this class overrides ("attention", "recurrent")."""
+        return tuple(
+            kind
+            for kind in ("attention", "recurrent")
+            if getattr(cls, f"plan_{kind}") is not getattr(Backend, f"plan_{kind}")
+        )
+
     @classmethod
     def op_notes(cls) -> Mapping[str, str]:
         """Notes ``hetero explain`` shows per native op (e.g. "never run on an NPU"); none by default."""

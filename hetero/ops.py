@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
 from hetero.backend import Backend
-from hetero.errors import OpNotAvailable
+from hetero.errors import OpError, OpNotAvailable
 from hetero.spec import OP_NAMES, OPS
+from hetero.spec.checks import check_meta, check_meta_shapes, check_state_batch
+from hetero.spec.types import AttentionMeta, Plan
 from hetero.spec.validate import VALIDATORS
 
-__all__ = ["Ops", "OpInfo", "Binding"]
+__all__ = ["Ops", "OpInfo", "Binding", "PLANNED_OPS", "takes_option"]
 
 BACKEND, FALLBACK, MISSING = "backend", "fallback", "missing"
+#: The ops each kind of step plan serves.
+PLANNED_OPS = {
+    "attention": ("paged_attention", "mla_attention", "indexer_topk"),
+    "recurrent": ("causal_conv1d", "gated_delta_rule"),
+}
 
 
 @dataclass
@@ -91,6 +101,7 @@ class Ops:
         self.strict = strict
         self._native: dict[str, Binding] = {}
         self._info: dict[str, OpInfo] = {}
+        self._hooks = set(type(backend).plans())
         native = set(type(backend).native_ops())
         notes = type(backend).op_notes()
         for op in OP_NAMES:
@@ -143,6 +154,54 @@ class Ops:
         setattr(self, op, fn)
         self._info[op].implementation = _qualname(fn)
 
+    def plan_attention(
+        self, meta: AttentionMeta, *, num_tokens: int, num_blocks: int, block_size: int
+    ) -> AttentionMeta:
+        """``meta`` with the step's :class:`~hetero.spec.types.Plan` attached, for T tokens over
+        caches of NB blocks of BS slots: its values checked here once when validation is on (so the
+        ops of every layer skip that check), and the backend's ``plan_attention`` hook's preparation
+        when it has one. Call once per step and pass the result to every layer."""
+        op = "plan_attention"
+        check_meta_shapes(op, meta, num_tokens)
+        if self.backend.validate:
+            check_meta(op, meta, num_tokens, num_blocks, block_size)
+        sizes = (num_tokens, num_blocks, block_size, meta.max_query_len, meta.max_seq_len)
+        data = self._hook("attention", meta, num_tokens=num_tokens, num_blocks=num_blocks, block_size=block_size)
+        return dataclasses.replace(meta, plan=Plan(meta.tensors(), sizes, self.backend.validate, self.name, data))
+
+    def plan_recurrent(
+        self,
+        query_start_loc: torch.Tensor,
+        state_slots: torch.Tensor,
+        has_initial_state: torch.Tensor,
+        *,
+        num_tokens: int,
+        num_slots: int,
+    ) -> Plan:
+        """The step's plan of the recurrent ops' index tensors over T tokens and S state slots, for
+        their ``plan=`` option: checked once here when validation is on, and the backend's
+        ``plan_recurrent`` hook's preparation when it has one."""
+        index = (query_start_loc, state_slots, has_initial_state)
+        if self.backend.validate:
+            check_state_batch("plan_recurrent", *index, num_tokens, num_slots)
+        data = self._hook("recurrent", *index, num_tokens=num_tokens, num_slots=num_slots)
+        return Plan(index, (num_tokens, num_slots), self.backend.validate, self.name, data)
+
+    def _hook(self, kind: str, *args: Any, **sizes: int) -> Any:
+        """The backend's plan_<kind> hook's result; a hook that fails other than with an OpError is
+        turned off for this table, the reason recorded on the ops it serves (``explain``)."""
+        if kind not in self._hooks:
+            return None
+        try:
+            return getattr(self.backend, f"plan_{kind}")(*args, **sizes)
+        except OpError:
+            raise
+        except Exception as e:  # a broken hook must not take the ops down: they work without a plan
+            self._hooks.discard(kind)
+            for op in PLANNED_OPS[kind]:
+                self._note(op, f"plan_{kind} hook raised {type(e).__name__}: {e}; the ops run unplanned")
+            return None
+
     def native(self, op: str, **static: Any) -> tuple[Binding | None, str | None]:
         """The native (backend or override) binding of ``op`` and, when its ``supports``
         declines this static configuration, the reason; (None, why) when the op is
@@ -186,6 +245,12 @@ class Ops:
             f"<Ops {self.backend.name!r} on {self.backend.device}: "
             f"{len(OP_NAMES) - fallback} native, {fallback} fallback>"
         )
+
+
+def takes_option(fn: Callable, op: str, option: str) -> bool:
+    """Whether ``fn``, an implementation of ``op``, takes the spec's keyword option ``option`` (one
+    written against an older minor version of the spec may not): a caller passes it only then."""
+    return _missing_option(fn, op, {option: None}) is None
 
 
 def _missing_option(fn: Callable, op: str, static: dict[str, Any]) -> str | None:

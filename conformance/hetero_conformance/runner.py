@@ -16,6 +16,7 @@ from hetero.verify.case import Case, dtype_name
 from hetero.verify.judge import judge
 from hetero.verify.oracles import clone_inputs, run_oracle, to_device
 from hetero.verify.outputs import OutputMismatch, comparable, kind_of, outputs_of, spec_of, untouched_inputs
+from hetero.verify.plan import with_plan
 from hetero.verify.tolerances import tolerance
 
 __all__ = ["CaseResult", "Expected", "Runner", "STATUSES", "FAILING"]
@@ -124,7 +125,26 @@ class Runner:
             return CaseResult.of(case, "fail", str(e))
         problems = self._structure(outputs, exp, poisoned)
         problems += [f"modified its input '{k}'" for k, v in untouched.items() if not _same(inputs[k], v)]
+        problems += self._planned(case, binding.fn, binding.origin, exp)
         return self._verdict(case, comparable(case.op, outputs), exp, problems)
+
+    def _planned(self, case: Case, fn: Any, origin: str, exp: Expected) -> list[str]:
+        """The same call again on fresh inputs, with the step plan the backend's hook makes of its
+        metadata (spec 1.6), judged as the first; nothing when the backend does not plan this op."""
+        try:
+            inputs = with_plan(self.ops, case.op, to_device(exp.inputs, self.ops.device))
+        except Exception as e:
+            return [f"with the step plan: planning raised {traceback.format_exception_only(type(e), e)[-1].strip()}"]
+        if inputs is None:
+            return []
+        poisoned = self._poison_out(case, inputs, exp)
+        try:
+            outputs = outputs_of(case.op, inputs, call(fn, case.op, inputs))
+        except Exception as e:
+            return [f"with the step plan: {origin} raised {traceback.format_exception_only(type(e), e)[-1].strip()}"]
+        problems = self._structure(outputs, exp, poisoned)
+        self._judge(case, comparable(case.op, outputs), exp, problems, {})
+        return [f"with the step plan: {p}" for p in problems]
 
     def _poison_out(self, case: Case, inputs: dict[str, Any], exp: Expected) -> dict[str, torch.Tensor]:
         """NaN buffers for the out= arguments the case leaves out (a mutated argument that is also a
@@ -152,8 +172,10 @@ class Runner:
                 problems.append(f"did not return the {name}= buffer it was given")
         return problems
 
-    def _verdict(self, case: Case, got: dict[str, torch.Tensor], exp: Expected, problems: list[str]) -> CaseResult:
-        report: dict[str, dict[str, Any]] = {}
+    @staticmethod
+    def _judge(
+        case: Case, got: dict[str, torch.Tensor], exp: Expected, problems: list[str], report: dict[str, Any]
+    ) -> None:
         quantized = bool(case.static.get("act_quant"))
         for name, want in exp.oracle.items():
             g = got.get(name)
@@ -162,6 +184,11 @@ class Runner:
             layout = exp.layout.get(name)
             tol = tolerance(case.dtype, dtype_name(layout[1]) if layout else None, quantized_activations=quantized)
             judge(name, g, want, exp.reference.get(name), kind_of(case.op, name, want), tol, report, problems)
+
+    def _verdict(self, case: Case, got: dict[str, torch.Tensor], exp: Expected, problems: list[str]) -> CaseResult:
+        report: dict[str, dict[str, Any]] = {}
+        quantized = bool(case.static.get("act_quant"))
+        self._judge(case, got, exp, problems, report)
         status = "fail" if problems else "pass"
         return CaseResult.of(
             case,

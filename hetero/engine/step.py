@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hetero.spec.types import AttentionMeta
+from hetero.spec.types import AttentionMeta, Plan
 
 __all__ = ["Step", "PrefillSpan"]
 
@@ -48,6 +48,9 @@ class Step:
     - ``state_slots`` int32 [B]: each sequence's slot in the state pool, and
       ``has_initial_state`` bool [B]: whether it had tokens computed before this step
       (None for models without per-sequence state).
+    - ``state_plan``: the step plan of those state indices (``Ops.plan_recurrent``), for the
+      recurrent ops' ``plan=``; ``meta`` and ``decode_meta`` carry their own (``meta.plan``).
+      None when the engine does not plan (compiled steps).
     """
 
     positions: torch.Tensor
@@ -59,6 +62,7 @@ class Step:
     logits_indices: torch.Tensor
     state_slots: torch.Tensor | None = None
     has_initial_state: torch.Tensor | None = None
+    state_plan: Plan | None = None
 
     @property
     def num_tokens(self) -> int:

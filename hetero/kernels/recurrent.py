@@ -71,7 +71,17 @@ def _conv_tiles(tuning: Tuning, tokens: int, seqs: int, width: int, channels: in
 
 
 def causal_conv1d(
-    x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, *, activation="silu", tuning: Tuning
+    x,
+    weight,
+    bias,
+    conv_state,
+    query_start_loc,
+    state_slots,
+    has_initial_state,
+    *,
+    activation="silu",
+    plan=None,
+    tuning: Tuning,
 ) -> torch.Tensor:
     """``hetero.spec.recurrent.causal_conv1d``: one launch for the whole batch."""
     op = "causal_conv1d"
@@ -150,6 +160,7 @@ def gated_delta_rule(
     *,
     scale,
     use_qk_l2norm=True,
+    plan=None,
     tuning: Tuning,
 ) -> torch.Tensor:
     """``hetero.spec.recurrent.gated_delta_rule``: one launch for the whole batch, chunked or token by token."""

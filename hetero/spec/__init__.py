@@ -25,7 +25,7 @@ from types import MappingProxyType, ModuleType
 from hetero.spec import attention, gemm, layers, moe, recurrent
 from hetero.spec._op import COMPARISONS, OpSpec, Output
 from hetero.spec.comm import REDUCE_OPS, Communicator
-from hetero.spec.types import FLOAT_DTYPES, AttentionMeta, EPDispatch
+from hetero.spec.types import FLOAT_DTYPES, AttentionMeta, EPDispatch, Plan
 
 __all__ = [
     "SPEC_VERSION",
@@ -37,6 +37,7 @@ __all__ = [
     "COMPARISONS",
     "AttentionMeta",
     "EPDispatch",
+    "Plan",
     "Communicator",
     "REDUCE_OPS",
     "FLOAT_DTYPES",
@@ -44,7 +45,7 @@ __all__ = [
 
 #: Semver of the interface and of its checks API (``hetero.spec.checks``). Major: an op's meaning or signature
 #: changed, or a check was changed or removed. Minor: ops or checks were added.
-SPEC_VERSION = "1.5.0"
+SPEC_VERSION = "1.6.0"
 
 _FAMILY_MODULES: tuple[ModuleType, ...] = (attention, gemm, moe, layers, recurrent)
 

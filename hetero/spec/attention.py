@@ -2,7 +2,8 @@
 
 Shapes: T query tokens packed token-major, Hq/Hkv query/KV heads, D/Dv key/value
 head dims, NB cache blocks of BS slots. Metadata tensors are int32 unless said.
-Softmax statistics (``lse``) are float32 ``[T, H]``, natural log, ``-inf`` for a
+``meta.plan`` (spec 1.6) is the step's plan of the metadata (``hetero.Ops.plan_attention``): optional,
+it never changes the result. Softmax statistics (``lse``) are float32 ``[T, H]``, natural log, ``-inf`` for a
 row that sees no key (its output is 0). Accumulation is at least float32; outputs
 take the query's dtype.
 """

@@ -15,6 +15,10 @@ sequence's slot keeps its contents whatever ``has_initial_state`` says. Index te
 also be int64, as everywhere in the spec; their contents are checked when validation is on
 (``hetero.spec.validate``).
 
+``plan`` (spec 1.6): the step's :class:`~hetero.spec.types.Plan` of these three index tensors
+(``hetero.Ops.plan_recurrent``), made once per step for every layer; optional, and it never
+changes the result. An implementation uses it only where :meth:`Plan.serves` these tensors.
+
 The logical state layouts are the ones below. A backend may keep another
 physical layout only behind ``supports()`` with the reason; callers always pass
 the spec's.
@@ -25,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from hetero.spec._op import Output, spec_op
+from hetero.spec.types import Plan
 
 __all__ = ["causal_conv1d", "gated_delta_rule"]
 
@@ -40,6 +45,7 @@ def causal_conv1d(
     has_initial_state: torch.Tensor,
     *,
     activation: str | None = "silu",
+    plan: Plan | None = None,
 ) -> torch.Tensor:
     """Depthwise causal convolution over time, per sequence, continuing from its state.
 
@@ -74,6 +80,7 @@ def gated_delta_rule(
     *,
     scale: float,
     use_qk_l2norm: bool = True,
+    plan: Plan | None = None,
 ) -> torch.Tensor:
     """The gated delta rule: a decayed fast-weight state S [K, V] per value head, corrected toward each value.
 

@@ -2,14 +2,15 @@
 
 ``AttentionMeta`` and ``EPDispatch`` are registered as pytrees
 (``torch.utils._pytree``): their tensor fields are the leaves and their host
-fields (ints, splits, the communicator) the context, so ``tree_map`` over an
-op's arguments reaches every tensor inside them (widening to float64, moving to
-a device, recording) and rebuilds the same type.
+fields (ints, splits, the communicator, a step plan) the context, so ``tree_map``
+over an op's arguments reaches every tensor inside them (widening to float64,
+moving to a device, recording) and rebuilds the same type. A rebuilt
+``AttentionMeta`` keeps its plan, which then serves nothing: its tensors are new.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -18,10 +19,45 @@ import torch.utils._pytree as pytree
 if TYPE_CHECKING:
     from hetero.spec.comm import Communicator
 
-__all__ = ["AttentionMeta", "EPDispatch", "FLOAT_DTYPES"]
+__all__ = ["AttentionMeta", "EPDispatch", "Plan", "FLOAT_DTYPES"]
 
 #: Activation dtypes every floating-point op accepts (float64 is the oracle's).
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """One step's index metadata, checked and prepared once for every layer of the step (spec 1.6).
+
+    Made by ``hetero.Ops.plan_attention`` (carried by ``AttentionMeta.plan``) and
+    ``hetero.Ops.plan_recurrent`` (the ``plan=`` option of the recurrent ops), never per layer.
+
+    - ``sources``: the index tensors it was made from, and ``sizes`` the host values it was made
+      for (attention: T, NB, BS, max_query_len, max_seq_len; recurrent: T, S).
+    - ``checked``: whether the tensors' values were checked against ``sizes`` when it was made
+      (``hetero.spec.validate``'s checks, with the backend's validation on).
+    - ``backend``: the name of the backend whose ``plan_*`` hook made ``data``, the hook's own
+      preparation (None when the backend has no hook); only that backend reads it.
+
+    An op uses a plan only for the very tensors and sizes it was made for (:meth:`serves`); given
+    any other, or none, it computes what it computes without one. Writing into the source
+    tensors after planning, as with FlashInfer's ``plan``, leaves the plan stale: undefined
+    results, yet every kernel still masks each index it loads.
+    """
+
+    sources: tuple[torch.Tensor, ...] = field(repr=False)
+    sizes: tuple[int, ...]
+    checked: bool
+    backend: str
+    data: Any = field(default=None, repr=False)
+
+    def serves(self, sources: Sequence[torch.Tensor], sizes: Sequence[int]) -> bool:
+        """Whether this plan was made for exactly these tensors (the same objects) and sizes."""
+        return (
+            len(sources) == len(self.sources)
+            and all(a is b for a, b in zip(sources, self.sources))
+            and tuple(sizes) == self.sizes
+        )
 
 
 @dataclass(frozen=True)
@@ -37,6 +73,8 @@ class AttentionMeta:
     - ``block_table`` int32 [B, max_blocks]: physical KV block ids; the first
       ``ceil(seq_lens[b] / BS)`` entries of row b are used, the rest is padding.
     - ``max_query_len``, ``max_seq_len``: host ints, the maxima of the two lengths.
+    - ``plan``: the step's :class:`Plan` (``hetero.Ops.plan_attention``), or None; optional
+      for every op (spec 1.6).
 
     Query row i of a sequence with n query rows and KV length L sits at position
     ``L - n + i`` (causal masks align bottom-right).
@@ -47,6 +85,17 @@ class AttentionMeta:
     block_table: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    plan: Plan | None = field(default=None, compare=False)
+
+    def planned(self, num_tokens: int, num_blocks: int, block_size: int) -> Plan | None:
+        """The plan, when it was made for this metadata over T tokens and a cache of NB blocks of BS slots."""
+        sizes = (num_tokens, num_blocks, block_size, self.max_query_len, self.max_seq_len)
+        plan = self.plan
+        return plan if plan is not None and plan.serves(self.tensors(), sizes) else None
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(query_start_loc, seq_lens, block_table): what a plan of this metadata is made from."""
+        return self.query_start_loc, self.seq_lens, self.block_table
 
     @property
     def num_seqs(self) -> int:
@@ -143,5 +192,5 @@ def _register_pytree(cls: type, static: tuple[str, ...]) -> None:
     )
 
 
-_register_pytree(AttentionMeta, static=("max_query_len", "max_seq_len"))
+_register_pytree(AttentionMeta, static=("max_query_len", "max_seq_len", "plan"))
 _register_pytree(EPDispatch, static=("recv_splits", "send_splits", "num_tokens", "num_experts", "comm"))

@@ -15,7 +15,9 @@ own arguments, so that ``VALIDATORS[op](*args, **kwargs)`` checks a call as made
 Each first checks the type and rank of what it reads, so it can run before the
 op's own shape checks. ``hetero.Ops`` runs them in front of a backend's ops when
 validation is on, unless the backend checks index contents itself
-(``Backend.validates_indices``, as the reference does).
+(``Backend.validates_indices``, as the reference does). A call whose step plan
+(``hetero.spec.types.Plan``) serves its index tensors and was checked when it was made
+is not checked again: ``hetero.Ops.plan_attention`` and ``plan_recurrent`` check once per step.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from hetero.spec.checks import (
     check_tensor,
     expect,
 )
-from hetero.spec.types import AttentionMeta
+from hetero.spec.types import AttentionMeta, Plan
 
 __all__ = [
     "ENV",
@@ -113,7 +115,15 @@ def _paged(
     op: str, query: object, q_arg: str, cache: object, cache_arg: str, cache_ndim: int, meta: AttentionMeta
 ) -> None:
     nb, bs = _cache_slots(op, cache_arg, cache, cache_ndim)
-    check_meta(op, meta, _tokens(op, q_arg, query, 3), nb, bs)
+    t = _tokens(op, q_arg, query, 3)
+    plan = meta.planned(t, nb, bs) if isinstance(meta, AttentionMeta) else None
+    if plan is None or not plan.checked:
+        check_meta(op, meta, t, nb, bs)
+
+
+def _states(op: str, index: tuple[torch.Tensor, ...], tokens: int, num_slots: int, plan: object) -> None:
+    if not (isinstance(plan, Plan) and plan.checked and plan.serves(index, (tokens, num_slots))):
+        check_state_batch(op, *index, tokens, num_slots)
 
 
 def paged_attention(
@@ -208,18 +218,14 @@ def causal_conv1d(
     query_start_loc: torch.Tensor,
     state_slots: torch.Tensor,
     has_initial_state: torch.Tensor,
+    *,
+    plan: object = None,
     **_: object,
 ) -> None:
     """query_start_loc [N+1] from 0 to T non-decreasing; state_slots [N] in [-1, S); has_initial_state bool [N]."""
     op = "causal_conv1d"
-    check_state_batch(
-        op,
-        query_start_loc,
-        state_slots,
-        has_initial_state,
-        _tokens(op, "x", x, 2),
-        _tokens(op, "conv_state", conv_state, 3),
-    )
+    index = (query_start_loc, state_slots, has_initial_state)
+    _states(op, index, _tokens(op, "x", x, 2), _tokens(op, "conv_state", conv_state, 3), plan)
 
 
 def gated_delta_rule(
@@ -232,18 +238,14 @@ def gated_delta_rule(
     query_start_loc: torch.Tensor,
     state_slots: torch.Tensor,
     has_initial_state: torch.Tensor,
+    *,
+    plan: object = None,
     **_: object,
 ) -> None:
     """As causal_conv1d, with S = ssm_state.shape[0] and T = q.shape[0]."""
     op = "gated_delta_rule"
-    check_state_batch(
-        op,
-        query_start_loc,
-        state_slots,
-        has_initial_state,
-        _tokens(op, "q", q, 3),
-        _tokens(op, "ssm_state", ssm_state, 4),
-    )
+    index = (query_start_loc, state_slots, has_initial_state)
+    _states(op, index, _tokens(op, "q", q, 3), _tokens(op, "ssm_state", ssm_state, 4), plan)
 
 
 def write_index_k(k: torch.Tensor, index_cache: torch.Tensor, slot_mapping: torch.Tensor, **_: object) -> None:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from hetero.spec.checks import L2NORM_EPS, check_causal_conv1d, check_gated_delta_rule, check_state_batch
+from hetero.spec.types import Plan
 from hetero_cpu_ref._util import acc_dtype, one_intra_op_thread, up
 
 __all__ = ["causal_conv1d", "gated_delta_rule"]
@@ -37,6 +38,7 @@ def causal_conv1d(
     has_initial_state: torch.Tensor,
     *,
     activation: str | None = "silu",
+    plan: Plan | None = None,  # a step plan changes nothing here: the reference checks every call
 ) -> torch.Tensor:
     op = "causal_conv1d"
     tokens, channels, width, num_slots = check_causal_conv1d(
@@ -114,6 +116,7 @@ def gated_delta_rule(
     *,
     scale: float,
     use_qk_l2norm: bool = True,
+    plan: Plan | None = None,
 ) -> torch.Tensor:
     op = "gated_delta_rule"
     tokens, heads, _, vheads, vdim, num_slots = check_gated_delta_rule(

@@ -11,8 +11,17 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec.checks import check_mla, check_options
+from hetero.spec import FLOAT_DTYPES
+from hetero.spec.checks import (
+    check_meta,
+    check_mla_inputs,
+    check_options,
+    check_same_device,
+    check_topk_indices,
+    meta_tensors,
+)
 from hetero.spec.types import AttentionMeta
+from hetero_torch import _step_plan
 from hetero_torch._attention_core import compute, listed, run, visible
 from hetero_torch._attention_plan import Batch, gather_paged, pad, plan
 
@@ -33,7 +42,15 @@ def mla_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     op = "mla_attention"
     scale, window, _ = check_options(op, scale, causal, (-1, -1), 0.0, return_lse)
-    t, h, lkv, bs, qsl, seq_lens = check_mla(op, q_nope, q_pe, ckv_cache, kpe_cache, meta, topk_indices)
+    t, h, lkv, nb, bs = check_mla_inputs(op, q_nope, q_pe, ckv_cache, kpe_cache, FLOAT_DTYPES)
+    check_same_device(op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, **meta_tensors(meta))
+    if topk_indices is not None:
+        check_topk_indices(op, topk_indices, t, q_nope.device)
+    planned = _step_plan.attention(meta, t, nb, bs)
+    if planned is None:
+        groups = plan(*check_meta(op, meta, t, nb, bs), h, q_nope.device)
+    else:
+        groups = planned.groups(h, q_nope.device)
     res = q_nope.new_empty(t, h, lkv)
     query = torch.cat([q_nope, q_pe], dim=-1)
 
@@ -45,4 +62,4 @@ def mla_attention(
             pad(query, batch), torch.cat([ckv, kpe], dim=-1), ckv, mask, batch, scale=scale, need_lse=return_lse
         )
 
-    return run(plan(qsl, seq_lens, h, q_nope.device), res, return_lse, step)
+    return run(groups, res, return_lse, step)

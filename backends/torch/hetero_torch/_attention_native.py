@@ -87,7 +87,7 @@ def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    meta: AttentionMeta,
+    meta: AttentionMeta | tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     res: torch.Tensor,
     *,
     scale: float,
@@ -97,15 +97,17 @@ def paged_attention(
     sinks: torch.Tensor | None,
     return_lse: bool,
 ):
-    """The op's result written into res [T, Hq, Dv] (and lse float32 [T, Hq]) for inputs ``applies`` takes."""
-    table = meta.block_table.to(torch.int32)
+    """The op's result written into res [T, Hq, Dv] (and lse float32 [T, Hq]) for inputs ``applies`` takes;
+    ``meta`` may be the step plan's int32 (query_start_loc, seq_lens, block_table), as the kernel reads them."""
+    if isinstance(meta, AttentionMeta):
+        table = meta.block_table.to(torch.int32)
+        table = table if table.shape[1] <= 1 or table.stride(1) == 1 else table.contiguous()
+        meta = (_index(meta.query_start_loc), _index(meta.seq_lens), table)
     out, lse = torch.ops.hetero_torch_native.paged_attention(
         _rows(query),
         k_cache,
         v_cache,
-        _index(meta.query_start_loc),
-        _index(meta.seq_lens),
-        table if table.shape[1] <= 1 or table.stride(1) == 1 else table.contiguous(),
+        *meta,
         scale,
         causal,
         window[0],

@@ -34,6 +34,7 @@ from hetero.spec.checks import (
 )
 from hetero.spec.types import AttentionMeta
 from hetero_torch import _attention_native as native
+from hetero_torch import _step_plan
 from hetero_torch._attention_core import compute, run, visible
 from hetero_torch._attention_decode import decode, is_decode
 from hetero_torch._attention_dense import merge_attention, varlen_attention
@@ -174,12 +175,13 @@ def paged_attention(
     check_same_device(op, query=query, k_cache=k_cache, v_cache=v_cache, sinks=sinks, **meta_tensors(meta))
     res = out if out is not None else query.new_empty(shape)
     check_meta_shapes(op, meta, t)
+    planned = _step_plan.attention(meta, t, nb, bs)
     if native.applies(k_cache, v_cache, query, sinks=sinks):
         return native.paged_attention(
             query,
             k_cache,
             v_cache,
-            meta,
+            planned.native if planned is not None else meta,
             res,
             scale=scale,
             causal=causal,
@@ -202,7 +204,10 @@ def paged_attention(
             sinks=sinks,
             return_lse=return_lse,
         )
-    qsl, seq_lens = check_meta(op, meta, t, nb, bs)
+    if planned is None:
+        groups = plan(*check_meta(op, meta, t, nb, bs), hq, query.device)
+    else:
+        groups = planned.groups(hq, query.device)
 
     def step(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         k, v = gather_paged(k_cache, meta.block_table, batch), gather_paged(v_cache, meta.block_table, batch)
@@ -218,4 +223,4 @@ def paged_attention(
             need_lse=return_lse,
         )
 
-    return run(plan(qsl, seq_lens, hq, query.device), res, return_lse, step)
+    return run(groups, res, return_lse, step)

@@ -17,9 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from hetero.spec.checks import L2NORM_EPS, check_causal_conv1d, check_gated_delta_rule, check_state_batch
+from hetero.spec.types import Plan
+from hetero_torch import _recurrent_plan, _step_plan
 from hetero_torch._layers_util import acc_dtype
 from hetero_torch._recurrent_delta import CHUNK, chunked, decode_step
-from hetero_torch._recurrent_plan import Batch, plan
+from hetero_torch._recurrent_plan import Batch
 
 __all__ = ["causal_conv1d", "gated_delta_rule"]
 
@@ -34,18 +36,35 @@ def causal_conv1d(
     has_initial_state: torch.Tensor,
     *,
     activation: str | None = "silu",
+    plan: Plan | None = None,
 ) -> torch.Tensor:
     op = "causal_conv1d"
     tokens, channels, width, num_slots = check_causal_conv1d(
         op, x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, activation
     )
-    starts, slots, initial = check_state_batch(op, query_start_loc, state_slots, has_initial_state, tokens, num_slots)
-
+    groups = _groups(op, (query_start_loc, state_slots, has_initial_state), tokens, num_slots, plan, x.device, None)
     out = torch.zeros(tokens, channels, dtype=x.dtype, device=x.device)  # rows of skipped sequences stay 0
     acc = acc_dtype(x, weight, bias, conv_state)
-    for batch in plan(starts, slots, initial, x.device):
+    for batch in groups:
         _conv_group(batch, x, weight.to(acc), bias, conv_state, out, activation)
     return out
+
+
+def _groups(
+    op: str,
+    index: tuple[torch.Tensor, ...],
+    tokens: int,
+    num_slots: int,
+    plan: Plan | None,
+    device: torch.device,
+    chunk: int | None,
+) -> list[Batch]:
+    """The padded groups of the call: the step plan's when it serves these index tensors, else built
+    from their values, checked here (every gather and scatter index is then in range)."""
+    planned = _step_plan.recurrent(plan, index, tokens, num_slots)
+    if planned is not None:
+        return planned.groups(device, chunk)
+    return _recurrent_plan.plan(*check_state_batch(op, *index, tokens, num_slots), device, chunk)
 
 
 def _conv_group(
@@ -142,16 +161,16 @@ def gated_delta_rule(
     *,
     scale: float,
     use_qk_l2norm: bool = True,
+    plan: Plan | None = None,
 ) -> torch.Tensor:
     op = "gated_delta_rule"
     tokens, _, _, vheads, vdim, num_slots = check_gated_delta_rule(
         op, q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state, scale, use_qk_l2norm
     )
-    starts, slots, initial = check_state_batch(op, query_start_loc, state_slots, has_initial_state, tokens, num_slots)
-
+    groups = _groups(op, (query_start_loc, state_slots, has_initial_state), tokens, num_slots, plan, v.device, CHUNK)
     out = torch.zeros(tokens, vheads, vdim, dtype=v.dtype, device=v.device)  # rows of skipped sequences stay 0
     acc = acc_dtype(q, k, v, g, beta, ssm_state)
-    for batch in plan(starts, slots, initial, v.device, chunk=CHUNK):
+    for batch in groups:
         operands = _inputs(batch, q, k, v, g, beta, scale=scale, l2norm=use_qk_l2norm, acc=acc)
         state = batch.initial_state(ssm_state, acc)
         batch.scatter(out, _delta_rule(batch, operands, state).to(v.dtype))

@@ -28,6 +28,7 @@ from hetero.engine.layers.weights import copy_checked, join_prefix
 from hetero.engine.parallel import divide
 from hetero.engine.quant.config import QuantConfig
 from hetero.engine.step import Step
+from hetero.ops import takes_option
 
 __all__ = ["GatedDeltaNet", "GatedDeltaNetInProj", "GatedRMSNorm", "LAYOUTS"]
 
@@ -215,8 +216,11 @@ class GatedDeltaNet(CachedLayer):
             prefix=join_prefix(prefix, "out_proj"),
             quant_config=quant_config,
         )
-        ctx.bind_op(self, "_conv", "causal_conv1d")
-        ctx.bind_op(self, "_delta_rule", "gated_delta_rule")
+        # a step plan is passed only to ops that take one (an implementation older than spec 1.6 does not)
+        self._plans = all(
+            takes_option(ctx.bind_op(self, attr, op), op, "plan")
+            for attr, op in (("_conv", "causal_conv1d"), ("_delta_rule", "gated_delta_rule"))
+        )
         self.conv_state: torch.Tensor | None = None
         self.ssm_state: torch.Tensor | None = None
 
@@ -235,6 +239,7 @@ class GatedDeltaNet(CachedLayer):
         if self.conv_state is None or step.state_slots is None:
             raise RuntimeError("GatedDeltaNet: the state pool is not bound or the step has no state slots")
         tokens, qsl = hidden.shape[0], step.meta.query_start_loc
+        planned = {"plan": step.state_plan} if self._plans and step.state_plan is not None else {}
         mixed, z, b, a = self.in_proj(hidden).split(self.in_proj.split_sizes, dim=-1)
         mixed = self._conv(
             mixed.contiguous(),
@@ -245,6 +250,7 @@ class GatedDeltaNet(CachedLayer):
             step.state_slots,
             step.has_initial_state,
             activation="silu",
+            **planned,
         )
         q, k, v = mixed.split([self.hk * self.dk, self.hk * self.dk, self.hv * self.dv], dim=-1)
         g, beta = self.gates(b, a)
@@ -260,6 +266,7 @@ class GatedDeltaNet(CachedLayer):
             step.has_initial_state,
             scale=self.dk**-0.5,
             use_qk_l2norm=True,
+            **planned,
         )
         out = self.norm(out, z.reshape(tokens, self.hv, self.dv))
         return self.out_proj(out.reshape(tokens, self.hv * self.dv))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 import hetero
@@ -13,6 +15,7 @@ from hetero.engine.runtime.kv_cache import allocate_kv_cache, bytes_per_block, b
 from hetero.engine.runtime.sampler import Sampler
 from hetero.engine.runtime.sequence import Sequence
 from hetero.engine.runtime.step_plan import StepPlan
+from hetero.engine.step import Step
 from hetero.engine.step_buffers import StepBuffers
 from hetero.spec.comm import Communicator
 
@@ -66,6 +69,8 @@ class ModelRunner:
         )
         self.sampler = Sampler(config.seed)
         self.forward = CompiledForward(self.model, self.device) if config.compile else self.model
+        # a compiled graph has no per-layer host work for a plan to save, and would guard on it
+        self.plans = not config.compile
 
     @property
     def rank(self) -> int:
@@ -86,11 +91,27 @@ class ModelRunner:
             step, input_ids = self.buffers.fill(
                 plan.query_lens, plan.seq_lens, plan.block_tables, plan.sample, plan.state_slots, plan.input_ids
             )
+            if self.plans:
+                step = self._plan(step)
             hidden = self.forward(input_ids, step)
             if step.logits_indices.numel() == 0:
                 return []
             logits = self.model.compute_logits(hidden[step.logits_indices])
             return self._sample(logits, sampled or [], plan.num_sampled)
+
+    def _plan(self, step: Step) -> Step:
+        """The step with its plans: the metadata checked and prepared once for all the layers."""
+        sizes = {"num_blocks": self.num_kv_blocks, "block_size": self.block_size}
+        meta = self.ops.plan_attention(step.meta, num_tokens=step.num_tokens, **sizes)
+        decode_meta = step.decode_meta
+        if decode_meta is not None:
+            decode_meta = self.ops.plan_attention(decode_meta, num_tokens=step.num_decodes, **sizes)
+        state_plan = None
+        if step.state_slots is not None and step.has_initial_state is not None:
+            slots = self.num_state_slots + self.num_state_snapshots
+            index = (step.meta.query_start_loc, step.state_slots, step.has_initial_state)
+            state_plan = self.ops.plan_recurrent(*index, num_tokens=step.num_tokens, num_slots=slots)
+        return dataclasses.replace(step, meta=meta, decode_meta=decode_meta, state_plan=state_plan)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], count: int) -> list[int]:
         if self.rank == 0:
