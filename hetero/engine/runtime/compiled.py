@@ -12,12 +12,17 @@ Ops are traced when their code is traceable (the ``torch`` backend); what a back
 cannot trace runs between graphs, eagerly. Mode: "reduce-overhead" (CUDA graphs recorded per
 batch size) on CUDA, Inductor's default elsewhere. ``torch.compile`` itself is lazy: the first
 decode step of each kind compiles, and ``compiled_steps`` / ``eager_steps`` count what ran how.
+The engine calls :meth:`CompiledForward.warm_up` at start-up on its decode batch sizes, so
+requests find their graphs built; compiling writes into ``cache_dir`` (``compile_cache``), so a
+restart on the same model reuses Inductor's artifacts, and ``report`` says what it cost.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import time
+from typing import Iterable
 
 import torch
 from torch import nn
@@ -47,8 +52,9 @@ class CompiledForward:
     ``mode``: torch.compile's mode; None picks "reduce-overhead" on CUDA and the default elsewhere.
     """
 
-    def __init__(self, model: nn.Module, device: torch.device, mode: str | None = None):
+    def __init__(self, model: nn.Module, device: torch.device, mode: str | None = None, cache_dir: str | None = None):
         self.model = model
+        self.cache_dir = cache_dir
         if mode is None and device.type == "cuda":
             mode = "reduce-overhead"
         self.mode = mode
@@ -63,6 +69,38 @@ class CompiledForward:
 
             self._compiling = functools.partial(inductor_config.patch, freezing=True)
         self.compiled_steps = self.eager_steps = 0
+        self.report: dict[str, float | int | str | None] = {}
+
+    @contextlib.contextmanager
+    def _context(self):
+        with self._compiling(), contextlib.ExitStack() as stack:
+            if self.cache_dir is not None:
+                from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+                stack.enter_context(temporary_cache_dir(self.cache_dir))
+            yield
+
+    def warm_up(self, steps: Iterable[tuple[torch.Tensor | None, Step]]) -> dict[str, float | int | str | None]:
+        """Run these decode steps (their outputs discarded) so the graphs they need are compiled
+        now; returns and keeps ``report``: seconds, graphs compiled, and Inductor's FX graph cache
+        hits and misses (hits: a restart reused the graph)."""
+        from torch._dynamo.utils import counters
+
+        before = dict(counters["inductor"])
+        frames = counters["stats"]["unique_graphs"]
+        start = time.perf_counter()
+        for input_ids, step in steps:
+            self(input_ids, step)
+        self.compiled_steps = 0
+        inductor = counters["inductor"]
+        self.report = {
+            "compile_s": round(time.perf_counter() - start, 3),
+            "graphs": counters["stats"]["unique_graphs"] - frames,
+            "cache_hits": inductor["fxgraph_cache_hit"] - before.get("fxgraph_cache_hit", 0),
+            "cache_misses": inductor["fxgraph_cache_miss"] - before.get("fxgraph_cache_miss", 0),
+            "cache_dir": self.cache_dir,
+        }
+        return self.report
 
     @staticmethod
     def fits(step: Step) -> bool:
@@ -76,5 +114,5 @@ class CompiledForward:
         for t in _batch_tensors(step, input_ids):
             torch._dynamo.maybe_mark_dynamic(t, 0)
         self.compiled_steps += 1
-        with self._compiling():
+        with self._context():
             return self._compiled(input_ids, step)

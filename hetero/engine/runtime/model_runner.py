@@ -10,6 +10,7 @@ import hetero
 from hetero.engine.config import EngineConfig
 from hetero.engine.forward import build_model
 from hetero.engine.parallel import Parallel
+from hetero.engine.runtime import compile_cache
 from hetero.engine.runtime.compiled import CompiledForward
 from hetero.engine.runtime.kv_cache import allocate_kv_cache, bytes_per_block, bytes_per_state_slot
 from hetero.engine.runtime.sampler import Sampler
@@ -68,7 +69,11 @@ class ModelRunner:
             has_state=bool(self.num_state_slots),
         )
         self.sampler = Sampler(config.seed)
-        self.forward = CompiledForward(self.model, self.device) if config.compile else self.model
+        self.forward: CompiledForward | torch.nn.Module = self.model
+        if config.compile:
+            self.forward = CompiledForward(self.model, self.device, cache_dir=str(self._compile_cache_dir()))
+            with torch.inference_mode():
+                self.forward.warm_up(self._warm_up_steps())
         # a compiled graph has no per-layer host work for a plan to save, and would guard on it
         self.plans = not config.compile
 
@@ -98,6 +103,35 @@ class ModelRunner:
                 return []
             logits = self.model.compute_logits(hidden[step.logits_indices])
             return self._sample(logits, sampled or [], plan.num_sampled)
+
+    def _compile_cache_dir(self):
+        """This rank's compile cache directory, keyed by what shapes its graphs (``compile_cache``)."""
+        c, hf = self.config, self.config.hf_config
+        factors = {
+            "model_config": hf.to_dict() if hasattr(hf, "to_dict") else hf,
+            "dtype": str(self.dtype),
+            "backend": self.ops.name,
+            "device": self.device.type,
+            "sizes": (c.block_size, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, self.num_kv_blocks),
+            "state_slots": (self.num_state_slots, self.num_state_snapshots),
+            "parallel": (self.parallel.size, self.parallel.rank, c.expert_parallel),
+            "packages": [type(self.ops.backend).__module__.split(".")[0]],
+        }
+        return compile_cache.cache_dir(factors, self.parallel.rank)
+
+    def _warm_up_steps(self):
+        """Decode steps of every power-of-two batch size up to the engine's limit (and the limit), as
+        vLLM captures its graph sizes: their graphs, and the branches a batch size takes inside the
+        ops, are compiled before the first request. Each sequence reads block 0 only, at lengths
+        1..BS that its batch wrote first, so no unwritten cache slot is read."""
+        limit = max(1, min(self.config.max_num_seqs, self.config.max_num_batched_tokens))
+        sizes = sorted({min(1 << i, limit) for i in range(limit.bit_length() + 1)})
+        slots = self.num_state_slots or 1
+        for b in sizes:
+            lens = [min(i, self.block_size - 1) + 1 for i in range(b)]
+            state = [i % slots for i in range(b)] if self.num_state_slots else None
+            step, input_ids = self.buffers.fill([1] * b, lens, [[0]] * b, [False] * b, state, [0] * b)
+            yield input_ids, step
 
     def _plan(self, step: Step) -> Step:
         """The step with its plans: the metadata checked and prepared once for all the layers."""
