@@ -57,6 +57,8 @@ def model_rows(model: str, configs: list[Any], runs: dict[str, list[dict]], roof
                 runs_identical=all(r["tokens"] == rs[0]["tokens"] for r in rs),
                 warmup_s=[round(r.get("warmup_s", 0.0), 1) for r in rs],
             )
+            if "compile" in rs[0]:
+                row["compile"] = [r["compile"] for r in rs]
             latencies = {k: [x for r in rs for x in r.get(k, [])] for k in ("ttft", "tpot")}
             row.update({k: statistics.median(v) for k, v in latencies.items() if v})
             if "top5" in ok[reference][0]:
@@ -76,7 +78,8 @@ def model_rows(model: str, configs: list[Any], runs: dict[str, list[dict]], roof
 
 def table(rows: list[dict], model: str) -> str:
     """One model's rows as Markdown: tok/s best (median), that rate over vLLM's (>1: faster), median TTFT and
-    TPOT, agreement with the reference, the decode roofline fraction where known, start and warm-up seconds."""
+    TPOT, agreement with the reference, the decode roofline fraction where known, start seconds (with a compiled
+    hetero config's start-up compile: seconds, graphs, graphs the compile cache served) and warm-up seconds."""
     lines = [
         "| config | output tok/s best (median) | x vLLM eager (medians) | x vLLM compiled (medians) "
         "| TTFT / TPOT ms (median) | identical requests | first token / top-5 | decode roofline | start s "
@@ -97,9 +100,13 @@ def table(rows: list[dict], model: str) -> str:
         agree = r.get("agreement")
         agree = f"{agree['first_token']}/{agree['sampled']} / {agree['top5']}/{agree['sampled']}" if agree else "-"
         roof = f"{r['roofline_fraction']:.1%} of {_rate(r['roofline_tok_s'])}" if "roofline_fraction" in r else "-"
+        start = f"{max(r['init_s']):.1f}"
+        if r.get("compile"):
+            c = max(r["compile"], key=lambda c: c["compile_s"])
+            start += f" (compile {c['compile_s']:.1f}: {c['graphs']} graphs, {c['cache_hits']} cached)"
         lines.append(
             f"| {r['name']} | {_rate(r['tok_s'])} ({_rate(r['median_tok_s'])}) | {ratios[0]} | {ratios[1]} "
-            f"| {latency} | {same} | {agree} | {roof} | {max(r['init_s']):.1f} | {max(r['warmup_s'], default=0):.1f} |"
+            f"| {latency} | {same} | {agree} | {roof} | {start} | {max(r['warmup_s'], default=0):.1f} |"
         )
     return "\n".join(lines)
 

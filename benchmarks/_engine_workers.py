@@ -96,8 +96,11 @@ def hetero_worker(
     except Exception as e:  # noqa: BLE001  (a config this machine or this hetero cannot start is reported, not fatal)
         return {"unavailable": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
     result = new_result(time.perf_counter() - start, torch.get_num_threads())
+    report = getattr(llm.runner.forward, "report", None)
+    if report:  # compiled at start-up (part of init_s): its seconds, and whether the compile cache served it
+        result["compile"] = {k: report[k] for k in ("compile_s", "graphs", "cache_hits")}
     vocab = llm.config.hf_config.vocab_size
-    # batches of 4 down to 1 over several lengths: a compiled config builds all its graphs here
+    # batches of 4 down to 1 over several lengths: a compiled config built its graphs at start-up; this checks
     warm, _ = vllm_route.workload(4, vocab, seed + 1000)
     start = time.perf_counter()
     llm.generate(warm, [SamplingParams(max_tokens=8 * (i + 1)) for i in range(4)], progress=False)

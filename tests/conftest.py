@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -21,6 +22,8 @@ def pytest_configure(config):
     Workers at full intra-op width would oversubscribe the machine. OMP/MKL_NUM_THREADS reach the
     subprocesses tests start (CLIs, servers, torchrun ranks); a value set by the caller is kept.
     """
+    # compiled engines cache their graphs under HETERO_CACHE_ROOT: a test run starts from an empty one
+    os.environ.setdefault("HETERO_CACHE_ROOT", tempfile.mkdtemp(prefix="hetero-test-cache-"))
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         # what the workers see as the terminal: xdist hands them COLUMNS=80 and LINES=24, which rich obeys (hetero's
         # CLI folds its tables to 80 columns when COLUMNS is set); a worker restores this caller's values instead

@@ -47,6 +47,9 @@ CASES = {
     "MQA, odd head dim, block size 1": dict(
         query_lens=[3, 1], seq_lens=[3, 90], heads=6, kv_heads=1, d=40, dv=24, bs=1
     ),
+    "decodes, then chunks past SDPA_MIN_ROWS": dict(
+        query_lens=[1, 1, 1, 100, 70, 3], seq_lens=[50, 90, 3, 130, 70, 40]
+    ),
     "8 heads a KV head, d 128": dict(query_lens=[5, 1], seq_lens=[70, 33], heads=16, kv_heads=2, d=128, dv=128, bs=16),
 }
 
@@ -78,6 +81,29 @@ def test_native_paged_attention_matches_float64(name, dtype):
         tol = [dict(atol=1e-5, rtol=2**-8), dict(atol=1e-4, rtol=1e-5)]
     for g, w, t in zip(got, want, tol):
         torch.testing.assert_close(g.double(), w.double(), **t)
+
+
+def test_decodes_stay_native_and_long_chunks_go_to_sdpa(monkeypatch):
+    """A batch with a chunk of SDPA_MIN_ROWS rows or more: its leading decodes in one native call,
+    the sequences from the first multi-row one on through torch's SDPA, planned or not."""
+    _require_native()
+    from hetero_torch import attention
+
+    ops, gen = hetero.load("torch"), torch.Generator().manual_seed(7)
+    q, k_cache, v_cache, meta = _layout(gen, [1, 1, 80, 5], [40, 9, 80, 60], 4, 2, 32, 32, 16)
+    calls = []  # rows of each call: native negative, grouped positive
+    grouped, native_call = attention._grouped, attention.native.paged_attention
+    monkeypatch.setattr(attention, "_grouped", lambda q, *a, **k: calls.append(q.shape[0]) or grouped(q, *a, **k))
+    monkeypatch.setattr(
+        attention.native, "paged_attention", lambda q, *a, **k: calls.append(-q.shape[0]) or native_call(q, *a, **k)
+    )
+    want = REF.paged_attention(q.double(), k_cache.double(), v_cache.double(), meta, scale=0.2)
+    planned = ops.plan_attention(meta, num_tokens=87, num_blocks=k_cache.shape[0], block_size=16)
+    for m in (meta, planned):
+        calls.clear()
+        got = ops.paged_attention(q, k_cache, v_cache, m, scale=0.2)
+        torch.testing.assert_close(got.double(), want, atol=3e-5, rtol=3e-5)
+        assert calls == [-2, 85]  # 2 decode rows native, 85 rows grouped
 
 
 def test_native_paged_attention_of_no_tokens_and_strided_int64_metadata():

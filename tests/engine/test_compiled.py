@@ -3,10 +3,17 @@ tokens of eager, dense and MoE, on the torch backend (the one whose ops Dynamo t
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from hetero.engine import LLM, EngineConfig, SamplingParams
+from hetero.engine.runtime import compile_cache
 from hetero.engine.runtime.compiled import CompiledForward
 from hetero.errors import UsageError
 
@@ -27,12 +34,49 @@ def run(path: str, compile: bool) -> tuple[list[list[int]], LLM]:
 def test_compiled_decode_gives_the_tokens_of_eager(checkpoints, arch):
     path = str(checkpoints(arch))
     eager, _ = run(path, compile=False)
+    graphs = counters["stats"]["unique_graphs"]
     compiled, llm = run(path, compile=True)
     assert compiled == eager
     forward = llm.runner.forward
     assert isinstance(forward, CompiledForward) and not llm.runner.ops.backend.validate
     # 5 requests over 4 slots: prefill steps ran eager, decode batches of 1 to 4 compiled
     assert forward.compiled_steps > 0 and forward.eager_steps > 0
+    # ... on the graphs the start-up warm-up built (batch sizes 1, 2, 4): none was compiled for a request
+    assert forward.report["graphs"] >= 1 and counters["stats"]["unique_graphs"] == graphs + forward.report["graphs"]
+
+
+def test_a_restart_reuses_the_compiled_graphs(checkpoints, tmp_path, monkeypatch):
+    """A second engine on the same model and settings (a server restart) finds Inductor's graphs in its
+    keyed cache directory; another block size is another key."""
+    monkeypatch.setenv("HETERO_CACHE_ROOT", str(tmp_path))
+    path = str(checkpoints("qwen3"))
+    first = run(path, compile=True)[1].runner.forward.report
+    assert Path(first["cache_dir"]).is_relative_to(tmp_path) and any(Path(first["cache_dir"]).iterdir())
+    script = (
+        "import json, sys; from hetero.engine import LLM; "
+        "llm = LLM(sys.argv[1], backend='torch', dtype='float32', block_size=8, max_num_seqs=4, compile=True); "
+        "print(json.dumps(llm.runner.forward.report))"
+    )
+    done = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True, check=True)
+    again = json.loads(done.stdout.strip().splitlines()[-1])
+    assert again["cache_dir"] == first["cache_dir"] and again["cache_hits"] == again["graphs"] >= 1
+
+
+def test_the_cache_key_changes_with_what_shapes_the_graph(tmp_path):
+    base = {
+        "model_config": {"hidden_size": 64},
+        "dtype": "torch.float32",
+        "sizes": (8, 4),
+        "packages": ["hetero_torch"],
+    }
+    env = {"HETERO_CACHE_ROOT": str(tmp_path)}
+    first = compile_cache.cache_dir(base, 0, env)
+    assert first == compile_cache.cache_dir(dict(base), 0, env) and first.is_dir()
+    for change in ({"sizes": (16, 4)}, {"dtype": "torch.bfloat16"}, {"model_config": {"hidden_size": 65}}):
+        assert compile_cache.cache_dir({**base, **change}, 0, env).parent != first.parent
+    assert compile_cache.cache_dir(base, 1, env) == first.parent / "rank1"
+    off = compile_cache.cache_dir(base, 0, {**env, "HETERO_COMPILE_CACHE": "0"})
+    assert not off.is_relative_to(tmp_path)
 
 
 def test_only_decode_only_steps_fit():

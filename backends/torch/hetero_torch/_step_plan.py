@@ -33,12 +33,14 @@ class AttentionPlan:
     starts: list[int]
     seq_lens: list[int]
     native: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-    _groups: dict[tuple[int, torch.device], list[_attention_plan.Batch]] = field(default_factory=dict)
+    _groups: dict[tuple[int, torch.device, int], list[_attention_plan.Batch]] = field(default_factory=dict)
 
-    def groups(self, heads: int, device: torch.device) -> list[_attention_plan.Batch]:
-        key = (heads, device)
+    def groups(self, heads: int, device: torch.device, first: int = 0) -> list[_attention_plan.Batch]:
+        """The padded groups of sequences [first, B), their rows counted from sequence ``first``'s."""
+        key = (heads, device, first)
         if key not in self._groups:
-            self._groups[key] = _attention_plan.plan(self.starts, self.seq_lens, heads, device)
+            starts = [s - self.starts[first] for s in self.starts[first:]]
+            self._groups[key] = _attention_plan.plan(starts, self.seq_lens[first:], heads, device)
         return self._groups[key]
 
 

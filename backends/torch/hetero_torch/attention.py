@@ -176,20 +176,11 @@ def paged_attention(
     res = out if out is not None else query.new_empty(shape)
     check_meta_shapes(op, meta, t)
     planned = _step_plan.attention(meta, t, nb, bs)
+    options = dict(scale=scale, causal=causal, window=window, softcap=softcap, sinks=sinks, return_lse=return_lse)
     if native.applies(k_cache, v_cache, query, sinks=sinks):
-        return native.paged_attention(
-            query,
-            k_cache,
-            v_cache,
-            planned.native if planned is not None else meta,
-            res,
-            scale=scale,
-            causal=causal,
-            window=window,
-            softcap=softcap,
-            sinks=sinks,
-            return_lse=return_lse,
-        )
+        if meta.max_query_len < SDPA_MIN_ROWS or softcap or sinks is not None or return_lse:
+            return native.paged_attention(query, k_cache, v_cache, planned.native if planned else meta, res, **options)
+        return _native_and_sdpa(query, k_cache, v_cache, meta, planned, res, **options)
     if is_decode(meta, t):
         return decode(
             op,
@@ -208,19 +199,47 @@ def paged_attention(
         groups = plan(*check_meta(op, meta, t, nb, bs), hq, query.device)
     else:
         groups = planned.groups(hq, query.device)
+    return _grouped(query, k_cache, v_cache, meta.block_table, groups, res, **options)
+
+
+def _grouped(query, k_cache, v_cache, block_table, groups: list[Batch], res, *, causal, window, widen=False, **options):
+    """The torch operators' path over padded groups of sequences (``_attention_plan``); ``widen``: in
+    float32 whatever the inputs' dtype (the native kernel's precision), rounded once into res."""
+    softcap, sinks, return_lse, scale = options["softcap"], options["sinks"], options["return_lse"], options["scale"]
+    acc = torch.float32 if widen and query.dtype != torch.float64 else query.dtype
 
     def step(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        k, v = gather_paged(k_cache, meta.block_table, batch), gather_paged(v_cache, meta.block_table, batch)
-        return compute(
-            pad(query, batch),
-            k,
-            v,
-            visible(batch, causal, window),
-            batch,
-            scale=scale,
-            softcap=softcap,
-            sinks=sinks,
-            need_lse=return_lse,
-        )
+        k, v = gather_paged(k_cache, block_table, batch).to(acc), gather_paged(v_cache, block_table, batch).to(acc)
+        q, mask = pad(query, batch).to(acc), visible(batch, causal, window)
+        return compute(q, k, v, mask, batch, scale=scale, softcap=softcap, sinks=sinks, need_lse=return_lse)
 
     return run(groups, res, return_lse, step)
+
+
+#: Sequences of a batch from the first with more than one query row on go through torch's fused SDPA
+#: (flash attention) in float32 when the batch has a chunk of at least this many rows and SDPA serves
+#: the call (no softcap, sinks or lse); the decodes before them stay with the native kernel. SDPA over
+#: the gathered keys is faster on long chunks (benchmarks/attention_cpu.py --shape qwen3-0.6b).
+SDPA_MIN_ROWS = 64
+
+
+def _native_and_sdpa(query, k_cache, v_cache, meta: AttentionMeta, planned, res, **options):
+    """paged_attention split at the first sequence p with more than one query row: [0, p) native, [p, B)
+    through ``_grouped`` (its host lists checked, or the step plan's)."""
+    nb, bs = k_cache.shape[:2]
+    starts, seq_lens = (
+        (planned.starts, planned.seq_lens) if planned else check_meta("paged_attention", meta, query.shape[0], nb, bs)
+    )
+    p = next((b for b in range(len(seq_lens)) if starts[b + 1] - starts[b] > 1), len(seq_lens))
+    row = starts[p]
+    if p:
+        index = planned.native if planned else (meta.query_start_loc, meta.seq_lens, meta.block_table)
+        head = tuple(x.to(torch.int32).contiguous() for x in (index[0][: p + 1], index[1][:p], index[2][:p]))
+        native.paged_attention(query[:row], k_cache, v_cache, head, res[:row], **options)
+    hq = query.shape[1]
+    if planned is not None:
+        groups = planned.groups(hq, query.device, p)
+    else:
+        groups = plan([s - row for s in starts[p:]], seq_lens[p:], hq, query.device)
+    _grouped(query[row:], k_cache, v_cache, meta.block_table[p:], groups, res[row:], widen=True, **options)
+    return res

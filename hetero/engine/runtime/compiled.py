@@ -67,7 +67,9 @@ class CompiledForward:
         if device.type == "cpu":
             import torch._inductor.config as inductor_config
 
-            self._compiling = functools.partial(inductor_config.patch, freezing=True)
+            # no weight prepacking: its oneDNN-packed constants cannot be pickled, so Inductor's FX graph cache
+            # would bypass every graph and a restart would compile from scratch (measured no slower without it)
+            self._compiling = functools.partial(inductor_config.patch, {"freezing": True, "cpp.weight_prepack": False})
         self.compiled_steps = self.eager_steps = 0
         self.report: dict[str, float | int | str | None] = {}
 

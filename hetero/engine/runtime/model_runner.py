@@ -107,8 +107,10 @@ class ModelRunner:
     def _compile_cache_dir(self):
         """This rank's compile cache directory, keyed by what shapes its graphs (``compile_cache``)."""
         c, hf = self.config, self.config.hf_config
+        model_config = dict(hf.to_dict() if hasattr(hf, "to_dict") else hf)
+        model_config.pop("_name_or_path", None)  # where it was loaded from does not shape the graph
         factors = {
-            "model_config": hf.to_dict() if hasattr(hf, "to_dict") else hf,
+            "model_config": model_config,
             "dtype": str(self.dtype),
             "backend": self.ops.name,
             "device": self.device.type,
@@ -122,13 +124,16 @@ class ModelRunner:
     def _warm_up_steps(self):
         """Decode steps of every power-of-two batch size up to the engine's limit (and the limit), as
         vLLM captures its graph sizes: their graphs, and the branches a batch size takes inside the
-        ops, are compiled before the first request. Each sequence reads block 0 only, at lengths
-        1..BS that its batch wrote first, so no unwritten cache slot is read."""
+        ops, are compiled before the first request. A batch of one runs twice, at two lengths, so its
+        graph takes the length as symbolic as the others do. Each sequence reads block 0 only, at
+        lengths 1..BS that earlier rows wrote first, so no unwritten cache slot is read."""
         limit = max(1, min(self.config.max_num_seqs, self.config.max_num_batched_tokens))
         sizes = sorted({min(1 << i, limit) for i in range(limit.bit_length() + 1)})
         slots = self.num_state_slots or 1
-        for b in sizes:
-            lens = [min(i, self.block_size - 1) + 1 for i in range(b)]
+        batches = [[1], [min(2, self.block_size)]]  # the second reads the slot the first wrote
+        batches += [[min(i, self.block_size - 1) + 1 for i in range(b)] for b in sizes if b > 1]
+        for lens in batches:
+            b = len(lens)
             state = [i % slots for i in range(b)] if self.num_state_slots else None
             step, input_ids = self.buffers.fill([1] * b, lens, [[0]] * b, [False] * b, state, [0] * b)
             yield input_ids, step

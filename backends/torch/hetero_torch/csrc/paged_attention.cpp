@@ -30,6 +30,9 @@ using namespace hetero_simd;
 using namespace hetero_attention;
 
 constexpr int64_t KT = 64;    // keys per tile, a multiple of VW
+// query vectors from which a task's score pass is a small GEMM over the tile's keys, transposed
+// (and widened) once and shared by all of them; below, each score is a dot product of its own
+constexpr int64_t BLOCKED_MIN = 8;
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
 template <typename T>
@@ -99,13 +102,14 @@ struct Problem {
 template <typename T>
 struct Scratch {
   std::vector<int64_t> lo, hi;
-  std::vector<float> m, l, s, acc, qw;
+  std::vector<float> m, l, s, acc, qw, kt;
   std::vector<const float*> qp;
   const T* kv[KT];  // the tile's key rows
   const T* vv[KT];  // and value rows
   void fit(int64_t nq, int64_t d, int64_t dv) {
     lo.resize(nq), hi.resize(nq), m.resize(nq), l.resize(nq), qp.resize(nq);
     s.resize(nq * KT), acc.resize(nq * dv), qw.resize(std::is_same_v<T, float> ? 0 : nq * d);
+    kt.resize(nq >= BLOCKED_MIN ? d * KT : 0);
   }
   const float* query(const T* q, int64_t i, int64_t d) {
     if constexpr (std::is_same_v<T, float>) return q;
@@ -126,6 +130,39 @@ void scores(const Problem<T>& pr, const Task& t, Scratch<T>& w, int64_t nq, int6
   }
 }
 
+// The scores of all nq query vectors against the tile as one [nq, D] x [D, KT] product: the tile's
+// keys go once into kt [D, KT] as float32, then each query row accumulates KT / VW vectors of
+// scores over d by broadcast multiply-adds (no horizontal sums, no per-query widening).
+template <typename T>
+void scores_blocked(const Problem<T>& pr, Scratch<T>& w, int64_t nq, int64_t j0, int64_t nk) {
+  constexpr int64_t NV = KT / VW;
+  float* kt = w.kt.data();
+  for (int64_t jj = 0; jj < nk; ++jj)
+    for (int64_t d = 0; d < pr.D; ++d) kt[d * KT + jj] = widen(w.kv[jj][d]);
+  if (nk < KT)
+    for (int64_t d = 0; d < pr.D; ++d) std::fill(kt + d * KT + nk, kt + (d + 1) * KT, 0.0f);
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t first = std::max<int64_t>(w.lo[i] - j0, 0), last = std::min<int64_t>(w.hi[i] - j0, nk - 1);
+    float* s = &w.s[i * KT];
+    if (first > last) {
+      std::fill(s, s + KT, NEG_INF);
+      continue;
+    }
+    vec acc[NV] = {};
+    const float* q = w.qp[i];
+    for (int64_t d = 0; d < pr.D; ++d) {
+      const vec qd = splat(q[d]);
+      const float* row = kt + d * KT;
+      for (int64_t v = 0; v < NV; ++v) acc[v] += qd * load(row + v * VW);
+    }
+    for (int64_t v = 0; v < NV; ++v) store(s + v * VW, acc[v] * splat(pr.scale));
+    std::fill(s, s + first, NEG_INF);
+    std::fill(s + last + 1, s + KT, NEG_INF);
+    if (pr.softcap > 0)
+      for (int64_t jj = first; jj <= last; ++jj) s[jj] = pr.softcap * std::tanh(s[jj] / pr.softcap);
+  }
+}
+
 template <typename T>
 void tile(const Problem<T>& pr, const Task& t, Scratch<T>& w, int64_t nq, int64_t j0, int64_t nk) {
   // every row of the tile is asked for at once, so the memory fetches overlap (the cache rarely
@@ -136,7 +173,10 @@ void tile(const Problem<T>& pr, const Task& t, Scratch<T>& w, int64_t nq, int64_
     for (int64_t d = 0; d < pr.D; d += 64 / sizeof(T)) __builtin_prefetch(w.kv[jj] + d);
     for (int64_t d = 0; d < pr.Dv; d += 64 / sizeof(T)) __builtin_prefetch(w.vv[jj] + d);
   }
-  scores(pr, t, w, nq, j0, nk);
+  if (nq >= BLOCKED_MIN)
+    scores_blocked(pr, w, nq, j0, nk);
+  else
+    scores(pr, t, w, nq, j0, nk);
   for (int64_t i = 0; i < nq; ++i) {
     float* s = &w.s[i * KT];
     const float mt = *std::max_element(s, s + KT);
