@@ -47,6 +47,7 @@ CASES = {
     "MQA, odd head dim, block size 1": dict(
         query_lens=[3, 1], seq_lens=[3, 90], heads=6, kv_heads=1, d=40, dv=24, bs=1
     ),
+    "decodes, then fresh prompts past SDPA_MIN_ROWS": dict(query_lens=[1, 1, 90, 64, 3], seq_lens=[40, 7, 90, 64, 3]),
     "decodes, then chunks past SDPA_MIN_ROWS": dict(
         query_lens=[1, 1, 1, 100, 70, 3], seq_lens=[50, 90, 3, 130, 70, 40]
     ),

@@ -237,9 +237,36 @@ def _native_and_sdpa(query, k_cache, v_cache, meta: AttentionMeta, planned, res,
         head = tuple(x.to(torch.int32).contiguous() for x in (index[0][: p + 1], index[1][:p], index[2][:p]))
         native.paged_attention(query[:row], k_cache, v_cache, head, res[:row], **options)
     hq = query.shape[1]
+    suffix = range(p, len(seq_lens))
+    fresh = options["window"] == (-1, -1) and all(starts[b + 1] - starts[b] == seq_lens[b] for b in suffix)
+    if fresh:  # new prompts only: each is one SDPA call over its own keys, causal without a mask
+        for b in suffix:
+            _fresh_prompt(query, k_cache, v_cache, meta.block_table[b], starts[b], seq_lens[b], res, **options)
+        return res
     if planned is not None:
         groups = planned.groups(hq, query.device, p)
     else:
         groups = plan([s - row for s in starts[p:]], seq_lens[p:], hq, query.device)
     _grouped(query[row:], k_cache, v_cache, meta.block_table[p:], groups, res[row:], widen=True, **options)
     return res
+
+
+def _fresh_prompt(query, k_cache, v_cache, table_row, start: int, length: int, res, *, causal, scale, **_):
+    """res rows [start, start + length) of a sequence whose keys are its own query rows (no cached
+    context): torch's SDPA in float32 with ``is_causal`` (no mask tensor, its flash kernel), over the
+    keys gathered from its blocks (ids clamped into the cache) and expanded to the query heads."""
+    if length == 0:
+        return
+    nb, bs, hkv = k_cache.shape[:3]
+    blocks = table_row[: -(-length // bs)].to(torch.int64).clamp(0, nb - 1)
+    hq = query.shape[1]
+
+    def keys(cache: torch.Tensor) -> torch.Tensor:
+        x = cache.index_select(0, blocks).flatten(0, 1)[:length].transpose(0, 1).to(torch.float32)
+        return x.repeat_interleave(hq // hkv, dim=0)[None]
+
+    q = query[start : start + length].transpose(0, 1).to(torch.float32)[None]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, keys(k_cache), keys(v_cache), is_causal=causal, scale=scale
+    )
+    res[start : start + length] = out[0].transpose(0, 1).to(res.dtype)
