@@ -162,9 +162,10 @@ class Ops:
         ops of every layer skip that check), and the backend's ``plan_attention`` hook's preparation
         when it has one. Call once per step and pass the result to every layer."""
         op = "plan_attention"
-        check_meta_shapes(op, meta, num_tokens)
         if self.backend.validate:
             check_meta(op, meta, num_tokens, num_blocks, block_size)
+        else:
+            check_meta_shapes(op, meta, num_tokens)
         sizes = (num_tokens, num_blocks, block_size, meta.max_query_len, meta.max_seq_len)
         data = self._hook("attention", meta, num_tokens=num_tokens, num_blocks=num_blocks, block_size=block_size)
         return dataclasses.replace(meta, plan=Plan(meta.tensors(), sizes, self.backend.validate, self.name, data))

@@ -20,7 +20,7 @@ from hetero.spec.types import AttentionMeta
 from hetero_torch._native import DTYPES, extension
 from hetero_torch._native import rows as _rows
 
-__all__ = ["applies", "paged_attention", "write_kv"]
+__all__ = ["applies", "index_of", "paged_attention", "write_kv"]
 
 
 @functools.cache
@@ -83,6 +83,13 @@ def _index(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.int32).contiguous()
 
 
+def index_of(meta: AttentionMeta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(query_start_loc, seq_lens, block_table) as the kernel reads them: int32, rows contiguous."""
+    table = meta.block_table.to(torch.int32)
+    table = table if table.shape[1] <= 1 or table.stride(1) == 1 else table.contiguous()
+    return _index(meta.query_start_loc), _index(meta.seq_lens), table
+
+
 def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -100,9 +107,7 @@ def paged_attention(
     """The op's result written into res [T, Hq, Dv] (and lse float32 [T, Hq]) for inputs ``applies`` takes;
     ``meta`` may be the step plan's int32 (query_start_loc, seq_lens, block_table), as the kernel reads them."""
     if isinstance(meta, AttentionMeta):
-        table = meta.block_table.to(torch.int32)
-        table = table if table.shape[1] <= 1 or table.stride(1) == 1 else table.contiguous()
-        meta = (_index(meta.query_start_loc), _index(meta.seq_lens), table)
+        meta = index_of(meta)
     out, lse = torch.ops.hetero_torch_native.paged_attention(
         _rows(query),
         k_cache,

@@ -16,13 +16,9 @@ import torch
 
 from hetero.spec.checks import check_meta, check_state_batch
 from hetero.spec.types import AttentionMeta, Plan
-from hetero_torch import _attention_plan, _recurrent_plan
+from hetero_torch import _attention_native, _attention_plan, _recurrent_plan
 
 __all__ = ["AttentionPlan", "RecurrentPlan", "plan_attention", "plan_recurrent", "attention", "recurrent"]
-
-
-def _index(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.int32).contiguous()
 
 
 @dataclass
@@ -62,9 +58,7 @@ class RecurrentPlan:
 
 def plan_attention(meta: AttentionMeta, *, num_tokens: int, num_blocks: int, block_size: int) -> AttentionPlan:
     starts, seq_lens = check_meta("plan_attention", meta, num_tokens, num_blocks, block_size)
-    table = meta.block_table.to(torch.int32)
-    table = table if table.shape[1] <= 1 or table.stride(1) == 1 else table.contiguous()
-    return AttentionPlan(starts, seq_lens, (_index(meta.query_start_loc), _index(meta.seq_lens), table))
+    return AttentionPlan(starts, seq_lens, _attention_native.index_of(meta))
 
 
 def plan_recurrent(

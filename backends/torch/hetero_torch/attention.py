@@ -233,8 +233,8 @@ def _native_and_sdpa(query, k_cache, v_cache, meta: AttentionMeta, planned, res,
     p = next((b for b in range(len(seq_lens)) if starts[b + 1] - starts[b] > 1), len(seq_lens))
     row = starts[p]
     if p:
-        index = planned.native if planned else (meta.query_start_loc, meta.seq_lens, meta.block_table)
-        head = tuple(x.to(torch.int32).contiguous() for x in (index[0][: p + 1], index[1][:p], index[2][:p]))
+        qsl, lens, table = planned.native if planned else native.index_of(meta)
+        head = (qsl[: p + 1], lens[:p], table[:p])
         native.paged_attention(query[:row], k_cache, v_cache, head, res[:row], **options)
     hq = query.shape[1]
     suffix = range(p, len(seq_lens))

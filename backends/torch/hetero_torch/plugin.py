@@ -16,6 +16,7 @@ import torch
 
 import hetero
 from hetero.spec import SPEC_VERSION
+from hetero_torch import _step_plan
 
 __all__ = ["TorchBackend", "hetero_backends", "FAMILIES"]
 
@@ -53,24 +54,9 @@ class TorchBackend(hetero.Backend):
 
         return _support.reason(op, static, self.device)
 
-    def plan_attention(self, meta: Any, *, num_tokens: int, num_blocks: int, block_size: int) -> Any:
-        from hetero_torch import _step_plan
-
-        return _step_plan.plan_attention(meta, num_tokens=num_tokens, num_blocks=num_blocks, block_size=block_size)
-
-    def plan_recurrent(
-        self,
-        query_start_loc: torch.Tensor,
-        state_slots: torch.Tensor,
-        has_initial_state: torch.Tensor,
-        *,
-        num_tokens: int,
-        num_slots: int,
-    ) -> Any:
-        from hetero_torch import _step_plan
-
-        index = (query_start_loc, state_slots, has_initial_state)
-        return _step_plan.plan_recurrent(*index, num_tokens=num_tokens, num_slots=num_slots)
+    # the step plan's hooks (spec 1.6): hetero_torch._step_plan
+    plan_attention = staticmethod(_step_plan.plan_attention)
+    plan_recurrent = staticmethod(_step_plan.plan_recurrent)
 
 
 def _families() -> list[ModuleType]:

@@ -217,10 +217,11 @@ class GatedDeltaNet(CachedLayer):
             quant_config=quant_config,
         )
         # a step plan is passed only to ops that take one (an implementation older than spec 1.6 does not)
-        self._plans = all(
-            takes_option(ctx.bind_op(self, attr, op), op, "plan")
+        bound = {
+            op: ctx.bind_op(self, attr, op)
             for attr, op in (("_conv", "causal_conv1d"), ("_delta_rule", "gated_delta_rule"))
-        )
+        }
+        self._plans = all(takes_option(fn, op, "plan") for op, fn in bound.items())
         self.conv_state: torch.Tensor | None = None
         self.ssm_state: torch.Tensor | None = None
 
