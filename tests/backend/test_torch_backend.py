@@ -90,23 +90,47 @@ def test_a_reused_weight_is_packed_once_and_repacked_when_it_changes(dtype):
     check(a, True)
     check(a[:1], True)
     check(a[:0], True)
+    # past ROW_STEP the row count is rounded up: a zero-padded copy here (no rows follow)
+    check(torch.randn(_gemm_packed.ROW_STEP * 2 + 5, k, generator=gen).to(dtype), True)
 
 
 def test_reused_expert_weights_are_packed_per_group():
     """grouped_gemm on a CPU float32 [G, N, K] seen twice runs one packed product per group that owns
-    rows (an empty group and rows past the last end included): the float64 reference's result."""
+    rows (an empty group and rows past the last end included): the float64 reference's result. Groups
+    longer than ROW_STEP run rounded up, on the rows that follow (group 2) or a zero-padded copy (group 3)."""
     from hetero_torch import _gemm_packed
     from hetero_torch.gemm import grouped_gemm
 
     if not _gemm_packed.PACK_WEIGHTS:
         pytest.skip("oneDNN packing is off here (HETERO_TORCH_PACK_WEIGHTS=0 or no mkldnn)")
     gen = torch.Generator().manual_seed(0)
-    a, b = torch.randn(20, 64, generator=gen), torch.randn(4, 48, 64, generator=gen)
-    ends = torch.tensor([5, 5, 12, 18], dtype=torch.int32)
-    ref = torch.zeros(20, 48, dtype=torch.float64)
-    for g, (start, end) in enumerate(zip([0, 5, 5, 12], ends.tolist())):
+    assert _gemm_packed.ROW_STEP == 16  # the group sizes below straddle it
+    a, b = torch.randn(60, 64, generator=gen), torch.randn(4, 48, 64, generator=gen)
+    ends = torch.tensor([5, 5, 29, 52], dtype=torch.int32)
+    ref = torch.zeros(60, 48, dtype=torch.float64)
+    for g, (start, end) in enumerate(zip([0, 5, 5, 29], ends.tolist())):
         ref[start:end] = a[start:end].double() @ b[g].double().T
     for packed in (False, True):
         out = grouped_gemm(a, b, ends)
         assert (out.double() - ref).abs().max().item() < 1e-4
         assert isinstance(getattr(b, "_hetero_torch_packed")[1], list) == packed
+
+
+def test_a_packed_weight_is_one_opaque_call_in_a_compiled_graph():
+    """Under torch.compile, gemm on a weight it packs stays on the packed path, one opaque op (Inductor's
+    own GEMM for it is MKL's on the plain layout, 2x slower at a decode step's rows): the float64
+    reference's product, and the weight's packed copy made once and reused."""
+    from hetero_torch import _gemm_packed
+    from hetero_torch.gemm import gemm
+
+    if torch.float32 not in _gemm_packed.DTYPES:
+        pytest.skip("oneDNN packing is off here (HETERO_TORCH_PACK_WEIGHTS=0 or no mkldnn)")
+    gen = torch.Generator().manual_seed(0)
+    k, n = 512, _gemm_packed.MIN_WEIGHT // 512
+    a, w = torch.randn(20, k, generator=gen), torch.randn(n, k, generator=gen)
+    product = torch.compile(lambda x: gemm(x, w), fullgraph=True, dynamic=False)
+    for _ in range(3):
+        out = product(a)
+    assert (out.double() - a.double() @ w.double().T).abs().max().item() < 1e-3
+    key, packed = getattr(w, "_hetero_torch_packed")
+    assert packed is not None and key[1] == w.data_ptr()

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-__all__ = ["packed_linear", "packed_grouped", "cached_pack", "PACK_WEIGHTS", "DTYPES"]
+__all__ = ["packed_linear", "compiled_linear", "packed_grouped", "cached_pack", "PACK_WEIGHTS", "DTYPES"]
 
 #: whether reused CPU float32 weights are packed (read once, at import)
 PACK_WEIGHTS = os.environ.get("HETERO_TORCH_PACK_WEIGHTS", "1") != "0" and torch.backends.mkldnn.is_available()
@@ -33,9 +33,14 @@ DTYPES = (
 )
 #: packed_linear's domain: weights of at least this many elements
 MIN_WEIGHT = 1 << 18
+#: oneDNN builds (JIT-compiles) a primitive for every new row count, about 4 ms each on the build
+#: machine: a prefill's expert groups, of every size from 1 up, built hundreds under a first request
+#: (16 prompts on four Qwen3-30B-A3B layers: 2.3 s first, 0.75 s repeated). Row counts above
+#: ROW_STEP are rounded up to its multiple (AMX's tile height) so a process meets a bounded set of them.
+ROW_STEP = 16
 
 
-def _fits(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def _fits(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, compiling: bool = False) -> bool:
     return (
         PACK_WEIGHTS
         and a.device.type == "cpu"
@@ -46,7 +51,7 @@ def _fits(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> bool:
         and b.numel() > 0
         and not b.requires_grad
         and (bias is None or bias.dtype == a.dtype)
-        and not torch.compiler.is_compiling()
+        and (compiling or not torch.compiler.is_compiling())
     )
 
 
@@ -84,7 +89,45 @@ def packed_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -
     packed = _packed(b)
     if packed is None:
         return None
+    if a.dim() != 2:
+        return _onednn_linear(a, packed, bias)
+    return _rows(a, 0, a.shape[0], packed, bias)
+
+
+def _onednn_linear(a: torch.Tensor, packed, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(a, packed, bias, "none", [], "")
+
+
+def _rows(a: torch.Tensor, start: int, end: int, packed, bias: torch.Tensor | None) -> torch.Tensor:
+    """Rows [start, end) of a (2-D) through the packed weight, the row count rounded up (ROW_STEP): the
+    rows that follow stand in for the padding where a has them, else a zero-padded copy."""
+    m = end - start
+    rounded = m if m <= ROW_STEP else -(-m // ROW_STEP) * ROW_STEP
+    if rounded == m:
+        return _onednn_linear(a[start:end], packed, bias)
+    if start + rounded <= a.shape[0]:
+        return _onednn_linear(a[start : start + rounded], packed, bias)[:m]
+    padded = a.new_zeros(rounded, a.shape[1])
+    padded[:m] = a[start:end]
+    return _onednn_linear(padded, packed, bias)[:m]
+
+
+def _linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out = packed_linear(a, b, bias)
+    return torch.nn.functional.linear(a, b, bias) if out is None else out
+
+
+_linear_op = torch.library.custom_op("hetero_torch::linear", _linear, mutates_args=())
+_linear_op.register_fake(lambda a, b, bias: a.new_empty(*a.shape[:-1], b.shape[0]))
+
+
+def compiled_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` in a graph being compiled: an opaque call of packed_linear's where packing applies,
+    since Inductor's own GEMM for a frozen weight is MKL's on the plain layout (2x slower at a decode
+    step's rows; its prepacked oneDNN constants would keep graphs out of the FX cache)."""
+    if b.dim() == 2 and b.numel() >= MIN_WEIGHT and _fits(a, b, bias, compiling=True):
+        return _linear_op(a, b, bias)
+    return torch.nn.functional.linear(a, b, bias)
 
 
 def packed_grouped(a: torch.Tensor, b: torch.Tensor, ends: list[int], first_sight: bool = False) -> torch.Tensor | None:
@@ -100,6 +143,6 @@ def packed_grouped(a: torch.Tensor, b: torch.Tensor, ends: list[int], first_sigh
     start = 0
     for g, end in enumerate(ends):
         if end > start:
-            out[start:end] = torch.ops.mkldnn._linear_pointwise(a[start:end], packed[g], None, "none", [], "")
+            out[start:end] = _rows(a, start, end, packed[g], None)
         start = end
     return out

@@ -25,7 +25,7 @@ from hetero.spec.checks import (
 )
 from hetero.spec.types import FLOAT_DTYPES
 from hetero_torch._gemm_grouped import grouped_matmul
-from hetero_torch._gemm_packed import packed_linear
+from hetero_torch._gemm_packed import compiled_linear, packed_linear
 from hetero_torch._gemm_quant import quantize, scaled_grouped_product, scaled_product
 from hetero_torch._layers_util import acc_dtype
 
@@ -40,6 +40,8 @@ def gemm(a, b, *, bias=None, out_dtype=None):
     check_bias(op, bias, b.shape[0], FLOAT_DTYPES, a.device)
     native = a.dtype != torch.float16 or a.device.type != "cpu"  # torch's CPU float16 GEMM is not float32-accumulated
     if native and out_dtype == a.dtype and (bias is None or bias.dtype == a.dtype):
+        if torch.compiler.is_compiling():
+            return compiled_linear(a, b, bias)
         out = packed_linear(a, b, bias)
         return F.linear(a, b, bias) if out is None else out
     acc = acc_dtype(a, b, bias)
