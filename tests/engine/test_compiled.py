@@ -51,7 +51,7 @@ def test_a_restart_reuses_the_compiled_graphs(checkpoints, tmp_path, monkeypatch
     monkeypatch.setenv("HETERO_CACHE_ROOT", str(tmp_path))
     script = (
         "import json, sys; from hetero.engine import LLM; "
-        "llm = LLM(sys.argv[1], backend='torch', dtype='float32', block_size=8, max_num_seqs=4, compile=True); "
+        "llm = LLM(sys.argv[1], backend='torch', dtype='float32', block_size=8, max_num_seqs=1, compile=True); "
         "print(json.dumps(llm.runner.forward.report))"
     )
     reports = []
