@@ -35,7 +35,7 @@ DTYPES = (
 MIN_WEIGHT = 1 << 18
 #: oneDNN builds (JIT-compiles) a primitive for every new row count, about 4 ms each on the build
 #: machine: a prefill's expert groups, of every size from 1 up, built hundreds under a first request
-#: (16 prompts on four Qwen3-30B-A3B layers: 2.3 s first, 0.75 s repeated). Row counts above
+#: (16 prompts on four Qwen3-30B-A3B layers: 2.3 s, 1.1 s rounded as here). Row counts above
 #: ROW_STEP are rounded up to its multiple (AMX's tile height) so a process meets a bounded set of them.
 ROW_STEP = 16
 
@@ -53,6 +53,11 @@ def _fits(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, compiling
         and (bias is None or bias.dtype == a.dtype)
         and (compiling or not torch.compiler.is_compiling())
     )
+
+
+def _linear_fits(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, compiling: bool = False) -> bool:
+    # measured (benchmarks/packed_gemm.py): a small weight at a row or two is faster through MKL
+    return _fits(a, b, bias, compiling) and b.numel() >= MIN_WEIGHT
 
 
 def cached_pack(b: torch.Tensor, attr: str, pack, first_sight: bool = False):
@@ -83,8 +88,7 @@ def _packed(b: torch.Tensor, first_sight: bool = False):
 
 def packed_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """a @ b.T (+ bias) from b's packed copy, or None where packing does not apply (then F.linear runs)."""
-    # measured (benchmarks/packed_gemm.py): a small weight at a row or two is faster through MKL
-    if not _fits(a, b, bias) or b.numel() < MIN_WEIGHT:
+    if not _linear_fits(a, b, bias):
         return None
     packed = _packed(b)
     if packed is None:
@@ -125,7 +129,7 @@ def compiled_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None)
     """``F.linear`` in a graph being compiled: an opaque call of packed_linear's where packing applies,
     since Inductor's own GEMM for a frozen weight is MKL's on the plain layout (2x slower at a decode
     step's rows; its prepacked oneDNN constants would keep graphs out of the FX cache)."""
-    if b.dim() == 2 and b.numel() >= MIN_WEIGHT and _fits(a, b, bias, compiling=True):
+    if _linear_fits(a, b, bias, compiling=True):
         return _linear_op(a, b, bias)
     return torch.nn.functional.linear(a, b, bias)
 
