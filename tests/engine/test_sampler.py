@@ -37,10 +37,14 @@ def by_hand(row: torch.Tensor, p: SamplingParams) -> list[float]:
     return [prob[i] / z if i in keep else 0.0 for i in range(len(x))]
 
 
-def test_greedy_is_argmax():
-    x = logits(6)
-    params = [SamplingParams(temperature=0)] * 6
-    assert Sampler()(x, params, [None] * 6) == x.argmax(dim=-1).tolist()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_is_argmax_the_first_of_tied_maxima(dtype):
+    x = torch.randn(4, 151936, generator=torch.Generator().manual_seed(3)).to(dtype)
+    x[1, [70000, 9, 150000]] = 50.0  # a tie: the lowest index wins
+    x[2, [20, 30]] = float("nan")  # a NaN row: the first NaN, as argmax says
+    params = [SamplingParams(temperature=0)] * 4
+    got = Sampler()(x, params, [None] * 4)
+    assert got == x.argmax(dim=-1).tolist() and got[1:3] == [9, 20]
 
 
 @pytest.mark.parametrize(

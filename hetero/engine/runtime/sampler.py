@@ -40,7 +40,9 @@ class Sampler:
                 f"Sampler: logits {list(logits.shape)} need one row per entry of params "
                 f"({len(params)}) and generators ({len(generators)})"
             )
-        out = logits.argmax(dim=-1)
+        # max's indices are argmax's (the first maximum; a NaN wins), but on the CPU max reduces bf16
+        # rows vectorized: 16 x 151936 in 1.2 ms, where argmax takes 5 ms
+        out = logits.max(dim=-1).indices
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if rows:
             probs = self.probabilities(logits[rows], [params[i] for i in rows])
