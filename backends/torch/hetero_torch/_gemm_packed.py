@@ -20,6 +20,8 @@ import os
 
 import torch
 
+from hetero_torch._opaque import opaque
+
 __all__ = ["packed_linear", "compiled_linear", "packed_grouped", "cached_pack", "PACK_WEIGHTS", "DTYPES"]
 
 #: whether reused CPU float32 weights are packed (read once, at import)
@@ -121,8 +123,7 @@ def _linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torc
     return torch.nn.functional.linear(a, b, bias) if out is None else out
 
 
-_linear_op = torch.library.custom_op("hetero_torch::linear", _linear, mutates_args=())
-_linear_op.register_fake(lambda a, b, bias: a.new_empty(*a.shape[:-1], b.shape[0]))
+_linear_op = opaque("linear", _linear, lambda a, b, bias: a.new_empty(*a.shape[:-1], b.shape[0]))
 
 
 def compiled_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

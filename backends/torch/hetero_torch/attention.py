@@ -41,6 +41,7 @@ from hetero_torch._attention_dense import merge_attention, varlen_attention
 from hetero_torch._attention_indexer import indexer_topk
 from hetero_torch._attention_mla import mla_attention
 from hetero_torch._attention_plan import Batch, gather_paged, pad, plan
+from hetero_torch._opaque import opaque
 
 __all__ = [
     "write_kv",
@@ -72,8 +73,7 @@ def _scatter_slots(dst: torch.Tensor, src: torch.Tensor, slot_mapping: torch.Ten
 
 # torch.compile sees the scatter as one opaque op: selecting the kept slots has a data-dependent
 # size, which would break the graph at every layer. Eager calls skip the custom op's dispatch.
-_scatter_op = torch.library.custom_op("hetero_torch::scatter_slots", _scatter_slots, mutates_args=("dst",))
-_scatter_op.register_fake(lambda dst, src, slot_mapping: None)
+_scatter_op = opaque("scatter_slots", _scatter_slots, lambda dst, src, slot_mapping: None, mutates_args=("dst",))
 
 
 def _scatter(dst: torch.Tensor, src: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -89,9 +89,13 @@ def _scatter_kv(
     v_cache.index_put_(index, value[keep].to(v_cache.dtype))
 
 
-# one opaque op per layer rather than two: a Python custom op costs tens of microseconds a call
-_scatter_kv_op = torch.library.custom_op("hetero_torch::scatter_kv", _scatter_kv, mutates_args=("k_cache", "v_cache"))
-_scatter_kv_op.register_fake(lambda k_cache, v_cache, key, value, slot_mapping: None)
+# one opaque op per layer rather than two
+_scatter_kv_op = opaque(
+    "scatter_kv",
+    _scatter_kv,
+    lambda k_cache, v_cache, key, value, slot_mapping: None,
+    mutates_args=("k_cache", "v_cache"),
+)
 
 
 # ----------------------------------------------------------------------------- writes

@@ -30,6 +30,7 @@ from hetero_torch import _layers_native as native_layers
 from hetero_torch._gemm_grouped import grouped_matmul
 from hetero_torch._layers_util import acc_dtype
 from hetero_torch._moe_native import native_fused_moe
+from hetero_torch._opaque import opaque
 
 __all__ = ["route", "moe_permute", "moe_unpermute", "fused_moe"]
 
@@ -197,8 +198,7 @@ def _experts(
 # torch.compile sees the experts as one opaque op, so a compiled forward stays one graph: the ids
 # and the expert groups' ends are read on the host (and CPU grouped_mm's fake kernel declines
 # float32, which the real one takes). Eager calls skip the custom op's dispatch.
-_experts_op = torch.library.custom_op("hetero_torch::fused_moe", _experts, mutates_args=())
-_experts_op.register_fake(lambda x, *args: torch.empty_like(x))
+_experts_op = opaque("fused_moe", _experts, lambda x, *args: torch.empty_like(x))
 
 
 def fused_moe(
