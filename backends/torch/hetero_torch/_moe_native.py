@@ -51,9 +51,9 @@ def _panels(w: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _gate_up_panels(w13: torch.Tensor, width: int) -> torch.Tensor:
-    """w13 [E, 2I, K] -> the gate half's panels followed by the up half's: [E, 2 * ceil(I / width), K, width]."""
-    gate, up = w13.chunk(2, dim=1)
-    return torch.cat([_panels(gate, width), _panels(up, width)], dim=1)
+    """w13 [E, 2I, K] -> gate panel b followed by up panel b, for each b: [E, 2 * ceil(I / width), K, width]."""
+    gate, up = (_panels(half, width) for half in w13.chunk(2, dim=1))
+    return torch.stack([gate, up], dim=2).flatten(1, 2)
 
 
 def native_fused_moe(
