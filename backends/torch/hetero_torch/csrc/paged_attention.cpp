@@ -35,16 +35,6 @@ constexpr int64_t KT = 64;    // keys per tile, a multiple of VW
 constexpr int64_t BLOCKED_MIN = 8;
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
-template <typename T>
-inline float dot(const float* a, const T* b, int64_t n) {
-  vec acc{};
-  int64_t d = 0;
-  for (; d + VW <= n; d += VW) acc += load(a + d) * load(b + d);
-  float s = hsum(acc);
-  for (; d < n; ++d) s += a[d] * widen(b[d]);
-  return s;
-}
-
 // acc[0, n) += sum over keys jj of p[jj] * v[jj][0, n), the accumulators in registers across the keys
 template <typename T>
 inline void accumulate(float* acc, const float* p, const T* const* v, int64_t nk, int64_t n) {
@@ -118,18 +108,6 @@ struct Scratch {
   }
 };
 
-template <typename T>
-void scores(const Problem<T>& pr, const Task& t, Scratch<T>& w, int64_t nq, int64_t j0, int64_t nk) {
-  std::fill(w.s.begin(), w.s.begin() + nq * KT, NEG_INF);
-  for (int64_t i = 0; i < nq; ++i) {
-    const int64_t first = std::max<int64_t>(w.lo[i] - j0, 0), last = std::min<int64_t>(w.hi[i] - j0, nk - 1);
-    float* s = &w.s[i * KT];
-    for (int64_t jj = first; jj <= last; ++jj) s[jj] = dot(w.qp[i], w.kv[jj], pr.D) * pr.scale;
-    if (pr.softcap > 0)
-      for (int64_t jj = first; jj <= last; ++jj) s[jj] = pr.softcap * std::tanh(s[jj] / pr.softcap);
-  }
-}
-
 // The scores of all nq query vectors against the tile as one [nq, D] x [D, KT] product: the tile's
 // keys go once into kt [D, KT] as float32, then each query row accumulates KT / VW vectors of
 // scores over d by broadcast multiply-adds (no horizontal sums, no per-query widening).
@@ -163,20 +141,109 @@ void scores_blocked(const Problem<T>& pr, Scratch<T>& w, int64_t nq, int64_t j0,
   }
 }
 
+// keys whose rows are asked for ahead of the one being scored (all of a tile's at once stalled the
+// loop until they had all arrived)
+constexpr int64_t PK = 8;
+
+template <typename T>
+inline void prefetch(const T* row, int64_t n) {
+  for (int64_t d = 0; d < n; d += 64 / sizeof(T)) __builtin_prefetch(row + d);
+}
+
+// Fewer query vectors than BLOCKED_MIN (a decode step's GQA group): each key and value row is read
+// and widened once for all NQ of them (per query, that widening cost as much as the dot product).
+template <int64_t NQ, typename T>
+void scores_shared(const Problem<T>& pr, Scratch<T>& w, int64_t j0, int64_t nk) {
+  for (int64_t jj = 0; jj < nk; ++jj) {
+    if (jj + PK < nk) prefetch(w.kv[jj + PK], pr.D);
+    prefetch(w.vv[jj], pr.Dv);  // read by this tile's accumulate_shared
+    const T* key = w.kv[jj];
+    vec acc[NQ][2] = {};
+    int64_t d = 0;
+    for (; d + 2 * VW <= pr.D; d += 2 * VW) {
+      const vec k0 = load(key + d), k1 = load(key + d + VW);
+      for (int64_t i = 0; i < NQ; ++i) acc[i][0] += load(w.qp[i] + d) * k0, acc[i][1] += load(w.qp[i] + d + VW) * k1;
+    }
+    for (; d + VW <= pr.D; d += VW) {
+      const vec k0 = load(key + d);
+      for (int64_t i = 0; i < NQ; ++i) acc[i][0] += load(w.qp[i] + d) * k0;
+    }
+    for (int64_t i = 0; i < NQ; ++i) {
+      float s = hsum(acc[i][0] + acc[i][1]);
+      for (int64_t e = d; e < pr.D; ++e) s += w.qp[i][e] * widen(key[e]);
+      const int64_t j = j0 + jj;
+      w.s[i * KT + jj] = j >= w.lo[i] && j <= w.hi[i] ? s * pr.scale : NEG_INF;
+    }
+  }
+  for (int64_t i = 0; i < NQ; ++i) {
+    float* s = &w.s[i * KT];
+    std::fill(s + nk, s + KT, NEG_INF);
+    if (pr.softcap > 0)
+      for (int64_t jj = 0; jj < nk; ++jj)
+        if (s[jj] != NEG_INF) s[jj] = pr.softcap * std::tanh(s[jj] / pr.softcap);
+  }
+}
+
+template <int64_t NQ, typename T>
+void accumulate_shared(Scratch<T>& w, const T* const* v, int64_t nk, int64_t n) {
+  int64_t d = 0;
+  for (; d + 2 * VW <= n; d += 2 * VW) {
+    vec a[NQ][2];
+    for (int64_t i = 0; i < NQ; ++i) a[i][0] = load(&w.acc[i * n + d]), a[i][1] = load(&w.acc[i * n + d + VW]);
+    for (int64_t jj = 0; jj < nk; ++jj) {
+      const vec v0 = load(v[jj] + d), v1 = load(v[jj] + d + VW);
+      for (int64_t i = 0; i < NQ; ++i) {
+        const float p = w.s[i * KT + jj];
+        a[i][0] += p * v0, a[i][1] += p * v1;
+      }
+    }
+    for (int64_t i = 0; i < NQ; ++i) store(&w.acc[i * n + d], a[i][0]), store(&w.acc[i * n + d + VW], a[i][1]);
+  }
+  for (; d + VW <= n; d += VW) {
+    vec a[NQ];
+    for (int64_t i = 0; i < NQ; ++i) a[i] = load(&w.acc[i * n + d]);
+    for (int64_t jj = 0; jj < nk; ++jj) {
+      const vec v0 = load(v[jj] + d);
+      for (int64_t i = 0; i < NQ; ++i) a[i] += w.s[i * KT + jj] * v0;
+    }
+    for (int64_t i = 0; i < NQ; ++i) store(&w.acc[i * n + d], a[i]);
+  }
+  for (; d < n; ++d)
+    for (int64_t i = 0; i < NQ; ++i)
+      for (int64_t jj = 0; jj < nk; ++jj) w.acc[i * n + d] += w.s[i * KT + jj] * widen(v[jj][d]);
+}
+
+// f(std::integral_constant<int64_t, nq>) for 1 <= nq < BLOCKED_MIN
+template <typename F>
+void by_count(int64_t nq, const F& f) {
+  static_assert(BLOCKED_MIN == 8);
+  switch (nq) {
+    case 1: return f(std::integral_constant<int64_t, 1>{});
+    case 2: return f(std::integral_constant<int64_t, 2>{});
+    case 3: return f(std::integral_constant<int64_t, 3>{});
+    case 4: return f(std::integral_constant<int64_t, 4>{});
+    case 5: return f(std::integral_constant<int64_t, 5>{});
+    case 6: return f(std::integral_constant<int64_t, 6>{});
+    default: return f(std::integral_constant<int64_t, 7>{});
+  }
+}
+
 template <typename T>
 void tile(const Problem<T>& pr, const Task& t, Scratch<T>& w, int64_t nq, int64_t j0, int64_t nk) {
   // every row of the tile is asked for at once, so the memory fetches overlap (the cache rarely
   // holds them: a step reads each layer's cache once)
   pr.rows(t.b, j0, nk, t.kvh, pr.k, pr.D, w.kv);
   pr.rows(t.b, j0, nk, t.kvh, pr.v, pr.Dv, w.vv);
-  for (int64_t jj = 0; jj < nk; ++jj) {
-    for (int64_t d = 0; d < pr.D; d += 64 / sizeof(T)) __builtin_prefetch(w.kv[jj] + d);
-    for (int64_t d = 0; d < pr.Dv; d += 64 / sizeof(T)) __builtin_prefetch(w.vv[jj] + d);
-  }
-  if (nq >= BLOCKED_MIN)
+  if (nq >= BLOCKED_MIN) {
+    for (int64_t jj = 0; jj < nk; ++jj) {
+      prefetch(w.kv[jj], pr.D);
+      prefetch(w.vv[jj], pr.Dv);
+    }
     scores_blocked(pr, w, nq, j0, nk);
-  else
-    scores(pr, t, w, nq, j0, nk);
+  } else {
+    for (int64_t jj = 0; jj < std::min(PK, nk); ++jj) prefetch(w.kv[jj], pr.D);
+    by_count(nq, [&](auto n) { scores_shared<decltype(n)::value>(pr, w, j0, nk); });
+  }
   for (int64_t i = 0; i < nq; ++i) {
     float* s = &w.s[i * KT];
     const float mt = *std::max_element(s, s + KT);
@@ -199,6 +266,9 @@ void tile(const Problem<T>& pr, const Task& t, Scratch<T>& w, int64_t nq, int64_
     }
     w.l[i] += hsum(sum);
   }
+  // a query that has seen no key yet keeps its zero state (a value row's inf or NaN times 0 would not)
+  if (nq < BLOCKED_MIN && std::all_of(w.m.begin(), w.m.begin() + nq, [](float m) { return m != NEG_INF; }))
+    return by_count(nq, [&](auto n) { accumulate_shared<decltype(n)::value>(w, w.vv, nk, pr.Dv); });
   for (int64_t i = 0; i < nq; ++i)
     if (w.m[i] != NEG_INF) accumulate(&w.acc[i * pr.Dv], &w.s[i * KT], w.vv, nk, pr.Dv);
 }
