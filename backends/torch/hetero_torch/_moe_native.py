@@ -12,10 +12,12 @@ It is part of hetero-torch's native extension (``_native``); where that is off o
 built, fused_moe keeps the grouped GEMMs. Expert weights are repacked into column panels on
 first sight and the panels kept on the weight tensor (``cached_pack``), doubling the experts'
 memory like oneDNN packing does. bfloat16 experts stay bfloat16 in their panels (half the bytes
-a decode step reads); the kernel widens them as it reads them and computes in float32, the rows,
-routing weights and biases widened once per call and the result rounded once to x's dtype. The
-kernel's float32 FMAs lose to oneDNN's bf16 GEMMs (AMX, AVX512-BF16) once experts own several
-rows: bf16 calls with more than ``BF16_MAX_PAIRS_PER_EXPERT`` (token, slot) pairs an expert take
+a decode step reads). Where the build has AVX512-BF16, bf16 rows over bf16 experts go through
+``vdpbf16ps`` on panels packed in k pairs: the projections and the hidden rows are rounded to bf16
+as the spec's r() does, accumulation is float32 (one Qwen3-30B-A3B layer at 16 tokens: 29 ms widening,
+24 ms in pairs, vLLM's AMX kernel 23 ms). Elsewhere the kernel widens bf16 weights as it reads them
+and computes in float32, the result rounded once to x's dtype. The kernel loses to oneDNN's bf16
+GEMMs (AMX) once experts own several rows: bf16 calls with more than ``BF16_MAX_PAIRS_PER_EXPERT`` (token, slot) pairs an expert take
 the grouped GEMMs (packed by oneDNN: the experts then hold a third copy). Measured at Qwen3-30B-A3B's
 layer (128 experts, top-8, hidden 2048, intermediate 768) on the 2-core build machine: 74 against
 96 ms at 64 tokens (4 pairs an expert), 92 against 67 ms at 128 tokens, 549 against 174 ms at 1100.
@@ -43,16 +45,21 @@ BF16_MAX_PAIRS_PER_EXPERT = 6
 ACTIVATIONS = ("silu", "swiglu_clamp", "swigluoai")
 
 
-def _panels(w: torch.Tensor, width: int) -> torch.Tensor:
-    """[E, N, K] -> [E, ceil(N / width), K, width]: panel b holds columns b*width.. of every row, zero past N."""
+def _panels(w: torch.Tensor, width: int, pairs: bool = False) -> torch.Tensor:
+    """[E, N, K] -> [E, ceil(N / width), K, width]: panel b holds columns b*width.. of every row, zero past N.
+    ``pairs``: each panel in k pairs instead, [ceil(K / 2), width, 2] (zero past K), shaped [2 * ceil(K / 2), width]."""
     experts, n, k = w.shape
     blocks = -(-n // width)
-    return F.pad(w, (0, 0, 0, blocks * width - n)).view(experts, blocks, width, k).transpose(2, 3).contiguous()
+    if not pairs:
+        return F.pad(w, (0, 0, 0, blocks * width - n)).view(experts, blocks, width, k).transpose(2, 3).contiguous()
+    k2 = -(-k // 2)
+    padded = F.pad(w, (0, 2 * k2 - k, 0, blocks * width - n)).view(experts, blocks, width, k2, 2)
+    return padded.permute(0, 1, 3, 2, 4).reshape(experts, blocks, 2 * k2, width)
 
 
-def _gate_up_panels(w13: torch.Tensor, width: int) -> torch.Tensor:
+def _gate_up_panels(w13: torch.Tensor, width: int, pairs: bool = False) -> torch.Tensor:
     """w13 [E, 2I, K] -> gate panel b followed by up panel b, for each b: [E, 2 * ceil(I / width), K, width]."""
-    gate, up = (_panels(half, width) for half in w13.chunk(2, dim=1))
+    gate, up = (_panels(half, width, pairs) for half in w13.chunk(2, dim=1))
     return torch.stack([gate, up], dim=2).flatten(1, 2)
 
 
@@ -87,13 +94,17 @@ def native_fused_moe(
     module, _ = extension()
     if module is None:
         return None
+    # bf16 rows over bf16 experts go in k pairs (AVX512-BF16 dot products), where the build has them
+    pairs = w13.dtype == torch.bfloat16 and module.bf16_pairs()
+    if pairs and x.dtype != torch.bfloat16:
+        return None  # float32 rows over experts packed in pairs: the grouped GEMMs, at x's precision
     width = module.panel_width()
-    p13 = cached_pack(w13, _ATTR, functools.partial(_gate_up_panels, width=width), first_sight=True)
-    p2 = cached_pack(w2, _ATTR, functools.partial(_panels, width=width), first_sight=True)
+    p13 = cached_pack(w13, _ATTR, functools.partial(_gate_up_panels, width=width, pairs=pairs), first_sight=True)
+    p2 = cached_pack(w2, _ATTR, functools.partial(_panels, width=width, pairs=pairs), first_sight=True)
     bias = [None if b is None else b.to(torch.float32).contiguous() for b in (w13_bias, w2_bias)]
     try:
         out = module.fused_moe(
-            x.to(torch.float32).contiguous(),
+            x.to(x.dtype if pairs else torch.float32).contiguous(),
             ids.contiguous(),
             weights.to(torch.float32).contiguous(),
             p13,

@@ -22,9 +22,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "simd.h"
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -90,6 +95,78 @@ void tile_rows(int64_t count, const float* const* rows, const W* panel, int64_t 
     default: return tile<1>(rows, panel, K, outs, cols, bias);
   }
 }
+
+#if defined(__AVX512BF16__)
+constexpr bool PAIRS = true;
+// bfloat16 rows over a bfloat16 panel packed in k pairs, [ceil(K / 2)][NR][2] (zero past K): each
+// vdpbf16ps multiplies a pair of row values by 16 columns' pairs and adds both products to float32
+// lanes, so the weights are neither widened nor shifted (at 4 rows an expert the widening FMAs
+// were the loop's bound).
+template <int64_t R>
+void tile_pairs(const bf16* const* rows, const bf16* panel, int64_t K, float* const* outs, int64_t cols,
+                const float* bias) {
+  static_assert(NR == 32, "a pair panel row is two 512-bit vectors");
+  constexpr int64_t U = R <= 3 ? 2 : 1;
+  __m512 acc[U][R][2];
+  for (int64_t u = 0; u < U; ++u)
+    for (int64_t r = 0; r < R; ++r) acc[u][r][0] = acc[u][r][1] = _mm512_setzero_ps();
+  const int64_t K2 = K / 2;  // whole pairs; an odd K's last value pairs with the panel's zero
+  const auto step = [&](int64_t u, int64_t kk, const __m512i* a) {
+    const bf16* p = panel + kk * 2 * NR;
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(p), b1 = (__m512bh)_mm512_loadu_si512(p + NR);
+    for (int64_t r = 0; r < R; ++r) {
+      acc[u][r][0] = _mm512_dpbf16_ps(acc[u][r][0], (__m512bh)a[r], b0);
+      acc[u][r][1] = _mm512_dpbf16_ps(acc[u][r][1], (__m512bh)a[r], b1);
+    }
+  };
+  int64_t kk = 0;
+  for (; kk + U <= K2; kk += U) {
+    for (int64_t u = 0; u < U; ++u) {
+      const char* ahead = reinterpret_cast<const char*>(panel + (kk + u + PF / 2) * 2 * NR);
+      __builtin_prefetch(ahead), __builtin_prefetch(ahead + 64);
+    }
+    for (int64_t u = 0; u < U; ++u) {
+      __m512i a[R];
+      for (int64_t r = 0; r < R; ++r) {
+        int32_t pair;
+        __builtin_memcpy(&pair, rows[r] + 2 * (kk + u), sizeof pair);
+        a[r] = _mm512_set1_epi32(pair);
+      }
+      step(u, kk + u, a);
+    }
+  }
+  for (; kk < (K + 1) / 2; ++kk) {
+    __m512i a[R];
+    for (int64_t r = 0; r < R; ++r) {
+      const uint32_t lo = rows[r][2 * kk], hi = 2 * kk + 1 < K ? rows[r][2 * kk + 1] : 0;
+      a[r] = _mm512_set1_epi32(static_cast<int32_t>(lo | hi << 16));
+    }
+    step(0, kk, a);
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t u = 1; u < U; ++u)
+      acc[0][r][0] = _mm512_add_ps(acc[0][r][0], acc[u][r][0]), acc[0][r][1] = _mm512_add_ps(acc[0][r][1], acc[u][r][1]);
+    float out[NR];
+    _mm512_storeu_ps(out, acc[0][r][0]);
+    _mm512_storeu_ps(out + 16, acc[0][r][1]);
+    for (int64_t j = 0; j < cols; ++j) outs[r][j] = out[j] + (bias ? bias[j] : 0.0f);
+  }
+}
+
+void tile_rows(int64_t count, const bf16* const* rows, const bf16* panel, int64_t K, float* const* outs,
+               int64_t cols, const float* bias) {
+  switch (count) {
+    case 6: return tile_pairs<6>(rows, panel, K, outs, cols, bias);
+    case 5: return tile_pairs<5>(rows, panel, K, outs, cols, bias);
+    case 4: return tile_pairs<4>(rows, panel, K, outs, cols, bias);
+    case 3: return tile_pairs<3>(rows, panel, K, outs, cols, bias);
+    case 2: return tile_pairs<2>(rows, panel, K, outs, cols, bias);
+    default: return tile_pairs<1>(rows, panel, K, outs, cols, bias);
+  }
+}
+#else
+constexpr bool PAIRS = false;
+#endif
 
 template <typename... Got>
 void check(bool ok, const char* what, const Got&... got) {
@@ -159,36 +236,47 @@ Projection<W> projection(const torch::Tensor& packed, int64_t N, const c10::opti
   return {static_cast<const W*>(packed.data_ptr()), b, packed.size(1), K, N};
 }
 
-// Both projections: y[p] = expert(ids[p], x[p / k]) for every pair p, through hidden [P, I].
-template <typename W>
-void experts(const float* xp, const Pairs& pairs, int64_t k, int64_t H, int64_t I, const torch::Tensor& p13,
+// the rows a panel holds: K, or K rounded up to whole pairs in the bf16 pair layout
+template <typename A>
+constexpr int64_t span(int64_t K) {
+  return std::is_same_v<A, bf16> ? (K + 1) / 2 * 2 : K;
+}
+
+// Both projections: y[p] = expert(ids[p], x[p / k]) for every pair p, through hidden [P, I]. The
+// rows A are float32 (panels W widened as read) or bfloat16 (pair panels; gate, up and the hidden
+// rounded to bfloat16 as the spec's r() does).
+template <typename A, typename W>
+void experts(const A* xp, const Pairs& pairs, int64_t k, int64_t H, int64_t I, const torch::Tensor& p13,
              const torch::Tensor& p2, const c10::optional<torch::Tensor>& bias13,
-             const c10::optional<torch::Tensor>& bias2, int64_t act, float a, float lim, float* hp, float* yp) {
-  const int64_t half = (I + NR - 1) / NR;
-  const Projection<W> w13 = projection<W>(p13, 2 * I, bias13, 2 * half, H, "p13");
-  const Projection<W> w2 = projection<W>(p2, H, bias2, (H + NR - 1) / NR, I, "p2");
+             const c10::optional<torch::Tensor>& bias2, int64_t act, float a, float lim, A* hp, float* yp) {
+  const int64_t half = (I + NR - 1) / NR, KH = span<A>(H), KI = span<A>(I);
+  const Projection<W> w13 = projection<W>(p13, 2 * I, bias13, 2 * half, KH, "p13");
+  const Projection<W> w2 = projection<W>(p2, H, bias2, (H + NR - 1) / NR, KI, "p2");
   over_tiles(pairs, half, [&](int64_t e, int64_t b, int64_t first, int64_t count) {
-    const float* rows[MR];
+    const A* rows[MR];
     float gate[MR][NR], up[MR][NR];
     float* g_out[MR];
     float* u_out[MR];
     for (int64_t r = 0; r < count; ++r) rows[r] = xp + (pairs.order[first + r] / k) * H, g_out[r] = gate[r], u_out[r] = up[r];
     const int64_t col = b * NR, cols = std::min(NR, I - col);
     const float* bias = w13.bias ? w13.bias + e * 2 * I : nullptr;
-    tile_rows(count, rows, w13.packed + (e * w13.NB + 2 * b) * H * NR, H, g_out, cols, bias ? bias + col : nullptr);
-    tile_rows(count, rows, w13.packed + (e * w13.NB + 2 * b + 1) * H * NR, H, u_out, cols,
+    tile_rows(count, rows, w13.packed + (e * w13.NB + 2 * b) * KH * NR, H, g_out, cols, bias ? bias + col : nullptr);
+    tile_rows(count, rows, w13.packed + (e * w13.NB + 2 * b + 1) * KH * NR, H, u_out, cols,
               bias ? bias + I + col : nullptr);
     for (int64_t r = 0; r < count; ++r) {
-      float* h = hp + pairs.order[first + r] * I + col;
-      for (int64_t j = 0; j < cols; ++j) h[j] = activate(gate[r][j], up[r][j], act, a, lim);
+      A* h = hp + pairs.order[first + r] * I + col;
+      for (int64_t j = 0; j < cols; ++j) {
+        const float g = widen(narrow<A>(gate[r][j])), u = widen(narrow<A>(up[r][j]));
+        h[j] = narrow<A>(activate(g, u, act, a, lim));
+      }
     }
   });
   over_tiles(pairs, w2.NB, [&](int64_t e, int64_t b, int64_t first, int64_t count) {
-    const float* rows[MR];
+    const A* rows[MR];
     float* outs[MR];
     const int64_t col = b * NR;
     for (int64_t r = 0; r < count; ++r) rows[r] = hp + pairs.order[first + r] * I, outs[r] = yp + pairs.order[first + r] * H + col;
-    tile_rows(count, rows, w2.packed + (e * w2.NB + b) * I * NR, I, outs, std::min(NR, H - col),
+    tile_rows(count, rows, w2.packed + (e * w2.NB + b) * KI * NR, I, outs, std::min(NR, H - col),
               w2.bias ? w2.bias + e * H + col : nullptr);
   });
 }
@@ -196,16 +284,19 @@ void experts(const float* xp, const Pairs& pairs, int64_t k, int64_t H, int64_t 
 }  // namespace
 
 int64_t panel_width() { return NR; }
+bool bf16_pairs() { return PAIRS; }
 
-// x [M, H]; ids int32 or int64 [M, k] in [0, E); weights [M, k]; p13 [E, 2 * ceil(I / NR), H, NR] (gate
-// panels, then up panels) and p2 [E, ceil(H / NR), I, NR], both float32 or both bfloat16; biases
+// x [M, H] float32, or bfloat16 where bf16_pairs(); ids int32 or int64 [M, k] in [0, E); weights [M, k];
+// p13 [E, 2 * ceil(I / NR), H, NR] (gate panel 0, up panel 0, gate panel 1, ...) and p2
+// [E, ceil(H / NR), I, NR], both float32 or both bfloat16 (for bfloat16 x: in k pairs, H and I rounded
+// up to even); biases
 // [E, 2I] and [E, H] or none; act: Activation. Returns [M, H].
 torch::Tensor fused_moe(const torch::Tensor& x, const torch::Tensor& ids, const torch::Tensor& weights,
                         const torch::Tensor& p13, int64_t I, const torch::Tensor& p2,
                         const c10::optional<torch::Tensor>& bias13, const c10::optional<torch::Tensor>& bias2,
                         int64_t act, double alpha, double limit) {
-  check(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous() && x.device().is_cpu(),
-        "x must be a contiguous 2-D float32 CPU tensor", x.sizes(), " ", x.scalar_type(), " on ", x.device());
+  check(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x must be a contiguous 2-D CPU tensor", x.sizes(),
+        " on ", x.device());
   const int64_t M = x.size(0), H = x.size(1), E = p13.size(0);
   check(ids.dim() == 2 && ids.size(0) == M && ids.is_contiguous() &&
             (ids.scalar_type() == torch::kInt || ids.scalar_type() == torch::kLong),
@@ -218,17 +309,28 @@ torch::Tensor fused_moe(const torch::Tensor& x, const torch::Tensor& ids, const 
   const auto wt = p13.scalar_type();
   check(p2.scalar_type() == wt && (wt == torch::kFloat || wt == torch::kBFloat16),
         "the packed projections must both be float32 or both bfloat16", wt, " and ", p2.scalar_type());
+  const auto xt = x.scalar_type();
+  check(xt == torch::kFloat || (PAIRS && xt == torch::kBFloat16 && wt == torch::kBFloat16),
+        "x must be float32, or bfloat16 over bfloat16 pair panels (a build with AVX512-BF16)", xt, " over ", wt);
   const int64_t k = ids.size(1), P = M * k;
   const Pairs pairs = ids.scalar_type() == torch::kInt ? bucket(ids.data_ptr<int32_t>(), P, E)
                                                        : bucket(ids.data_ptr<int64_t>(), P, E);
+  const auto f32 = x.options().dtype(torch::kFloat);
   auto hidden = torch::empty({P, I}, x.options());
-  auto y = torch::empty({P, H}, x.options());
-  const float *xp = x.data_ptr<float>(), *wp = weights.data_ptr<float>();
-  float *hp = hidden.data_ptr<float>(), *yp = y.data_ptr<float>();
-  (wt == torch::kFloat ? &experts<float> : &experts<bf16>)(xp, pairs, k, H, I, p13, p2, bias13, bias2, act,
-                                                            static_cast<float>(alpha), static_cast<float>(limit),
-                                                            hp, yp);
-  auto out = torch::empty({M, H}, x.options());
+  auto y = torch::empty({P, H}, f32);
+  const float* wp = weights.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const float a = static_cast<float>(alpha), lim = static_cast<float>(limit);
+  if (xt == torch::kFloat) {
+    (wt == torch::kFloat ? &experts<float, float> : &experts<float, bf16>)(
+        x.data_ptr<float>(), pairs, k, H, I, p13, p2, bias13, bias2, act, a, lim, hidden.data_ptr<float>(), yp);
+  } else {
+#if defined(__AVX512BF16__)
+    experts<bf16, bf16>(static_cast<const bf16*>(x.data_ptr()), pairs, k, H, I, p13, p2, bias13, bias2, act, a, lim,
+                        static_cast<bf16*>(hidden.data_ptr()), yp);
+#endif
+  }
+  auto out = torch::empty({M, H}, f32);
   float* op = out.data_ptr<float>();
   at::parallel_for(0, M, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t m = lo; m < hi; ++m) {
@@ -245,6 +347,7 @@ torch::Tensor fused_moe(const torch::Tensor& x, const torch::Tensor& ids, const 
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("fused_moe", &fused_moe, "fused_moe of float32 rows over float32 or bfloat16 packed experts");
+  m.def("fused_moe", &fused_moe, "fused_moe of float32 rows over float32 or bfloat16 packed experts, or of bfloat16 rows over bfloat16 pair panels");
   m.def("panel_width", &panel_width, "NR, the packed panel width this build uses");
+  m.def("bf16_pairs", &bf16_pairs, "whether bfloat16 experts are packed in k pairs for bfloat16 rows (AVX512-BF16)");
 }
