@@ -18,9 +18,10 @@ as the spec's r() does, accumulation is float32 (one Qwen3-30B-A3B layer at 16 t
 24 ms in pairs, vLLM's AMX kernel 23 ms). Elsewhere the kernel widens bf16 weights as it reads them
 and computes in float32, the result rounded once to x's dtype. The kernel loses to oneDNN's bf16
 GEMMs (AMX) once experts own several rows: bf16 calls with more than ``BF16_MAX_PAIRS_PER_EXPERT``
-(token, slot) pairs an expert take the grouped GEMMs (packed by oneDNN: the experts then hold a third copy). Measured at Qwen3-30B-A3B's
-layer (128 experts, top-8, hidden 2048, intermediate 768) on the 2-core build machine: 74 against
-96 ms at 64 tokens (4 pairs an expert), 92 against 67 ms at 128 tokens, 549 against 174 ms at 1100.
+(token, slot) pairs an expert take the grouped GEMMs (packed by oneDNN: the experts then hold a
+third copy). Measured at Qwen3-30B-A3B's layer (128 experts, top-8, hidden 2048, intermediate 768)
+on the 2-core build machine, before the prefetch and the pairs: 74 against 96 ms at 64 tokens (4
+pairs an expert), 92 against 67 ms at 128 tokens, 549 against 174 ms at 1100.
 """
 
 from __future__ import annotations
