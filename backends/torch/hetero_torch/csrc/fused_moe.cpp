@@ -1,5 +1,6 @@
-// hetero-torch's CPU fused_moe, float32 rows over float32 or bfloat16 experts (bf16 panels are
-// widened as they are read; accumulation, activation and the combine stay float32):
+// hetero-torch's CPU fused_moe: float32 rows over float32 or bfloat16 experts (bf16 panels are
+// widened as they are read), or, where the build has AVX512-BF16, bfloat16 rows over bfloat16
+// experts packed in k pairs (tile_pairs); accumulation, activation and the combine are float32:
 // out[m] = sum_s weights[m, s] * expert(ids[m, s], x[m]) with
 // expert(e, x) = W2[e] @ act(W13[e] @ x + b13[e]) + b2[e], one call from routing to the combined rows.
 //
