@@ -87,14 +87,7 @@ void tile(const float* const* rows, const W* panel, int64_t K, float* const* out
 template <typename W>
 void tile_rows(int64_t count, const float* const* rows, const W* panel, int64_t K, float* const* outs,
                int64_t cols, const float* bias) {
-  switch (count) {
-    case 6: return tile<6>(rows, panel, K, outs, cols, bias);
-    case 5: return tile<5>(rows, panel, K, outs, cols, bias);
-    case 4: return tile<4>(rows, panel, K, outs, cols, bias);
-    case 3: return tile<3>(rows, panel, K, outs, cols, bias);
-    case 2: return tile<2>(rows, panel, K, outs, cols, bias);
-    default: return tile<1>(rows, panel, K, outs, cols, bias);
-  }
+  with_constant<MR>(count, [&](auto r) { tile<decltype(r)::value>(rows, panel, K, outs, cols, bias); });
 }
 
 #if defined(__AVX512BF16__)
@@ -156,14 +149,7 @@ void tile_pairs(const bf16* const* rows, const bf16* panel, int64_t K, float* co
 
 void tile_rows(int64_t count, const bf16* const* rows, const bf16* panel, int64_t K, float* const* outs,
                int64_t cols, const float* bias) {
-  switch (count) {
-    case 6: return tile_pairs<6>(rows, panel, K, outs, cols, bias);
-    case 5: return tile_pairs<5>(rows, panel, K, outs, cols, bias);
-    case 4: return tile_pairs<4>(rows, panel, K, outs, cols, bias);
-    case 3: return tile_pairs<3>(rows, panel, K, outs, cols, bias);
-    case 2: return tile_pairs<2>(rows, panel, K, outs, cols, bias);
-    default: return tile_pairs<1>(rows, panel, K, outs, cols, bias);
-  }
+  with_constant<MR>(count, [&](auto r) { tile_pairs<decltype(r)::value>(rows, panel, K, outs, cols, bias); });
 }
 #else
 constexpr bool PAIRS = false;

@@ -213,21 +213,6 @@ void accumulate_shared(Scratch<T>& w, const T* const* v, int64_t nk, int64_t n) 
       for (int64_t jj = 0; jj < nk; ++jj) w.acc[i * n + d] += w.s[i * KT + jj] * widen(v[jj][d]);
 }
 
-// f(std::integral_constant<int64_t, nq>) for 1 <= nq < BLOCKED_MIN
-template <typename F>
-void by_count(int64_t nq, const F& f) {
-  static_assert(BLOCKED_MIN == 8);
-  switch (nq) {
-    case 1: return f(std::integral_constant<int64_t, 1>{});
-    case 2: return f(std::integral_constant<int64_t, 2>{});
-    case 3: return f(std::integral_constant<int64_t, 3>{});
-    case 4: return f(std::integral_constant<int64_t, 4>{});
-    case 5: return f(std::integral_constant<int64_t, 5>{});
-    case 6: return f(std::integral_constant<int64_t, 6>{});
-    default: return f(std::integral_constant<int64_t, 7>{});
-  }
-}
-
 template <typename T>
 void tile(const Problem<T>& pr, const Task& t, Scratch<T>& w, int64_t nq, int64_t j0, int64_t nk) {
   // every row of the tile is asked for at once, so the memory fetches overlap (the cache rarely
@@ -242,7 +227,7 @@ void tile(const Problem<T>& pr, const Task& t, Scratch<T>& w, int64_t nq, int64_
     scores_blocked(pr, w, nq, j0, nk);
   } else {
     for (int64_t jj = 0; jj < std::min(PK, nk); ++jj) prefetch(w.kv[jj], pr.D);
-    by_count(nq, [&](auto n) { scores_shared<decltype(n)::value>(pr, w, j0, nk); });
+    with_constant<BLOCKED_MIN - 1>(nq, [&](auto n) { scores_shared<decltype(n)::value>(pr, w, j0, nk); });
   }
   for (int64_t i = 0; i < nq; ++i) {
     float* s = &w.s[i * KT];
@@ -268,7 +253,7 @@ void tile(const Problem<T>& pr, const Task& t, Scratch<T>& w, int64_t nq, int64_
   }
   // a query that has seen no key yet keeps its zero state (a value row's inf or NaN times 0 would not)
   if (nq < BLOCKED_MIN && std::all_of(w.m.begin(), w.m.begin() + nq, [](float m) { return m != NEG_INF; }))
-    return by_count(nq, [&](auto n) { accumulate_shared<decltype(n)::value>(w, w.vv, nk, pr.Dv); });
+    return with_constant<BLOCKED_MIN - 1>(nq, [&](auto n) { accumulate_shared<decltype(n)::value>(w, w.vv, nk, pr.Dv); });
   for (int64_t i = 0; i < nq; ++i)
     if (w.m[i] != NEG_INF) accumulate(&w.acc[i * pr.Dv], &w.s[i * KT], w.vv, nk, pr.Dv);
 }

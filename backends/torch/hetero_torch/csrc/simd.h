@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace hetero_simd {
 
@@ -97,6 +98,18 @@ inline float hsum(vec v) {
   v += rotate<2>(v);
   v += rotate<1>(v);
   return v[0];
+}
+
+// f(std::integral_constant<int64_t, m>) with m = n clamped into [1, N]: a run-time count as a
+// compile-time constant, so that a kernel's per-row accumulators stay in registers
+template <int64_t N, typename F>
+inline void with_constant(int64_t n, const F& f) {
+  if constexpr (N > 1) {
+    if (n >= N) return f(std::integral_constant<int64_t, N>{});
+    return with_constant<N - 1>(n, f);
+  } else {
+    return f(std::integral_constant<int64_t, 1>{});
+  }
 }
 
 }  // namespace hetero_simd
