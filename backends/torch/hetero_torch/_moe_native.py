@@ -105,7 +105,7 @@ def native_fused_moe(
     bias = [None if b is None else b.to(torch.float32).contiguous() for b in (w13_bias, w2_bias)]
     try:
         out = module.fused_moe(
-            x.to(x.dtype if pairs else torch.float32).contiguous(),
+            (x if pairs else x.to(torch.float32)).contiguous(),
             ids.contiguous(),
             weights.to(torch.float32).contiguous(),
             p13,

@@ -39,8 +39,8 @@ using namespace hetero_simd;
 constexpr int64_t NR = 2 * VW;  // a panel row is two vectors
 constexpr int64_t MR = 6;       // rows per micro-tile: 12 vector accumulators
 // panel rows prefetched ahead, every cache line of each: a decode step reads each expert panel once
-// from memory, and the hardware prefetchers alone left it at 16 GB/s (Qwen3-30B-A3B's layer, 16
-// tokens: 44 ms; 29 ms so, vLLM's AMX kernel 23 ms: benchmarks/moe_cpu.py --shape qwen3-30b-a3b)
+// from memory, and the hardware prefetchers alone left it at 16 GB/s (the widening kernel on
+// Qwen3-30B-A3B's layer at 16 tokens: 44 ms, 29 ms so; benchmarks/moe_cpu.py --shape qwen3-30b-a3b)
 constexpr int64_t PF = 64;
 enum Activation : int64_t { SILU = 0, SWIGLU_CLAMP = 1, SWIGLUOAI = 2 };  // _moe_native.ACTIVATIONS' order
 

@@ -215,8 +215,8 @@ void accumulate_shared(Scratch<T>& w, const T* const* v, int64_t nk, int64_t n) 
 
 template <typename T>
 void tile(const Problem<T>& pr, const Task& t, Scratch<T>& w, int64_t nq, int64_t j0, int64_t nk) {
-  // every row of the tile is asked for at once, so the memory fetches overlap (the cache rarely
-  // holds them: a step reads each layer's cache once)
+  // the cache rarely holds the tile's rows (a step reads each layer's cache once): the blocked pass
+  // asks for all of them at once, the shared pass PK keys ahead of the one it scores
   pr.rows(t.b, j0, nk, t.kvh, pr.k, pr.D, w.kv);
   pr.rows(t.b, j0, nk, t.kvh, pr.v, pr.Dv, w.vv);
   if (nq >= BLOCKED_MIN) {
