@@ -64,19 +64,22 @@ def test_fused_moe_through_the_native_kernel_matches_float64(rows, hidden, inter
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("rows, hidden, inter", [(20, 256, 96), (40, 256, 96), (20, 129, 33)])  # odd: a half pair
+# 5, 10 and 75 pairs an expert (past AMX_ROWS, and past one AMX_RUN); odd widths: a half pair
+@pytest.mark.parametrize("rows, hidden, inter", [(20, 256, 96), (40, 256, 96), (300, 129, 33)])
 def test_bf16_experts_match_float64(rows, hidden, inter, bias):
     """bfloat16 x and experts (Qwen3-MoE-like widths): the float64 result on the same bf16 values.
-    20 rows x top-4 over 16 experts (5 pairs an expert) run the native kernel, 40 rows (10 an expert)
-    oneDNN's grouped GEMMs where it has a bf16 path; both round the projections and the hidden rows
-    to bf16 as the spec's r() does (the kernel where the build has AVX512-BF16; without, it rounds
-    only its output), so both are held to the rounded paths' tolerance."""
+    20 rows x top-4 over 16 experts (5 pairs an expert) run the native kernel; 40 and 300 rows run
+    it where its experts with many rows become brgemm tile GEMMs (bf16_tiles), else oneDNN's grouped
+    GEMMs where oneDNN has a bf16 path. All round the projections and the hidden rows to bf16 as the
+    spec's r() does (the kernel where the build has AVX512-BF16; without, it rounds only its
+    output), so all are held to the rounded paths' tolerance."""
     _module()
     gen = torch.Generator().manual_seed(11)
     x, w13, w2, weights, ids, b13, b2 = _case(gen, rows, hidden, inter, 16, 4, bias)  # routing weights stay float32
     x, w13, w2, b13, b2 = (None if t is None else t.to(torch.bfloat16) for t in (x, w13, w2, b13, b2))
     native = _moe_native.native_fused_moe(x, w13, w2, weights, ids, "silu", 1.0, None, b13, b2)
-    kernel = rows * 4 <= _moe_native.BF16_MAX_PAIRS_PER_EXPERT * 16 or torch.bfloat16 not in PACKED_DTYPES
+    few = rows * 4 <= _moe_native.BF16_MAX_PAIRS_PER_EXPERT * 16
+    kernel = few or torch.bfloat16 not in PACKED_DTYPES or _module().bf16_tiles()
     assert (native is not None) == kernel
     got = hetero.load("torch").fused_moe(x, w13, w2, weights, ids, w13_bias=b13, w2_bias=b2)
     assert got.dtype == torch.bfloat16

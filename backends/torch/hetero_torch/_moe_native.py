@@ -86,14 +86,15 @@ def native_fused_moe(
         or any(t.requires_grad for t in tensors)
     ):
         return None
+    module, _ = extension()
+    if module is None:
+        return None
     if (
         w13.dtype == torch.bfloat16
         and torch.bfloat16 in PACKED_DTYPES
+        and not module.bf16_tiles()
         and ids.numel() > BF16_MAX_PAIRS_PER_EXPERT * w13.shape[0]
     ):
-        return None
-    module, _ = extension()
-    if module is None:
         return None
     # bf16 rows over bf16 experts go in k pairs (AVX512-BF16 dot products), where the build has them
     pairs = w13.dtype == torch.bfloat16 and module.bf16_pairs()

@@ -16,7 +16,10 @@
 // Layout: a packed projection is [E, NB, K, NR]: packed[e][b][k][j] = W[e][b*NR + j][k], zero past
 // the last column; W13 is packed as gate panel 0, up panel 0, gate panel 1, ... so that a task
 // reads one run of memory
-// (hetero_torch/_moe_native.py packs them). The kernel checks every shape and id and raises
+// (hetero_torch/_moe_native.py packs them). In a bfloat16 call, an expert that owns AMX_ROWS
+// pairs or more (a prefill's) runs as small GEMMs instead, oneDNN's brgemm over the same pair
+// panels on its rows gathered contiguous, so one kernel and one packed copy serve every batch
+// size (the micro-kernels: moe_tiles.h). The kernel checks every shape and id and raises
 // (IndexError for an id out of range) instead of reading out of bounds.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -26,134 +29,14 @@
 #include <type_traits>
 #include <vector>
 
-#include "simd.h"
-
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
+#include "moe_tiles.h"
 
 namespace {
 
 using namespace hetero_simd;
+using namespace hetero_moe;
 
-constexpr int64_t NR = 2 * VW;  // a panel row is two vectors
-constexpr int64_t MR = 6;       // rows per micro-tile: 12 vector accumulators
-// panel rows prefetched ahead, every cache line of each: a decode step reads each expert panel once
-// from memory, and the hardware prefetchers alone left it at 16 GB/s (the widening kernel on
-// Qwen3-30B-A3B's layer at 16 tokens: 44 ms, 29 ms so; benchmarks/moe_cpu.py --shape qwen3-30b-a3b)
-constexpr int64_t PF = 64;
 enum Activation : int64_t { SILU = 0, SWIGLU_CLAMP = 1, SWIGLUOAI = 2 };  // _moe_native.ACTIVATIONS' order
-
-template <int64_t R, typename W>
-void tile(const float* const* rows, const W* panel, int64_t K, float* const* outs, int64_t cols,
-          const float* bias) {
-  // at a decode step's one or two rows an expert, two independent chains of k keep the FMA
-  // pipeline busy (one chain waits on each add's latency)
-  constexpr int64_t U = R <= 3 ? 2 : 1;
-  vec acc[U][R][2];
-  for (int64_t u = 0; u < U; ++u)
-    for (int64_t r = 0; r < R; ++r) acc[u][r][0] = acc[u][r][1] = vec{};
-  int64_t k = 0;
-  for (; k + U <= K; k += U) {
-    for (int64_t u = 0; u < U; ++u)
-      for (int64_t line = 0; line < static_cast<int64_t>(NR * sizeof(W)); line += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(panel + (k + u + PF) * NR) + line);
-    for (int64_t u = 0; u < U; ++u) {
-      const vec b0 = load(panel + (k + u) * NR), b1 = load(panel + (k + u) * NR + VW);
-      for (int64_t r = 0; r < R; ++r) {
-        const float a = rows[r][k + u];
-        acc[u][r][0] += a * b0;
-        acc[u][r][1] += a * b1;
-      }
-    }
-  }
-  for (; k < K; ++k) {
-    const vec b0 = load(panel + k * NR), b1 = load(panel + k * NR + VW);
-    for (int64_t r = 0; r < R; ++r) {
-      const float a = rows[r][k];
-      acc[0][r][0] += a * b0;
-      acc[0][r][1] += a * b1;
-    }
-  }
-  for (int64_t r = 0; r < R; ++r) {
-    for (int64_t u = 1; u < U; ++u) acc[0][r][0] += acc[u][r][0], acc[0][r][1] += acc[u][r][1];
-    float out[NR];
-    __builtin_memcpy(out, &acc[0][r][0], sizeof(vec));
-    __builtin_memcpy(out + VW, &acc[0][r][1], sizeof(vec));
-    for (int64_t j = 0; j < cols; ++j) outs[r][j] = out[j] + (bias ? bias[j] : 0.0f);
-  }
-}
-
-template <typename W>
-void tile_rows(int64_t count, const float* const* rows, const W* panel, int64_t K, float* const* outs,
-               int64_t cols, const float* bias) {
-  with_constant<MR>(count, [&](auto r) { tile<decltype(r)::value>(rows, panel, K, outs, cols, bias); });
-}
-
-#if defined(__AVX512BF16__)
-constexpr bool PAIRS = true;
-// bfloat16 rows over a bfloat16 panel packed in k pairs, [ceil(K / 2)][NR][2] (zero past K): each
-// vdpbf16ps multiplies a pair of row values by 16 columns' pairs and adds both products to float32
-// lanes, so the weights are neither widened nor shifted (at 4 rows an expert the widening FMAs
-// were the loop's bound).
-template <int64_t R>
-void tile_pairs(const bf16* const* rows, const bf16* panel, int64_t K, float* const* outs, int64_t cols,
-                const float* bias) {
-  static_assert(NR == 32, "a pair panel row is two 512-bit vectors");
-  constexpr int64_t U = R <= 3 ? 2 : 1;
-  __m512 acc[U][R][2];
-  for (int64_t u = 0; u < U; ++u)
-    for (int64_t r = 0; r < R; ++r) acc[u][r][0] = acc[u][r][1] = _mm512_setzero_ps();
-  const int64_t K2 = K / 2;  // whole pairs; an odd K's last value pairs with the panel's zero
-  const auto step = [&](int64_t u, int64_t kk, const __m512i* a) {
-    const bf16* p = panel + kk * 2 * NR;
-    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(p), b1 = (__m512bh)_mm512_loadu_si512(p + NR);
-    for (int64_t r = 0; r < R; ++r) {
-      acc[u][r][0] = _mm512_dpbf16_ps(acc[u][r][0], (__m512bh)a[r], b0);
-      acc[u][r][1] = _mm512_dpbf16_ps(acc[u][r][1], (__m512bh)a[r], b1);
-    }
-  };
-  int64_t kk = 0;
-  for (; kk + U <= K2; kk += U) {
-    for (int64_t u = 0; u < U; ++u) {
-      const char* ahead = reinterpret_cast<const char*>(panel + (kk + u + PF / 2) * 2 * NR);
-      __builtin_prefetch(ahead), __builtin_prefetch(ahead + 64);
-    }
-    for (int64_t u = 0; u < U; ++u) {
-      __m512i a[R];
-      for (int64_t r = 0; r < R; ++r) {
-        int32_t pair;
-        __builtin_memcpy(&pair, rows[r] + 2 * (kk + u), sizeof pair);
-        a[r] = _mm512_set1_epi32(pair);
-      }
-      step(u, kk + u, a);
-    }
-  }
-  for (; kk < (K + 1) / 2; ++kk) {
-    __m512i a[R];
-    for (int64_t r = 0; r < R; ++r) {
-      const uint32_t lo = rows[r][2 * kk], hi = 2 * kk + 1 < K ? rows[r][2 * kk + 1] : 0;
-      a[r] = _mm512_set1_epi32(static_cast<int32_t>(lo | hi << 16));
-    }
-    step(0, kk, a);
-  }
-  for (int64_t r = 0; r < R; ++r) {
-    for (int64_t u = 1; u < U; ++u)
-      acc[0][r][0] = _mm512_add_ps(acc[0][r][0], acc[u][r][0]), acc[0][r][1] = _mm512_add_ps(acc[0][r][1], acc[u][r][1]);
-    float out[NR];
-    _mm512_storeu_ps(out, acc[0][r][0]);
-    _mm512_storeu_ps(out + 16, acc[0][r][1]);
-    for (int64_t j = 0; j < cols; ++j) outs[r][j] = out[j] + (bias ? bias[j] : 0.0f);
-  }
-}
-
-void tile_rows(int64_t count, const bf16* const* rows, const bf16* panel, int64_t K, float* const* outs,
-               int64_t cols, const float* bias) {
-  with_constant<MR>(count, [&](auto r) { tile_pairs<decltype(r)::value>(rows, panel, K, outs, cols, bias); });
-}
-#else
-constexpr bool PAIRS = false;
-#endif
 
 template <typename... Got>
 void check(bool ok, const char* what, const Got&... got) {
@@ -176,21 +59,6 @@ Pairs bucket(const Id* id, int64_t P, int64_t E) {
   std::vector<int64_t> fill(pairs.start.begin(), pairs.start.end() - 1);
   for (int64_t p = 0; p < P; ++p) pairs.order[fill[id[p]]++] = p;  // stable: pairs in order within an expert
   return pairs;
-}
-
-// every (expert that owns pairs, panel < NB) tile, one parallel region: body(e, b, first pair, end)
-template <typename Body>
-void over_tiles(const Pairs& pairs, int64_t NB, const Body& body) {
-  std::vector<std::pair<int64_t, int64_t>> tasks;
-  for (size_t e = 0; e + 1 < pairs.start.size(); ++e)
-    if (pairs.start[e + 1] > pairs.start[e])
-      for (int64_t b = 0; b < NB; ++b) tasks.emplace_back(e, b);
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const auto [e, b] = tasks[t];
-      for (int64_t i = pairs.start[e]; i < pairs.start[e + 1]; i += MR) body(e, b, i, std::min(MR, pairs.start[e + 1] - i));
-    }
-  });
 }
 
 inline float activate(float g, float u, int64_t act, float alpha, float limit) {
@@ -229,42 +97,87 @@ constexpr int64_t span(int64_t K) {
   return std::is_same_v<A, bf16> ? (K + 1) / 2 * 2 : K;
 }
 
-// Both projections: y[p] = expert(ids[p], x[p / k]) for every pair p, through hidden [P, I]. The
-// rows A are float32 (panels W widened as read) or bfloat16 (pair panels; gate, up and the hidden
-// rounded to bfloat16 as the spec's r() does).
+
+// every (expert that owns pairs, panel < NB) tile, one parallel region: body(e, b, first, count, gemm)
+// over the expert's sorted pairs, MR at a time, or AMX_RUN at a time as GEMMs where `gemm`
+template <typename Body>
+void over_tiles(const Pairs& pairs, int64_t NB, bool gemms, const Body& body) {
+  std::vector<std::pair<int64_t, int64_t>> tasks;
+  for (size_t e = 0; e + 1 < pairs.start.size(); ++e)
+    if (pairs.start[e + 1] > pairs.start[e])
+      for (int64_t b = 0; b < NB; ++b) tasks.emplace_back(e, b);
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const auto [e, b] = tasks[t];
+      const int64_t end = pairs.start[e + 1];
+      const bool gemm = gemms && end - pairs.start[e] >= AMX_ROWS;
+      const int64_t step = gemm ? AMX_RUN : MR;
+      for (int64_t i = pairs.start[e]; i < end; i += step) body(e, b, i, std::min(step, end - i), gemm);
+    }
+    release();
+  });
+}
+
+// Both projections: y[p] = expert(ids[p], x[p / k]) for every pair p, through hidden [P, KI] (the
+// pairs in sorted order). The rows A are float32 (panels W widened as read) or bfloat16 (pair
+// panels; gate, up and the hidden rounded to bfloat16 as the spec's r() does); xs, where not null,
+// holds the sorted rows of the experts with AMX_ROWS pairs or more, [P, KH].
 template <typename A, typename W>
-void experts(const A* xp, const Pairs& pairs, int64_t k, int64_t H, int64_t I, const torch::Tensor& p13,
+void experts(const A* xp, const A* xs, const Pairs& pairs, int64_t k, int64_t H, int64_t I, const torch::Tensor& p13,
              const torch::Tensor& p2, const c10::optional<torch::Tensor>& bias13,
              const c10::optional<torch::Tensor>& bias2, int64_t act, float a, float lim, A* hp, float* yp) {
+  constexpr bool GEMMS = std::is_same_v<A, bf16> && std::is_same_v<W, bf16>;
   const int64_t half = (I + NR - 1) / NR, KH = span<A>(H), KI = span<A>(I);
   const Projection<W> w13 = projection<W>(p13, 2 * I, bias13, 2 * half, KH, "p13");
   const Projection<W> w2 = projection<W>(p2, H, bias2, (H + NR - 1) / NR, KI, "p2");
-  over_tiles(pairs, half, [&](int64_t e, int64_t b, int64_t first, int64_t count) {
-    const A* rows[MR];
-    float gate[MR][NR], up[MR][NR];
-    float* g_out[MR];
-    float* u_out[MR];
-    for (int64_t r = 0; r < count; ++r) rows[r] = xp + (pairs.order[first + r] / k) * H, g_out[r] = gate[r], u_out[r] = up[r];
+  over_tiles(pairs, half, xs != nullptr, [&](int64_t e, int64_t b, int64_t first, int64_t count, bool gemm) {
+    float gate[AMX_RUN][NR], up[AMX_RUN][NR];
     const int64_t col = b * NR, cols = std::min(NR, I - col);
-    const float* bias = w13.bias ? w13.bias + e * 2 * I : nullptr;
-    tile_rows(count, rows, w13.packed + (e * w13.NB + 2 * b) * KH * NR, H, g_out, cols, bias ? bias + col : nullptr);
-    tile_rows(count, rows, w13.packed + (e * w13.NB + 2 * b + 1) * KH * NR, H, u_out, cols,
-              bias ? bias + I + col : nullptr);
+    const W* panel = w13.packed + (e * w13.NB + 2 * b) * KH * NR;
+    const float* bias = w13.bias ? w13.bias + e * 2 * I + col : nullptr;
+    if constexpr (GEMMS) {
+      if (gemm) {
+        tile_gemm(count, KH, xs + first * KH, panel, gate[0]);
+        tile_gemm(count, KH, xs + first * KH, panel + KH * NR, up[0]);
+        for (int64_t r = 0; bias && r < count; ++r)
+          for (int64_t j = 0; j < cols; ++j) gate[r][j] += bias[j], up[r][j] += bias[I + j];
+      }
+    }
+    if (!gemm) {
+      const A* rows[MR];
+      float* g_out[MR];
+      float* u_out[MR];
+      for (int64_t r = 0; r < count; ++r) rows[r] = xp + (pairs.order[first + r] / k) * H, g_out[r] = gate[r], u_out[r] = up[r];
+      tile_rows(count, rows, panel, H, g_out, cols, bias);
+      tile_rows(count, rows, panel + KH * NR, H, u_out, cols, bias ? bias + I : nullptr);
+    }
     for (int64_t r = 0; r < count; ++r) {
-      A* h = hp + pairs.order[first + r] * I + col;
+      A* h = hp + (first + r) * KI + col;
       for (int64_t j = 0; j < cols; ++j) {
         const float g = widen(narrow<A>(gate[r][j])), u = widen(narrow<A>(up[r][j]));
         h[j] = narrow<A>(activate(g, u, act, a, lim));
       }
     }
   });
-  over_tiles(pairs, w2.NB, [&](int64_t e, int64_t b, int64_t first, int64_t count) {
+  over_tiles(pairs, w2.NB, xs != nullptr, [&](int64_t e, int64_t b, int64_t first, int64_t count, bool gemm) {
+    const int64_t col = b * NR, cols = std::min(NR, H - col);
+    const W* panel = w2.packed + (e * w2.NB + b) * KI * NR;
+    const float* bias = w2.bias ? w2.bias + e * H + col : nullptr;
+    if constexpr (GEMMS) {
+      if (gemm) {
+        float c[AMX_RUN][NR];
+        tile_gemm(count, KI, hp + first * KI, panel, c[0]);
+        for (int64_t r = 0; r < count; ++r) {
+          float* o = yp + pairs.order[first + r] * H + col;
+          for (int64_t j = 0; j < cols; ++j) o[j] = c[r][j] + (bias ? bias[j] : 0.0f);
+        }
+        return;
+      }
+    }
     const A* rows[MR];
     float* outs[MR];
-    const int64_t col = b * NR;
-    for (int64_t r = 0; r < count; ++r) rows[r] = hp + pairs.order[first + r] * I, outs[r] = yp + pairs.order[first + r] * H + col;
-    tile_rows(count, rows, w2.packed + (e * w2.NB + b) * KI * NR, I, outs, std::min(NR, H - col),
-              w2.bias ? w2.bias + e * H + col : nullptr);
+    for (int64_t r = 0; r < count; ++r) rows[r] = hp + (first + r) * KI, outs[r] = yp + pairs.order[first + r] * H + col;
+    tile_rows(count, rows, panel, I, outs, cols, bias);
   });
 }
 
@@ -272,6 +185,7 @@ void experts(const A* xp, const Pairs& pairs, int64_t k, int64_t H, int64_t I, c
 
 int64_t panel_width() { return NR; }
 bool bf16_pairs() { return PAIRS; }
+bool bf16_tiles() { return PAIRS && tiles(); }
 
 // x [M, H] float32, or bfloat16 where bf16_pairs(); ids int32 or int64 [M, k] in [0, E); weights [M, k];
 // p13 [E, 2 * ceil(I / NR), H, NR] (gate panel 0, up panel 0, gate panel 1, ...) and p2
@@ -303,18 +217,34 @@ torch::Tensor fused_moe(const torch::Tensor& x, const torch::Tensor& ids, const 
   const Pairs pairs = ids.scalar_type() == torch::kInt ? bucket(ids.data_ptr<int32_t>(), P, E)
                                                        : bucket(ids.data_ptr<int64_t>(), P, E);
   const auto f32 = x.options().dtype(torch::kFloat);
-  auto hidden = torch::empty({P, I}, x.options());
+  const bool pair_rows = xt == torch::kBFloat16;
+  const int64_t KH = pair_rows ? span<bf16>(H) : H, KI = pair_rows ? span<bf16>(I) : I;
+  auto hidden = KI > I ? torch::zeros({P, KI}, x.options()) : torch::empty({P, KI}, x.options());
   auto y = torch::empty({P, H}, f32);
   const float* wp = weights.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const float a = static_cast<float>(alpha), lim = static_cast<float>(limit);
   if (xt == torch::kFloat) {
     (wt == torch::kFloat ? &experts<float, float> : &experts<float, bf16>)(
-        x.data_ptr<float>(), pairs, k, H, I, p13, p2, bias13, bias2, act, a, lim, hidden.data_ptr<float>(), yp);
+        x.data_ptr<float>(), nullptr, pairs, k, H, I, p13, p2, bias13, bias2, act, a, lim, hidden.data_ptr<float>(), yp);
   } else {
+    const bf16* xb = static_cast<const bf16*>(x.data_ptr());
+    torch::Tensor gathered;  // the sorted rows of experts with AMX_ROWS pairs or more
+    bool any = false;
+    for (int64_t e = 0; e < E && tiles(); ++e) any = any || pairs.start[e + 1] - pairs.start[e] >= AMX_ROWS;
+    if (any) {
+      gathered = KH > H ? torch::zeros({P, KH}, x.options()) : torch::empty({P, KH}, x.options());
+      bf16* xs = static_cast<bf16*>(gathered.data_ptr());
+      at::parallel_for(0, E, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t e = lo; e < hi; ++e)
+          for (int64_t i = pairs.start[e]; pairs.start[e + 1] - pairs.start[e] >= AMX_ROWS && i < pairs.start[e + 1]; ++i)
+            std::copy_n(xb + (pairs.order[i] / k) * H, H, xs + i * KH);
+      });
+    }
+    (void)xb;
 #if defined(__AVX512BF16__)
-    experts<bf16, bf16>(static_cast<const bf16*>(x.data_ptr()), pairs, k, H, I, p13, p2, bias13, bias2, act, a, lim,
-                        static_cast<bf16*>(hidden.data_ptr()), yp);
+    experts<bf16, bf16>(xb, any ? static_cast<const bf16*>(gathered.data_ptr()) : nullptr, pairs, k, H, I, p13, p2,
+                        bias13, bias2, act, a, lim, static_cast<bf16*>(hidden.data_ptr()), yp);
 #endif
   }
   auto out = torch::empty({M, H}, f32);
@@ -337,4 +267,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_moe", &fused_moe, "fused_moe of float32 rows over float32 or bfloat16 packed experts, or of bfloat16 rows over bfloat16 pair panels");
   m.def("panel_width", &panel_width, "NR, the packed panel width this build uses");
   m.def("bf16_pairs", &bf16_pairs, "whether bfloat16 experts are packed in k pairs for bfloat16 rows (AVX512-BF16)");
+  m.def("bf16_tiles", &bf16_tiles, "whether experts with many bfloat16 rows run as oneDNN brgemm tile GEMMs");
 }
