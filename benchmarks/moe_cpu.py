@@ -10,7 +10,9 @@ experts, top-8, hidden 2048, intermediate 768, bfloat16: a decode step reads eac
 9.4 MB from memory). Each cell is the mean time of one call (routing not included) after warm-up;
 vLLM's weights are prepacked once as its CPU MoE layer does (AMX kernels where the CPU has AMX).
 Both hetero paths are checked against the float64 reference (the engine shape) or against each
-other (the Qwen3 shape, whose float64 experts would take 4.8 GB) at every size.
+other (the Qwen3 shape, whose float64 experts would take 4.8 GB) at every size. The native column
+times the kernel at every size; "fused_moe runs" says which path the op picks there (on a build
+without brgemm tiles, bf16 calls past BF16_MAX_PAIRS_PER_EXPERT go to the grouped GEMMs).
 """
 
 from __future__ import annotations
@@ -69,9 +71,11 @@ def per_call(fn) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
-def hetero_times(shape: str, tokens: list[int]) -> dict[int, tuple[float, float]]:
-    """{tokens: (native us, grouped us)}, checked against the float64 reference or each other."""
+def hetero_times(shape: str, tokens: list[int]) -> dict[int, tuple[float, float, bool]]:
+    """{tokens: (native us, grouped us, whether fused_moe takes the native kernel at that size)}, the
+    kernel timed at every size; checked against the float64 reference or each other."""
     import hetero
+    import hetero_torch._moe_native as moe_native
     import hetero_torch.moe as moe
 
     experts, hidden, inter, top_k, dtype = SHAPES[shape]
@@ -89,13 +93,15 @@ def hetero_times(shape: str, tokens: list[int]) -> dict[int, tuple[float, float]
         else:
             moe.native_fused_moe = lambda *a: None
             want, tol = ops.fused_moe(x, w13, w2, w, ids).double(), 3e-2
-        times = []
+        times, shipped = [], moe_native.BF16_MAX_PAIRS_PER_EXPERT
+        takes = native(x, w13, w2, w, ids, "silu", 1.702, None, None, None) is not None
+        moe_native.BF16_MAX_PAIRS_PER_EXPERT = float("inf")  # the kernel at every size, not only where it is picked
         for path in (native, lambda *a: None):  # the second declines, so the grouped GEMMs run
             moe.native_fused_moe = path
             torch.testing.assert_close(ops.fused_moe(x, w13, w2, w, ids).double(), want, atol=tol, rtol=tol)
             times.append(per_call(lambda: ops.fused_moe(x, w13, w2, w, ids)))
-        moe.native_fused_moe = native
-        out[t] = (times[0], times[1])
+        moe.native_fused_moe, moe_native.BF16_MAX_PAIRS_PER_EXPERT = native, shipped
+        out[t] = (times[0], times[1], takes)
     return out
 
 
@@ -131,13 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(theirs, str):
         print(f"vLLM skipped: {theirs}")
         theirs = {}
-    print("| tokens | native us | grouped us | grouped / native | vLLM cpu_fused_moe us | vLLM / native |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    cols = ["tokens", "native us", "grouped us", "grouped / native", "fused_moe runs", "vLLM cpu_fused_moe us"]
+    print("| " + " | ".join([*cols, "vLLM / native"]) + " |")
+    print("| ---: | ---: | ---: | ---: | --- | ---: | ---: |")
     for t in tokens:
-        nat, grouped = ours[t]
+        nat, grouped, takes = ours[t]
         v = theirs.get(t)
         vcells = f"{v:.0f} | {v / nat:.2f}x" if v else "- | -"
-        print(f"| {t} | {nat:.0f} | {grouped:.0f} | {grouped / nat:.2f}x | {vcells} |")
+        runs = "native" if takes else "grouped"
+        print(f"| {t} | {nat:.0f} | {grouped:.0f} | {grouped / nat:.2f}x | {runs} | {vcells} |")
     return 0
 
 

@@ -16,12 +16,16 @@ a decode step reads). Where the build has AVX512-BF16, bf16 rows over bf16 exper
 ``vdpbf16ps`` on panels packed in k pairs: the projections and the hidden rows are rounded to bf16
 as the spec's r() does, accumulation is float32 (one Qwen3-30B-A3B layer at 16 tokens: 29 ms widening,
 24 ms in pairs, vLLM's AMX kernel 23 ms). Elsewhere the kernel widens bf16 weights as it reads them
-and computes in float32, the result rounded once to x's dtype. The kernel loses to oneDNN's bf16
-GEMMs (AMX) once experts own several rows: bf16 calls with more than ``BF16_MAX_PAIRS_PER_EXPERT``
-(token, slot) pairs an expert take the grouped GEMMs (packed by oneDNN: the experts then hold a
-third copy). Measured at Qwen3-30B-A3B's layer (128 experts, top-8, hidden 2048, intermediate 768)
-on the 2-core build machine, before the prefetch and the pairs: 74 against 96 ms at 64 tokens (4
-pairs an expert), 92 against 67 ms at 128 tokens, 549 against 174 ms at 1100.
+and computes in float32, the result rounded once to x's dtype. Row-at-a-time kernels lose to
+tile GEMMs once experts own many rows (a prefill's): there, in a bf16 call, each expert with
+``AMX_ROWS`` (16) pairs or more runs as oneDNN's brgemm ukernel (``at::native::cpublas``, AMX
+where the CPU has it) over the same pair panels, which are its VNNI layout, so one packed copy
+serves every batch size (``bf16_tiles()``). A build without those tiles keeps the old split: bf16
+calls with more than ``BF16_MAX_PAIRS_PER_EXPERT`` pairs an expert take the grouped GEMMs, packed
+by oneDNN (the experts then hold a third copy). Measured at Qwen3-30B-A3B's layer (128 experts,
+top-8, hidden 2048, intermediate 768) on the 2-core build machine: the pair kernel against the
+tiles at 512 and 1024 tokens 309 / 547 ms against 158 / 229 ms; the tiles against the grouped
+oneDNN GEMMs, alternating calls, 181 against 177 ms at 1100 tokens, 117 against 146 ms at 256.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from hetero_torch._native import DTYPES, extension
 __all__ = ["ACTIVATIONS", "BF16_MAX_PAIRS_PER_EXPERT", "native_fused_moe"]
 
 _ATTR = "_hetero_torch_panels"
-#: the most (token, slot) pairs an expert, on average, that bf16 calls bring to the kernel
+#: the most (token, slot) pairs an expert, on average, that bf16 calls bring to a kernel without brgemm tiles
 BF16_MAX_PAIRS_PER_EXPERT = 6
 #: the activations the kernel computes, in the order of its Activation enum
 ACTIVATIONS = ("silu", "swiglu_clamp", "swigluoai")
