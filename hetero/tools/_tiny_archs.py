@@ -154,6 +154,24 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
         "GlmMoeDsaConfig",
         dict(_DSA, n_group=1, topk_group=1, rms_norm_eps=1e-5, indexer_types=["full", "shared", "full"]),
     ),
+    # rope "dynamic" with alpha: Hunyuan's fixed NTK-alpha table, its neutral yarn-style fields beside it
+    "hunyuan_v1_dense": (
+        "HunYuanDenseV1Config",
+        dict(
+            _ATTN,
+            head_dim=16,
+            rope_parameters={
+                "rope_type": "dynamic",
+                "rope_theta": 10000.0,
+                "alpha": 1000.0,
+                "factor": 1.0,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+        ),
+    ),
     # [sliding, full, sliding, full], window 4; a small swiglu_limit so the clamps bite; yarn rope
     "gpt_oss": (
         "GptOssConfig",

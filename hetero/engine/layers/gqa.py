@@ -111,6 +111,10 @@ class GQAttention(nn.Module):
         """Applied to q [T, Hq, D] and k [T, Hkv, D] before rope; none by default."""
         return q, k
 
+    def qk_after_rope(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Applied to q and k after rope (Hunyuan's per-head norms); none by default."""
+        return q, k
+
     def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:
         tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -118,6 +122,6 @@ class GQAttention(nn.Module):
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         q, k = self.qk_transform(q, k)
-        q, k = self.rotary_emb(step.positions, q, k)
+        q, k = self.qk_after_rope(*self.rotary_emb(step.positions, q, k))
         out = self.attn(q, k, v, step, sinks=self.sinks)
         return self.o_proj(out.reshape(tokens, self.q_size))

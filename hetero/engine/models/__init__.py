@@ -22,6 +22,7 @@ ARCHITECTURES: dict[str, str | type[CausalLM]] = {
     "DeepseekV32ForCausalLM": "deepseek_v32:DeepseekV32ForCausalLM",
     "GlmMoeDsaForCausalLM": "deepseek_v32:GlmMoeDsaForCausalLM",
     "GptOssForCausalLM": "gpt_oss:GptOssForCausalLM",
+    "HunYuanDenseV1ForCausalLM": "hunyuan:HunYuanDenseV1ForCausalLM",
 }
 
 
