@@ -45,7 +45,7 @@ def test_sixteen_requests_together_equal_one_at_a_time_and_survive_preemption(ar
     assert together == hf_greedy(path, ps, 12)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ["qwen3", "deepseek_v3", "hunyuan_v1_dense"])
 def test_triton_kernels_under_the_interpreter(arch, checkpoints, triton_interpreter):
     path = checkpoints(arch)
     ps = prompts(256, (4, 11, 23), seed=2)
