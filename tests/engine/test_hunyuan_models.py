@@ -74,3 +74,11 @@ def test_an_unknown_rope_type_is_refused_by_name():
     with pytest.raises(UsageError, match="rope_type 'ntk_by_parts'") as err:
         rope_frequencies(config, 16, ntk_alpha=True)
     assert err.value.arg == "rope_parameters.rope_type"
+
+
+def test_check_model_passes(checkpoint):
+    from hetero.tools.check import ModelCheck
+
+    report = ModelCheck(checkpoint, "cpu_ref").run(make_prompts(256, (7, 19)), max_tokens=4)
+    assert report.passed, report.as_dict()
+    assert max(r.rel_l2 for r in report.layers) < 1e-5
