@@ -45,6 +45,7 @@ void check(bool ok, const char* what, const Got&... got) {
 
 struct Pairs {  // the (token, slot) pairs bucketed by expert
   std::vector<int64_t> start, order;  // expert e owns order[start[e] .. start[e + 1])
+  bool many(size_t e) const { return start[e + 1] - start[e] >= AMX_ROWS; }  // tile GEMMs' share
 };
 
 template <typename Id>
@@ -110,7 +111,7 @@ void over_tiles(const Pairs& pairs, int64_t NB, bool gemms, const Body& body) {
     for (int64_t t = lo; t < hi; ++t) {
       const auto [e, b] = tasks[t];
       const int64_t end = pairs.start[e + 1];
-      const bool gemm = gemms && end - pairs.start[e] >= AMX_ROWS;
+      const bool gemm = gemms && pairs.many(e);
       const int64_t step = gemm ? AMX_RUN : MR;
       for (int64_t i = pairs.start[e]; i < end; i += step) body(e, b, i, std::min(step, end - i), gemm);
     }
@@ -228,21 +229,22 @@ torch::Tensor fused_moe(const torch::Tensor& x, const torch::Tensor& ids, const 
     (wt == torch::kFloat ? &experts<float, float> : &experts<float, bf16>)(
         x.data_ptr<float>(), nullptr, pairs, k, H, I, p13, p2, bias13, bias2, act, a, lim, hidden.data_ptr<float>(), yp);
   } else {
+#if defined(__AVX512BF16__)  // (bf16 rows were refused above on other builds)
     const bf16* xb = static_cast<const bf16*>(x.data_ptr());
     torch::Tensor gathered;  // the sorted rows of experts with AMX_ROWS pairs or more
     bool any = false;
-    for (int64_t e = 0; e < E && tiles(); ++e) any = any || pairs.start[e + 1] - pairs.start[e] >= AMX_ROWS;
+    for (int64_t e = 0; e < E && tiles() && !any; ++e) any = pairs.many(e);
     if (any) {
       gathered = KH > H ? torch::zeros({P, KH}, x.options()) : torch::empty({P, KH}, x.options());
       bf16* xs = static_cast<bf16*>(gathered.data_ptr());
       at::parallel_for(0, E, 1, [&](int64_t lo, int64_t hi) {
-        for (int64_t e = lo; e < hi; ++e)
-          for (int64_t i = pairs.start[e]; pairs.start[e + 1] - pairs.start[e] >= AMX_ROWS && i < pairs.start[e + 1]; ++i)
+        for (int64_t e = lo; e < hi; ++e) {
+          if (!pairs.many(e)) continue;
+          for (int64_t i = pairs.start[e]; i < pairs.start[e + 1]; ++i)
             std::copy_n(xb + (pairs.order[i] / k) * H, H, xs + i * KH);
+        }
       });
     }
-    (void)xb;
-#if defined(__AVX512BF16__)
     experts<bf16, bf16>(xb, any ? static_cast<const bf16*>(gathered.data_ptr()) : nullptr, pairs, k, H, I, p13, p2,
                         bias13, bias2, act, a, lim, static_cast<bf16*>(hidden.data_ptr()), yp);
 #endif
