@@ -1,44 +1,23 @@
-"""Hunyuan V1 dense (Tencent): GQA attention whose per-head q/k RMSNorms (``query_layernorm`` /
-``key_layernorm``) come after rope, not before as in Qwen3; rope "dynamic" with ``alpha`` is a fixed
-NTK-alpha table (``layers/rotary.py``). The rest is the shared decoder."""
+"""Hunyuan V1 dense (Tencent): Qwen3's attention with its per-head q/k RMSNorms named
+``query_layernorm`` / ``key_layernorm`` and applied after rope, not before; rope "dynamic" with
+``alpha`` is a fixed NTK-alpha table (``layers/rotary.py``). The rest is the shared decoder."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from hetero.engine.context import ModelContext
-from hetero.engine.layers.gqa import GQAttention, head_dim_of
-from hetero.engine.layers.norm import RMSNorm
+from hetero.engine.layers.gqa import head_dim_of
 from hetero.engine.layers.rotary import RotaryEmbedding
-from hetero.engine.layers.weights import join_prefix
 from hetero.engine.models.decoder import DecoderForCausalLM, DecoderLayer
-from hetero.engine.quant.config import QuantConfig
+from hetero.engine.models.qwen3 import Qwen3Attention
 
 __all__ = ["HunYuanDenseV1Attention", "HunYuanDenseV1DecoderLayer", "HunYuanDenseV1ForCausalLM"]
 
 
-class HunYuanDenseV1Attention(GQAttention):
-    """GQA attention plus ``query_layernorm`` / ``key_layernorm`` over head_dim, applied after rope."""
-
-    def __init__(
-        self,
-        ctx: ModelContext,
-        config: Any,
-        layer_idx: int,
-        rotary: RotaryEmbedding,
-        *,
-        prefix: str = "",
-        quant_config: QuantConfig | None = None,
-    ):
-        super().__init__(ctx, config, layer_idx, rotary, prefix=prefix, quant_config=quant_config)
-        eps = config.rms_norm_eps
-        self.query_layernorm = RMSNorm(ctx, self.head_dim, eps, prefix=join_prefix(prefix, "query_layernorm"))
-        self.key_layernorm = RMSNorm(ctx, self.head_dim, eps, prefix=join_prefix(prefix, "key_layernorm"))
-
-    def qk_after_rope(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.query_layernorm(q), self.key_layernorm(k)
+class HunYuanDenseV1Attention(Qwen3Attention):
+    norm_names = ("query_layernorm", "key_layernorm")
+    norms_after_rope = True
 
 
 class HunYuanDenseV1DecoderLayer(DecoderLayer):

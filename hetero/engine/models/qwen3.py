@@ -3,7 +3,7 @@ q/k/v/o bias only when ``attention_bias``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -19,7 +19,12 @@ __all__ = ["Qwen3Attention", "Qwen3DecoderLayer", "Qwen3ForCausalLM"]
 
 
 class Qwen3Attention(GQAttention):
-    """GQA attention plus ``q_norm`` / ``k_norm`` (RMSNorm over head_dim, one weight shared by all heads)."""
+    """GQA attention plus per-head q/k RMSNorms over head_dim (one weight shared by all heads), named
+    ``norm_names`` in the checkpoint and applied before rope, or after it where ``norms_after_rope``
+    (Hunyuan)."""
+
+    norm_names: ClassVar[tuple[str, str]] = ("q_norm", "k_norm")
+    norms_after_rope: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -32,11 +37,18 @@ class Qwen3Attention(GQAttention):
         quant_config: QuantConfig | None = None,
     ):
         super().__init__(ctx, config, layer_idx, rotary, prefix=prefix, quant_config=quant_config)
-        self.q_norm = RMSNorm(ctx, self.head_dim, config.rms_norm_eps, prefix=join_prefix(prefix, "q_norm"))
-        self.k_norm = RMSNorm(ctx, self.head_dim, config.rms_norm_eps, prefix=join_prefix(prefix, "k_norm"))
+        for name in self.norm_names:
+            setattr(self, name, RMSNorm(ctx, self.head_dim, config.rms_norm_eps, prefix=join_prefix(prefix, name)))
+
+    def _norms(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q_name, k_name = self.norm_names
+        return getattr(self, q_name)(q), getattr(self, k_name)(k)
 
     def qk_transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.q_norm(q), self.k_norm(k)
+        return (q, k) if self.norms_after_rope else self._norms(q, k)
+
+    def qk_after_rope(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._norms(q, k) if self.norms_after_rope else (q, k)
 
 
 class Qwen3DecoderLayer(DecoderLayer):
