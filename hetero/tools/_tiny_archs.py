@@ -85,6 +85,18 @@ _YARN = {
     "mscale_all_dim": 0.8,
 }
 
+#: Hunyuan's rope: "dynamic" with alpha is a fixed NTK-alpha table; the yarn-style fields beside it are neutral
+_NTK_ALPHA = {
+    "rope_type": "dynamic",
+    "rope_theta": 10000.0,
+    "alpha": 1000.0,
+    "factor": 1.0,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
 #: short name -> (config class name, defaults); ``architecture(name)`` is the causal LM class a checkpoint names
 ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2": ("Qwen2Config", dict(_ATTN)),
@@ -160,16 +172,26 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(
             _ATTN,
             head_dim=16,
-            rope_parameters={
-                "rope_type": "dynamic",
-                "rope_theta": 10000.0,
-                "alpha": 1000.0,
-                "factor": 1.0,
-                "beta_fast": 32,
-                "beta_slow": 1,
-                "mscale": 1.0,
-                "mscale_all_dim": 1.0,
-            },
+            rope_parameters=_NTK_ALPHA,
+        ),
+    ),
+    # Hunyuan-A13B's form: every layer MoE plus a shared MLP; moe_topk per layer (a list)
+    "hunyuan_v1_moe": (
+        "HunYuanMoEV1Config",
+        dict(_ATTN, head_dim=16, intermediate_size=32, num_experts=8, moe_topk=[2, 3], rope_parameters=_NTK_ALPHA),
+    ),
+    # Hy3: layer 0 dense (mlp_layer_types), sigmoid routing with a selection-only bias, a shared expert
+    "hy_v3": (
+        "HYV3Config",
+        dict(
+            _ATTN,
+            head_dim=16,
+            num_hidden_layers=3,
+            num_experts=8,
+            num_experts_per_tok=2,
+            num_shared_experts=1,
+            moe_intermediate_size=32,
+            router_scaling_factor=2.826,
         ),
     ),
     # [sliding, full, sliding, full], window 4; a small swiglu_limit so the clamps bite; yarn rope

@@ -23,6 +23,8 @@ ARCHITECTURES: dict[str, str | type[CausalLM]] = {
     "GlmMoeDsaForCausalLM": "deepseek_v32:GlmMoeDsaForCausalLM",
     "GptOssForCausalLM": "gpt_oss:GptOssForCausalLM",
     "HunYuanDenseV1ForCausalLM": "hunyuan:HunYuanDenseV1ForCausalLM",
+    "HunYuanMoEV1ForCausalLM": "hunyuan:HunYuanMoEV1ForCausalLM",
+    "HYV3ForCausalLM": "hy_v3:HYV3ForCausalLM",
 }
 
 
