@@ -130,7 +130,7 @@ def encode_prompt(prompt: str | Sequence[int], tokenizer: Any, config: EngineCon
                 expected="token ids",
                 got=prompt[:40],
             )
-        return list(tokenizer.encode(prompt))
+        return _no_media(list(tokenizer.encode(prompt)), config.hf_config, index)
     if not hasattr(prompt, "__iter__"):
         raise UsageError(
             f"request {index}: argument 'prompt': expected a string or a list of token ids, got {prompt!r:.60}",
@@ -138,4 +138,24 @@ def encode_prompt(prompt: str | Sequence[int], tokenizer: Any, config: EngineCon
             expected="a string or token ids",
             got=prompt,
         )
-    return token_ids(list(prompt), getattr(config.hf_config, "vocab_size", None), index)
+    vocab = getattr(config.hf_config.get_text_config(), "vocab_size", None)
+    return _no_media(token_ids(list(prompt), vocab, index), config.hf_config, index)
+
+
+def _no_media(ids: list[int], hf_config: Any, index: int) -> list[int]:
+    """``ids``, unless a multimodal checkpoint's image or video placeholder is among them: hetero runs the
+    text model of such a checkpoint, and a placeholder without its pixels would be read as a plain token."""
+    if getattr(hf_config, "vision_config", None) is None:
+        return ids
+    media = {getattr(hf_config, n, None): n for n in ("image_token_id", "video_token_id")}
+    media.pop(None, None)
+    for position, token in enumerate(ids):
+        if token in media:
+            raise UsageError(
+                f"request {index}: argument 'prompt': token {token} at position {position} is the checkpoint's "
+                f"{media[token]} placeholder; hetero runs this model's text part only (no image or video inputs)",
+                arg="prompt",
+                expected="text tokens only",
+                got=f"{media[token]} {token}",
+            )
+    return ids

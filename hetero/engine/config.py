@@ -108,7 +108,7 @@ class EngineConfig:
         ``max_model_len`` exceeds the checkpoint's ``max_position_embeddings``.
         """
         hf_config = hf_config if hf_config is not None else load_hf_config(self.model)
-        limit = getattr(hf_config, "max_position_embeddings", None)
+        limit = getattr(hf_config.get_text_config(), "max_position_embeddings", None)
         max_model_len = self.max_model_len
         if max_model_len is None:
             if limit is None:

@@ -124,7 +124,7 @@ class LLM:
         """
         index = self._num_requests
         params = check_params(sampling_params, index)
-        check_logprobs(params, getattr(self.config.hf_config, "vocab_size", None), index)
+        check_logprobs(params, getattr(self.config.hf_config.get_text_config(), "vocab_size", None), index)
         seq = Sequence(request_id if request_id is not None else str(index), self._encode(prompt, index), params, index)
         if cache is not None:
             if self.runner.parallel.size > 1:

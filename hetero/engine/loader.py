@@ -119,7 +119,8 @@ def map_name(mapping, name: str) -> tuple[str, Any] | None:
     for pattern, template, proj in mapping.experts:
         m = re.fullmatch(pattern, name)
         if m:
-            return WeightMapping.expert_param(template, m.groupdict()), (int(m["expert"]), proj)
+            expert = m.groupdict().get("expert")
+            return WeightMapping.expert_param(template, m.groupdict()), (None if expert is None else int(expert), proj)
     for frag, param_frag, shard in mapping.packed:
         if f".{frag}." in name:
             return name.replace(f".{frag}.", f".{param_frag}.", 1), shard
@@ -235,7 +236,7 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> LoadReport:
                     report.skipped_experts += 1
                 else:
                     report.loaded += 1
-                    filled.add((pname, shard))
+                    filled.update((pname, s) for s in (ok if isinstance(ok, tuple) else (shard,)))
     missing = sorted(
         checkpoint_name(mapping, n, s)
         for n, p in params.items()

@@ -194,6 +194,47 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
             router_scaling_factor=2.826,
         ),
     ),
+    # HY4: layer 0 dense; indexers full, full, shared (the default schedule); 4 hyper-connection streams; a small
+    # swiglu_limit so the expert clamp bites
+    "hy_v4": (
+        "HYV4Config",
+        dict(
+            _DSA,
+            n_group=1,
+            topk_group=1,
+            routed_scaling_factor=2.827,
+            swiglu_limit=1.5,
+            rms_norm_eps=1e-5,
+            rope_parameters=_YARN,
+        ),
+    ),
+    # HY4-VL: HY4's text model (interleaved rope, rms_norm_eps latent norms) beside a one-layer vision tower;
+    # the placeholders inside the tiny vocabulary, so a prompt can hold them
+    "hy_v4_vl": (
+        "HYV4VLConfig",
+        dict(
+            text_config=dict(
+                _DSA,
+                n_group=1,
+                topk_group=1,
+                routed_scaling_factor=2.827,
+                swiglu_limit=1.5,
+                rms_norm_eps=1e-5,
+                rope_parameters=dict(_YARN, mrope_section=[2, 1, 1]),
+            ),
+            vision_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                out_hidden_size=64,
+                patch_size=4,
+                spatial_merge_size=2,
+            ),
+            image_token_id=250,
+            video_token_id=251,
+        ),
+    ),
     # [sliding, full, sliding, full], window 4; a small swiglu_limit so the clamps bite; yarn rope
     "gpt_oss": (
         "GptOssConfig",

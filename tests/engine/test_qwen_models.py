@@ -88,6 +88,8 @@ def reference(model_dir, prompts):
             last.clear()
             out = hf(torch.tensor([p]), output_hidden_states=True)
             states = [h[0] for h in out.hidden_states]
+            if states[0].ndim == 3:  # hyper-connection streams: the embedding copied into each
+                states[0] = states[0][:, 0]
             assert len(states) == hf.config.num_hidden_layers + 1
             results.append((out.logits[0], states[:-1] + [last[0][0], states[-1]]))
         hook.remove()

@@ -86,9 +86,20 @@ class SparseMLAttention(MLAttention):
                 interleaved=indexer_interleaved,
                 prefix=join_prefix(prefix, "indexer"),
                 quant_config=quant_config,
+                **self.indexer_options(hf_config),
             )
 
+    def indexer_options(self, hf_config: Any) -> dict[str, Any]:
+        """Keyword options of this family's ``Indexer`` (HY4: which rope dims, a float32 k_norm)."""
+        return {}
+
     def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:  # type: ignore[override]
+        t = hidden.shape[0]
+        return self.o_proj(self.attend(hidden, step).reshape(t, self.num_heads * self.v_dim))
+
+    def attend(self, hidden: torch.Tensor, step: Step, **options) -> torch.Tensor:
+        """Every row's sparse absorbed attention, [T, h, v_head_dim] before o_proj (``options``: more
+        ``mla_attention`` arguments, e.g. ``sinks``)."""
         t = hidden.shape[0]
         q_nope, q_pe, q_resid = self.project(hidden, step)
         if self.indexer is not None:
@@ -97,5 +108,4 @@ class SparseMLAttention(MLAttention):
             topk = self.shared.topk
             if topk is None or topk.shape[0] != t:
                 raise RuntimeError(f"{self.prefix}: a shared DSA layer needs the indices of an earlier full layer")
-        out = self.absorbed(q_nope, q_pe, step.meta, topk_indices=topk)
-        return self.o_proj(out.reshape(t, self.num_heads * self.v_dim))
+        return self.absorbed(q_nope, q_pe, step.meta, topk_indices=topk, **options)

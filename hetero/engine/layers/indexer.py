@@ -5,7 +5,8 @@ Per token (transformers' ``DeepseekV32Indexer`` / ``GlmMoeDsaIndexer``):
 - ``q = wq_b(q_resid)`` viewed [T, Hi, D], where ``q_resid`` is MLA's ``q_a_layernorm(q_a_proj(x))``;
 - ``k = LayerNorm(wk(x))`` [T, D] (``k_norm``: weight and bias, eps 1e-6, the ``layer_norm`` op);
 - rope on the FIRST ``qk_rope_head_dim`` dims of q and k (``[rope | nope]``, unlike MLA's ``[nope | rope]``),
-  NeoX pairs for V3.2, interleaved pairs for GLM-5, over MLA's cos/sin table;
+  NeoX pairs for V3.2, interleaved pairs for GLM-5, over MLA's cos/sin table; HY4 (``rope_last``) ropes the
+  LAST ones, and keeps ``k_norm``'s parameters in float32 (``k_norm_float32``, eps ``rms_norm_eps``);
 - ``weights = weights_proj(x) * Hi**-0.5 * D**-0.5`` in float32 (``weights_proj`` is a float32 layer, as
   transformers keeps it); ``D**-0.5`` is transformers' softmax scale inside the ReLU, folded out (ReLU is
   positively homogeneous);
@@ -69,12 +70,15 @@ class Indexer(CachedLayer):
         rotary: RotaryEmbedding,
         *,
         interleaved: bool,
+        rope_last: bool = False,
+        k_norm_eps: float = INDEXER_NORM_EPS,
+        k_norm_float32: bool = False,
         prefix: str = "",
         quant_config: QuantConfig | None = None,
     ):
         super().__init__()
         c = hf_config
-        self.prefix = prefix
+        self.prefix, self.rope_last = prefix, rope_last
         self.num_heads, self.head_dim = int(c.index_n_heads), int(c.index_head_dim)
         self.topk = int(c.index_topk)
         if c.qk_rope_head_dim > self.head_dim:
@@ -88,10 +92,10 @@ class Indexer(CachedLayer):
 
         self.wq_b = ReplicatedLinear(ctx, c.q_lora_rank, self.num_heads * self.head_dim, **at("wq_b"))
         self.wk = ReplicatedLinear(ctx, c.hidden_size, self.head_dim, **at("wk"))
-        self.k_norm = LayerNorm(ctx, self.head_dim, INDEXER_NORM_EPS, prefix=join_prefix(prefix, "k_norm"))
-        self.weights_proj = ReplicatedLinear(
-            dataclasses.replace(ctx, dtype=torch.float32), c.hidden_size, self.num_heads, **at("weights_proj")
-        )
+        fp32 = dataclasses.replace(ctx, dtype=torch.float32)
+        norm_ctx = fp32 if k_norm_float32 else ctx
+        self.k_norm = LayerNorm(norm_ctx, self.head_dim, k_norm_eps, prefix=join_prefix(prefix, "k_norm"))
+        self.weights_proj = ReplicatedLinear(fp32, c.hidden_size, self.num_heads, **at("weights_proj"))
         self.rotary = rotary
         rotary.is_neox = not interleaved
         ctx.bind_op(self, "_write", "write_index_k")
@@ -109,7 +113,12 @@ class Indexer(CachedLayer):
         t = hidden.shape[0]
         q = self.wq_b(q_resid).view(t, self.num_heads, self.head_dim)
         k = self.k_norm(self.wk(hidden)).view(t, 1, self.head_dim)
-        q, k = self.rotary(step.positions, q, k)
+        if self.rope_last:  # HY4: rope on the last rope dims ([nope | rope]), the first ones pass
+            cut = self.head_dim - self.rotary.cos_sin_cache.shape[-1]
+            q_rot, k_rot = self.rotary(step.positions, q[..., cut:].contiguous(), k[..., cut:].contiguous())
+            q, k = torch.cat([q[..., :cut], q_rot], dim=-1), torch.cat([k[..., :cut], k_rot], dim=-1)
+        else:
+            q, k = self.rotary(step.positions, q, k)
         self._write(k.view(t, self.head_dim), self.index_cache, step.slot_mapping)
         weights = self.weights_proj(hidden.float()) * self.weight_scale
         return self._topk(q.contiguous(), weights, self.index_cache, step.meta, topk=self.topk)

@@ -119,14 +119,14 @@ class MLAttention(CachedLayer):
         else:
             self.q_a_proj = ReplicatedLinear(ctx, self.hidden, self.q_lora_rank, bias=bias, **at("q_a_proj"))
             self.q_a_layernorm = RMSNorm(
-                ctx, self.q_lora_rank, LATENT_NORM_EPS, prefix=join_prefix(prefix, "q_a_layernorm")
+                ctx, self.q_lora_rank, self.latent_norm_eps(c), prefix=join_prefix(prefix, "q_a_layernorm")
             )
             self.q_b_proj = ColumnParallelLinear(ctx, self.q_lora_rank, total_heads * self.qk_dim, **at("q_b_proj"))
         self.kv_a_proj_with_mqa = ReplicatedLinear(
             ctx, self.hidden, self.kv_lora_rank + self.rope, bias=bias, **at("kv_a_proj_with_mqa")
         )
         self.kv_a_layernorm = RMSNorm(
-            ctx, self.kv_lora_rank, LATENT_NORM_EPS, prefix=join_prefix(prefix, "kv_a_layernorm")
+            ctx, self.kv_lora_rank, self.latent_norm_eps(c), prefix=join_prefix(prefix, "kv_a_layernorm")
         )
         self.kv_b_proj = ColumnParallelLinear(
             ctx, self.kv_lora_rank, total_heads * (self.nope + self.v_dim), **at("kv_b_proj")
@@ -144,6 +144,10 @@ class MLAttention(CachedLayer):
         # the absorbed path's per-head weights, set by post_load()
         self.w_uk_t: torch.Tensor | None = None
         self.w_uv: torch.Tensor | None = None
+
+    def latent_norm_eps(self, hf_config: Any) -> float:
+        """The eps of q_a_layernorm / kv_a_layernorm: transformers' RMSNorm default (a family may read its config)."""
+        return LATENT_NORM_EPS
 
     def cache_spec(self) -> tuple[PagedEntry, ...]:
         return PagedEntry("ckv_cache", (self.kv_lora_rank,)), PagedEntry("kpe_cache", (self.rope,))

@@ -6,7 +6,10 @@ method (``quant_method``, picked by ``quant_config`` from the layer's checkpoint
 ``prefix``). Unquantized, they are stacked for grouped GEMM: w13 [E_local, 2I, H]
 (gate rows then up rows) and w2 [E_local, H, I]. Every expert parameter's weight
 loader takes shard (expert, "gate" | "up" | "down") and returns False for an expert
-another rank owns.
+another rank owns; shard (None, "gate_up" | "down") is a checkpoint's fused tensor of
+every expert (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj [E, H, I]``,
+what transformers' ``save_pretrained`` writes for families without a per-expert
+conversion), loaded expert by expert.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ from hetero.engine.context import ModelContext
 from hetero.engine.layers.weights import copy_checked
 from hetero.engine.parallel import divide
 from hetero.engine.quant.config import QuantConfig
+from hetero.errors import UsageError
 
 __all__ = ["Routing", "FusedMoE"]
 
 PROJECTIONS = ("gate", "up", "down")
+#: the fused checkpoint tensors of all experts: (projection, the per-expert shards it holds)
+FUSED = {"gate_up": ("gate", "up"), "down": ("down",)}
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,14 @@ class FusedMoE(nn.Module):
         routing: Routing,
         *,
         correction_bias: bool = False,
+        activation: str = "silu",
+        limit: float | None = None,
         prefix: str = "",
         quant_config: QuantConfig | None = None,
     ):
         super().__init__()
         self.ctx, self.prefix, self.routing, self.num_experts = ctx, prefix, routing, num_experts
+        self.activation, self.limit = activation, limit
         par = ctx.parallel
         self.ep = par.expert_parallel and par.size > 1
         self.local_experts = divide(num_experts, par.size, "experts") if self.ep else num_experts
@@ -68,6 +77,14 @@ class FusedMoE(nn.Module):
         self.inter = intermediate if self.ep else divide(intermediate, par.size, "moe intermediate size")
         ctx.bind_op(self, "_route", "route", scoring=routing.scoring)
         self.quant_method = (quant_config or QuantConfig()).moe_method(prefix)
+        if activation not in getattr(self.quant_method, "activations", ("silu",)):
+            raise UsageError(
+                f"{prefix}: experts with the {activation!r} activation are not implemented for "
+                f"{type(self.quant_method).__name__} weights",
+                arg="activation",
+                expected=getattr(self.quant_method, "activations", ("silu",)),
+                got=activation,
+            )
         self.quant_method.create_weights(self, self.local_experts, hidden, self.inter)
         self.correction_bias = None
         if correction_bias:
@@ -86,11 +103,16 @@ class FusedMoE(nn.Module):
             (e, p) for e in range(self.expert_offset, self.expert_offset + self.local_experts) for p in projections
         )
 
-    def load_expert(self, param: nn.Parameter, tensor: torch.Tensor, shard: tuple[int, str]) -> bool:
+    def load_expert(
+        self, param: nn.Parameter, tensor: torch.Tensor, shard: tuple[int | None, str]
+    ) -> bool | tuple[tuple[int, str], ...]:
         """Copy one expert's gate, up or down tensor into ``param`` (any expert parameter of the method);
         False for another rank's expert. Tensor parallel splits the intermediate dimension: gate and
-        up rows, down columns; the method cuts the tensor and places the packed gate/up rows."""
+        up rows, down columns; the method cuts the tensor and places the packed gate/up rows. Shard
+        (None, "gate_up" | "down"): every expert's tensor at once; returns the shards it filled."""
         expert, proj = shard
+        if expert is None and proj in FUSED:
+            return self._load_fused(param, tensor, proj)
         if proj not in PROJECTIONS or not 0 <= expert < self.num_experts:
             raise ValueError(
                 f"FusedMoE: shard {shard!r} is not (expert in [0, {self.num_experts}), one of {PROJECTIONS})"
@@ -107,6 +129,20 @@ class FusedMoE(nn.Module):
             dst = dst.narrow(0, *method.shard_range(self, param, 0, start, self.inter))
         copy_checked(dst, tensor, what)
         return True
+
+    def _load_fused(self, param: nn.Parameter, tensor: torch.Tensor, proj: str) -> tuple[tuple[int, str], ...]:
+        parts = FUSED[proj]
+        if tensor.ndim != 3 or tensor.shape[0] != self.num_experts or tensor.shape[1] % len(parts):
+            raise ValueError(
+                f"FusedMoE: a fused {proj} tensor is [num_experts={self.num_experts}, {len(parts)} x rows, cols], "
+                f"got {tuple(tensor.shape)}"
+            )
+        filled = []
+        for e in range(self.expert_offset, self.expert_offset + self.local_experts):
+            for part, rows in zip(parts, tensor[e].chunk(len(parts), dim=0)):
+                self.load_expert(param, rows, (e, part))
+                filled.append((e, part))
+        return tuple(filled)
 
     def _routed(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.routing

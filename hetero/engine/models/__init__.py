@@ -25,6 +25,8 @@ ARCHITECTURES: dict[str, str | type[CausalLM]] = {
     "HunYuanDenseV1ForCausalLM": "hunyuan:HunYuanDenseV1ForCausalLM",
     "HunYuanMoEV1ForCausalLM": "hunyuan:HunYuanMoEV1ForCausalLM",
     "HYV3ForCausalLM": "hy_v3:HYV3ForCausalLM",
+    "HYV4ForCausalLM": "hy_v4:HYV4ForCausalLM",
+    "HYV4VLForConditionalGeneration": "hy_v4:HYV4VLForConditionalGeneration",
 }
 
 

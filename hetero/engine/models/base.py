@@ -29,7 +29,8 @@ class WeightMapping:
       ``weight_scale_inv``, ``bias``...); the template has ``{layer}``. The parameter is
       the template for suffix ``weight`` (or no suffix group) and template + "_" + suffix
       otherwise (``w13_weight_scale_inv``); the shard passed to the weight loader is
-      (expert, projection). See ``stacked_experts``.
+      (expert, projection). A regex without an ``expert`` group is one tensor of every
+      expert (shard (None, projection)). See ``stacked_experts`` and ``fused_experts``.
     - ``ignore``: regexes of checkpoint tensors the model may find and does not use
       (rotary inv_freq buffers, MTP layers, a tied lm_head).
     """
@@ -52,6 +53,19 @@ class WeightMapping:
                 proj,
             )
             for proj in ("gate", "up", "down")
+        )
+
+    @staticmethod
+    def fused_experts(
+        checkpoint: str = r"model\.layers\.(?P<layer>\d+)\.mlp\.experts",
+        parameter: str = "model.layers.{layer}.mlp.experts",
+    ) -> tuple[tuple[str, str, str], ...]:
+        """The ``experts`` rules of every expert in one tensor: ``{checkpoint}.gate_up_proj [E, 2I, H]`` (gate
+        rows, then up rows) into ``{parameter}.w13``, ``{checkpoint}.down_proj [E, H, I]`` into ``.w2``; the
+        shard is (None, "gate_up" | "down")."""
+        return (
+            (rf"{checkpoint}\.gate_up_proj", f"{parameter}.w13", "gate_up"),
+            (rf"{checkpoint}\.down_proj", f"{parameter}.w2", "down"),
         )
 
     @staticmethod

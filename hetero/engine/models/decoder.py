@@ -17,6 +17,7 @@ and the attention layout all come from the ``Step``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -248,14 +249,19 @@ class DecoderForCausalLM(CausalLM):
     """
 
     layer_cls: ClassVar[type[DecoderLayer]]
+    #: the model body's class (a family whose residual is not one stream overrides it)
+    model_cls: ClassVar[type[DecoderModel]] = DecoderModel
+    #: a float32 LM head fed the final hidden state widened (HY4), as the family's reference keeps it
+    lm_head_float32: ClassVar[bool] = False
     mapping = WeightMapping(packed=QKV_PACKED + GATE_UP_PACKED, ignore=IGNORE)
 
     def __init__(self, hf_config: Any, ctx: ModelContext, *, quant_config: QuantConfig | None = None):
         super().__init__()
         self.ctx, self.config = ctx, hf_config
         self.quant_config = quant_config or quant_config_of(hf_config)
-        self.model = DecoderModel(ctx, hf_config, self.layer_cls, prefix="model", quant_config=self.quant_config)
-        self.lm_head = ParallelLMHead(ctx, hf_config.vocab_size, hf_config.hidden_size, prefix="lm_head")
+        self.model = self.model_cls(ctx, hf_config, self.layer_cls, prefix="model", quant_config=self.quant_config)
+        head_ctx = dataclasses.replace(ctx, dtype=torch.float32) if self.lm_head_float32 else ctx
+        self.lm_head = ParallelLMHead(head_ctx, hf_config.vocab_size, hf_config.hidden_size, prefix="lm_head")
         if getattr(hf_config, "tie_word_embeddings", False):
             self.lm_head.tie(self.model.embed_tokens)
         self.mapping = self.weight_mapping(hf_config)
@@ -268,4 +274,4 @@ class DecoderForCausalLM(CausalLM):
         return self.model(input_ids, step, capture)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        return self.lm_head(hidden.float() if self.lm_head_float32 else hidden)

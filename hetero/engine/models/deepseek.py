@@ -87,7 +87,8 @@ def _mlp_bias(hf_config: Any, v3: bool) -> bool:
 
 
 class DeepseekMoE(nn.Module):
-    """Router ``gate`` in float32, routed experts, shared experts; returns their sum.
+    """Router ``gate`` in float32, routed experts (``activation``: fused_moe's, ``limit`` its clamp), shared
+    experts; returns their sum.
 
     V3's ``e_score_correction_bias`` is the FusedMoE's ``correction_bias`` Parameter,
     registered first under ``gate.e_score_correction_bias`` (the checkpoint's name) so
@@ -95,7 +96,15 @@ class DeepseekMoE(nn.Module):
     """
 
     def __init__(
-        self, ctx: ModelContext, hf_config: Any, *, v3: bool, prefix: str = "", quant_config: QuantConfig | None = None
+        self,
+        ctx: ModelContext,
+        hf_config: Any,
+        *,
+        v3: bool,
+        activation: str = "silu",
+        limit: float | None = None,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
     ):
         super().__init__()
         c, self.prefix = hf_config, prefix
@@ -113,6 +122,8 @@ class DeepseekMoE(nn.Module):
             c.moe_intermediate_size,
             deepseek_routing(c, v3),
             correction_bias=v3,
+            activation=activation,
+            limit=limit,
             prefix=join_prefix(prefix, "experts"),
             quant_config=quant_config,
         )

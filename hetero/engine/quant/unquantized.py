@@ -35,8 +35,11 @@ class UnquantizedLinearMethod(LinearMethod):
 class UnquantizedMoEMethod(MoEMethod):
     """``w13 [E, 2I, H]`` (gate rows, then up rows) and ``w2 [E, H, I]`` in the model dtype.
 
-    Tensor parallel: one ``fused_moe``; expert parallel: ``grouped_gemm``, ``silu_and_mul``, ``grouped_gemm``.
+    Tensor parallel: one ``fused_moe``; expert parallel: ``grouped_gemm``, ``silu_and_mul``, ``grouped_gemm``
+    (``swiglu_clamp``: the gate and up halves clamped before ``silu_and_mul``, which is that activation).
     """
+
+    activations = ("silu", "swiglu_clamp")
 
     def create_weights(self, layer: nn.Module, num_experts: int, hidden: int, intermediate: int) -> None:
         ctx = layer.ctx
@@ -58,11 +61,17 @@ class UnquantizedMoEMethod(MoEMethod):
             ctx.bind_op(layer, "_grouped_gemm", "grouped_gemm")
             ctx.bind_op(layer, "_silu_and_mul", "silu_and_mul")
         else:
-            ctx.bind_op(layer, "_fused_moe", "fused_moe", activation="silu")
+            ctx.bind_op(layer, "_fused_moe", "fused_moe", activation=layer.activation)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return layer._fused_moe(x, layer.w13, layer.w2, weights, ids)
+        if layer.activation == "silu":
+            return layer._fused_moe(x, layer.w13, layer.w2, weights, ids)
+        return layer._fused_moe(x, layer.w13, layer.w2, weights, ids, activation=layer.activation, limit=layer.limit)
 
     def apply_grouped(self, layer: nn.Module, x: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
-        h = layer._silu_and_mul(layer._grouped_gemm(x, layer.w13, group_ends))
+        gate_up = layer._grouped_gemm(x, layer.w13, group_ends)
+        if layer.activation == "swiglu_clamp":  # silu(min(g, l)) * clamp(u, -l, l)
+            gate, up = gate_up.chunk(2, dim=-1)
+            gate_up = torch.cat([gate.clamp(max=layer.limit), up.clamp(-layer.limit, layer.limit)], dim=-1)
+        h = layer._silu_and_mul(gate_up)
         return layer._grouped_gemm(h, layer.w2, group_ends)

@@ -1,0 +1,231 @@
+"""HY4 (``hy_v4``, Tencent): GLM-5's sparse MLA with learned sinks and an output gate, hyper-connections,
+clamped SwiGLU experts and a float32 LM head. Mirrors transformers 5.24's ``modular_hy_v4.py``:
+
+- attention: sparse absorbed MLA (``layers/dsa.py``) with NeoX rope; each head's ``learnable_sink_param``
+  (float32, split with the heads under TP) joins its softmax (``mla_attention(sinks=)``), and its output is
+  gated, ``o * sigmoid(linear_gate(x))`` per head and value channel, before ``o_proj``;
+- indexer: DeepSeek-V3.2's with rope on the LAST ``qk_rope_head_dim`` dims of its keys and queries, a
+  float32 LayerNorm ``k_norm`` of eps ``rms_norm_eps``; "shared" layers (``indexer_types``) reuse the
+  previous full layer's indices, as GLM-5's;
+- residual: ``hc_mult`` streams (``layers/hyper.py``, no Sinkhorn, post weights ``hc_magnitude *
+  sigmoid(.) + hc_eps``); each sublayer reads the streams' pre-collapse through its plain RMSNorm, and
+  ``hc_head`` collapses them before the final norm;
+- MLP: ``mlp_layer_types`` dense (SwiGLU) or sparse: V3 routing (sigmoid, selection-only bias, one group,
+  renormalized, scaled), experts with ``swiglu_clamp`` at ``swiglu_limit`` (<= 0: no clamp) stored fused
+  (``experts.gate_up_proj`` / ``experts.down_proj``), one plain shared expert;
+- ``lm_head`` float32, fed the final hidden state widened; ``model.mtp_layers.*`` ignored.
+
+The checkpoint's names are the original release's (what transformers' ``save_pretrained`` writes back):
+``layers.i.hc_pre.hc_{attn,mlp}_layer.hc_{fn,base,scale}``, ``hc_pre.hc_head.hc_head_*``,
+``self_attn.learnable_sink_param``, ``self_attn.linear_gate`` and ``linear_gate`` for the MLPs' gate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetero.engine.context import ModelContext
+from hetero.engine.layers.dsa import SharedIndices, SparseMLAttention
+from hetero.engine.layers.hyper import HyperConnection, HyperHead, expand_streams
+from hetero.engine.layers.linear import ColumnParallelLinear
+from hetero.engine.layers.rotary import RotaryEmbedding
+from hetero.engine.layers.weights import copy_checked, join_prefix
+from hetero.engine.models.base import WeightMapping
+from hetero.engine.models.decoder import GATE_UP_PACKED, IGNORE, DecoderForCausalLM, DecoderLayer, DecoderModel
+from hetero.engine.models.deepseek import DeepseekMoE
+from hetero.engine.models.hy_v3 import is_sparse_layer
+from hetero.engine.quant.config import QuantConfig, quant_config_of
+from hetero.engine.step import Step
+
+__all__ = [
+    "HYV4Attention",
+    "HYV4MoE",
+    "HYV4DecoderLayer",
+    "HYV4Model",
+    "HYV4ForCausalLM",
+    "HYV4VLForConditionalGeneration",
+]
+
+#: the MLPs' gate projection is ``linear_gate`` in the original checkpoints (the attention gate keeps its name)
+GATE_PACKED = (
+    ("shared_experts.linear_gate", "shared_experts.gate_up_proj", 0),
+    ("mlp.linear_gate", "mlp.gate_up_proj", 0),
+)
+#: transformers writes the head's hyper-connection back as ``hc_pre.hc_head`` (HY4) or ``hc_head.hc_pre`` (HY4-VL)
+HEAD_ALIAS = (("hc_head.hc_pre", "hc_pre.hc_head", None),)
+
+
+class HYV4Attention(SparseMLAttention):
+    """Sparse MLA with per-head sinks and a sigmoid output gate (see the module docstring)."""
+
+    mla_options = {"topk_indices": True, "sinks": True}
+
+    def __init__(
+        self,
+        ctx: ModelContext,
+        hf_config: Any,
+        layer_idx: int,
+        rotary: RotaryEmbedding,
+        *,
+        indexer_interleaved: bool = False,
+        prefix: str = "",
+        quant_config: QuantConfig | None = None,
+    ):
+        super().__init__(
+            ctx,
+            hf_config,
+            layer_idx,
+            rotary,
+            indexer_interleaved=indexer_interleaved,
+            prefix=prefix,
+            quant_config=quant_config,
+        )
+        total = hf_config.num_attention_heads
+        self.linear_gate = ColumnParallelLinear(
+            ctx, self.hidden, total * self.v_dim, prefix=join_prefix(prefix, "linear_gate"), quant_config=quant_config
+        )
+        sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32, device=ctx.device), requires_grad=False)
+        rank, what = ctx.parallel.rank, join_prefix(prefix, "learnable_sink_param")
+        sinks.weight_loader = lambda p, t, shard=None: copy_checked(p, t.narrow(0, rank * p.shape[0], p.shape[0]), what)
+        sinks.shards = (None,)
+        self.learnable_sink_param = sinks
+
+    def indexer_options(self, hf_config: Any) -> dict[str, Any]:
+        return dict(rope_last=True, k_norm_eps=float(hf_config.rms_norm_eps), k_norm_float32=True)
+
+    def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:  # type: ignore[override]
+        t = hidden.shape[0]
+        gate = self.linear_gate(hidden).view(t, self.num_heads, self.v_dim)
+        out = self.attend(hidden, step, sinks=self.learnable_sink_param) * torch.sigmoid(gate)
+        return self.o_proj(out.reshape(t, self.num_heads * self.v_dim))
+
+
+class HYV4MoE(DeepseekMoE):
+    """DeepSeek-V3's MoE block with experts clamped at ``swiglu_limit`` (none when it is <= 0)."""
+
+    def __init__(self, ctx: ModelContext, hf_config: Any, *, prefix: str = "", quant_config: QuantConfig | None = None):
+        limit = float(hf_config.swiglu_limit or 0.0)
+        super().__init__(
+            ctx,
+            hf_config,
+            v3=True,
+            activation="swiglu_clamp" if limit > 0 else "silu",
+            limit=limit if limit > 0 else None,
+            prefix=prefix,
+            quant_config=quant_config,
+        )
+
+
+class HYV4DecoderLayer(DecoderLayer):
+    """``forward(streams [T, N, H], None, step, capture) -> (streams, None)``: each sublayer between its
+    hyper-connection's collapse and spread (``hc_pre.hc_attn_layer`` / ``hc_pre.hc_mlp_layer``)."""
+
+    attention_cls = HYV4Attention
+    moe_cls = HYV4MoE
+    is_moe_layer = staticmethod(is_sparse_layer)
+
+    def __init__(self, ctx: ModelContext, config: Any, layer_idx: int, rotary: RotaryEmbedding, **kw: Any):
+        super().__init__(ctx, config, layer_idx, rotary, **kw)
+        options = dict(names=("hc_fn", "hc_base", "hc_scale"), post_mult=config.hc_magnitude, post_eps=config.hc_eps)
+        self.hc_pre = nn.Module()
+        for name in ("hc_attn_layer", "hc_mlp_layer"):
+            prefix = join_prefix(self.prefix, f"hc_pre.{name}")
+            self.hc_pre.add_module(name, HyperConnection(ctx, config, prefix=prefix, **options))
+
+    @classmethod
+    def rotary_table(cls, ctx: ModelContext, config: Any) -> RotaryEmbedding:
+        """NeoX rope over MLA's ``qk_rope_head_dim`` (the indexer ropes its last dims with a twin)."""
+        return RotaryEmbedding(ctx, config, config.qk_rope_head_dim, config.max_position_embeddings, is_neox=True)
+
+    def forward(  # type: ignore[override]
+        self, streams: torch.Tensor, residual: None, step: Step, capture: list[torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, None]:
+        hc = self.hc_pre.hc_attn_layer
+        x, post, comb = hc.pre(streams)
+        streams = hc.post(self.self_attn(self.input_layernorm(x), step), streams, post, comb)
+        hc = self.hc_pre.hc_mlp_layer
+        x, post, comb = hc.pre(streams)
+        streams = hc.post(self.mlp(self.post_attention_layernorm(x)), streams, post, comb)
+        if capture is not None:
+            capture.append(streams)
+        return streams, None
+
+
+class HYV4Model(DecoderModel):
+    """Embedding -> ``hc_mult`` streams -> layers -> ``hc_pre.hc_head`` collapse -> final norm; ``capture``
+    gets the embedding output [T, H], then each layer's streams [T, N, H]."""
+
+    def __init__(self, ctx: ModelContext, config: Any, layer_cls: type[DecoderLayer], **kw: Any):
+        super().__init__(ctx, config, layer_cls, **kw)
+        self.streams = int(config.hc_mult)
+        self.hc_pre = nn.Module()
+        self.hc_pre.hc_head = HyperHead(
+            ctx,
+            config,
+            names=("hc_head_fn", "hc_head_base", "hc_head_scale"),
+            prefix=join_prefix(self.prefix, "hc_pre.hc_head"),
+        )
+        shared = SharedIndices()  # a "shared" indexer layer reads what the full layer before it wrote
+        for layer in self.layers:
+            layer.self_attn.shared = shared
+
+    def forward(self, input_ids: torch.Tensor, step: Step, capture: list[torch.Tensor] | None = None) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        if capture is not None:
+            capture.append(hidden)
+        streams = expand_streams(hidden, self.streams)
+        for layer in self.layers:
+            streams, _ = layer(streams, None, step, capture)
+        return self.norm(self.hc_pre.hc_head(streams))
+
+
+class HYV4ForCausalLM(DecoderForCausalLM):
+    """HY4 (Hy4-preview); the float32 LM head reads the final hidden state widened to float32."""
+
+    layer_cls = HYV4DecoderLayer
+    model_cls = HYV4Model
+    lm_head_float32 = True
+    mapping = WeightMapping(
+        packed=GATE_PACKED + GATE_UP_PACKED + HEAD_ALIAS,
+        experts=WeightMapping.fused_experts(),
+        ignore=IGNORE + (r"model\.mtp_layers\..*",),
+    )
+
+
+class HYV4VLAttention(HYV4Attention):
+    """HY4-VL's text attention: its latent norms take ``rms_norm_eps``; rope pairs are interleaved, in MLA and
+    in the indexer (GLM's rope, where HY4's text model has NeoX)."""
+
+    def __init__(self, ctx: ModelContext, hf_config: Any, layer_idx: int, rotary: RotaryEmbedding, **kw: Any):
+        super().__init__(ctx, hf_config, layer_idx, rotary, indexer_interleaved=True, **kw)
+
+    def latent_norm_eps(self, hf_config: Any) -> float:
+        return float(hf_config.rms_norm_eps)
+
+
+class HYV4VLDecoderLayer(HYV4DecoderLayer):
+    attention_cls = HYV4VLAttention
+
+    @classmethod
+    def rotary_table(cls, ctx: ModelContext, config: Any) -> RotaryEmbedding:
+        """Interleaved pairs over ``qk_rope_head_dim`` (the M-RoPE sections coincide on text positions)."""
+        return RotaryEmbedding(ctx, config, config.qk_rope_head_dim, config.max_position_embeddings, is_neox=False)
+
+
+class HYV4VLForConditionalGeneration(HYV4ForCausalLM):
+    """HY4-VL's text model (``text_config``), on text prompts: its M-RoPE is plain rope when a token's three
+    position ids are equal. The vision tower's weights (``vit.*``) are ignored, and a prompt holding the image
+    or video placeholder is refused when it is queued (``engine/_inputs.py``)."""
+
+    layer_cls = HYV4VLDecoderLayer
+    mapping = dataclasses.replace(
+        HYV4ForCausalLM.mapping, ignore=HYV4ForCausalLM.mapping.ignore + (r"vit\..*", r"model\.vision_tower\..*")
+    )
+
+    def __init__(self, hf_config: Any, ctx: ModelContext, *, quant_config: QuantConfig | None = None):
+        text = hf_config.get_text_config()
+        super().__init__(text, ctx, quant_config=quant_config or quant_config_of(hf_config))
