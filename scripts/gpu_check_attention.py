@@ -1,6 +1,7 @@
 """The attention-family benchmark cases of scripts/gpu_check.py: paged (with gpt-oss's sinks and sliding
-window), varlen, MLA dense and sparse (DeepSeek-V3.2's DSA), the cache writes, merge and the lightning
-indexer. See gpu_check_sizes for the Bench record and how bytes and flops are counted.
+window), varlen, MLA dense and sparse (DeepSeek-V3.2's DSA; Hunyuan HY4's with per-head sinks, spec 1.7),
+the cache writes, merge and the lightning indexer. See gpu_check_sizes for the Bench record and how bytes
+and flops are counted.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from gpu_check_sizes import Bench, Sizes, nbytes, paged_meta, randn, visible, wi
 __all__ = ["attention_benches", "sparse_indices"]
 
 MLA_BLOCK = 64  # DeepSeek's latent and index caches share 64-token blocks
+HY4_HEADS = 32  # Hunyuan HY4's query heads at TP 1 (the smoke sizes' MLA heads when fewer); scale (192 + 64) ** -0.5
 
 
 def _paged(
@@ -91,8 +93,9 @@ def sparse_indices(qlens: list[int], kvlens: list[int], topk: int, device) -> to
     return torch.cat(rows).to(torch.int32)
 
 
-def _mla_inputs(qlens: list[int], kvlens: list[int], s: Sizes, dev) -> dict:
+def _mla_inputs(qlens: list[int], kvlens: list[int], s: Sizes, dev, heads: int = 0) -> dict:
     h, lkv, r = s.mla
+    h = heads or h
     meta, nblk = paged_meta(qlens, kvlens, MLA_BLOCK, dev)
     t = sum(qlens)
     return {
@@ -143,6 +146,27 @@ def _sparse_mla(case: str, qlens: list[int], kvlens: list[int], s: Sizes) -> Ben
         read = sum(min(L, n * topk) for n, L in zip(qlens, kvlens))
         qn, qp = inputs["q_nope"], inputs["q_pe"]
         return inputs, 2.0 * h * kept * (2 * lkv + r), nbytes(qn, qp, qn, idx) + read * (lkv + r) * 2
+
+    return Bench("mla_attention", case, "bfloat16", make)
+
+
+def _hy4_sinks(case: str, qlens: list[int], kvlens: list[int], s: Sizes, sparse: bool) -> Bench:
+    """HY4's MLA with per-head sinks (spec 1.7), dense or sparse over ``indexer``'s top-k; flops and bytes
+    as for DeepSeek's MLA, plus the H sinks read."""
+    (_, lkv, r), topk, h = s.mla, s.indexer[2], min(HY4_HEADS, s.mla[0])
+
+    def make(dev):
+        inputs = _mla_inputs(qlens, kvlens, s, dev, heads=h)
+        inputs.update(scale=(192 + 64) ** -0.5, sinks=torch.randn(h, device=dev).add_(4.0))
+        qn, qp, moved = inputs["q_nope"], inputs["q_pe"], 0.0
+        if sparse:
+            inputs["topk_indices"] = idx = sparse_indices(qlens, kvlens, topk, dev)
+            kept = sum(windowed(n, L, topk)[0] for n, L in zip(qlens, kvlens))
+            read, moved = sum(min(L, n * topk) for n, L in zip(qlens, kvlens)), nbytes(idx)
+        else:
+            kept, read = sum(visible(n, L) for n, L in zip(qlens, kvlens)), sum(kvlens)
+        moved += nbytes(qn, qp, qn, inputs["sinks"]) + read * (lkv + r) * 2
+        return inputs, 2.0 * h * kept * (2 * lkv + r), moved
 
     return Bench("mla_attention", case, "bfloat16", make)
 
@@ -198,6 +222,7 @@ def attention_benches(s: Sizes) -> list[Bench]:
     hi, di, topk = s.indexer
     h, lkv, r = s.mla
     oss = f"gpt-oss Hq{ohq} Hkv{ohkv} D{od} window{ow} sinks"
+    hy4 = f"hy4 H{min(HY4_HEADS, h)} sinks"
     return [
         _write_kv(s),
         _paged(f"decode B{b} KV{length} Hq{hq} Hkv{hkv} D{d} bs{s.block}", [1] * b, [length] * b, s, s.heads),
@@ -208,6 +233,9 @@ def attention_benches(s: Sizes) -> list[Bench]:
         *_mla(s),
         _sparse_mla(f"dsa decode B{db} KV{dl} H{h} Lkv{lkv} R{r} top{topk}", [1] * db, [dl] * db, s),
         _sparse_mla(f"dsa prefill chunk {pt} of KV{pl} H{h} top{topk}", [pt], [pl], s),
+        _hy4_sinks(f"{hy4} decode B{b} KV{length} Lkv{lkv} R{r}", [1] * b, [length] * b, s, False),
+        _hy4_sinks(f"{hy4} dsa decode B{db} KV{dl} top{topk}", [1] * db, [dl] * db, s, True),
+        _hy4_sinks(f"{hy4} dsa prefill chunk {pt} of KV{pl} top{topk}", [pt], [pl], s, True),
         _merge(s),
         _write_index_k(s),
         _indexer(f"decode B{db} KV{dl} Hi{hi} D{di} top{topk}", [1] * db, [dl] * db, s),

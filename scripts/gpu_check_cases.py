@@ -2,8 +2,8 @@
 
 ``benches(sizes)`` lists every op of the spec at least once. The attention family lives in
 gpu_check_attention, the sizes, the Bench record and the input helpers in gpu_check_sizes;
-here are gemm, MoE (gpt-oss's swigluoai experts with biases included), the layer ops and
-linear attention; the quantized ops (spec 1.4) are in gpu_check_quant.
+here are gemm, MoE (gpt-oss's swigluoai experts with biases included), the layer ops,
+linear attention and the hyper-connections; the quantized ops (spec 1.4) are in gpu_check_quant.
 """
 
 from __future__ import annotations
@@ -220,6 +220,44 @@ def _linear_attention(s: Sizes) -> list[Bench]:
     ]
 
 
+def _hyper(s: Sizes) -> list[Bench]:
+    """hc_pre (DeepSeek-V4's Sinkhorn form and HY4's), hc_post and hc_head at T tokens. Bytes: the streams
+    read once, fn once, every output written once; flops: the M x N*D mixes per token and the collapse."""
+    t, (n, d) = s.tokens, s.hyper
+
+    def params(dev, rows: int, entries: int) -> dict[str, torch.Tensor]:
+        fn = torch.randn(rows, n * d, device=dev) * (n * d) ** -0.5
+        return {"fn": fn, "scale": torch.rand(entries, device=dev) + 0.5, "base": torch.randn(rows, device=dev)}
+
+    def pre(iters: int):
+        def make(dev):
+            rows = n * (n + 2) if iters else 2 * n
+            streams, p = randn((t, n, d), dev), params(dev, rows, 3 if iters else 2)
+            inputs = {"streams": streams, **p, "norm_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": iters}
+            out = t * d * 2 + t * (n + (n * n if iters else 0)) * 4
+            return inputs, 2.0 * t * rows * n * d + 4.0 * t * n * d, nbytes(streams, *p.values()) + out
+
+        return make
+
+    def post(dev):
+        y, streams = randn((t, d), dev), randn((t, n, d), dev)
+        w, comb = torch.rand(t, n, device=dev) * 2, torch.softmax(torch.randn(t, n, n, device=dev), -1)
+        inputs = {"y": y, "streams": streams, "post": w, "comb": comb}
+        return inputs, 2.0 * t * n * d * (n + 1), nbytes(y, streams, w, comb) + nbytes(streams)
+
+    def head(dev):
+        streams, p = randn((t, n, d), dev), params(dev, n, 1)
+        inputs = {"streams": streams, **p, "norm_eps": 1e-6, "hc_eps": 1e-6}
+        return inputs, 2.0 * t * n * n * d + 4.0 * t * n * d, nbytes(streams, *p.values()) + t * d * 2
+
+    return [
+        Bench("hc_pre", f"deepseek-v4 T{t} N{n} D{d} sinkhorn20", "bfloat16", pre(20)),
+        Bench("hc_pre", f"hy4-form T{t} N{n} D{d}", "bfloat16", pre(0)),
+        Bench("hc_post", f"deepseek-v4 T{t} N{n} D{d} comb", "bfloat16", post),
+        Bench("hc_head", f"deepseek-v4 T{t} N{n} D{d}", "bfloat16", head),
+    ]
+
+
 def benches(s: Sizes) -> list[Bench]:
     """Every op of the spec at least once, in spec order."""
     out = attention_benches(s) + _gemm(s)
@@ -230,4 +268,4 @@ def benches(s: Sizes) -> list[Bench]:
         out += [_fused(model, e, k, h, i, t) for t in s.moe_tokens]
     e, k, h, i = s.oss_moe
     out += [_fused("gpt-oss-20b swigluoai+bias", e, k, h, i, t, oss=True) for t in s.moe_tokens]
-    return out + quant_benches(s) + _layers(s) + _linear_attention(s)
+    return out + quant_benches(s) + _layers(s) + _linear_attention(s) + _hyper(s)

@@ -54,6 +54,7 @@ class Sizes:
     oss_heads: tuple[int, int, int, int]  # gpt-oss attention (Hq, Hkv, D, sliding window W)
     oss_moe: tuple[int, int, int, int]  # gpt-oss experts (E, top_k, H, I), swigluoai with biases
     quant_tokens: int  # the quantized cases' tokens T (DeepSeek-V3: T x top_k routed rows), gpu_check_quant
+    hyper: tuple[int, int]  # hyper-connections (streams N, hidden D): DeepSeek-V4's; tokens from ``tokens``
 
 
 FULL = Sizes(
@@ -76,6 +77,7 @@ FULL = Sizes(
     (64, 8, 64, 128),
     (32, 4, 2880, 2880),  # gpt-oss-20b
     4096,
+    (4, 4096),  # DeepSeek-V4 (HY4: 4 x 2816)
 )
 SMOKE = Sizes(
     (2, 40),
@@ -97,6 +99,7 @@ SMOKE = Sizes(
     (4, 2, 32, 8),
     (8, 2, 64, 32),
     12,
+    (4, 64),
 )
 
 

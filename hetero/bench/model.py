@@ -189,6 +189,32 @@ def _gated_delta_rule(a: Mapping[str, Any]) -> Work:
     return Work(flops, inputs + (reads + seqs) * per_state + nbytes(v) + _index_bytes(a))
 
 
+def _hc_collapse(a: Mapping[str, Any], outputs: int) -> Work:
+    """hc_pre / hc_head: the M x N*D mixes per token, the norm and the collapse; the streams and fn read
+    once, x and the ``outputs`` float32 weights per token written."""
+    s, fn = a["streams"], a["fn"]
+    t, _, d = s.shape
+    flops = 2.0 * fn.numel() * t + 4.0 * s.numel()
+    return Work(
+        flops,
+        nbytes(s) + nbytes(fn) + nbytes(a["scale"]) + nbytes(a["base"]) + t * (d * s.element_size() + 4 * outputs),
+    )
+
+
+def _hc_pre(a: Mapping[str, Any]) -> Work:
+    n = a["streams"].shape[1]
+    return _hc_collapse(a, n + (n * n if a["sinkhorn_iters"] else 0))
+
+
+def _hc_post(a: Mapping[str, Any]) -> Work:
+    s, comb = a["streams"], a["comb"]
+    n = s.shape[1]
+    return Work(
+        2.0 * s.numel() * (1 + (n if comb is not None else 0)),
+        nbytes(a["y"]) + 2 * nbytes(s) + nbytes(a["post"]) + nbytes(comb),
+    )
+
+
 _MODELS: dict[str, Callable[[Mapping[str, Any]], Work]] = {
     **ATTENTION_MODELS,
     "gemm": _gemm,
@@ -208,6 +234,9 @@ _MODELS: dict[str, Callable[[Mapping[str, Any]], Work]] = {
     "silu_and_mul": _silu_and_mul,
     "causal_conv1d": _causal_conv1d,
     "gated_delta_rule": _gated_delta_rule,
+    "hc_pre": _hc_pre,
+    "hc_post": _hc_post,
+    "hc_head": lambda a: _hc_collapse(a, 0),
 }
 
 

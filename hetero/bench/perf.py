@@ -12,7 +12,7 @@ what a GPU runs in production: decode batch 64 at 4k context, 4k-token prefill,
 Qwen3-8B and DeepSeek-V3 projections, 128- and 256-expert MoE, DeepSeek-V3's
 fp8 GEMM with 128-block scales, Qwen3-Next's linear-attention ops at decode batch
 64 and a 4k prefill, DeepSeek-V3.2's indexer and sparse MLA at decode batch 64
-over 4k keys. Never run ``full`` on a CPU in tests: drawing
+over 4k keys, DeepSeek-V4's and HY4's hyper-connections at 4k tokens. Never run ``full`` on a CPU in tests: drawing
 its inputs alone takes gigabytes.
 
 The ep_* ops have no case here: they need several ranks (see
@@ -30,6 +30,7 @@ from hetero.spec import OPS
 from hetero.verify.case import Case
 from hetero.verify.inputs import fused_moe as _fused_moe
 from hetero.verify.inputs import gemm as _gemm
+from hetero.verify.inputs import hyper as _hyper
 from hetero.verify.inputs import layers as _layers
 from hetero.verify.inputs import moe as _moe
 from hetero.verify.inputs import quant as _quant
@@ -241,6 +242,15 @@ def _recurrent_ops(add: _Add, full: bool, dt: str) -> None:
     )
 
 
+def _hyper_ops(add: _Add, full: bool, dt: str) -> None:
+    """DeepSeek-V4's hyper-connections (4 streams of 4096, 20 Sinkhorn iterations); HY4's hc_pre (2816)."""
+    t, n = (4096 if full else 64), 4
+    add("hc_pre", f"deepseek-v4-t{t}", _hyper.hc_pre(t, n, 4096, sinkhorn_iters=20), {"dtype": dt, "hidden": 4096})
+    add("hc_pre", f"hy4-t{t}", _hyper.hc_pre(t, n, 2816, post_eps=1e-6, norm_eps=1e-5), {"dtype": dt, "hidden": 2816})
+    add("hc_post", f"deepseek-v4-t{t}", _hyper.hc_post(t, n, 4096, comb=True), {"dtype": dt, "hidden": 4096})
+    add("hc_head", f"deepseek-v4-t{t}", _hyper.hc_head(t, n, 4096), {"dtype": dt, "hidden": 4096})
+
+
 def perf_cases(tier: str) -> list[Case]:
     """The performance cases of ``tier`` ("quick": float32, CPU-sized; "full": bfloat16, GPU-sized)."""
     if tier not in TIERS:
@@ -252,6 +262,7 @@ def perf_cases(tier: str) -> list[Case]:
     def add(op: str, shape: str, build: Any, static: dict[str, Any], dtype: str | None = None) -> None:
         out.append(Case(op, f"perf/{shape}", dtype or dt, build, static, quick=not full))
 
-    for family in (attention_cases, mla_cases, dsa_cases, _gemms, _quant_ops, _moe_ops, _layer_ops, _recurrent_ops):
+    families = (attention_cases, mla_cases, dsa_cases, _gemms, _quant_ops, _moe_ops, _layer_ops, _recurrent_ops)
+    for family in (*families, _hyper_ops):
         family(add, full, dt)
     return out

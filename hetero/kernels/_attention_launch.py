@@ -144,7 +144,7 @@ def launch(
     lse_ = lse if lse is not None else tile_seq[:, None]  # unused (RETURN_LSE=False): any 2-D tensor
     upcast = tuning.interpreted and query.dtype == torch.bfloat16
     attention_fwd_kernel[(tile_seq.shape[0], num_kv_heads)](
-        query, q2_, key, k2_, v_, out, lse_, sinks if sinks is not None else query,
+        query, q2_, key, k2_, v_, out, lse_, sinks.contiguous() if sinks is not None else query,
         table if table is not None else cu_q, kv_lens if kv_lens is not None else cu_q,
         cu_q, cu_k if cu_k is not None else cu_q, tile_seq, tile_start,
         *query.stride(), *q2_.stride(),

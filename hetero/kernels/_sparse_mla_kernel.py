@@ -6,7 +6,8 @@ position, kept when ``0 <= j <= pos`` (causal) or ``0 <= j < seq_len``, mapped t
 block table (block ids masked against [0, NB)) to gather the latent rows ckv [Lkv] and kpe [R];
 the logits ``scale * (q_nope . ckv + q_pe . kpe)`` feed an online softmax in float32 (base 2)
 whose values are the gathered ckv tile itself. A tile with no entry kept (the -1 padding of a short
-context) is skipped. A row that keeps no entry gets out 0 and lse -inf.
+context) is skipped. Sinks (spec 1.7), one logit per head, join the denominator once, after the
+last tile, and add no value; lse excludes them. A row that keeps no entry gets out 0 and lse -inf.
 
 Rows reach the kernel as (sequence, position) pairs computed on the device by the launcher;
 every index (the entries, the positions, seq_lens, block ids) is untrusted and clamped or masked,
@@ -41,11 +42,13 @@ def _gather(ptr, blk, slot, ok, s_b, s_s, s_d, DIM: tl.constexpr, DIM_P: tl.cons
 @triton.jit
 def sparse_mla_kernel(
     qn_ptr, qp_ptr, ckv_ptr, kpe_ptr, idx_ptr, table_ptr, row_seq_ptr, row_pos_ptr, kv_len_ptr, out_ptr, lse_ptr,
+    sinks_ptr,
     sqn_t, sqn_h, sqn_d, sqp_t, sqp_h, sqp_d, sc_b, sc_s, sc_d, sp_b, sp_s, sp_d,
     si_t, si_k, s_tab, s_tab_c, so_t, so_h, so_d, sl_t, sl_h,
     num_heads, num_blocks, max_kv_len, topk, scale,
     BS: tl.constexpr, LKV: tl.constexpr, R: tl.constexpr, LKV_P: tl.constexpr, R_P: tl.constexpr,
-    CAUSAL: tl.constexpr, RETURN_LSE: tl.constexpr, UPCAST: tl.constexpr, RNE_BF16: tl.constexpr,
+    CAUSAL: tl.constexpr, RETURN_LSE: tl.constexpr, HAS_SINKS: tl.constexpr, UPCAST: tl.constexpr,
+    RNE_BF16: tl.constexpr,
     DOT_PREC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
@@ -98,7 +101,15 @@ def sparse_mla_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(kt.dtype), tl.trans(kt), input_precision=DOT_PREC)
             m_i = m_new
 
-    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if HAS_SINKS:  # the sink's exp joins the denominator (rebased to the larger of the two maxima)
+        sink = tl.load(sinks_ptr + h, mask=hm, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_f = tl.maximum(m_i, sink)
+        m_f = tl.where(m_f == float("-inf"), 0.0, m_f)
+        alpha = tl.exp2(m_i - m_f)
+        denom = l_i * alpha + tl.exp2(sink - m_f)
+        o = acc * (alpha / tl.where(denom > 0.0, denom, 1.0))[:, None]
+    else:
+        o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     o_ptr = out_ptr + t * so_t + h[:, None] * so_h + d[None, :] * so_d
     tl.store(o_ptr, cast_out(o, out_ptr.dtype.element_ty, RNE_BF16), mask=hm[:, None] & (d < LKV)[None, :])
     if RETURN_LSE:

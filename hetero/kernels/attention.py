@@ -24,7 +24,9 @@ a decode row of a long context costs ``ceil(L / BLOCK_N)`` steps and a sliding-w
 ``ceil(window / BLOCK_N) + 1``.
 
 mla_attention with ``topk_indices`` (DSA's sparse attention) is a kernel of its own, one program per
-query row and block of heads gathering the listed positions: ``hetero.kernels.dsa``.
+query row and block of heads gathering the listed positions: ``hetero.kernels.dsa``. Sinks (paged
+attention's, and MLA's from spec 1.7, dense or sparse) join each row's denominator once, after its
+last key tile.
 
 Tuning entries ("paged_attention", "varlen_attention", "mla_attention"): ``BLOCK_M``
 (flattened rows per program; shrunk to the batch's longest query times G when that is
@@ -204,13 +206,18 @@ def mla_attention(
     causal: bool = True,
     return_lse: bool = False,
     topk_indices: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     tuning: Tuning,
 ) -> Any:
     op = "mla_attention"
     scale, _, _ = check_options(op, scale, causal, (-1, -1), 0.0, return_lse)
     t, h, lkv, nb, bs = check_mla_inputs(op, q_nope, q_pe, ckv_cache, kpe_cache, KERNEL_DTYPES)
+    if sinks is not None:
+        check_tensor(op, "sinks", sinks, shape=(h,), dtypes=STAT_DTYPES)
     meta = check_meta_shapes(op, meta, t)
-    check_same_device(op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, **meta_tensors(meta))
+    check_same_device(
+        op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, sinks=sinks, **meta_tensors(meta)
+    )
     if topk_indices is not None:
         check_topk_indices(op, topk_indices, t, q_nope.device)
 
@@ -228,6 +235,7 @@ def mla_attention(
             topk_indices,
             scale=scale,
             causal=causal,
+            sinks=sinks,
             out=res,
             lse=lse,
             tuning=tuning,
@@ -244,7 +252,7 @@ def mla_attention(
         value=None,
         out=res,
         lse=lse,
-        sinks=None,
+        sinks=sinks,
         paged=True,
         table=meta.block_table,
         kv_lens=meta.seq_lens,

@@ -34,6 +34,7 @@ KERNEL_OPS: dict[str, tuple[str, ...]] = {
     "hetero.kernels.moe": ("route", "moe_permute", "moe_unpermute", "fused_moe"),
     "hetero.kernels.layers": ("rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"),
     "hetero.kernels.recurrent": ("causal_conv1d", "gated_delta_rule"),
+    "hetero.kernels.hyper": ("hc_pre", "hc_post", "hc_head"),
     # collectives and index bookkeeping: device-agnostic torch, shared with the reference
     "hetero._ep": ("ep_dispatch", "ep_combine"),
 }

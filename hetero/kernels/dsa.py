@@ -115,11 +115,13 @@ def sparse_mla_attention(
     *,
     scale: float,
     causal: bool,
+    sinks: torch.Tensor | None = None,
     out: torch.Tensor,
     lse: torch.Tensor | None,
     tuning: Tuning,
 ) -> None:
-    """Sparse absorbed MLA into ``out`` [T, H, Lkv] (and ``lse`` [T, H]); the caller checked every shape."""
+    """Sparse absorbed MLA into ``out`` [T, H, Lkv] (and ``lse`` [T, H]), with optional ``sinks`` [H]; the
+    caller checked every shape."""
     t, h, lkv = q_nope.shape
     nb, bs = ckv_cache.shape[:2]
     r = q_pe.shape[2]
@@ -130,10 +132,12 @@ def sparse_mla_attention(
     lse_: Any = lse if lse is not None else out[:, :, 0]
     sparse_mla_kernel[(t, triton.cdiv(h, block_h))](
         q_nope, q_pe, ckv_cache, kpe_cache, topk_indices, table, seq, pos, meta.seq_lens, out, lse_,
+        sinks.contiguous() if sinks is not None else lse_,
         *q_nope.stride(), *q_pe.stride(), *ckv_cache.stride(), *kpe_cache.stride(),
         *topk_indices.stride(), *table.stride(), *out.stride(), *lse_.stride(),
         h, nb, table.shape[1] * bs, topk_indices.shape[1], float(scale),
         BS=bs, LKV=lkv, R=r, LKV_P=_pow2(lkv), R_P=_pow2(r), CAUSAL=causal, RETURN_LSE=lse is not None,
+        HAS_SINKS=sinks is not None,
         UPCAST=tuning.interpreted and q_nope.dtype == torch.bfloat16, RNE_BF16=rne_bf16(out.dtype, tuning),
         DOT_PREC="ieee", BLOCK_H=block_h, BLOCK_N=min(_pow2(meta_p["BLOCK_N"]), _pow2(topk_indices.shape[1])), **launch,
     )  # fmt: skip

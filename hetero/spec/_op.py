@@ -25,7 +25,8 @@ class Output:
       last dimension is free), the outputs named in ``reorders`` being permuted
       alike so each of their elements stays paired with its own.
     - ``when``: the parameter that asks for an optional output; the output exists
-      iff that argument is neither None nor False (``return_lse``, ``residual``).
+      iff that argument is neither None, False nor the integer 0 (``return_lse``,
+      ``residual``, ``sinkhorn_iters``).
     - ``reorders``: for ``row_set`` only, the outputs paired element for element with this one.
     """
 
@@ -45,7 +46,7 @@ class Output:
         if self.when is None:
             return True
         value = arguments.get(self.when)
-        return value is not None and value is not False
+        return value is not None and value is not False and not (type(value) is int and value == 0)
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,7 @@ def mla_attention(
     causal: bool = True,
     return_lse: bool = False,
     topk_indices: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Absorbed multi-head latent attention over the paged latent cache, dense or sparse (DSA).
 
@@ -169,8 +170,17 @@ def mla_attention(
     a row left with no position gets out 0 and lse -inf. The same call serves
     prefill, chunked prefill and decode.
 
+    ``sinks`` float32 [H] (spec 1.7; None: no sinks): one learned logit per query
+    head that joins the softmax denominator and contributes no value, as in
+    ``paged_attention``, dense or sparse alike: row t of head h normalizes by
+    ``exp(sinks[h])`` plus the exps of the logits it sees (Hunyuan HY4, whose
+    transformers attention passes them as gpt-oss's ``s_aux``). Under tensor
+    parallelism the caller passes its own heads' sinks. A row that sees no key
+    still gets out 0 and lse -inf.
+
     Returns out [T, H, Lkv] in the query's dtype (the caller applies W_UV), and
-    with ``return_lse`` also lse float32 [T, H].
+    with ``return_lse`` also lse float32 [T, H] = logsumexp of the visible logits
+    (sinks excluded).
     """
 
 

@@ -11,7 +11,7 @@ major one. The implementations live in private modules, one per family; import t
   ``check_group_ends``, ``check_ids``, ``check_perm``, ``check_positions``.
 - Per op: the cheap checks (types, dtypes, shapes, options; no host read) that every backend
   runs on every call, e.g. ``check_paged_cache``, ``check_operands``, ``check_fused_moe``,
-  ``check_gated_delta_rule``. ``check_meta`` and ``check_state_batch`` also read index values on
+  ``check_gated_delta_rule``, ``check_hc_pre``. ``check_meta`` and ``check_state_batch`` also read index values on
   the host, as the reference does on every call (``hetero.spec.validate`` is the opt-in form).
 """
 
@@ -63,6 +63,7 @@ from hetero.spec._checks_gemm import (
     check_out_dtype,
     check_scaled_gemm,
 )
+from hetero.spec._checks_hyper import HC_PARAM_DTYPES, check_hc_head, check_hc_post, check_hc_pre, hc_rows
 from hetero.spec._checks_layers import check_positions, check_rms_norm, check_rotary
 from hetero.spec._checks_meta import check_meta, check_meta_shapes
 from hetero.spec._checks_moe import check_fused_moe_options, check_fused_moe_weights
@@ -154,4 +155,10 @@ __all__ = [
     "check_state_batch",
     "check_causal_conv1d",
     "check_gated_delta_rule",
+    # hyper-connections (spec 1.7)
+    "HC_PARAM_DTYPES",
+    "hc_rows",
+    "check_hc_pre",
+    "check_hc_post",
+    "check_hc_head",
 ]

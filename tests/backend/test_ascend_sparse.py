@@ -274,6 +274,18 @@ def test_sparse_mla_outside_the_documented_limits_takes_the_triton_kernel(npu, m
     assert tag == "triton" and kw["topk_indices"] is idx
 
 
+@pytest.mark.parametrize("sparse_call", [True, False])
+def test_mla_sinks_take_the_triton_kernel(npu, monkeypatch, sparse_call):
+    """Neither FIA nor SFA has sinks (spec 1.7): a call with them goes to the Triton kernel whole."""
+    q_nope, q_pe, ckv, kpe, meta, idx = _sparse_case(4, (1,), (9,), topk=4)
+    monkeypatch.setattr(plugin.TritonBackend, "mla_attention", lambda self, *a, **k: ("triton", k), raising=False)
+    sinks = torch.zeros(q_nope.shape[1])
+    tag, kw = npu.mla_attention(
+        q_nope, q_pe, ckv, kpe, meta, scale=0.2, topk_indices=idx if sparse_call else None, sinks=sinks
+    )
+    assert tag == "triton" and kw["sinks"] is sinks and (kw["topk_indices"] is idx) == sparse_call
+
+
 def test_layer_norm_against_the_reference():
     g = torch.Generator().manual_seed(5)
     x = (torch.randn(7, 3, 128, generator=g) * 3 + 1).to(torch.bfloat16)
@@ -313,6 +325,8 @@ def test_supports_states_the_documented_dsa_limits():
     assert "query heads" in be.supports("mla_attention", **{**sfa, "num_heads": 24})
     assert "kv_lora_rank 512" in be.supports("mla_attention", **{**sfa, "kv_lora_rank": 256, "head_dim_v": None})
     assert "16 or 128" in be.supports("mla_attention", **{**sfa, "topk_indices": None})  # dense: FIA's blocks
+    for topk in (True, None):  # spec 1.7's sinks: neither SFA nor FIA's MLA form has them
+        assert "no attention sinks" in be.supports("mla_attention", **{**sfa, "topk_indices": topk, "sinks": True})
     assert (
         "float64" in be.supports("layer_norm", dtype=torch.float64)
         and be.supports("layer_norm", dtype="bfloat16") is None

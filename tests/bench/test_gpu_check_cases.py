@@ -35,6 +35,8 @@ def test_every_op_has_a_case_and_files_stay_small(cases):
     for want in (
         "indexer_topk decode B64 KV32768 Hi64 D128 top2048",
         "mla_attention dsa decode B64 KV32768",
+        "mla_attention hy4 H32 sinks dsa decode B64 KV32768 top2048",
+        "mla_attention hy4 H32 sinks decode B64 KV4096",
         "fused_moe gpt-oss-20b swigluoai+bias T256 E32 top4 H2880 I2880",
         "layer_norm T8192 H128",
         "paged_attention gpt-oss Hq64 Hkv8 D64 window128 sinks decode",

@@ -12,6 +12,7 @@ import math
 
 import torch
 from broken_dsa import BUGS as DSA_BUGS
+from broken_hyper import BUGS as HYPER_BUGS
 from broken_moe import BUGS as MOE_BUGS
 from broken_quant import BUGS as QUANT_BUGS
 from broken_recurrent import BUGS as RECURRENT_BUGS
@@ -231,6 +232,7 @@ BUGS.update(RECURRENT_BUGS)  # causal_conv1d and gated_delta_rule (spec 1.2): br
 BUGS.update(DSA_BUGS)  # write_index_k, indexer_topk, sparse mla_attention, layer_norm (spec 1.3): broken_dsa.py
 BUGS.update(MOE_BUGS)  # fused_moe's activations and biases (spec 1.3): broken_moe.py
 BUGS.update(QUANT_BUGS)  # quantize_activation and scaled_grouped_gemm (spec 1.4): broken_quant.py
+BUGS.update(HYPER_BUGS)  # hc_pre, hc_post, hc_head (spec 1.7): broken_hyper.py
 
 
 def make_plugin(bug: str | None):

@@ -1,7 +1,8 @@
-"""Planted bugs of the DSA ops and layer_norm (spec 1.3), in a compact, independent write_index_k,
-indexer_topk, mla_attention (dense and sparse) and layer_norm: token by token and row by row,
-keys read through the block table one position at a time. Their bug-free forms must pass every
-quick case (``make_control``), which shows each planted bug is the only difference.
+"""Planted bugs of the DSA ops and layer_norm (spec 1.3) and of MLA's sinks (spec 1.7), in a compact,
+independent write_index_k, indexer_topk, mla_attention (dense and sparse, with sinks) and layer_norm:
+token by token and row by row, keys read through the block table one position at a time. Their
+bug-free forms must pass every quick case (``make_control``), which shows each planted bug is the
+only difference.
 ``broken_backends.BUGS`` includes ``BUGS`` from here.
 """
 
@@ -95,12 +96,13 @@ def mini_mla_attention(bug: str | None):
     """mla_attention, dense and sparse; ``bug`` names its one mistake (None: correct)."""
 
     def mla_attention(
-        q_nope, q_pe, ckv_cache, kpe_cache, meta, *, scale, causal=True, return_lse=False, topk_indices=None
+        q_nope, q_pe, ckv_cache, kpe_cache, meta, *, scale, causal=True, return_lse=False, topk_indices=None, sinks=None
     ):
         acc = _acc(q_nope)
         t, h, lkv = q_nope.shape
         out = torch.zeros(t, h, lkv, dtype=acc)
         lse = torch.full((t, h), _NEG_INF, dtype=acc)
+        sink = _mla_sinks(sinks, topk_indices is not None, bug)
         for r, row, length, pos in _rows(meta):
             ckv, kpe = _read(ckv_cache, row, length).to(acc), _read(kpe_cache, row, length).to(acc)
             allowed = torch.arange(length) <= pos if causal else torch.ones(length, dtype=torch.bool)
@@ -110,11 +112,25 @@ def mini_mla_attention(bug: str | None):
                 continue
             s = scale * (q_nope[r].to(acc) @ ckv[allowed].T + q_pe[r].to(acc) @ kpe[allowed].T)  # [H, visible]
             lse[r] = torch.logsumexp(s, dim=1)
-            out[r] = torch.softmax(s, dim=1) @ ckv[allowed]
+            denom = lse[r] if sink is None else torch.logaddexp(lse[r], sink.to(acc))
+            out[r] = torch.exp(s - denom[:, None]) @ ckv[allowed]
+            if sink is not None and bug == "mla_sink_adds_a_value":  # the sink as a key reading the first key's value
+                out[r] += torch.exp(sink.to(acc) - denom)[:, None] * ckv[allowed][0]
+            if bug == "mla_sinks_in_lse":
+                lse[r] = denom
         res = out.to(q_nope.dtype)
         return (res, lse.to(torch.float32)) if return_lse else res
 
     return staticmethod(mla_attention)
+
+
+def _mla_sinks(sinks: torch.Tensor | None, sparse: bool, bug: str | None) -> torch.Tensor | None:
+    """The sinks [H] the mini mla_attention applies (spec 1.7): None where its bug drops them."""
+    if sinks is None or bug == "mla_sinks_ignored":
+        return None
+    if (bug == "mla_sinks_sparse_only" and not sparse) or (bug == "mla_sinks_dense_only" and sparse):
+        return None
+    return sinks[:1].expand(sinks.shape[0]) if bug == "mla_sinks_of_head_zero" else sinks
 
 
 def mini_layer_norm(bug: str | None):
@@ -142,6 +158,13 @@ _BUG_OPS = {
     "indexer_causal_off_by_one": "indexer_topk",  # a row at pos also sees key pos + 1
     "indexer_ties_to_larger_position": "indexer_topk",
     "sparse_mla_ignores_topk": "mla_attention",  # attends to every causal key: dense MLA
+    # spec 1.7's sinks: dropped, counted in lse, given a value, dropped by one path, every head given head 0's
+    "mla_sinks_ignored": "mla_attention",
+    "mla_sinks_in_lse": "mla_attention",
+    "mla_sink_adds_a_value": "mla_attention",
+    "mla_sinks_sparse_only": "mla_attention",
+    "mla_sinks_dense_only": "mla_attention",
+    "mla_sinks_of_head_zero": "mla_attention",
     "index_k_fp8_scale_not_floored": "write_index_k",  # a group of tiny values gets a tiny scale
     "layer_norm_unbiased_variance": "layer_norm",  # divides by H - 1
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from broken_backends import BUGS, make_plugin
 from broken_dsa import make_control as make_dsa_control
+from broken_hyper import make_control as make_hyper_control
 from broken_moe import make_control as make_moe_control
 from broken_quant import make_control as make_quant_control
 from broken_recurrent import make_control
@@ -82,6 +83,12 @@ def test_quant_control_backends_pass(suite, op):
     """The bug-free mini quantized ops pass (quantize_activation bit for bit): their planted bugs are
     the only difference."""
     assert suite(make_quant_control(op)) == {}
+
+
+@pytest.mark.parametrize("op", ["hc_pre", "hc_post", "hc_head"])
+def test_hyper_control_backends_pass(suite, op):
+    """The bug-free mini hyper-connection ops pass: their planted bugs are the only difference."""
+    assert suite(make_hyper_control(op)) == {}
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))

@@ -45,7 +45,7 @@ def test_sixteen_requests_together_equal_one_at_a_time_and_survive_preemption(ar
     assert together == hf_greedy(path, ps, 12)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "deepseek_v3", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3"])
+@pytest.mark.parametrize("arch", ["qwen3", "deepseek_v3", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4"])
 def test_triton_kernels_under_the_interpreter(arch, checkpoints, triton_interpreter):
     """Prefill logits and greedy tokens on the cuda backend's kernels; the families whose ops another one
     here already runs (the Hunyuan MoEs: softmax and sigmoid routing, fused_moe) skip the batching part."""
@@ -63,7 +63,9 @@ def test_triton_kernels_under_the_interpreter(arch, checkpoints, triton_interpre
         with torch.inference_mode():
             want = hf_model(str(path))(torch.tensor([p])).logits[0]
         assert float((got - want).norm() / want.norm()) < 1e-4
-    if arch in ("hunyuan_v1_moe", "hy_v3"):
+    declined = {op: e.reasons for op, e in ops.explain().items() if e.reasons}
+    assert not declined, declined  # every layer's static configuration was served by the kernels
+    if arch in ("hunyuan_v1_moe", "hy_v3", "hy_v4"):
         assert _greedy(_llm(path, backend="cuda"), ps, 8) == hf_greedy(path, ps, 8)
         return
     # 10 blocks of 8 tokens cannot hold all three sequences at their full length (12 blocks): preemption

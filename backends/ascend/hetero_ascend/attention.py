@@ -131,11 +131,36 @@ def varlen_attention(
 
 @WithTriton
 def mla_attention(
-    triton, q_nope, q_pe, ckv_cache, kpe_cache, meta, *, scale, causal=True, return_lse=False, topk_indices=None
+    triton,
+    q_nope,
+    q_pe,
+    ckv_cache,
+    kpe_cache,
+    meta,
+    *,
+    scale,
+    causal=True,
+    return_lse=False,
+    topk_indices=None,
+    sinks=None,
 ):
     """FIA's MLA form (query_rope/key_rope, D = 512); with ``topk_indices``, npu_sparse_flash_attention;
     never run on an NPU (conversions tested on CPU). FIA takes 1..16 query rows per sequence here (doc):
-    longer chunks, and calls outside SFA's documented limits, go to the Triton kernel."""
+    longer chunks, calls outside SFA's documented limits, and sinks (neither operator has them;
+    ``supports`` declines them), go to the Triton kernel."""
+    if sinks is not None:
+        return triton.mla_attention(
+            q_nope,
+            q_pe,
+            ckv_cache,
+            kpe_cache,
+            meta,
+            scale=scale,
+            causal=causal,
+            return_lse=return_lse,
+            topk_indices=topk_indices,
+            sinks=sinks,
+        )
     if topk_indices is not None:  # the always-on checks first: the SFA conversion indexes by them
         t = check_mla_inputs("mla_attention", q_nope, q_pe, ckv_cache, kpe_cache, _KERNEL_DTYPES)[0]
         check_meta_shapes("mla_attention", meta, t)

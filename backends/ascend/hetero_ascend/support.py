@@ -54,6 +54,16 @@ DECLINED = {
     )
     for op, what in (("causal_conv1d", "causal conv1d"), ("gated_delta_rule", "gated delta rule"))
 }
+#: spec 1.7's hyper-connection ops (HY4, DeepSeek-V4)
+DECLINED.update(
+    {
+        op: (
+            "torch_npu documents no hyper-connection (mHC) operator, and hetero's portable Triton "
+            f"{op} kernel is unverified on triton-ascend: never run on an NPU"
+        )
+        for op in ("hc_pre", "hc_post", "hc_head")
+    }
+)
 
 HALF = ("float16", "bfloat16")  # FIA query: float16, bfloat16 (doc, A2/A3)
 HALF_FP32 = ("float16", "bfloat16", "float32")  # npu_rms_norm, npu_moe_gating_top_k, npu_grouped_matmul (A2/A3)
@@ -132,6 +142,8 @@ def _dims_reason(form: str, s: Mapping[str, Any], wants: tuple[tuple[tuple[str, 
 
 
 def _mla_reason(s: Mapping[str, Any]) -> str | None:
+    if s.get("sinks") is not None and s.get("sinks") is not False:  # spec 1.7 (HY4)
+        return "FIA's MLA form and npu_sparse_flash_attention have no attention sinks (no such argument in their docs)"
     if s.get("topk_indices") is not None and s.get("topk_indices") is not False:
         return sfa_reason(s)
     dtype = dtype_name(s.get("dtype"))

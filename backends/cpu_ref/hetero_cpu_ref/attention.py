@@ -2,9 +2,9 @@
 
 One loop over sequences; within a sequence everything is one masked softmax
 (``_attend.attend``), shared by paged, varlen and MLA attention; sparse MLA (DSA,
-``topk_indices``) only swaps the causal mask for ``dsa.sparse_mask``. Accumulation is in
-float32 (float64 when given float64); outputs take the query's dtype and lse is
-float32. Semantics: ``hetero.spec.attention``.
+``topk_indices``) only swaps the causal mask for ``dsa.sparse_mask``, and MLA's sinks (spec 1.7)
+join the same denominator as paged attention's. Accumulation is in float32 (float64 when given
+float64); outputs take the query's dtype and lse is float32. Semantics: ``hetero.spec.attention``.
 """
 
 from __future__ import annotations
@@ -138,10 +138,13 @@ def mla_attention(
     causal: bool = True,
     return_lse: bool = False,
     topk_indices: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     op = "mla_attention"
     scale, window, _ = check_options(op, scale, causal, (-1, -1), 0.0, return_lse)
     t, h, lkv, bs, qsl, seq_lens = check_mla(op, q_nope, q_pe, ckv_cache, kpe_cache, meta, topk_indices)
+    check_sinks(op, sinks, h)
+    check_same_device(op, q_nope=q_nope, sinks=sinks)
     blocks = used_blocks(meta, seq_lens, bs)
 
     def mask_of(b: int) -> torch.Tensor:  # sparse (DSA): the listed positions among the visible ones
@@ -164,7 +167,7 @@ def mla_attention(
         causal=causal,
         window=window,
         softcap=0.0,
-        sinks=None,
+        sinks=sinks,
     )
     return (res, lse) if return_lse else res
 

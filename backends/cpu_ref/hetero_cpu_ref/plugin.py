@@ -8,7 +8,7 @@ import torch
 
 import hetero
 from hetero.spec import SPEC_VERSION
-from hetero_cpu_ref import attention, dsa, ep, gemm, layers, moe, quant, recurrent
+from hetero_cpu_ref import attention, dsa, ep, gemm, hyper, layers, moe, quant, recurrent
 
 __all__ = ["CpuRefBackend", "hetero_backends"]
 
@@ -32,7 +32,7 @@ class CpuRefBackend(hetero.Backend):
         )
 
 
-CpuRefBackend.bind_from(attention, dsa, gemm, quant, moe, ep, layers, recurrent)
+CpuRefBackend.bind_from(attention, dsa, gemm, quant, moe, ep, layers, recurrent, hyper)
 
 
 @hetero.hookimpl

@@ -4,7 +4,9 @@ cache, one latent KV head shared by every query head.
 Logits are ``q_nope . ckv + q_pe . kpe``, so the query is ``[q_nope, q_pe]`` against keys
 ``[ckv, kpe]`` and the values are ``ckv``: the padded batch and masked softmax of
 ``_attention_core`` with Hkv = 1. Sparse mode swaps the causal mask for the positions each row's
-``topk_indices`` lists (``_attention_core.listed``). Semantics: ``hetero.spec.attention``.
+``topk_indices`` lists (``_attention_core.listed``). Sinks (spec 1.7) join the masked softmax's
+denominator, as paged attention's do (SDPA, which has none, serves only calls without sinks or
+lse). Semantics: ``hetero.spec.attention``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from hetero.spec.checks import (
     check_mla_inputs,
     check_options,
     check_same_device,
+    check_sinks,
     check_topk_indices,
     meta_tensors,
 )
@@ -39,11 +42,15 @@ def mla_attention(
     causal: bool = True,
     return_lse: bool = False,
     topk_indices: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     op = "mla_attention"
     scale, window, _ = check_options(op, scale, causal, (-1, -1), 0.0, return_lse)
     t, h, lkv, nb, bs = check_mla_inputs(op, q_nope, q_pe, ckv_cache, kpe_cache, FLOAT_DTYPES)
-    check_same_device(op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, **meta_tensors(meta))
+    check_sinks(op, sinks, h)
+    check_same_device(
+        op, q_nope=q_nope, q_pe=q_pe, ckv_cache=ckv_cache, kpe_cache=kpe_cache, sinks=sinks, **meta_tensors(meta)
+    )
     if topk_indices is not None:
         check_topk_indices(op, topk_indices, t, q_nope.device)
     planned = _step_plan.attention(meta, t, nb, bs)
@@ -58,8 +65,7 @@ def mla_attention(
         ckv = gather_paged(ckv_cache, meta.block_table, batch)[:, :, None]  # [Bg, L, 1, Lkv]: one latent KV head
         kpe = gather_paged(kpe_cache, meta.block_table, batch)[:, :, None]
         mask = visible(batch, causal, window) if topk_indices is None else listed(topk_indices, batch, causal)
-        return compute(
-            pad(query, batch), torch.cat([ckv, kpe], dim=-1), ckv, mask, batch, scale=scale, need_lse=return_lse
-        )
+        kv = torch.cat([ckv, kpe], dim=-1)
+        return compute(pad(query, batch), kv, ckv, mask, batch, scale=scale, sinks=sinks, need_lse=return_lse)
 
     return run(groups, res, return_lse, step)

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 from hetero.verify.case import Case
-from hetero_conformance.cases import attention, dsa, gemm, layers, mla, moe, quant, recurrent, scaled_grouped_gemm
+from hetero_conformance.cases import (
+    attention,
+    dsa,
+    gemm,
+    hyper,
+    layers,
+    mla,
+    mla_sinks,
+    moe,
+    quant,
+    recurrent,
+    scaled_grouped_gemm,
+)
 
 __all__ = ["catalog"]
 
-_FAMILIES = (attention, mla, dsa, gemm, quant, scaled_grouped_gemm, moe, layers, recurrent)
+_FAMILIES = (attention, mla, mla_sinks, dsa, gemm, quant, scaled_grouped_gemm, moe, layers, recurrent, hyper)
 
 
 def catalog(*, quick: bool = False) -> list[Case]:

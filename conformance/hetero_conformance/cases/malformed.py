@@ -16,6 +16,7 @@ from hetero_conformance.cases import (
     malformed_attention,
     malformed_dense,
     malformed_dsa,
+    malformed_hyper,
     malformed_moe,
     malformed_quant,
     malformed_recurrent,
@@ -39,6 +40,7 @@ def catalog() -> list[Malformed]:
             malformed_moe,
             malformed_quant,
             malformed_recurrent,
+            malformed_hyper,
         )
         for c in family.calls()
     ]

@@ -226,7 +226,20 @@ def _mla_calls() -> list[Malformed]:
         Malformed(
             m, "ckv_cache_wrong_latent", _mla, swap("ckv_cache", lambda c, d: d.randn(6, BS, LKV // 2)), "ckv_cache"
         ),
+        # spec 1.7 (HY4): every rank's sinks passed unsplit under tensor parallelism, the checkpoint's bf16
+        # sinks passed unconverted, a [1, H] parameter passed unsqueezed, and sinks left on the host
+        Malformed(
+            m, "sinks_of_every_rank", _mla, swap("sinks", lambda s, d: d.randn(2 * H_MLA, dtype=torch.float32)), "sinks"
+        ),
+        Malformed(m, "sinks_bfloat16", _mla, swap("sinks", lambda s, d: d.randn(H_MLA, dtype=torch.bfloat16)), "sinks"),
+        Malformed(m, "sinks_2d", _mla, swap("sinks", lambda s, d: d.randn(1, H_MLA, dtype=torch.float32)), "sinks"),
+        Malformed(m, "sinks_other_device", _mla, swap("sinks", _sinks_elsewhere), "sinks"),
     ]
+
+
+def _sinks_elsewhere(s: object, d: Draw) -> torch.Tensor:
+    """Sinks on another device than the call's: the host (the meta device when the call is on the host)."""
+    return torch.randn(H_MLA, dtype=torch.float32, device="meta" if d.device.type == "cpu" else "cpu")
 
 
 def _varlen_calls() -> list[Malformed]:

@@ -180,6 +180,14 @@ def _sparse_calls() -> list[Malformed]:
             "meta.block_table",
             index=True,
         ),
+        # spec 1.7: the sparse path checks sinks as the dense one does (here: every rank's, unsplit)
+        Malformed(
+            m,
+            "sparse_sinks_wrong_size",
+            _sparse,
+            swap("sinks", lambda s, d: d.randn(2 * H, dtype=torch.float32)),
+            "sinks",
+        ),
     ]
 
 
