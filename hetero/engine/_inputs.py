@@ -7,7 +7,7 @@ import operator
 from typing import Any, Sequence
 
 from hetero.engine._setup import TOKENIZER_FILES
-from hetero.engine.config import EngineConfig
+from hetero.engine.config import EngineConfig, text_config
 from hetero.engine.runtime.cache_io import SequenceCache
 from hetero.engine.runtime.sequence import SamplingParams
 from hetero.errors import UsageError
@@ -138,7 +138,7 @@ def encode_prompt(prompt: str | Sequence[int], tokenizer: Any, config: EngineCon
             expected="a string or token ids",
             got=prompt,
         )
-    vocab = getattr(config.hf_config.get_text_config(), "vocab_size", None)
+    vocab = getattr(text_config(config.hf_config), "vocab_size", None)
     return _no_media(token_ids(list(prompt), vocab, index), config.hf_config, index)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from hetero.errors import ModelNotFound, UsageError
 
-__all__ = ["EngineConfig", "load_hf_config", "DTYPES"]
+__all__ = ["EngineConfig", "load_hf_config", "text_config", "DTYPES"]
 
 #: dtype names the engine accepts -> torch dtype
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -108,7 +108,7 @@ class EngineConfig:
         ``max_model_len`` exceeds the checkpoint's ``max_position_embeddings``.
         """
         hf_config = hf_config if hf_config is not None else load_hf_config(self.model)
-        limit = getattr(hf_config.get_text_config(), "max_position_embeddings", None)
+        limit = getattr(text_config(hf_config), "max_position_embeddings", None)
         max_model_len = self.max_model_len
         if max_model_len is None:
             if limit is None:
@@ -164,6 +164,13 @@ def _auto_dtype(dtype: str, hf_config: Any) -> str:
     if isinstance(found, torch.dtype):
         found = str(found).removeprefix("torch.")
     return found if found in DTYPES else "bfloat16"
+
+
+def text_config(hf_config: Any) -> Any:
+    """The text model's part of a checkpoint's config: ``get_text_config()`` (a multimodal release nests it),
+    or the config itself."""
+    get = getattr(hf_config, "get_text_config", None)
+    return get() if callable(get) else hf_config
 
 
 def load_hf_config(model_dir: str | os.PathLike) -> Any:

@@ -11,7 +11,7 @@ from typing import Sequence as Seq
 from hetero.engine._inputs import check_import, check_logprobs, check_params, encode_prompt, params_list, prompt_list
 from hetero.engine._progress import progress_bar
 from hetero.engine._setup import communicator, eos_token_ids, load_tokenizer
-from hetero.engine.config import EngineConfig
+from hetero.engine.config import EngineConfig, text_config
 from hetero.engine.outputs import RequestOutput, request_output
 from hetero.engine.runtime.block_manager import BlockManager
 from hetero.engine.runtime.cache_io import SequenceCache, check_fits, export_sequence_cache
@@ -124,7 +124,7 @@ class LLM:
         """
         index = self._num_requests
         params = check_params(sampling_params, index)
-        check_logprobs(params, getattr(self.config.hf_config.get_text_config(), "vocab_size", None), index)
+        check_logprobs(params, getattr(text_config(self.config.hf_config), "vocab_size", None), index)
         seq = Sequence(request_id if request_id is not None else str(index), self._encode(prompt, index), params, index)
         if cache is not None:
             if self.runner.parallel.size > 1:

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import hetero
+from hetero.verify.metrics import compare
+from hetero.verify.tolerances import tolerance
 
 pytest.importorskip("hetero_torch")
 from hetero_torch import _moe_native, _native  # noqa: E402
@@ -91,7 +93,11 @@ def test_bf16_experts_match_float64(rows, hidden, inter, bias):
         assert isinstance(getattr(w13, "_hetero_torch_packed")[1], list)
     wide = [None if t is None else t.double() for t in (x, w13, w2, weights, b13, b2)]
     want = REF.fused_moe(*wide[:4], ids, w13_bias=wide[4], w2_bias=wide[5])
-    torch.testing.assert_close(got.double(), want, atol=1e-2, rtol=2**-6)
+    # the spec's bfloat16 tolerance, as conformance holds fused_moe to it: element by element, a product of
+    # rounded hidden rows that cancels to near 0 can miss by more than atol (AVX512-BF16's dot-product
+    # instruction, without AMX, rounds its pair sums)
+    allowed, m = tolerance("bfloat16"), compare(got, want)
+    assert m.max_abs <= allowed.floor * m.scale and m.rel_l2 <= allowed.max_rel_l2, m
 
 
 def test_an_in_place_weight_update_repacks():
