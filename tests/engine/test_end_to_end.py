@@ -47,8 +47,9 @@ def test_sixteen_requests_together_equal_one_at_a_time_and_survive_preemption(ar
 
 @pytest.mark.parametrize("arch", ["qwen3", "deepseek_v3", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4"])
 def test_triton_kernels_under_the_interpreter(arch, checkpoints, triton_interpreter):
-    """Prefill logits and greedy tokens on the cuda backend's kernels; the families whose ops another one
-    here already runs (the Hunyuan MoEs: softmax and sigmoid routing, fused_moe) skip the batching part."""
+    """Prefill logits and greedy tokens on the cuda backend's kernels, with no layer's static configuration
+    declined; the Hunyuan families' batching (preemption, 16 requests) runs the kernels qwen3's and
+    deepseek_v3's runs here already batch, so they check prefill and a few decode steps."""
     path = checkpoints(arch)
     ps = prompts(256, (4, 11, 23), seed=2)
     from _hf import hf_model
@@ -65,8 +66,8 @@ def test_triton_kernels_under_the_interpreter(arch, checkpoints, triton_interpre
         assert float((got - want).norm() / want.norm()) < 1e-4
     declined = {op: e.reasons for op, e in ops.explain().items() if e.reasons}
     assert not declined, declined  # every layer's static configuration was served by the kernels
-    if arch in ("hunyuan_v1_moe", "hy_v3", "hy_v4"):
-        assert _greedy(_llm(path, backend="cuda"), ps, 8) == hf_greedy(path, ps, 8)
+    if arch.startswith(("hunyuan", "hy_")):  # their batching runs qwen3's and deepseek_v3's kernels: decode only
+        assert _greedy(_llm(path, backend="cuda"), ps, 3) == hf_greedy(path, ps, 3)
         return
     # 10 blocks of 8 tokens cannot hold all three sequences at their full length (12 blocks): preemption
     llm = _llm(path, backend="cuda", max_num_seqs=4, block_size=8, num_kv_blocks=10)
