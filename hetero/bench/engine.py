@@ -210,7 +210,9 @@ def _greedy(output_lens: Sequence[int]) -> list[Any]:
 def run_workload(llm: Any, workload: Workload, warmup: int = 2, variant: int = 0) -> Run:
     """Warm up on ``warmup`` requests of the workload's ranges, then submit all the workload's
     requests (prompt tokens of ``variant``) at once, greedy with EOS ignored, and time them."""
-    vocab = int(llm.config.hf_config.vocab_size)
+    from hetero.engine.config import text_config
+
+    vocab = int(text_config(llm.config.hf_config).vocab_size)
     if warmup > 0:
         prompts, lens = _warmup_requests(workload, warmup, vocab)
         llm.generate(prompts, _greedy(lens), progress=False)

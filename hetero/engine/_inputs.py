@@ -7,7 +7,7 @@ import operator
 from typing import Any, Sequence
 
 from hetero.engine._setup import TOKENIZER_FILES
-from hetero.engine.config import EngineConfig, text_config
+from hetero.engine.config import EngineConfig, media_token_ids, text_config
 from hetero.engine.runtime.cache_io import SequenceCache
 from hetero.engine.runtime.sequence import SamplingParams
 from hetero.errors import UsageError
@@ -145,10 +145,7 @@ def encode_prompt(prompt: str | Sequence[int], tokenizer: Any, config: EngineCon
 def _no_media(ids: list[int], hf_config: Any, index: int) -> list[int]:
     """``ids``, unless a multimodal checkpoint's image or video placeholder is among them: hetero runs the
     text model of such a checkpoint, and a placeholder without its pixels would be read as a plain token."""
-    if getattr(hf_config, "vision_config", None) is None:
-        return ids
-    media = {getattr(hf_config, n, None): n for n in ("image_token_id", "video_token_id")}
-    media.pop(None, None)
+    media = media_token_ids(hf_config)
     for position, token in enumerate(ids):
         if token in media:
             raise UsageError(

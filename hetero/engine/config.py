@@ -13,7 +13,7 @@ import torch
 
 from hetero.errors import ModelNotFound, UsageError
 
-__all__ = ["EngineConfig", "load_hf_config", "text_config", "DTYPES"]
+__all__ = ["EngineConfig", "load_hf_config", "text_config", "media_token_ids", "DTYPES"]
 
 #: dtype names the engine accepts -> torch dtype
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -171,6 +171,15 @@ def text_config(hf_config: Any) -> Any:
     or the config itself."""
     get = getattr(hf_config, "get_text_config", None)
     return get() if callable(get) else hf_config
+
+
+def media_token_ids(hf_config: Any) -> dict[int, str]:
+    """A multimodal checkpoint's image / video placeholder ids (id -> config field); empty for a text model."""
+    if getattr(hf_config, "vision_config", None) is None:
+        return {}
+    found = {getattr(hf_config, name, None): name for name in ("image_token_id", "video_token_id")}
+    found.pop(None, None)
+    return found
 
 
 def load_hf_config(model_dir: str | os.PathLike) -> Any:

@@ -123,7 +123,7 @@ def _cmd_check_model(args: argparse.Namespace, registry: Any, console: Console) 
         tolerance=args.tolerance,
         tensor_parallel_size=args.tensor_parallel_size,
     )
-    prompts = prompts or default_prompts(check.vocab_size)
+    prompts = prompts or default_prompts(check.vocab_size, exclude=check.media_tokens)
     report = check.run(prompts, max_tokens=args.max_tokens, top_k=args.top_k)
     ranks = _per_op(args, check, prompts) if args.per_op else []
     passed = report.passed and all(r.passed for r in ranks)
@@ -171,7 +171,7 @@ def _per_op(args: argparse.Namespace, check, prompts: list[list[int]]) -> list:
 
 def _check_model_args(args: argparse.Namespace, prompts: list[list[int]] | None) -> None:
     """What check-model hands to transformers and the engine unchecked; UsageError naming the option."""
-    from hetero.engine.config import DTYPES, load_hf_config
+    from hetero.engine.config import DTYPES, load_hf_config, text_config
 
     if args.dtype is not None and args.dtype not in DTYPES:
         raise UsageError(f"argument --dtype: expected one of {', '.join(DTYPES)}, got {args.dtype!r}")
@@ -187,7 +187,7 @@ def _check_model_args(args: argparse.Namespace, prompts: list[list[int]] | None)
     for option, value in (("--tolerance", args.tolerance), ("--per-op-max-mb", args.per_op_max_mb)):
         if value is not None and not value > 0:
             raise UsageError(f"argument {option}: expected a number > 0, got {value}")
-    vocab = int(load_hf_config(args.model).vocab_size)  # the model directory and its architecture, too
+    vocab = int(text_config(load_hf_config(args.model)).vocab_size)  # the model directory and its architecture, too
     if args.reference is not None and not (Path(args.reference) / "config.json").is_file():
         raise UsageError(
             f"argument --reference: expected a Hugging Face checkpoint directory (with config.json), "

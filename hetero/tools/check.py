@@ -16,6 +16,8 @@ from typing import Any, Sequence
 
 import torch
 
+from hetero.engine.config import media_token_ids, text_config
+
 __all__ = [
     "LayerError",
     "Divergence",
@@ -105,10 +107,27 @@ def greedy_generation_config(model: Any, max_new_tokens: int):
     return config
 
 
-def default_prompts(vocab_size: int, lengths: Sequence[int] = (7, 19, 33), seed: int = 0) -> list[list[int]]:
-    """Random token prompts (no tokenizer needed), deterministic in ``seed``."""
+def default_prompts(
+    vocab_size: int, lengths: Sequence[int] = (7, 19, 33), seed: int = 0, exclude: Sequence[int] = ()
+) -> list[list[int]]:
+    """Random token prompts (no tokenizer needed), deterministic in ``seed``; an ``exclude``d id (a multimodal
+    checkpoint's image placeholder) is drawn as 3 instead."""
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in lengths]
+    out = []
+    for n in lengths:
+        ids = torch.randint(3, vocab_size, (n,), generator=gen)
+        out.append(ids.masked_fill(torch.isin(ids, torch.tensor(list(exclude), dtype=ids.dtype)), 3).tolist())
+    return out
+
+
+def _reference_class(model_dir: str):
+    """transformers' causal LM auto class, or for a multimodal release (HY4-VL) its image-text-to-text one."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if transformers.AutoConfig.from_pretrained(model_dir).model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return transformers.AutoModelForCausalLM
+    return transformers.AutoModelForImageTextToText
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -138,7 +157,6 @@ class ModelCheck:
         tolerance: float | None = None,
         tensor_parallel_size: int = 1,
     ):
-        import transformers
 
         import hetero
         from hetero.engine.forward import build_model
@@ -152,10 +170,11 @@ class ModelCheck:
         self._scratch = None
         self.reference_dir = self._reference_dir(model_dir, reference_dir)
         extra = {"experts_implementation": "eager"} if self.quantized else {}
-        self.reference = transformers.AutoModelForCausalLM.from_pretrained(
-            self.reference_dir, dtype=self.dtype, **extra
-        ).eval()
-        self.vocab_size = int(self.reference.config.vocab_size)
+        self.reference = (
+            _reference_class(self.reference_dir).from_pretrained(self.reference_dir, dtype=self.dtype, **extra).eval()
+        )
+        self.vocab_size = int(text_config(self.reference.config).vocab_size)
+        self.media_tokens = tuple(media_token_ids(self.reference.config))
         dynamic = self.quantized and self.quant_config.scheme.act_quant is not None
         default = QUANTIZED_TOLERANCE if dynamic else TOLERANCE.get(self.dtype, 5e-2)
         self.tolerance = default if tolerance is None else tolerance
@@ -187,6 +206,7 @@ class ModelCheck:
     def reference_states(self, prompt: Sequence[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
         """transformers' residual stream (embedding, each decoder layer, final norm) and logits for one prompt."""
         inner = self.reference.model
+        inner = getattr(inner, "language_model", inner)  # a multimodal release: its text model
         seen: list[torch.Tensor] = []
         grab = lambda module, args, out: seen.append((out[0] if isinstance(out, tuple) else out)[0].float())  # noqa: E731
         modules = [inner.embed_tokens, *inner.layers, inner.norm]
@@ -264,7 +284,7 @@ class ModelCheck:
     def run(
         self, prompts: Sequence[Sequence[int]] | None = None, *, max_tokens: int = 16, top_k: int = 5
     ) -> CheckReport:
-        prompts = prompts or default_prompts(self.vocab_size)
+        prompts = prompts or default_prompts(self.vocab_size, exclude=self.media_tokens)
         report = CheckReport(
             self.model_dir,
             self.reference_dir,

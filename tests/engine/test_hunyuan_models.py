@@ -167,7 +167,8 @@ def test_bfloat16_greedy_tokens_follow_the_top5_rule(arch, checkpoints, tmp_path
 
 def test_hy4_vl_runs_its_text_model_and_refuses_image_tokens(checkpoints):
     """HY4-VL's text model (interleaved rope, the vision tower's weights ignored) against transformers' own
-    multimodal class on text prompts; a prompt holding the image or video placeholder is refused by name."""
+    multimodal class on text prompts, directly and through check-model; a prompt holding the image or video
+    placeholder is refused by name."""
     import transformers
 
     from hetero.engine import LLM, SamplingParams
@@ -183,6 +184,10 @@ def test_hy4_vl_runs_its_text_model_and_refuses_image_tokens(checkpoints):
         with torch.inference_mode():
             want = hf(input_ids=torch.tensor([p])).logits[0]
         assert float((got - want).norm() / want.norm()) < 1e-4
+    from hetero.tools.check import ModelCheck
+
+    check = ModelCheck(path, "cpu_ref")  # transformers' image-text-to-text class; prompts without placeholders
+    assert check.media_tokens == (250, 251) and check.run(max_tokens=4).passed
     llm = LLM(str(path), backend="cpu_ref", dtype="float32")
     for token, name in ((250, "image_token_id"), (251, "video_token_id")):
         with pytest.raises(UsageError, match=name):

@@ -136,10 +136,11 @@ def profile_run(
     then all its requests at once, greedy with EOS ignored, as ``hetero bench-engine`` runs them.
     """
     from hetero.bench.engine import run_workload
+    from hetero.engine.config import text_config
     from hetero.engine.runtime.sequence import SamplingParams
 
     if warmup > 0:
-        prompts, lens = workload.draw(int(llm.config.hf_config.vocab_size), variant=1)
+        prompts, lens = workload.draw(int(text_config(llm.config.hf_config).vocab_size), variant=1)
         params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lens[:warmup]]
         llm.generate(prompts[:warmup], params, progress=False)
     with Profiler(llm, ceilings=ceilings, ceilings_note=ceilings_note, device_name=device_name) as profiler:

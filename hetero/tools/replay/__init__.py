@@ -54,11 +54,12 @@ def per_op_check(
     ``engine``: more ``LLM`` options (``tensor_parallel_size`` under torchrun: every rank returns
     the report of its own calls)."""
     from hetero.engine import LLM, SamplingParams
+    from hetero.engine.config import text_config
     from hetero.engine.instrument import instrument
     from hetero.tools.check import default_prompts
 
     llm = LLM(model, backend=backend, dtype=dtype, block_size=block_size, **engine)
-    prompts = prompts or default_prompts(int(llm.config.hf_config.vocab_size))
+    prompts = prompts or default_prompts(int(text_config(llm.config.hf_config).vocab_size))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     with TensorStore(max_bytes) as store:
         recorder = OpRecorder(store, samples, model=llm.runner.model)
