@@ -112,12 +112,9 @@ def default_prompts(
 ) -> list[list[int]]:
     """Random token prompts (no tokenizer needed), deterministic in ``seed``; an ``exclude``d id (a multimodal
     checkpoint's image placeholder) is drawn as 3 instead."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for n in lengths:
-        ids = torch.randint(3, vocab_size, (n,), generator=gen)
-        out.append(ids.masked_fill(torch.isin(ids, torch.tensor(list(exclude), dtype=ids.dtype)), 3).tolist())
-    return out
+    gen, skip = torch.Generator().manual_seed(seed), torch.tensor(list(exclude), dtype=torch.int64)
+    draws = [torch.randint(3, vocab_size, (n,), generator=gen) for n in lengths]
+    return [ids.masked_fill(torch.isin(ids, skip), 3).tolist() for ids in draws]
 
 
 def _reference_class(model_dir: str):
