@@ -11,17 +11,16 @@ from __future__ import annotations
 import math
 
 import torch
+from _one_op import one_op_plugin
 from broken_dsa import BUGS as DSA_BUGS
 from broken_hyper import BUGS as HYPER_BUGS
 from broken_moe import BUGS as MOE_BUGS
 from broken_quant import BUGS as QUANT_BUGS
 from broken_recurrent import BUGS as RECURRENT_BUGS
 
-import hetero
 from hetero_cpu_ref import gemm as ref_gemm
 from hetero_cpu_ref import layers as ref_layers
 from hetero_cpu_ref import moe as ref_moe
-from hetero_cpu_ref.plugin import CpuRefBackend
 
 __all__ = ["BUGS", "make_plugin"]
 
@@ -238,11 +237,4 @@ BUGS.update(HYPER_BUGS)  # hc_pre, hc_post, hc_head (spec 1.7): broken_hyper.py
 def make_plugin(bug: str | None):
     """A plugin object providing backend ``broken_<bug>`` (``bug=None``: the correct mini attention)."""
     op, impl = BUGS[bug] if bug else ("paged_attention", mini_paged_attention(None))
-    cls = type(f"Broken_{bug}", (CpuRefBackend,), {"name": f"broken_{bug or 'control'}", "priority": 0, op: impl})
-
-    class Plugin:
-        @hetero.hookimpl
-        def hetero_backends(self):
-            return [cls]
-
-    return Plugin(), cls.name, op
+    return one_op_plugin(f"broken_{bug or 'control'}", op, impl)

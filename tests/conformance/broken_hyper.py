@@ -7,9 +7,7 @@ pass every quick case (``make_control``), which shows each planted bug is the on
 from __future__ import annotations
 
 import torch
-
-import hetero
-from hetero_cpu_ref.plugin import CpuRefBackend
+from _one_op import one_op_plugin
 
 __all__ = ["BUGS", "mini_hc_pre", "mini_hc_post", "mini_hc_head", "make_control"]
 
@@ -115,11 +113,4 @@ BUGS = {bug: (op, _MINI[op](bug)) for bug, op in _BUG_OPS.items()}
 
 def make_control(op: str):
     """A plugin providing backend ``control_<op>``: the reference with the bug-free mini ``op``."""
-    cls = type(f"Control_{op}", (CpuRefBackend,), {"name": f"control_{op}", "priority": 0, op: _MINI[op](None)})
-
-    class Plugin:
-        @hetero.hookimpl
-        def hetero_backends(self):
-            return [cls]
-
-    return Plugin(), cls.name, op
+    return one_op_plugin(f"control_{op}", op, _MINI[op](None))

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from _one_op import one_op_plugin
 from broken_quant import mini_quantize_activation
-
-import hetero
-from hetero_cpu_ref.plugin import CpuRefBackend
 
 __all__ = ["BUGS", "mini_fused_moe", "make_control"]
 
@@ -121,11 +119,4 @@ BUGS = {
 def make_control(op: str):
     """A plugin providing backend ``control_<op>``: the reference with the bug-free mini ``op``."""
     assert op == "fused_moe", op
-    cls = type(f"Control_{op}", (CpuRefBackend,), {"name": f"control_{op}", "priority": 0, op: mini_fused_moe(None)})
-
-    class Plugin:
-        @hetero.hookimpl
-        def hetero_backends(self):
-            return [cls]
-
-    return Plugin(), cls.name, op
+    return one_op_plugin(f"control_{op}", op, mini_fused_moe(None))

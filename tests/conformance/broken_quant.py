@@ -10,9 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
-
-import hetero
-from hetero_cpu_ref.plugin import CpuRefBackend
+from _one_op import one_op_plugin
 
 __all__ = ["BUGS", "mini_quantize_activation", "mini_scaled_grouped_gemm", "make_control"]
 
@@ -124,11 +122,4 @@ BUGS = {
 
 def make_control(op: str):
     """A plugin whose ``op`` is the bug-free mini implementation (same shape as ``make_plugin``'s result)."""
-    cls = type(f"Control_{op}", (CpuRefBackend,), {"name": f"control_{op}", "priority": 0, op: _MINIS[op](None)})
-
-    class Plugin:
-        @hetero.hookimpl
-        def hetero_backends(self):
-            return [cls]
-
-    return Plugin(), cls.name, op
+    return one_op_plugin(f"control_{op}", op, _MINIS[op](None))

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-import hetero
-from hetero_cpu_ref.plugin import CpuRefBackend
+from _one_op import one_op_plugin
 
 __all__ = ["BUGS", "mini_causal_conv1d", "mini_gated_delta_rule", "make_control"]
 
@@ -116,11 +114,4 @@ _MINI = {"causal_conv1d": mini_causal_conv1d, "gated_delta_rule": mini_gated_del
 
 def make_control(op: str):
     """A plugin providing backend ``control_<op>``: the reference with the bug-free mini ``op``."""
-    cls = type(f"Control_{op}", (CpuRefBackend,), {"name": f"control_{op}", "priority": 0, op: _MINI[op](None)})
-
-    class Plugin:
-        @hetero.hookimpl
-        def hetero_backends(self):
-            return [cls]
-
-    return Plugin(), cls.name, op
+    return one_op_plugin(f"control_{op}", op, _MINI[op](None))
