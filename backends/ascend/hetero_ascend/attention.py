@@ -5,6 +5,8 @@ documented limits go to the portable Triton kernel."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from hetero.spec.checks import check_indexer_inputs, check_meta_shapes, check_mla_inputs, check_topk_indices
@@ -148,42 +150,32 @@ def mla_attention(
     never run on an NPU (conversions tested on CPU). FIA takes 1..16 query rows per sequence here (doc):
     longer chunks, calls outside SFA's documented limits, and sinks (neither operator has them;
     ``supports`` declines them), go to the Triton kernel."""
+    on_triton = functools.partial(
+        triton.mla_attention,
+        q_nope,
+        q_pe,
+        ckv_cache,
+        kpe_cache,
+        meta,
+        scale=scale,
+        causal=causal,
+        return_lse=return_lse,
+        topk_indices=topk_indices,
+        sinks=sinks,
+    )
     if sinks is not None:
-        return triton.mla_attention(
-            q_nope,
-            q_pe,
-            ckv_cache,
-            kpe_cache,
-            meta,
-            scale=scale,
-            causal=causal,
-            return_lse=return_lse,
-            topk_indices=topk_indices,
-            sinks=sinks,
-        )
+        return on_triton()
     if topk_indices is not None:  # the always-on checks first: the SFA conversion indexes by them
         t = check_mla_inputs("mla_attention", q_nope, q_pe, ckv_cache, kpe_cache, _KERNEL_DTYPES)[0]
         check_meta_shapes("mla_attention", meta, t)
         check_topk_indices("mla_attention", topk_indices, t, q_nope.device)
         if support.sfa_reason(sparse.sfa_static(q_nope, q_pe, ckv_cache, return_lse)) is not None:
-            return triton.mla_attention(
-                q_nope,
-                q_pe,
-                ckv_cache,
-                kpe_cache,
-                meta,
-                scale=scale,
-                causal=causal,
-                return_lse=return_lse,
-                topk_indices=topk_indices,
-            )
+            return on_triton()
         return sparse.sparse_flash_mla(
             common.torch_npu(), q_nope, q_pe, ckv_cache, kpe_cache, meta, topk_indices, scale=scale, causal=causal
         )
     if meta.max_query_len > 16 or return_lse:
-        return triton.mla_attention(
-            q_nope, q_pe, ckv_cache, kpe_cache, meta, scale=scale, causal=causal, return_lse=return_lse
-        )
+        return on_triton()
     q_lens, kv_lens = convert.paged_lengths(meta, num_tokens=q_nope.shape[0], block_size=ckv_cache.shape[1])
     ckv = convert.paged_kv_bsh(ckv_cache)
     return _fia(
