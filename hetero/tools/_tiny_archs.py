@@ -85,6 +85,17 @@ _YARN = {
     "mscale_all_dim": 0.8,
 }
 
+#: HY4's text model: one group of experts, a small swiglu_limit so the expert clamp bites
+_HY4 = dict(
+    _DSA,
+    n_group=1,
+    topk_group=1,
+    routed_scaling_factor=2.827,
+    swiglu_limit=1.5,
+    rms_norm_eps=1e-5,
+    rope_parameters=_YARN,
+)
+
 #: Hunyuan's rope: "dynamic" with alpha is a fixed NTK-alpha table; the yarn-style fields beside it are neutral
 _NTK_ALPHA = {
     "rope_type": "dynamic",
@@ -196,32 +207,13 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     # HY4: layer 0 dense; indexers full, full, shared (the default schedule); 4 hyper-connection streams; a small
     # swiglu_limit so the expert clamp bites
-    "hy_v4": (
-        "HYV4Config",
-        dict(
-            _DSA,
-            n_group=1,
-            topk_group=1,
-            routed_scaling_factor=2.827,
-            swiglu_limit=1.5,
-            rms_norm_eps=1e-5,
-            rope_parameters=_YARN,
-        ),
-    ),
+    "hy_v4": ("HYV4Config", dict(_HY4)),
     # HY4-VL: HY4's text model (interleaved rope, rms_norm_eps latent norms) beside a one-layer vision tower;
     # the placeholders inside the tiny vocabulary, so a prompt can hold them
     "hy_v4_vl": (
         "HYV4VLConfig",
         dict(
-            text_config=dict(
-                _DSA,
-                n_group=1,
-                topk_group=1,
-                routed_scaling_factor=2.827,
-                swiglu_limit=1.5,
-                rms_norm_eps=1e-5,
-                rope_parameters=dict(_YARN, mrope_section=[2, 1, 1]),
-            ),
+            text_config=dict(_HY4, rope_parameters=dict(_YARN, mrope_section=[2, 1, 1])),
             vision_config=dict(
                 hidden_size=32,
                 intermediate_size=64,

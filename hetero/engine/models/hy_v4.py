@@ -23,7 +23,7 @@ The checkpoint's names are the original release's (what transformers' ``save_pre
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -64,26 +64,10 @@ class HYV4Attention(SparseMLAttention):
 
     mla_options = {"topk_indices": True, "sinks": True}
 
-    def __init__(
-        self,
-        ctx: ModelContext,
-        hf_config: Any,
-        layer_idx: int,
-        rotary: RotaryEmbedding,
-        *,
-        indexer_interleaved: bool = False,
-        prefix: str = "",
-        quant_config: QuantConfig | None = None,
-    ):
-        super().__init__(
-            ctx,
-            hf_config,
-            layer_idx,
-            rotary,
-            indexer_interleaved=indexer_interleaved,
-            prefix=prefix,
-            quant_config=quant_config,
-        )
+    def __init__(self, ctx: ModelContext, hf_config: Any, layer_idx: int, rotary: RotaryEmbedding, **kw: Any):
+        # the indexer ropes with MLA's pair layout (NeoX for HY4, interleaved for HY4-VL)
+        super().__init__(ctx, hf_config, layer_idx, rotary, indexer_interleaved=not rotary.is_neox, **kw)
+        prefix, quant_config = self.prefix, kw.get("quant_config")
         total = hf_config.num_attention_heads
         self.linear_gate = ColumnParallelLinear(
             ctx, self.hidden, total * self.v_dim, prefix=join_prefix(prefix, "linear_gate"), quant_config=quant_config
@@ -136,10 +120,15 @@ class HYV4DecoderLayer(DecoderLayer):
             prefix = join_prefix(self.prefix, f"hc_pre.{name}")
             self.hc_pre.add_module(name, HyperConnection(ctx, config, prefix=prefix, **options))
 
+    #: the rope's pair layout, in MLA and in the indexer (which ropes its last dims with a twin)
+    rope_neox: ClassVar[bool] = True
+
     @classmethod
     def rotary_table(cls, ctx: ModelContext, config: Any) -> RotaryEmbedding:
-        """NeoX rope over MLA's ``qk_rope_head_dim`` (the indexer ropes its last dims with a twin)."""
-        return RotaryEmbedding(ctx, config, config.qk_rope_head_dim, config.max_position_embeddings, is_neox=True)
+        """Rope over MLA's ``qk_rope_head_dim``: NeoX pairs unless ``rope_neox`` is False."""
+        return RotaryEmbedding(
+            ctx, config, config.qk_rope_head_dim, config.max_position_embeddings, is_neox=cls.rope_neox
+        )
 
     def forward(  # type: ignore[override]
         self, streams: torch.Tensor, residual: None, step: Step, capture: list[torch.Tensor] | None = None
@@ -197,23 +186,18 @@ class HYV4ForCausalLM(DecoderForCausalLM):
 
 
 class HYV4VLAttention(HYV4Attention):
-    """HY4-VL's text attention: its latent norms take ``rms_norm_eps``; rope pairs are interleaved, in MLA and
-    in the indexer (GLM's rope, where HY4's text model has NeoX)."""
-
-    def __init__(self, ctx: ModelContext, hf_config: Any, layer_idx: int, rotary: RotaryEmbedding, **kw: Any):
-        super().__init__(ctx, hf_config, layer_idx, rotary, indexer_interleaved=True, **kw)
+    """HY4-VL's text attention: its latent norms take ``rms_norm_eps``."""
 
     def latent_norm_eps(self, hf_config: Any) -> float:
         return float(hf_config.rms_norm_eps)
 
 
 class HYV4VLDecoderLayer(HYV4DecoderLayer):
-    attention_cls = HYV4VLAttention
+    """Interleaved rope pairs, in MLA and the indexer (GLM's rope; the M-RoPE sections coincide on text
+    positions)."""
 
-    @classmethod
-    def rotary_table(cls, ctx: ModelContext, config: Any) -> RotaryEmbedding:
-        """Interleaved pairs over ``qk_rope_head_dim`` (the M-RoPE sections coincide on text positions)."""
-        return RotaryEmbedding(ctx, config, config.qk_rope_head_dim, config.max_position_embeddings, is_neox=False)
+    attention_cls = HYV4VLAttention
+    rope_neox = False
 
 
 class HYV4VLForConditionalGeneration(HYV4ForCausalLM):
