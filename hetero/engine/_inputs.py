@@ -146,6 +146,8 @@ def _no_media(ids: list[int], hf_config: Any, index: int) -> list[int]:
     """``ids``, unless a multimodal checkpoint's image or video placeholder is among them: hetero runs the
     text model of such a checkpoint, and a placeholder without its pixels would be read as a plain token."""
     media = media_token_ids(hf_config)
+    if not media:
+        return ids
     for position, token in enumerate(ids):
         if token in media:
             raise UsageError(
