@@ -1,7 +1,7 @@
 """The attention-family benchmark cases of scripts/gpu_check.py: paged (with gpt-oss's sinks and sliding
 window), varlen, MLA dense and sparse (DeepSeek-V3.2's DSA; Hunyuan HY4's with per-head sinks, spec 1.7),
-the cache writes, merge and the lightning indexer. See gpu_check_sizes for the Bench record and how bytes
-and flops are counted.
+the cache writes, merge and the lightning indexer (DeepSeek-V4's over compressed keys too, spec 1.8). See
+gpu_check_sizes for the Bench record and how bytes and flops are counted.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import math
 
 import torch
 from gpu_check_sizes import Bench, Sizes, nbytes, paged_meta, randn, visible, windowed
+
+from hetero.spec import AttentionMeta
 
 __all__ = ["attention_benches", "sparse_indices"]
 
@@ -196,19 +198,25 @@ def _write_index_k(s: Sizes) -> Bench:
     return Bench("write_index_k", f"prefill {b}x{n} D{d} bs{MLA_BLOCK}", "bfloat16", make)
 
 
-def _indexer(case: str, qlens: list[int], kvlens: list[int], s: Sizes) -> Bench:
+def _indexer(case: str, qlens: list[int], kvlens: list[int], s: Sizes, ratio: int = 1) -> Bench:
     """score = sum_h w * relu(q.k) over every causal key, then the top-k: 2 Hi D flops per (row, key) and
-    each sequence's keys read once."""
+    each sequence's keys read once. ``ratio`` m > 1 (spec 1.8, DeepSeek-V4's CSA): the keys are L // m
+    compressed entries, a row at pos sees (pos + 1) // m of them, top-k a quarter of V3.2's (512)."""
     hi, d, topk = s.indexer
+    topk = topk if ratio == 1 else topk // 4
 
     def make(dev):
-        meta, nblk = paged_meta(qlens, kvlens, MLA_BLOCK, dev)
+        entries = [L // ratio for L in kvlens]
+        meta, nblk = paged_meta(qlens, entries, MLA_BLOCK, dev)
+        meta = AttentionMeta.build(qlens, kvlens, meta.block_table, device=dev)  # seq_lens count tokens
         t = sum(qlens)
         q, cache = randn((t, hi, d), dev), randn((nblk, MLA_BLOCK, d), dev)
         weights = torch.randn(t, hi, device=dev).mul_((hi * d) ** -0.5)  # the caller folds Hi^-0.5 D^-0.5 in
-        seen = sum(visible(n, L) for n, L in zip(qlens, kvlens))
+        seen = sum(sum((L - n + i + 1) // ratio for i in range(n)) for n, L in zip(qlens, kvlens))
         inputs = {"q": q, "weights": weights, "index_cache": cache, "meta": meta, "topk": topk}
-        return inputs, (2.0 * d + 3.0) * hi * seen, nbytes(q, weights) + sum(kvlens) * d * 2 + t * topk * 4
+        if ratio > 1:
+            inputs["compress_ratio"] = ratio
+        return inputs, (2.0 * d + 3.0) * hi * seen, nbytes(q, weights) + sum(entries) * d * 2 + t * topk * 4
 
     return Bench("indexer_topk", case, "bfloat16", make)
 
@@ -240,4 +248,6 @@ def attention_benches(s: Sizes) -> list[Bench]:
         _write_index_k(s),
         _indexer(f"decode B{db} KV{dl} Hi{hi} D{di} top{topk}", [1] * db, [dl] * db, s),
         _indexer(f"prefill chunk {pt} of KV{pl} Hi{hi} D{di} top{topk}", [pt], [pl], s),
+        _indexer(f"deepseek-v4 csa m4 decode B{db} KV{dl} Hi{hi} D{di} top{topk // 4}", [1] * db, [dl] * db, s, 4),
+        _indexer(f"deepseek-v4 csa m4 prefill chunk {pt} of KV{pl} top{topk // 4}", [pt], [pl], s, 4),
     ]

@@ -3,7 +3,8 @@
 ``benches(sizes)`` lists every op of the spec at least once. The attention family lives in
 gpu_check_attention, the sizes, the Bench record and the input helpers in gpu_check_sizes;
 here are gemm, MoE (gpt-oss's swigluoai experts with biases included), the layer ops,
-linear attention and the hyper-connections; the quantized ops (spec 1.4) are in gpu_check_quant.
+linear attention and the hyper-connections; the quantized ops (spec 1.4) are in gpu_check_quant, kv_compress
+(spec 1.8) in gpu_check_compress, compressed_attention in gpu_check_compressed_attention.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import math
 
 import torch
 from gpu_check_attention import attention_benches
+from gpu_check_compress import compress_benches
+from gpu_check_compressed_attention import compressed_attention_benches
 from gpu_check_quant import quant_benches
 from gpu_check_sizes import BF16, FULL, SMOKE, Bench, Sizes, expert_ids, nbytes, randn
 
@@ -103,6 +106,19 @@ def _moe_data(s: Sizes) -> list[Bench]:
         }
         return inputs, 0.0, nbytes(logits, bias) + t * k * 8
 
+    def route_v4(hashed: bool):  # DeepSeek-V4 (spec 1.8): sqrtsoftplus with its bias, or hash routing
+        def make(dev):
+            logits, k6 = torch.randn(t, e, device=dev), min(6, e)
+            extra = (
+                {"fixed_ids": torch.rand(t, e, device=dev).argsort(dim=1)[:, :k6].to(torch.int32)}
+                if hashed
+                else {"correction_bias": torch.randn(e, device=dev) * 0.1}
+            )
+            inputs = {"router_logits": logits, "top_k": k6, "scoring": "sqrtsoftplus", "routed_scaling_factor": 1.5}
+            return {**inputs, **extra}, 0.0, nbytes(logits, *extra.values()) + t * k6 * 8
+
+        return make
+
     def permute(dev):
         x, ids = randn((t, h), dev), expert_ids(t, e, k, dev)
         return {"x": x, "ids": ids, "num_experts": e}, 0.0, nbytes(x, ids) + (k + 0.0) * nbytes(x) + t * k * 8
@@ -116,6 +132,8 @@ def _moe_data(s: Sizes) -> list[Bench]:
 
     return [
         Bench("route", f"deepseek-v3 T{t} E{e} sigmoid grouped", "float32", route),
+        Bench("route", f"deepseek-v4 T{t} E{e} sqrtsoftplus", "float32", route_v4(False)),
+        Bench("route", f"deepseek-v4 T{t} E{e} hash (fixed_ids)", "float32", route_v4(True)),
         Bench("moe_permute", f"deepseek-v3 T{t} top{k} H{h}", "bfloat16", permute),
         Bench("moe_unpermute", f"deepseek-v3 T{t} top{k} H{h}", "bfloat16", unpermute),
     ]
@@ -268,4 +286,5 @@ def benches(s: Sizes) -> list[Bench]:
         out += [_fused(model, e, k, h, i, t) for t in s.moe_tokens]
     e, k, h, i = s.oss_moe
     out += [_fused("gpt-oss-20b swigluoai+bias", e, k, h, i, t, oss=True) for t in s.moe_tokens]
-    return out + quant_benches(s) + _layers(s) + _linear_attention(s) + _hyper(s)
+    out += quant_benches(s) + _layers(s) + _linear_attention(s) + _hyper(s)
+    return out + compress_benches(s) + compressed_attention_benches(s)  # spec 1.8 (DeepSeek-V4)

@@ -85,10 +85,18 @@ def _indexer_topk(a: Mapping[str, Any]) -> Work:
     q, cache, scale, meta = a["q"], a["index_cache"], a["index_scale"], a["meta"]
     t, hi, d = q.shape
     pairs, union = attention_pairs(lens(meta.query_start_loc), meta.seq_lens.tolist(), True)
+    if a["compress_ratio"] != 1:  # spec 1.8: a row at pos sees (pos + 1) // m entries of its sequence's L // m
+        pairs, union = _compressed_pairs(lens(meta.query_start_loc), meta.seq_lens.tolist(), a["compress_ratio"])
     keys = union * d * cache.element_size() + (union * (d // 128) * 4 if scale is not None else 0)
     return Work(
         pairs * hi * (2.0 * d + 2), nbytes(q) + nbytes(a["weights"]) + keys + t * a["topk"] * 4 + meta_bytes(meta)
     )
+
+
+def _compressed_pairs(q_lens: list[int], kv_lens: list[int], m: int) -> tuple[int, int]:
+    """(visible (row, entry) pairs, entries read) of indexer_topk over a compressed cache."""
+    pairs = sum(sum((length - n + i + 1) // m for i in range(n)) for n, length in zip(q_lens, kv_lens))
+    return pairs, sum(length // m for n, length in zip(q_lens, kv_lens) if n)
 
 
 ATTENTION_MODELS = {

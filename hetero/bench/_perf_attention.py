@@ -13,6 +13,7 @@ from hetero.verify.inputs import attention as _att
 from hetero.verify.inputs import dsa as _dsa
 from hetero.verify.inputs import layers as _layers
 from hetero.verify.inputs import mla as _mla
+from hetero.verify.inputs.dsa_draw import V4_CSA_RATIO
 from hetero.verify.inputs.paged import heads, mla_scale
 from hetero.verify.shapes import MODELS
 
@@ -82,7 +83,8 @@ def mla_cases(add: _Add, full: bool, dt: str) -> None:
 
 def dsa_cases(add: _Add, full: bool, dt: str) -> None:
     """DeepSeek-V3.2's DSA layer: the index-key write of a prefill, the indexer and sparse MLA at decode
-    (top-k 2048 of 4k keys; quick: of 2.1k, MLA with one tp8 rank's 16 heads), the indexer's k_norm."""
+    (top-k 2048 of 4k keys; quick: of 2.1k, MLA with one tp8 rank's 16 heads), the indexer's k_norm; and
+    DeepSeek-V4's CSA indexer at the same decode (top-512 of ctx // 4 compressed entries, spec 1.8)."""
     bs, v32 = 64, _dsa.V32
     b, ctx = (64, 4096) if full else (2, 2100)
     tokens = [(4096, 4096)] if full else [(512, 512)]
@@ -114,6 +116,13 @@ def dsa_cases(add: _Add, full: bool, dt: str) -> None:
             "topk_indices": True,
             "topk": v32.topk,
         },
+    )
+    v4, m = _dsa.V4, V4_CSA_RATIO  # DeepSeek-V4's CSA indexer (spec 1.8): top-512 of ctx // 4 compressed entries
+    add(
+        "indexer_topk",
+        f"deepseek-v4-csa-decode-b{b}-ctx{ctx}",
+        _dsa.indexer(v4, bs, [(1, ctx)] * b, ratio=m),
+        {"dtype": dt, "num_heads": v4.hi, "head_dim": v4.d, "block_size": bs, "topk": v4.topk, "compress_ratio": m},
     )
     t = 4096 if full else 256
     add(

@@ -23,6 +23,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 from hetero.bench._attention_work import ATTENTION_MODELS
+from hetero.bench._compress_work import kv_compress_work
+from hetero.bench._compressed_attention import compressed_attention_work
 from hetero.bench._work import Work, attention_pairs, elem_size, nbytes
 from hetero.spec import OPS
 
@@ -83,7 +85,8 @@ def _scaled_grouped_gemm(a: Mapping[str, Any]) -> Work:
 def _route(a: Mapping[str, Any]) -> Work:
     logits = a["router_logits"]
     m = logits.shape[0]
-    return Work(3.0 * logits.numel(), nbytes(logits) + nbytes(a["correction_bias"]) + m * a["top_k"] * (4 + 4))
+    read = nbytes(logits) + nbytes(a["correction_bias"]) + nbytes(a["fixed_ids"])  # fixed_ids: spec 1.8
+    return Work(3.0 * logits.numel(), read + m * a["top_k"] * (4 + 4))
 
 
 def _moe_permute(a: Mapping[str, Any]) -> Work:
@@ -237,6 +240,8 @@ _MODELS: dict[str, Callable[[Mapping[str, Any]], Work]] = {
     "hc_pre": _hc_pre,
     "hc_post": _hc_post,
     "hc_head": lambda a: _hc_collapse(a, 0),
+    "kv_compress": kv_compress_work,  # spec 1.8: hetero.bench._compress_work
+    "compressed_attention": compressed_attention_work,  # spec 1.8: hetero.bench._compressed_attention
 }
 
 

@@ -9,11 +9,11 @@ lengths and expert counts shrink (the name says what), and no output reaches
 faults would dominate the timing and come and go with the heap's history (a
 32 MiB moe_permute took 3.5 or 15 ms from one run to the next). ``full`` (bfloat16) is
 what a GPU runs in production: decode batch 64 at 4k context, 4k-token prefill,
-Qwen3-8B and DeepSeek-V3 projections, 128- and 256-expert MoE, DeepSeek-V3's
+Qwen3-8B and DeepSeek-V3 projections, 128- and 256-expert MoE (DeepSeek-V4's routers too), DeepSeek-V3's
 fp8 GEMM with 128-block scales, Qwen3-Next's linear-attention ops at decode batch
 64 and a 4k prefill, DeepSeek-V3.2's indexer and sparse MLA at decode batch 64
-over 4k keys, DeepSeek-V4's and HY4's hyper-connections at 4k tokens. Never run ``full`` on a CPU in tests: drawing
-its inputs alone takes gigabytes.
+over 4k keys, DeepSeek-V4's and HY4's hyper-connections at 4k tokens, DeepSeek-V4's KV compressors at decode
+batch 64 and a 4k chunk. Never run ``full`` on a CPU in tests: drawing its inputs alone takes gigabytes.
 
 The ep_* ops have no case here: they need several ranks (see
 ``hetero conformance --world-size``). Case shapes start with ``perf/`` so a
@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from hetero.bench._compressed_attention import compressed_attention_cases
 from hetero.bench._perf_attention import attention_cases, dsa_cases, mla_cases
 from hetero.spec import OPS
 from hetero.verify.case import Case
+from hetero.verify.inputs import compress as _compress
 from hetero.verify.inputs import fused_moe as _fused_moe
 from hetero.verify.inputs import gemm as _gemm
 from hetero.verify.inputs import hyper as _hyper
@@ -173,6 +175,11 @@ def _moe_ops(add: _Add, full: bool, dt: str) -> None:
                 correction_bias=True,
             ),
         )
+    for hashed in (False, True):  # DeepSeek-V4-Flash (spec 1.8): sqrtsoftplus with its bias, and hash routing
+        v4 = dict(scoring="sqrtsoftplus", factor=1.5, **({"fixed": True} if hashed else {"bias": "small"}))
+        extra = {"fixed_ids": True} if hashed else {"correction_bias": True}
+        name = f"deepseek-v4-flash{'-hash' if hashed else ''}-t{t}"
+        add("route", name, _moe.route(t, 256, 6, **v4), _route_static(dt, 256, 6, scoring="sqrtsoftplus", **extra))
     data = {"dtype": dt, "num_experts": qm.experts, "top_k": qm.top_k, "hidden": qm.hidden}
     t = t if full else 256  # the [T * top_k, hidden] rows stay at 16 MiB (see the module docstring)
     add("moe_permute", f"qwen3-30b-a3b-t{t}", _moe.permute(t, qm.experts, qm.top_k, qm.hidden, ()), data)
@@ -251,6 +258,19 @@ def _hyper_ops(add: _Add, full: bool, dt: str) -> None:
     add("hc_head", f"deepseek-v4-t{t}", _hyper.hc_head(t, n, 4096), {"dtype": dt, "hidden": 4096})
 
 
+def _compress_ops(add: _Add, full: bool, dt: str) -> None:
+    """DeepSeek-V4's compressors (CSA m 4 D 512 with overlap, HCA m 128 D 512, the indexer's m 4 D 128): a decode
+    batch closing a window each, and a prefill chunk continuing at an unaligned start."""
+    b, ctx, t = (64, 4096, 4096) if full else (8, 256, 256)
+    for name, d, m, overlap in (("csa", 512, 4, True), ("hca", 512, 128, False), ("indexer", 128, 4, True)):
+        bsc = 64 if m == 4 else 2
+        static = _compress.kv_compress_static(dt, d, m, overlap, bsc)
+        for shape, seqs in ((f"decode-b{b}-ctx{ctx}", [(1, ctx - 1 + m * (i % 3)) for i in range(b)]),
+                            (f"prefill-t{t}", [(t, ctx + 2)])):  # fmt: skip
+            build = _compress.kv_compress(d, m, overlap, seqs, bsc=bsc)
+            add("kv_compress", f"deepseek-v4-{name}-{shape}", build, static)
+
+
 def perf_cases(tier: str) -> list[Case]:
     """The performance cases of ``tier`` ("quick": float32, CPU-sized; "full": bfloat16, GPU-sized)."""
     if tier not in TIERS:
@@ -263,6 +283,6 @@ def perf_cases(tier: str) -> list[Case]:
         out.append(Case(op, f"perf/{shape}", dtype or dt, build, static, quick=not full))
 
     families = (attention_cases, mla_cases, dsa_cases, _gemms, _quant_ops, _moe_ops, _layer_ops, _recurrent_ops)
-    for family in (*families, _hyper_ops):
+    for family in (*families, _hyper_ops, _compress_ops, compressed_attention_cases):
         family(add, full, dt)
     return out

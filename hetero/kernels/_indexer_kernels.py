@@ -13,7 +13,8 @@
   them), then one pass writing every position whose key is larger and the first positions (in
   increasing order) whose key equals it: exactly the spec's tie rule. Then -1 padding.
 
-Rows reach the kernels as (sequence, position) pairs computed on the device by the launcher;
+Rows reach the kernels as (sequence, position) pairs computed on the device by the launcher (over a
+compressed cache, spec 1.8, the position is the row's last visible entry and the lengths count entries);
 every index is untrusted: a row's visible key count is clamped into [0, min(seq_len, table
 columns * BS, workspace width)] and every block id loaded is masked against [0, NB) (a block
 outside it reads as a zero key).

@@ -35,6 +35,8 @@ KERNEL_OPS: dict[str, tuple[str, ...]] = {
     "hetero.kernels.layers": ("rms_norm", "layer_norm", "rotary_embedding", "silu_and_mul"),
     "hetero.kernels.recurrent": ("causal_conv1d", "gated_delta_rule"),
     "hetero.kernels.hyper": ("hc_pre", "hc_post", "hc_head"),
+    "hetero.kernels.compress": ("kv_compress",),
+    "hetero.kernels.compressed_attention": ("compressed_attention",),
     # collectives and index bookkeeping: device-agnostic torch, shared with the reference
     "hetero._ep": ("ep_dispatch", "ep_combine"),
 }

@@ -11,6 +11,9 @@ rows x ceil(width / SPAN), each program one row's span of keys) and the selectio
 per row: a radix select of 4 histogram passes over its keys when it keeps fewer than it sees,
 then one writing pass; see ``_indexer_kernels``).
 The scores never leave the op; the result is int32 [T, topk], in increasing position order.
+With ``compress_ratio`` m > 1 (spec 1.8) the cache holds compressed entries: the launcher hands the
+kernels each row's last visible entry ``(pos + 1) // m - 1`` as its position and ``seq_lens // m``
+as the key counts, and the workspace is ``min(max_seq_len // m, columns * BS)`` wide.
 
 sparse mla_attention: grid (T, ceil(H / BLOCK_H)); see ``_sparse_mla_kernel``.
 
@@ -67,9 +70,12 @@ def _indexer_tiles(tuning: Tuning, width: int, rows: int, fp8: bool) -> tuple[in
     return span, block_n, select, max(1, min(rows, int(meta_p["WORKSPACE"]) // width)), launch
 
 
-def indexer_topk(q, weights, index_cache, meta, *, topk, index_scale=None, tuning: Tuning) -> torch.Tensor:
+def indexer_topk(
+    q, weights, index_cache, meta, *, topk, index_scale=None, compress_ratio=1, tuning: Tuning
+) -> torch.Tensor:
     op = "indexer_topk"
-    t, hi, d, nb, bs, topk = check_indexer_inputs(op, q, weights, index_cache, meta, topk, index_scale)
+    t, hi, d, nb, bs, topk = check_indexer_inputs(op, q, weights, index_cache, meta, topk, index_scale, compress_ratio)
+    m = int(compress_ratio)
     check_tensor(op, "q", q, dtypes=KERNEL_DTYPES)  # float64 is the reference's
     meta = check_meta_shapes(op, meta, t)
     longest = meta.max_seq_len
@@ -83,13 +89,15 @@ def indexer_topk(q, weights, index_cache, meta, *, topk, index_scale=None, tunin
     out = torch.empty((t, topk), dtype=torch.int32, device=q.device)
     table, seq_lens = meta.block_table, meta.seq_lens
     keys = table.shape[1] * bs  # no row sees past its table
-    width = min(int(longest), keys)
+    width = min(int(longest) // m, keys)
     if t == 0 or width == 0:
         return out.fill_(-1)
     fp8 = index_scale is not None
     span, block_n, select, chunk, launch = _indexer_tiles(tuning, width, t, fp8)
     ws = torch.empty((chunk, width), dtype=torch.int32, device=q.device)  # the scores, as order-preserving int32 keys
     seq, pos = row_positions(meta, t)
+    if m > 1:  # the kernels' rule j <= pos over seq_lens keys, in compressed entries (spec 1.8)
+        pos, seq_lens = torch.div(pos + 1, m, rounding_mode="floor") - 1, torch.div(seq_lens, m, rounding_mode="floor")
     cache = index_cache.view(torch.uint8) if fp8 else index_cache
     scale, ss = (index_scale, index_scale.stride()) if fp8 else (weights, (0, 0, 0))
     for row0 in range(0, t, chunk):

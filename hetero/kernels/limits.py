@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from hetero.spec.moe import ACTIVATIONS
+from hetero.spec.moe import ACTIVATIONS, SCORING
 
 __all__ = [
     "dtype_name",
@@ -39,6 +39,7 @@ DOT_OPS = frozenset(
         "fused_moe",
         "gated_delta_rule",
         "indexer_topk",
+        "compressed_attention",
     }
 )
 #: Ops whose operands are quantized (``dtype`` names the quantized dtype).
@@ -92,8 +93,8 @@ def shape_reason(op: str, static: Mapping[str, Any]) -> str | None:
     quant = quant_dtype(op, static) if op in ("quantize_activation", "fused_moe") else None
     if quant is not None and quant not in QUANTS and (op == "quantize_activation" or quant not in FLOATS):
         return f"the {op} kernels quantize to {', '.join(QUANTS)}, not {quant}"
-    if op == "route" and static.get("scoring", "softmax") not in ("softmax", "sigmoid"):
-        return f"route scores with softmax or sigmoid, not {static['scoring']!r}"
+    if op == "route" and static.get("scoring", "softmax") not in SCORING:
+        return f"route scores with {', '.join(SCORING)}, not {static['scoring']!r}"
     if op == "gated_delta_rule":
         for key in ("head_dim", "head_dim_k", "key_head_dim"):
             value = static.get(key)

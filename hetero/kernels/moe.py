@@ -22,15 +22,14 @@ by the quantizer kernel, or float inputs with weight tiles dequantized in the ke
 The roundings are those of the reference
 composition (permute, grouped_gemm, activation, grouped_gemm, unpermute; each bias added in
 float32 before its rounding). Only cheap checks run (ranks, dtypes, shapes, devices): expert ids
-and perm are not range-checked, since that would read them on the host.
+and perm are not range-checked, since that would read them on the host (route's spec 1.8 ``fixed_ids``
+are clamped into [0, E) for its gather: a bad id gives an undefined weight, never a read outside).
 """
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
+import torch.nn.functional as F
 
 from hetero.kernels import _moe_kernels as kern
 from hetero.kernels._moe_checks import check_fused, check_ids, check_int, check_weights
@@ -39,8 +38,8 @@ from hetero.kernels._triton import triton_modules
 from hetero.kernels.gemm import interpreted, launch_grouped
 from hetero.kernels.tuning import Tuning
 from hetero.spec._checks_quant import check_fused_moe_quant
-from hetero.spec.checks import check_same_device, check_tensor, expect
-from hetero.spec.moe import ACTIVATIONS, SCORING
+from hetero.spec.checks import check_route, check_same_device, check_tensor
+from hetero.spec.moe import ACTIVATIONS
 from hetero.spec.types import FLOAT_DTYPES
 
 triton, tl = triton_modules()
@@ -83,48 +82,37 @@ def route(
     topk_group=1,
     correction_bias=None,
     routed_scaling_factor=1.0,
+    fixed_ids=None,
 ):
-    op = "route"
-    check_tensor(op, "router_logits", router_logits, ndim=2, dtypes=FLOAT_DTYPES)
+    args = (top_k, scoring, renormalize, n_group, topk_group, correction_bias, routed_scaling_factor, fixed_ids)
+    check_route("route", router_logits, *args)
     experts = router_logits.shape[1]
-    expect(scoring in SCORING, op, "scoring", "one of " + ", ".join(repr(s) for s in SCORING), repr(scoring))
-    expect(isinstance(renormalize, bool), op, "renormalize", "a bool", repr(renormalize))
-    factor_ok = (
-        isinstance(routed_scaling_factor, numbers.Real)
-        and not isinstance(routed_scaling_factor, bool)
-        and math.isfinite(routed_scaling_factor)
-    )
-    expect(factor_ok, op, "routed_scaling_factor", "a finite number", repr(routed_scaling_factor))
-    groups = check_int(op, "n_group", n_group, 1)
-    expect(experts % groups == 0, op, "n_group", f"a divisor of the expert count E = {experts}", groups)
-    k = check_int(op, "top_k", top_k, 1, experts)
-    kept = check_int(op, "topk_group", topk_group, 1, groups)
-    per_group = experts // groups
-    expect(kept * per_group >= k, op, "topk_group", f"topk_group * E/n_group >= top_k = {k}", kept)
-    if correction_bias is not None:
-        check_tensor(op, "correction_bias", correction_bias, shape=(experts,), dtypes=FLOAT_DTYPES)
-        check_same_device(op, router_logits=router_logits, correction_bias=correction_bias)
-        expect(
-            groups == 1 or per_group >= 2, op, "n_group", "groups of at least 2 experts with correction_bias", groups
-        )
-
     wide = torch.float64 in (router_logits.dtype, getattr(correction_bias, "dtype", None))
-    acc = torch.float64 if wide else torch.float32
-    logits = router_logits.to(acc)
-    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
-    select = scores if correction_bias is None else scores + correction_bias.to(acc)
-    if groups > 1:
-        rows = select.shape[0]
-        by_group = select.view(rows, groups, per_group)
-        if correction_bias is not None:  # DeepSeek-V3: sum of the two best of each group
-            group_score = by_group.topk(2, dim=-1).values.sum(dim=-1)
-        else:  # DeepSeek-V2: the best of each group
-            group_score = by_group.amax(dim=-1)
-        best = group_score.topk(kept, dim=-1).indices
-        keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best, True)
-        select = select.masked_fill(~keep.repeat_interleave(per_group, dim=1), float("-inf"))
-    ids = select.topk(k, dim=-1, sorted=True).indices
-    weights = scores.gather(1, ids)
+    logits = router_logits.to(torch.float64 if wide else torch.float32)
+    if scoring == "softmax":
+        scores = torch.softmax(logits, dim=-1)
+    elif scoring == "sigmoid":
+        scores = torch.sigmoid(logits)
+    else:  # sqrtsoftplus (DeepSeek-V4)
+        scores = F.softplus(logits).sqrt()
+    if fixed_ids is not None:
+        # hash routing: the ids are not read on the host; clamped, no gather can leave the scores
+        weights = scores.gather(1, fixed_ids.long().clamp(0, experts - 1))
+        ids = fixed_ids
+    else:
+        select = scores if correction_bias is None else scores + correction_bias.to(logits.dtype)
+        if n_group > 1:
+            rows, per_group = select.shape[0], experts // n_group
+            by_group = select.view(rows, n_group, per_group)
+            if correction_bias is not None:  # DeepSeek-V3: sum of the two best of each group
+                group_score = by_group.topk(2, dim=-1).values.sum(dim=-1)
+            else:  # DeepSeek-V2: the best of each group
+                group_score = by_group.amax(dim=-1)
+            best = group_score.topk(topk_group, dim=-1).indices
+            keep = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best, True)
+            select = select.masked_fill(~keep.repeat_interleave(per_group, dim=1), float("-inf"))
+        ids = select.topk(top_k, dim=-1, sorted=True).indices
+        weights = scores.gather(1, ids)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return (weights * routed_scaling_factor).float(), ids.to(torch.int32)

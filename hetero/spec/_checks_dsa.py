@@ -26,6 +26,7 @@ __all__ = [
     "SCALE_DTYPES",
     "check_index_k_write",
     "check_indexer_inputs",
+    "check_compress_ratio",
     "check_topk_indices",
     "check_layer_norm",
 ]
@@ -78,13 +79,28 @@ def check_index_k_write(
     return t, nb * bs
 
 
+def check_compress_ratio(op: str, compress_ratio: object) -> int:
+    """indexer_topk's compress_ratio (spec 1.8): an int >= 1."""
+    ok = isinstance(compress_ratio, numbers.Integral) and not isinstance(compress_ratio, bool) and compress_ratio >= 1
+    if not ok:
+        raise OpError(op, "compress_ratio", "an int >= 1", repr(compress_ratio))
+    return int(compress_ratio)  # type: ignore[arg-type]
+
+
 def check_indexer_inputs(
-    op: str, q: object, weights: object, index_cache: object, meta: object, topk: object, index_scale: object = None
+    op: str,
+    q: object,
+    weights: object,
+    index_cache: object,
+    meta: object,
+    topk: object,
+    index_scale: object = None,
+    compress_ratio: object = 1,
 ) -> tuple[int, int, int, int, int, int]:
     """The arguments of indexer_topk but the metadata's values (``check_meta`` reads those):
     q [T, Hi, D] float; weights float32 [T, Hi]; index_cache [NB, BS, D] of q's dtype or the fp8
-    format with its index_scale; meta an AttentionMeta; topk an int >= 1; one device.
-    Returns (T, Hi, D, NB, BS, topk)."""
+    format with its index_scale; meta an AttentionMeta; topk an int >= 1; compress_ratio an int
+    >= 1; one device. Returns (T, Hi, D, NB, BS, topk)."""
     check_tensor(op, "q", q, ndim=3, dtypes=FLOAT_DTYPES)
     assert isinstance(q, torch.Tensor)
     t, hi, d = q.shape
@@ -95,6 +111,7 @@ def check_indexer_inputs(
     ok = isinstance(topk, numbers.Integral) and not isinstance(topk, bool) and topk >= 1
     if not ok:
         raise OpError(op, "topk", "an int >= 1", repr(topk))
+    check_compress_ratio(op, compress_ratio)
     check_same_device(op, q=q, weights=weights, index_cache=index_cache, index_scale=index_scale, **meta_tensors(meta))
     return t, hi, d, nb, bs, int(topk)  # type: ignore[arg-type]
 

@@ -40,10 +40,11 @@ def check_meta_shapes(op: str, meta: object, num_tokens: int) -> AttentionMeta:
 
 
 def check_meta(
-    op: str, meta: AttentionMeta, num_tokens: int, num_blocks: int, block_size: int
+    op: str, meta: AttentionMeta, num_tokens: int, num_blocks: int, block_size: int, ratio: int = 1
 ) -> tuple[list[int], list[int]]:
     """Validate AttentionMeta against T tokens and a cache of NB blocks of BS slots, in whole-tensor
-    operations on one host copy of each tensor. Returns host lists (query_start_loc, seq_lens)."""
+    operations on one host copy of each tensor. Returns host lists (query_start_loc, seq_lens).
+    ``ratio`` m > 1: the cache holds compressed entries, ``seq_lens[b] // m`` of sequence b (spec 1.8)."""
     batch = check_meta_shapes(op, meta, num_tokens).seq_lens.shape[0]
     qsl = check_cu_seqlens(op, "meta.query_start_loc", meta.query_start_loc, num_tokens, batch)
     seq = meta.seq_lens.to("cpu", torch.int64)
@@ -51,14 +52,16 @@ def check_meta(
     b = _first(seq < qlen)
     if b is not None:
         raise OpError(op, "meta.seq_lens", f"seq_lens[{b}] >= its query length {int(qlen[b])}", str(int(seq[b])))
-    used = (seq + block_size - 1).div(block_size, rounding_mode="floor")
+    entries = seq.div(ratio, rounding_mode="floor")
+    used = (entries + block_size - 1).div(block_size, rounding_mode="floor")
     cols = meta.block_table.shape[1]
     b = _first(used > cols)
     if b is not None:
         raise OpError(
             op,
             "meta.block_table",
-            f"at least {int(used[b])} columns for seq_lens[{b}]={int(seq[b])} with block size {block_size}",
+            f"at least {int(used[b])} columns for seq_lens[{b}]={int(seq[b])} with block size {block_size}"
+            + (f" and compress ratio {ratio} ({int(entries[b])} entries)" if ratio > 1 else ""),
             str(cols),
         )
     table = meta.block_table.to("cpu", torch.int64)

@@ -13,13 +13,13 @@ import numbers
 import torch
 
 from hetero.errors import OpError
-from hetero.spec._checks_core import check_ids, check_same_device, check_tensor
+from hetero.spec._checks_core import INDEX_DTYPES, check_ids, check_same_device, check_tensor
 from hetero.spec._checks_moe import check_fused_moe_options, check_fused_moe_weights
 from hetero.spec._checks_quant import check_fused_moe_quant
 from hetero.spec.moe import SCORING
 from hetero.spec.types import FLOAT_DTYPES
 
-__all__ = ["WEIGHT_DTYPES", "check_int", "check_route", "check_weights", "check_fused_moe"]
+__all__ = ["WEIGHT_DTYPES", "check_int", "check_route", "check_fixed_ids", "check_weights", "check_fused_moe"]
 
 #: Routing weights: float32 (float64 in the oracle's float64 run).
 WEIGHT_DTYPES = (torch.float32, torch.float64)
@@ -46,8 +46,9 @@ def check_route(
     topk_group: object,
     bias: object,
     factor: object,
+    fixed_ids: object = None,
 ) -> None:
-    """Validate every argument of route."""
+    """Validate every argument of route but the values of fixed_ids (``check_fixed_ids`` reads those)."""
     check_tensor(op, "router_logits", logits, ndim=2, dtypes=FLOAT_DTYPES)
     assert isinstance(logits, torch.Tensor)
     experts = logits.shape[1]
@@ -68,6 +69,13 @@ def check_route(
         raise OpError(
             op, "topk_group", f"topk_group * E/n_group >= top_k = {k} (groups of {per_group} experts)", str(kept)
         )
+    if fixed_ids is not None:  # spec 1.8: hash routing, the experts given
+        check_tensor(op, "fixed_ids", fixed_ids, shape=(logits.shape[0], k), dtypes=INDEX_DTYPES)
+        check_same_device(op, router_logits=logits, fixed_ids=fixed_ids)
+        if bias is not None:
+            raise OpError(op, "correction_bias", "None with fixed_ids (the experts are given, not chosen)", "a tensor")
+        if groups != 1:
+            raise OpError(op, "n_group", "1 with fixed_ids (the experts are given, not chosen)", str(groups))
     if bias is None:
         return
     check_tensor(op, "correction_bias", bias, shape=(experts,), dtypes=FLOAT_DTYPES)
@@ -79,6 +87,14 @@ def check_route(
             f"groups of at least 2 experts with correction_bias (the group score sums the top 2; E = {experts})",
             str(groups),
         )
+
+
+def check_fixed_ids(op: str, fixed_ids: torch.Tensor, experts: int) -> None:
+    """route's fixed_ids (shape and dtype checked by ``check_route``): every id in [0, E), read on the host."""
+    if fixed_ids.numel():
+        lo, hi = int(fixed_ids.min()), int(fixed_ids.max())
+        if not (lo >= 0 and hi < experts):
+            raise OpError(op, "fixed_ids", f"expert ids in [0, {experts})", f"values in [{lo}, {hi}]")
 
 
 def check_weights(op: str, weights: object, ids_shape: tuple[int, ...] | None) -> None:

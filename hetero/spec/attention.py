@@ -236,6 +236,7 @@ def indexer_topk(
     *,
     topk: int,
     index_scale: torch.Tensor | None = None,
+    compress_ratio: int = 1,
 ) -> torch.Tensor:
     """The lightning indexer of DSA fused with its top-k: which keys each query row attends to.
 
@@ -254,4 +255,12 @@ def indexer_topk(
     unique), then ``topk - keep`` entries of -1. The order within a row is free: the
     result is compared as a set. The scores never leave the op. Returns indices int32
     [T, topk] (topk >= 1), ready for ``mla_attention(topk_indices=...)``.
+
+    ``compress_ratio`` m > 1 (spec 1.8, DeepSeek-V4's CSA indexer): the cache holds compressed
+    keys, entry j the pool of tokens ``[j*m, (j+1)*m)`` (``hetero.spec.compressed``), addressed
+    through ``meta.block_table`` (the compressed cache's block table) at block ``j // BS``, offset
+    ``j % BS``; ``seq_lens`` still count tokens. Key j is visible iff ``j < (pos + 1) // m`` (its
+    window has closed), so ``keep = min(topk, (pos + 1) // m)``; the scores, the tie rule and the
+    -1 padding are as above, and the result feeds ``compressed_attention(topk_indices=...)``.
+    m = 1 is the rule above.
     """

@@ -30,6 +30,13 @@ from hetero.spec._checks_attention import (
     check_sinks,
     check_varlen,
 )
+from hetero.spec._checks_compress import (
+    COMPRESS_PARAM_DTYPES,
+    CompressDims,
+    check_kv_compress,
+    check_kv_compress_indices,
+)
+from hetero.spec._checks_compressed_attention import check_comp_block_table, check_compressed_attention
 from hetero.spec._checks_core import (
     INDEX_DTYPES,
     check_at_least_1d,
@@ -50,6 +57,7 @@ from hetero.spec._checks_core import (
 from hetero.spec._checks_dsa import (
     INDEX_FP8,
     SCALE_DTYPES,
+    check_compress_ratio,
     check_index_k_write,
     check_indexer_inputs,
     check_layer_norm,
@@ -67,7 +75,14 @@ from hetero.spec._checks_hyper import HC_PARAM_DTYPES, check_hc_head, check_hc_p
 from hetero.spec._checks_layers import check_positions, check_rms_norm, check_rotary
 from hetero.spec._checks_meta import check_meta, check_meta_shapes
 from hetero.spec._checks_moe import check_fused_moe_options, check_fused_moe_weights
-from hetero.spec._checks_moe_ops import WEIGHT_DTYPES, check_fused_moe, check_int, check_route, check_weights
+from hetero.spec._checks_moe_ops import (
+    WEIGHT_DTYPES,
+    check_fixed_ids,
+    check_fused_moe,
+    check_int,
+    check_route,
+    check_weights,
+)
 from hetero.spec._checks_quant import (
     check_a_scale,
     check_b_scale,
@@ -120,6 +135,7 @@ __all__ = [
     "SCALE_DTYPES",
     "check_index_k_write",
     "check_indexer_inputs",
+    "check_compress_ratio",
     "check_topk_indices",
     "check_layer_norm",
     # layers
@@ -142,6 +158,7 @@ __all__ = [
     "WEIGHT_DTYPES",
     "check_int",
     "check_route",
+    "check_fixed_ids",
     "check_weights",
     "check_fused_moe",
     "check_fused_moe_options",
@@ -161,4 +178,12 @@ __all__ = [
     "check_hc_pre",
     "check_hc_post",
     "check_hc_head",
+    # the KV compressor (spec 1.8)
+    "COMPRESS_PARAM_DTYPES",
+    "CompressDims",
+    "check_kv_compress",
+    "check_kv_compress_indices",
+    # compressed attention (spec 1.8)
+    "check_compressed_attention",
+    "check_comp_block_table",
 ]

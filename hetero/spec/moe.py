@@ -24,7 +24,7 @@ __all__ = [
     "ACT_QUANT",
 ]
 
-SCORING = ("softmax", "sigmoid")
+SCORING = ("softmax", "sigmoid", "sqrtsoftplus")
 #: fused_moe's activation quantization schemes (``act_quant``; None: none).
 ACT_QUANT = ("group128", "token")
 #: fused_moe's expert activations on the [gate | up] halves (see ``fused_moe``).
@@ -42,12 +42,14 @@ def route(
     topk_group: int = 1,
     correction_bias: torch.Tensor | None = None,
     routed_scaling_factor: float = 1.0,
+    fixed_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick each token's top-k experts and their weights.
 
     router_logits [M, E], any floating dtype (computed in float32 or wider).
 
-    1. ``scores = softmax(logits)`` or ``sigmoid(logits)`` (``scoring``).
+    1. ``scores = softmax(logits)``, ``sigmoid(logits)`` or ``sqrt(softplus(logits))``
+       (``scoring``; "sqrtsoftplus" is spec 1.8, DeepSeek-V4).
     2. Selection scores: ``scores + correction_bias`` (float32 [E]) when given,
        else ``scores``. The bias only selects; it never enters a weight.
     3. With ``n_group > 1`` (must divide E): the experts form n_group equal
@@ -59,8 +61,14 @@ def route(
     5. ``weights = scores[ids]`` (unbiased), divided by their sum when
        ``renormalize``, then multiplied by ``routed_scaling_factor``.
 
+    ``fixed_ids`` int32 (or int64) [M, top_k], each in [0, E) (spec 1.8; None: scored): the
+    experts are given, not selected: steps 2-4 are skipped and ``ids = fixed_ids`` in their
+    order; step 5 weights them as above. It takes no ``correction_bias`` and ``n_group`` 1.
+    DeepSeek-V4's hash-routed layers pass ``tid2eid[token_ids]``.
+
     Qwen3-MoE: softmax, renormalize = norm_topk_prob. DeepSeek-V3: sigmoid,
-    n_group 8, topk_group 4, correction bias, renormalize, factor 2.5.
+    n_group 8, topk_group 4, correction bias, renormalize, factor 2.5. DeepSeek-V4:
+    sqrtsoftplus, correction bias (hash layers: fixed_ids), renormalize, factor 1.5.
     Returns (weights float32 [M, top_k], ids int32 [M, top_k]).
     """
 

@@ -23,14 +23,18 @@ is not checked again: ``hetero.Ops.plan_attention`` and ``plan_recurrent`` check
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 
+from hetero.spec._checks_compress import kv_compress
+from hetero.spec._checks_compressed_attention import compressed_attention  # spec 1.8: validated there
+from hetero.spec._checks_dsa import check_compress_ratio
 from hetero.spec._checks_meta import check_meta
 from hetero.spec._checks_recurrent import check_state_batch
 from hetero.spec.checks import (
     check_cu_seqlens,
+    check_fixed_ids,
     check_group_ends,
     check_ids,
     check_perm,
@@ -51,6 +55,7 @@ __all__ = [
     "varlen_attention",
     "grouped_gemm",
     "scaled_grouped_gemm",
+    "route",
     "moe_permute",
     "moe_unpermute",
     "fused_moe",
@@ -60,6 +65,7 @@ __all__ = [
     "gated_delta_rule",
     "write_index_k",
     "indexer_topk",
+    "kv_compress",
     "VALIDATORS",
 ]
 
@@ -112,13 +118,13 @@ def write_mla_kv(
 
 
 def _paged(
-    op: str, query: object, q_arg: str, cache: object, cache_arg: str, cache_ndim: int, meta: AttentionMeta
+    op: str, query: object, q_arg: str, cache: object, cache_arg: str, ndim: int, meta: AttentionMeta, ratio: int = 1
 ) -> None:
-    nb, bs = _cache_slots(op, cache_arg, cache, cache_ndim)
+    nb, bs = _cache_slots(op, cache_arg, cache, ndim)
     t = _tokens(op, q_arg, query, 3)
     plan = meta.planned(t, nb, bs) if isinstance(meta, AttentionMeta) else None
-    if plan is None or not plan.checked:
-        check_meta(op, meta, t, nb, bs)
+    if plan is None or not plan.checked:  # a plan checked at ratio 1 asked for more columns
+        check_meta(op, meta, t, nb, bs, ratio)
 
 
 def _states(op: str, index: tuple[torch.Tensor, ...], tokens: int, num_slots: int, plan: object) -> None:
@@ -181,6 +187,13 @@ def scaled_grouped_gemm(
     """group_ends [G] non-decreasing within [0, M], as grouped_gemm's."""
     op = "scaled_grouped_gemm"
     check_group_ends(op, group_ends, _tokens(op, "b", b, 3), _tokens(op, "a", a, 2))
+
+
+def route(router_logits: torch.Tensor, *, fixed_ids: object = None, **_: object) -> None:
+    """fixed_ids [M, k] (spec 1.8) in [0, E), E = router_logits.shape[1]."""
+    if fixed_ids is not None:
+        experts = check_tensor("route", "router_logits", router_logits, ndim=2).shape[1]
+        check_fixed_ids("route", check_tensor("route", "fixed_ids", fixed_ids, ndim=2), experts)
 
 
 def moe_permute(x: torch.Tensor, ids: torch.Tensor, num_experts: int) -> None:
@@ -254,9 +267,10 @@ def write_index_k(k: torch.Tensor, index_cache: torch.Tensor, slot_mapping: torc
     check_slot_mapping("write_index_k", slot_mapping, _tokens("write_index_k", "k", k, 2), nb * bs)
 
 
-def indexer_topk(q: torch.Tensor, weights: object, index_cache: torch.Tensor, meta: AttentionMeta, **_: object) -> None:
-    """As paged_attention, over the index-key cache."""
-    _paged("indexer_topk", q, "q", index_cache, "index_cache", 3, meta)
+def indexer_topk(q: torch.Tensor, weights: object, index_cache: torch.Tensor, meta: AttentionMeta, **kw: Any) -> None:
+    """As paged_attention, over the index-key cache (of ``seq_lens // compress_ratio`` entries, spec 1.8)."""
+    ratio = check_compress_ratio("indexer_topk", kw.get("compress_ratio", 1))
+    _paged("indexer_topk", q, "q", index_cache, "index_cache", 3, meta, ratio)
 
 
 #: op name -> its index-content validator, for the ops that take index tensors.
@@ -270,6 +284,7 @@ VALIDATORS = {
         varlen_attention,
         grouped_gemm,
         scaled_grouped_gemm,
+        route,
         moe_permute,
         moe_unpermute,
         fused_moe,
@@ -279,5 +294,7 @@ VALIDATORS = {
         gated_delta_rule,
         write_index_k,
         indexer_topk,
+        compressed_attention,
+        kv_compress,  # spec 1.8: hetero.spec._checks_compress
     )
 }

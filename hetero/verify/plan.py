@@ -35,6 +35,8 @@ def with_plan(ops: Ops, op: str, inputs: dict[str, Any]) -> dict[str, Any] | Non
     kind = plan_kind(op)
     if kind is None or kind not in type(ops.backend).plans():
         return None
+    if inputs.get("compress_ratio", 1) != 1:  # a step plan is of the attention cache, not a compressed one (1.8)
+        return None
     first, store, attention = _ARGS[op]
     query, cache = inputs[first], inputs[store]
     if not (isinstance(query, torch.Tensor) and isinstance(cache, torch.Tensor) and query.ndim and cache.ndim >= 2):

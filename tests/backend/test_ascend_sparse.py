@@ -335,3 +335,9 @@ def test_supports_states_the_documented_dsa_limits():
     for op in ("indexer_topk", "mla_attention", "layer_norm"):
         assert "never run on an NPU" in notes[op] and "never run on an NPU" in getattr(AscendBackend, op).__doc__
     assert "tie" in notes["indexer_topk"] and "npu_sparse_flash_attention" in notes["mla_attention"]
+
+
+def test_kv_compress_is_declined_with_its_reason():
+    """No torch_npu operator compresses DeepSeek-V4's KV (spec 1.8): the reference runs kv_compress."""
+    reason = AscendBackend("meta").supports("kv_compress", dtype=torch.bfloat16, head_dim=512, ratio=4, overlap=True)
+    assert "no KV-compressor operator" in reason and "never run on an NPU" in reason

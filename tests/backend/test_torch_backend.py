@@ -61,6 +61,38 @@ def test_unwritten_cache_slots_never_reach_the_output():
     assert torch.isfinite(out).all() and torch.allclose(out, ref, atol=1e-5)
 
 
+def test_unwritten_compressed_entries_never_reach_the_indexer():
+    """indexer_topk(compress_ratio=4) (spec 1.8) over a cache holding only the closed windows' entries (NaN
+    elsewhere): a sequence of 3 tokens has none, padded groups read nothing past a sequence's entries."""
+    gen = torch.Generator().manual_seed(1)
+    cache = torch.full((5, 2, 16), float("nan"))
+    lens, table = [3, 19, 13], [[4, 0, 1], [1, 2, 3], [0, 3, 2]]
+    for b, n in enumerate(lens):
+        for j in range(n // 4):
+            cache[table[b][j // 2], j % 2] = torch.randn(16, generator=gen)
+    meta = hetero.AttentionMeta.build([3, 1, 6], lens, table)
+    q, w = torch.randn(10, 4, 16, generator=gen), torch.rand(10, 4, generator=gen)
+    got = hetero.load("torch").indexer_topk(q, w, cache, meta, topk=3, compress_ratio=4)
+    want = hetero.load("cpu_ref").indexer_topk(q, w, cache, meta, topk=3, compress_ratio=4)
+    assert [sorted(r) for r in got.tolist()] == [sorted(r) for r in want.tolist()]
+    assert got[:3].eq(-1).all() and got[4:].ne(-1).any()
+
+
+def test_route_v4_options_match_the_reference():
+    """route's spec 1.8 options: sqrtsoftplus with a bias, hash routing (ids given, order kept), a bad id refused."""
+    gen = torch.Generator().manual_seed(2)
+    logits, fixed = torch.randn(5, 64, generator=gen), torch.randperm(64, generator=gen)[:30].view(5, 6).int()
+    ops, ref = hetero.load("torch"), hetero.load("cpu_ref")
+    for kw in (dict(correction_bias=torch.randn(64, generator=gen) * 0.3), dict(fixed_ids=fixed)):
+        got, want = (
+            o.route(logits, top_k=6, scoring="sqrtsoftplus", routed_scaling_factor=1.5, **kw) for o in (ops, ref)
+        )
+        assert torch.equal(got[1], want[1]) and torch.allclose(got[0], want[0], rtol=1e-6, atol=1e-7)
+    assert torch.equal(ops.route(logits, top_k=6, fixed_ids=fixed)[1], fixed)
+    with pytest.raises(hetero.OpError, match="fixed_ids"):
+        ops.route(logits, top_k=6, fixed_ids=fixed + 40)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_reused_weight_is_packed_once_and_repacked_when_it_changes(dtype):
     """gemm on a CPU float32 (or bfloat16, where oneDNN has a bf16 path) weight seen twice goes

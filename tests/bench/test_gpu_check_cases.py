@@ -34,6 +34,9 @@ def test_every_op_has_a_case_and_files_stay_small(cases):
     assert len(names) == len(set(names)), "case names repeat"
     for want in (
         "indexer_topk decode B64 KV32768 Hi64 D128 top2048",
+        "indexer_topk deepseek-v4 csa m4 decode B64 KV32768 Hi64 D128 top512",
+        "route deepseek-v4 T8192 E256 sqrtsoftplus",
+        "route deepseek-v4 T8192 E256 hash (fixed_ids)",
         "mla_attention dsa decode B64 KV32768",
         "mla_attention hy4 H32 sinks dsa decode B64 KV32768 top2048",
         "mla_attention hy4 H32 sinks decode B64 KV4096",
@@ -45,6 +48,10 @@ def test_every_op_has_a_case_and_files_stay_small(cases):
         "scaled_grouped_gemm deepseek-v3 T4096 gate_up 128-blocks E256 rows32768 N4096 K7168",
         "scaled_grouped_gemm deepseek-v3 T4096 gate_up row-wise E256 rows32768",
         "fused_moe deepseek-v3 fp8 128-blocks T256 E256 top8 H7168 I2048",
+        "kv_compress deepseek-v4 csa m4 D512 decode B64 L4096",
+        "kv_compress deepseek-v4 hca m128 D512 chunked-prefill 8x2048",
+        "compressed_attention deepseek-v4-flash H64 hca m128 decode B64 L4096",
+        "compressed_attention deepseek-v4-pro H128 csa m4 top512 decode B64 L4096",
     ):
         assert any(n.startswith(want) for n in names), want
     for path in SCRIPTS.glob("gpu_check*.py"):

@@ -12,6 +12,8 @@ import math
 
 import torch
 from _one_op import one_op_plugin
+from broken_compress import BUGS as COMPRESS_BUGS
+from broken_compressed_attention import BUGS as COMPRESSED_ATTENTION_BUGS
 from broken_dsa import BUGS as DSA_BUGS
 from broken_hyper import BUGS as HYPER_BUGS
 from broken_moe import BUGS as MOE_BUGS
@@ -129,6 +131,7 @@ def _route_ignores_bias(
     topk_group=1,
     correction_bias=None,
     routed_scaling_factor=1.0,
+    fixed_ids=None,
 ):
     bias = None if correction_bias is None else torch.zeros_like(correction_bias)
     return ref_moe.route(
@@ -140,6 +143,7 @@ def _route_ignores_bias(
         topk_group=topk_group,
         correction_bias=bias,
         routed_scaling_factor=routed_scaling_factor,
+        fixed_ids=fixed_ids,
     )
 
 
@@ -153,6 +157,7 @@ def _route_no_renormalize(
     topk_group=1,
     correction_bias=None,
     routed_scaling_factor=1.0,
+    fixed_ids=None,
 ):
     return ref_moe.route(
         router_logits,
@@ -163,6 +168,7 @@ def _route_no_renormalize(
         topk_group=topk_group,
         correction_bias=correction_bias,
         routed_scaling_factor=routed_scaling_factor,
+        fixed_ids=fixed_ids,
     )
 
 
@@ -232,6 +238,8 @@ BUGS.update(DSA_BUGS)  # write_index_k, indexer_topk, sparse mla_attention, laye
 BUGS.update(MOE_BUGS)  # fused_moe's activations and biases (spec 1.3): broken_moe.py
 BUGS.update(QUANT_BUGS)  # quantize_activation and scaled_grouped_gemm (spec 1.4): broken_quant.py
 BUGS.update(HYPER_BUGS)  # hc_pre, hc_post, hc_head (spec 1.7): broken_hyper.py
+BUGS.update(COMPRESSED_ATTENTION_BUGS)  # compressed_attention (spec 1.8): broken_compressed_attention.py
+BUGS.update(COMPRESS_BUGS)  # kv_compress (spec 1.8): broken_compress.py
 
 
 def make_plugin(bug: str | None):

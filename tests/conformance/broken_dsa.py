@@ -69,11 +69,11 @@ def _order(scores: torch.Tensor, bug: str | None) -> torch.Tensor:
 def mini_indexer_topk(bug: str | None):
     """indexer_topk; ``bug`` names its one mistake (None: correct)."""
 
-    def indexer_topk(q, weights, index_cache, meta, *, topk, index_scale=None):
+    def indexer_topk(q, weights, index_cache, meta, *, topk, index_scale=None, compress_ratio=1):
         acc = _acc(q, weights, index_scale)
         out = torch.full((q.shape[0], topk), -1, dtype=torch.int32)
         for t, row, length, pos in _rows(meta):
-            seen = min(length, pos + (2 if bug == "indexer_causal_off_by_one" else 1))
+            seen, visible, keep = _seen(length, pos, compress_ratio, topk, bug)
             if index_scale is None:
                 keys = _read(index_cache, row, seen).to(acc)
             else:
@@ -83,11 +83,30 @@ def mini_indexer_topk(bug: str | None):
             if bug != "indexer_relu_missing":
                 logits = logits.clamp_min(0)
             w = torch.ones_like(weights[t], dtype=acc) if bug == "indexer_weights_unapplied" else weights[t].to(acc)
-            picked = _order(w @ logits, bug)[:topk]
+            scores = w @ logits
+            scores[visible:] = _NEG_INF  # only the keep_ignores_ratio bug reads past the visible keys
+            picked = _order(scores, bug)[:keep]
             out[t, : picked.shape[0]] = picked.to(torch.int32)
         return out
 
     return staticmethod(indexer_topk)
+
+
+def _seen(length: int, pos: int, m: int, topk: int, bug: str | None) -> tuple[int, int, int]:
+    """(keys read, keys visible, keys listed) of a row at ``pos``; over a compressed cache (spec 1.8) the
+    cache holds ``length // m`` entries, those with ``j < (pos + 1) // m`` visible."""
+    if m == 1:
+        visible = min(length, pos + (2 if bug == "indexer_causal_off_by_one" else 1))
+        return visible, visible, min(topk, visible)
+    visible = (pos + 1) // m
+    if bug == "indexer_compressed_sees_next_entry":  # j <= (pos + 1) // m
+        visible += 1
+    elif bug == "indexer_compressed_sees_open_window":  # j <= pos // m: the entry whose window is still open
+        visible = pos // m + 1
+    visible = min(visible, length // m)
+    if bug == "indexer_compressed_keep_ignores_ratio":  # keep = min(topk, pos + 1) of all entries, masked ones too
+        return length // m, visible, min(topk, pos + 1, length // m)
+    return visible, visible, min(topk, visible)
 
 
 def mini_mla_attention(bug: str | None):
@@ -155,6 +174,10 @@ _BUG_OPS = {
     "indexer_weights_unapplied": "indexer_topk",
     "indexer_causal_off_by_one": "indexer_topk",  # a row at pos also sees key pos + 1
     "indexer_ties_to_larger_position": "indexer_topk",
+    # spec 1.8's compressed keys: off by one either way of the closed-window rule, keep counted in tokens
+    "indexer_compressed_sees_next_entry": "indexer_topk",
+    "indexer_compressed_sees_open_window": "indexer_topk",
+    "indexer_compressed_keep_ignores_ratio": "indexer_topk",
     "sparse_mla_ignores_topk": "mla_attention",  # attends to every causal key: dense MLA
     # spec 1.7's sinks: dropped, counted in lse, given a value, dropped by one path, every head given head 0's
     "mla_sinks_ignored": "mla_attention",

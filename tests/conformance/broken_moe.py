@@ -1,7 +1,8 @@
 """Planted bugs of fused_moe's spec 1.3 options (gpt-oss's swigluoai with expert biases, DeepSeek-V4's
 swiglu_clamp), in a compact, independent fused_moe: expert by expert over the tokens that picked it,
 rounding to x's dtype where the spec does; quantized experts (spec 1.4) on dequantized weights and
-fake-quantized activations. Its bug-free form must pass every quick case
+fake-quantized activations. And of route's spec 1.8 options (DeepSeek-V4's sqrtsoftplus and hash routing),
+in a compact route. Each bug-free form must pass every quick case
 (``make_control``), which shows each planted bug is the only difference. ``broken_backends.BUGS``
 includes ``BUGS`` from here.
 """
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from _one_op import one_op_plugin
 from broken_quant import mini_quantize_activation
 
-__all__ = ["BUGS", "mini_fused_moe", "make_control"]
+__all__ = ["BUGS", "mini_fused_moe", "mini_route", "make_control"]
 
 
 def _act(gu: torch.Tensor, activation: str, alpha: float, limit: float | None, bug: str | None) -> torch.Tensor:
@@ -100,6 +101,52 @@ def mini_fused_moe(bug: str | None):
     return staticmethod(fused_moe)
 
 
+def mini_route(bug: str | None):
+    """route, with spec 1.8's sqrtsoftplus scoring and hash routing (fixed_ids); ``bug`` names its one
+    mistake (None: correct)."""
+
+    def route(
+        router_logits,
+        *,
+        top_k,
+        scoring="softmax",
+        renormalize=True,
+        n_group=1,
+        topk_group=1,
+        correction_bias=None,
+        routed_scaling_factor=1.0,
+        fixed_ids=None,
+    ):
+        acc = torch.float64 if torch.float64 in (router_logits.dtype, getattr(correction_bias, "dtype", None)) else None
+        x = router_logits.to(acc or torch.float32)
+        if scoring == "sqrtsoftplus":
+            scoring = _SQRTSOFTPLUS_AS.get(bug, scoring)
+        scores = {
+            "softmax": lambda: x.softmax(-1),
+            "sigmoid": lambda: x.sigmoid(),
+            "softplus": lambda: F.softplus(x),
+            "sqrtsoftplus": lambda: F.softplus(x).sqrt(),
+        }[scoring]()
+        ids = fixed_ids.long() if fixed_ids is not None and bug != "route_hash_ids_ignored" else None
+        if ids is None:
+            sel = scores if correction_bias is None else scores + correction_bias.to(scores.dtype)
+            if n_group > 1:
+                g = sel.view(sel.shape[0], n_group, -1)
+                gs = g.topk(2, -1).values.sum(-1) if correction_bias is not None else g.amax(-1)
+                drop = torch.ones_like(gs, dtype=torch.bool).scatter_(1, gs.topk(topk_group, -1).indices, False)
+                sel = g.masked_fill(drop[..., None], float("-inf")).view_as(sel)
+            ids = sel.topk(top_k, -1).indices
+        w = scores.gather(1, ids)
+        if renormalize:
+            w = w / w.sum(-1, keepdim=True)
+        return (w * routed_scaling_factor).float(), ids.to(torch.int32)
+
+    return staticmethod(route)
+
+
+#: the scoring a sqrtsoftplus bug computes instead
+_SQRTSOFTPLUS_AS = {"route_sqrtsoftplus_without_sqrt": "softplus", "route_sqrtsoftplus_as_sigmoid": "sigmoid"}
+
 #: bug -> the activation whose calls it breaks (the others run bug-free); absent: every activation
 _BUG_ACT = {"swigluoai_no_clamp": "swigluoai", "swiglu_clamp_up_unclamped": "swiglu_clamp"}
 
@@ -114,9 +161,12 @@ BUGS = {
         "quant_scale_wrong_expert",
     )
 }
+# spec 1.8's route options: hash routing that selects by score instead of looking up, sqrtsoftplus as another score
+BUGS.update({b: ("route", mini_route(b)) for b in ("route_hash_ids_ignored", *_SQRTSOFTPLUS_AS)})
+
+_MINI = {"fused_moe": mini_fused_moe, "route": mini_route}
 
 
 def make_control(op: str):
     """A plugin providing backend ``control_<op>``: the reference with the bug-free mini ``op``."""
-    assert op == "fused_moe", op
-    return one_op_plugin(f"control_{op}", op, mini_fused_moe(None))
+    return one_op_plugin(f"control_{op}", op, _MINI[op](None))

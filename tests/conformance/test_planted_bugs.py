@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 from broken_backends import BUGS, make_plugin
+from broken_compress import make_control as make_compress_control
+from broken_compressed_attention import make_control as make_compressed_attention_control
 from broken_dsa import make_control as make_dsa_control
 from broken_hyper import make_control as make_hyper_control
 from broken_moe import make_control as make_moe_control
@@ -73,9 +75,10 @@ def test_dsa_control_backends_pass(suite, op):
     assert suite(make_dsa_control(op)) == {}
 
 
-def test_moe_control_backend_passes(suite):
-    """The bug-free mini fused_moe passes: its planted bugs are the only difference."""
-    assert suite(make_moe_control("fused_moe")) == {}
+@pytest.mark.parametrize("op", ["fused_moe", "route"])
+def test_moe_control_backends_pass(suite, op):
+    """The bug-free mini fused_moe and route (spec 1.8's options) pass: their planted bugs are the only difference."""
+    assert suite(make_moe_control(op)) == {}
 
 
 @pytest.mark.parametrize("op", ["quantize_activation", "scaled_grouped_gemm"])
@@ -89,6 +92,16 @@ def test_quant_control_backends_pass(suite, op):
 def test_hyper_control_backends_pass(suite, op):
     """The bug-free mini hyper-connection ops pass: their planted bugs are the only difference."""
     assert suite(make_hyper_control(op)) == {}
+
+
+def test_compressed_attention_control_backend_passes(suite):
+    """The bug-free mini compressed_attention (spec 1.8) passes: its planted bugs are the only difference."""
+    assert suite(make_compressed_attention_control()) == {}
+
+
+def test_kv_compress_control_backend_passes(suite):
+    """The bug-free mini kv_compress (spec 1.8) passes: its planted bugs are the only difference."""
+    assert suite(make_compress_control()) == {}
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))

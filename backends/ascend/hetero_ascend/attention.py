@@ -197,13 +197,17 @@ def mla_attention(
 
 
 @WithTriton
-def indexer_topk(triton, q, weights, index_cache, meta, *, topk, index_scale=None):
+def indexer_topk(triton, q, weights, index_cache, meta, *, topk, index_scale=None, compress_ratio=1):
     """torch_npu.npu_lightning_indexer (TND query, PA_BSND key, sparse_mode 3); never run on an NPU
-    (conversions tested on CPU). Calls outside its documented limits go to the Triton kernel."""
-    t = check_indexer_inputs("indexer_topk", q, weights, index_cache, meta, topk, index_scale)[0]
+    (conversions tested on CPU). Calls outside its documented limits (a compressed cache among them)
+    go to the Triton kernel."""
+    t = check_indexer_inputs("indexer_topk", q, weights, index_cache, meta, topk, index_scale, compress_ratio)[0]
     check_meta_shapes("indexer_topk", meta, t)
-    if support.indexer_reason(sparse.indexer_static(q, index_cache, topk, index_scale)) is not None:
-        return triton.indexer_topk(q, weights, index_cache, meta, topk=topk, index_scale=index_scale)
+    static = {**sparse.indexer_static(q, index_cache, topk, index_scale), "compress_ratio": compress_ratio}
+    if support.indexer_reason(static) is not None:
+        return triton.indexer_topk(
+            q, weights, index_cache, meta, topk=topk, index_scale=index_scale, compress_ratio=compress_ratio
+        )
     return sparse.lightning_indexer(common.torch_npu(), q, weights, index_cache, meta, topk)
 
 

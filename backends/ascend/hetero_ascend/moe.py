@@ -15,7 +15,9 @@ from hetero_ascend import common, convert, ep
 __all__ = ["route", "moe_permute", "moe_unpermute", "ep_dispatch", "ep_combine"]
 
 
+@common.WithTriton
 def route(
+    triton,
     router_logits,
     *,
     top_k,
@@ -25,8 +27,15 @@ def route(
     topk_group=1,
     correction_bias=None,
     routed_scaling_factor=1.0,
+    fixed_ids=None,
 ):
-    """torch_npu.npu_moe_gating_top_k; never run on an NPU (conversions tested on CPU)."""
+    """torch_npu.npu_moe_gating_top_k; never run on an NPU (conversions tested on CPU). Its norm_type has
+    softmax and sigmoid only, and it always selects: spec 1.8's sqrtsoftplus and fixed_ids go to the
+    portable route (torch)."""
+    if scoring not in ("softmax", "sigmoid") or fixed_ids is not None:
+        kw = dict(scoring=scoring, renormalize=renormalize, n_group=n_group, topk_group=topk_group)
+        kw.update(correction_bias=correction_bias, routed_scaling_factor=routed_scaling_factor, fixed_ids=fixed_ids)
+        return triton.route(router_logits, top_k=top_k, **kw)
     args = convert.gating_args(top_k, scoring, n_group, topk_group, correction_bias is not None, routed_scaling_factor)
     bias = None if correction_bias is None else correction_bias.to(router_logits.dtype)
     weights, ids, _ = common.torch_npu().npu_moe_gating_top_k(router_logits, bias=bias, **args)

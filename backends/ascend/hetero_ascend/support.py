@@ -64,6 +64,17 @@ DECLINED.update(
         for op in ("hc_pre", "hc_post", "hc_head")
     }
 )
+#: spec 1.8 (DeepSeek-V4): FIA and SFA have neither sinks nor a second, compressed cache
+DECLINED["compressed_attention"] = (
+    "torch_npu documents no attention over a sliding window plus compressed entries with sinks (FIA and "
+    "SFA have neither; CANN's DeepSeek-V4 fusions are PyPTO samples, not torch_npu operators), and hetero's "
+    "portable Triton compressed_attention kernel is unverified on triton-ascend: never run on an NPU"
+)
+DECLINED["kv_compress"] = (
+    "torch_npu documents no KV-compressor operator (CANN's DeepSeek-V4 compressor is a PyPTO sample in "
+    "cann-recipes-infer, not a torch_npu operator), and hetero's portable Triton kv_compress kernel is "
+    "unverified on triton-ascend: never run on an NPU"
+)
 
 HALF = ("float16", "bfloat16")  # FIA query: float16, bfloat16 (doc, A2/A3)
 HALF_FP32 = ("float16", "bfloat16", "float32")  # npu_rms_norm, npu_moe_gating_top_k, npu_grouped_matmul (A2/A3)
@@ -195,6 +206,8 @@ def sfa_reason(s: Mapping[str, Any]) -> str | None:
 
 def indexer_reason(s: Mapping[str, Any]) -> str | None:
     """None if npu_lightning_indexer serves an indexer_topk call with ``s``, else why not."""
+    if int(s.get("compress_ratio") or 1) != 1:
+        return "npu_lightning_indexer documents no compressed key cache (compress_ratio, spec 1.8, DeepSeek-V4)"
     if s.get("index_scale") is not None and s.get("index_scale") is not False:
         return (
             "hetero's fp8 index cache (float8_e4m3fn, a float32 scale per 128 channels) has no torch_npu "
@@ -244,6 +257,8 @@ def _mapped_reason(op: str, s: Mapping[str, Any]) -> str | None:
             return f"npu_moe_gating_top_k takes at most {MAX_GATING_EXPERTS} experts, not {int(e)}"
         if s.get("renormalize") is False:
             return "npu_moe_gating_top_k always renormalizes the top-k weights (y / (sum y + eps))"
+        if s.get("fixed_ids") or s.get("scoring") == "sqrtsoftplus":
+            return "npu_moe_gating_top_k scores by softmax or sigmoid and selects: no sqrtsoftplus or fixed_ids (1.8)"
         if s.get("scoring", "softmax") == "softmax":
             return "npu_moe_gating_top_k's softmax scoring (norm_type 0) is in newer CANN docs only: unverified"
     if op == "rotary_embedding" and s.get("is_neox") is False:

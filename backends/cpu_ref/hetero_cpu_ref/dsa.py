@@ -4,7 +4,8 @@ and the mask that makes ``mla_attention`` sparse.
 Written literally from the spec (``hetero.spec.attention``): a loop over sequences, keys
 gathered through the block table, every score of a row computed and sorted. The fp8 key format
 is computed in float32 whatever k's dtype (the spec pins its bits); scores are float32, float64
-when any input is float64 (the oracle run).
+when any input is float64 (the oracle run). Over a compressed cache (spec 1.8, ``compress_ratio`` m) a
+sequence holds ``seq_lens // m`` entries and a row at pos sees those before ``(pos + 1) // m``.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch
 
 def _top(scores: torch.Tensor, pos: torch.Tensor, topk: int) -> torch.Tensor:
     """Per row, the min(topk, pos + 1) positions j <= pos of largest score (ties to the smaller
-    position), then -1s: int32 [n, topk]."""
+    position), then -1s: int32 [n, topk]. A row with pos -1 sees nothing."""
     n, length = scores.shape
     j = torch.arange(length, device=scores.device)
     scores = scores.masked_fill(j[None, :] > pos[:, None], NEG_INF)
@@ -95,23 +96,28 @@ def indexer_topk(
     *,
     topk: int,
     index_scale: torch.Tensor | None = None,
+    compress_ratio: int = 1,
 ) -> torch.Tensor:
     op = "indexer_topk"
-    t, hi, _, nb, bs, topk = check_indexer_inputs(op, q, weights, index_cache, meta, topk, index_scale)
-    qsl, seq_lens = check_meta(op, meta, t, nb, bs)
-    blocks = used_blocks(meta, seq_lens, bs)
+    t, hi, _, nb, bs, topk = check_indexer_inputs(op, q, weights, index_cache, meta, topk, index_scale, compress_ratio)
+    m = int(compress_ratio)
+    qsl, seq_lens = check_meta(op, meta, t, nb, bs, m)
+    entries = [length // m for length in seq_lens]  # key j of a compressed cache pools tokens [j*m, (j+1)*m)
+    blocks = used_blocks(meta, entries, bs)
     acc = acc_dtype(q, weights, index_scale)
     out = torch.full((t, topk), -1, dtype=torch.int32, device=q.device)
     for b, length in enumerate(seq_lens):
         a, e = qsl[b], qsl[b + 1]
         if a == e:
             continue
-        keys = _keys(index_cache, index_scale, blocks[b], length, acc)
-        step = max(1, _SCORE_BUDGET // max(1, hi * length))
+        keys = _keys(index_cache, index_scale, blocks[b], entries[b], acc)
+        step = max(1, _SCORE_BUDGET // max(1, hi * entries[b]))
         for r in range(a, e, step):
             rows = slice(r, min(e, r + step))
             pos = torch.arange(rows.start - a, rows.stop - a, device=q.device) + (length - (e - a))
-            out[rows] = _top(_scores(q[rows], weights[rows], keys), pos, topk)
+            # key j is visible iff j < (pos + 1) // m: the rule j <= pos' of the last visible key pos'
+            last = torch.div(pos + 1, m, rounding_mode="floor") - 1
+            out[rows] = _top(_scores(q[rows], weights[rows], keys), last, topk)
     return out
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from hetero.spec.checks import (
+    check_fixed_ids,
     check_fused_moe,
     check_ids,
     check_int,
@@ -56,19 +57,38 @@ def route(
     topk_group: int = 1,
     correction_bias: torch.Tensor | None = None,
     routed_scaling_factor: float = 1.0,
+    fixed_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     op = "route"
     check_route(
-        op, router_logits, top_k, scoring, renormalize, n_group, topk_group, correction_bias, routed_scaling_factor
+        op,
+        router_logits,
+        top_k,
+        scoring,
+        renormalize,
+        n_group,
+        topk_group,
+        correction_bias,
+        routed_scaling_factor,
+        fixed_ids,
     )
 
     acc = acc_dtype(router_logits, correction_bias)
     logits = up(router_logits, acc)
-    scores = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
-    select = scores if correction_bias is None else scores + up(correction_bias, acc)
-    if n_group > 1:
-        select = _limit_groups(select, n_group, topk_group, top2=correction_bias is not None)
-    ids = select.topk(top_k, dim=-1, sorted=True).indices
+    if scoring == "softmax":
+        scores = logits.softmax(dim=-1)
+    elif scoring == "sigmoid":
+        scores = logits.sigmoid()
+    else:  # sqrtsoftplus (DeepSeek-V4)
+        scores = F.softplus(logits).sqrt()
+    if fixed_ids is not None:  # hash routing: the experts are given, only weighted
+        check_fixed_ids(op, fixed_ids, logits.shape[1])
+        ids = fixed_ids.long()
+    else:
+        select = scores if correction_bias is None else scores + up(correction_bias, acc)
+        if n_group > 1:
+            select = _limit_groups(select, n_group, topk_group, top2=correction_bias is not None)
+        ids = select.topk(top_k, dim=-1, sorted=True).indices
     weights = scores.gather(1, ids)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)

@@ -8,7 +8,19 @@ import torch
 
 import hetero
 from hetero.spec import SPEC_VERSION
-from hetero_cpu_ref import attention, dsa, ep, gemm, hyper, layers, moe, quant, recurrent
+from hetero_cpu_ref import (
+    attention,
+    compress,
+    compressed_attention,
+    dsa,
+    ep,
+    gemm,
+    hyper,
+    layers,
+    moe,
+    quant,
+    recurrent,
+)
 
 __all__ = ["CpuRefBackend", "hetero_backends"]
 
@@ -32,7 +44,7 @@ class CpuRefBackend(hetero.Backend):
         )
 
 
-CpuRefBackend.bind_from(attention, dsa, gemm, quant, moe, ep, layers, recurrent, hyper)
+CpuRefBackend.bind_from(attention, dsa, gemm, quant, moe, ep, layers, recurrent, hyper, compress, compressed_attention)
 
 
 @hetero.hookimpl

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from hetero.errors import OpError
 from hetero.spec.checks import (
+    check_fixed_ids,
     check_fused_moe,
     check_ids,
     check_int,
@@ -46,6 +47,14 @@ def _limit_groups(select: torch.Tensor, n_group: int, topk_group: int, top2: boo
     return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).reshape(rows, experts)
 
 
+#: route's scoring functions, on float32 (or float64) logits
+_SCORES = {
+    "softmax": lambda x: x.softmax(dim=-1),
+    "sigmoid": torch.sigmoid,
+    "sqrtsoftplus": lambda x: F.softplus(x).sqrt(),  # DeepSeek-V4
+}
+
+
 def route(
     router_logits,
     *,
@@ -56,17 +65,21 @@ def route(
     topk_group=1,
     correction_bias=None,
     routed_scaling_factor=1.0,
+    fixed_ids=None,
 ):
-    check_route(
-        "route", router_logits, top_k, scoring, renormalize, n_group, topk_group, correction_bias, routed_scaling_factor
-    )
+    args = (top_k, scoring, renormalize, n_group, topk_group, correction_bias, routed_scaling_factor, fixed_ids)
+    check_route("route", router_logits, *args)
     acc = acc_dtype(router_logits, correction_bias)
     logits = router_logits.to(acc)
-    scores = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
-    select = scores if correction_bias is None else scores + correction_bias.to(acc)
-    if n_group > 1:
-        select = _limit_groups(select, n_group, topk_group, top2=correction_bias is not None)
-    ids = select.topk(top_k, dim=-1, sorted=True).indices
+    scores = _SCORES[scoring](logits)
+    if fixed_ids is not None:  # hash routing: range-checked on the host before the gather indexes with them
+        check_fixed_ids("route", fixed_ids, logits.shape[1])
+        ids = fixed_ids.long()
+    else:
+        select = scores if correction_bias is None else scores + correction_bias.to(acc)
+        if n_group > 1:
+            select = _limit_groups(select, n_group, topk_group, top2=correction_bias is not None)
+        ids = select.topk(top_k, dim=-1, sorted=True).indices
     weights = scores.gather(1, ids)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from hetero.verify.case import Case
 from hetero_conformance.cases import (
     attention,
+    compress,
+    compressed_attention,
     dsa,
     gemm,
     hyper,
@@ -15,11 +17,16 @@ from hetero_conformance.cases import (
     quant,
     recurrent,
     scaled_grouped_gemm,
+    v4_indexer,
+    v4_route,
 )
 
 __all__ = ["catalog"]
 
 _FAMILIES = (attention, mla, mla_sinks, dsa, gemm, quant, scaled_grouped_gemm, moe, layers, recurrent, hyper)
+_FAMILIES += (v4_indexer, v4_route)  # spec 1.8's options of indexer_topk and route (DeepSeek-V4)
+_FAMILIES += (compressed_attention,)  # spec 1.8: DeepSeek-V4's window + compressed attention
+_FAMILIES += (compress,)  # spec 1.8: DeepSeek-V4's KV compressor (kv_compress)
 
 
 def catalog(*, quick: bool = False) -> list[Case]:

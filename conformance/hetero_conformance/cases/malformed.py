@@ -14,6 +14,8 @@ from __future__ import annotations
 from hetero.spec import OPS
 from hetero_conformance.cases import (
     malformed_attention,
+    malformed_compress,
+    malformed_compressed_attention,
     malformed_dense,
     malformed_dsa,
     malformed_hyper,
@@ -41,6 +43,8 @@ def catalog() -> list[Malformed]:
             malformed_quant,
             malformed_recurrent,
             malformed_hyper,
+            malformed_compress,
+            malformed_compressed_attention,
         )
         for c in family.calls()
     ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from hetero.spec import AttentionMeta
@@ -47,6 +49,16 @@ def _indexer_fp8(d: Draw) -> dict:
         "index_cache": d.randn(NB, BS, D, dtype=FP8),
         "index_scale": d.uniform(1e-3, 1e-2, NB, BS, 1),
     }
+
+
+def _indexer_compressed(d: Draw) -> dict:
+    """spec 1.8: 40 and 17 tokens pooled every 4 into 10 and 4 entries, one block each."""
+    return {**_indexer(d), "compress_ratio": 4}
+
+
+def _more_entries(meta: AttentionMeta) -> AttentionMeta:
+    """seq_lens[0] whose 49 entries (196 tokens) need a fourth column of the 3-column table."""
+    return dataclasses.replace(meta, seq_lens=altered(meta.seq_lens, 0, 196), max_seq_len=196)
 
 
 def _sparse(d: Draw) -> dict:
@@ -158,6 +170,29 @@ def _indexer_calls() -> list[Malformed]:
             "index_scale",
         ),
         Malformed(i, "meta_not_attention_meta", _indexer, swap("meta", lambda m, d: m.__dict__.copy()), "meta"),
+        # spec 1.8: compressed keys
+        Malformed(
+            i, "compress_ratio_zero", _indexer_compressed, swap("compress_ratio", lambda r, d: 0), "compress_ratio"
+        ),
+        Malformed(
+            i, "compress_ratio_bool", _indexer_compressed, swap("compress_ratio", lambda r, d: True), "compress_ratio"
+        ),
+        Malformed(
+            i,
+            "compressed_block_id_out_of_range",
+            _indexer_compressed,
+            meta_field("block_table", lambda t: altered(t, (1, 0), NB + 2)),
+            "meta.block_table",
+            index=True,
+        ),
+        Malformed(
+            i,
+            "compressed_table_too_narrow",
+            _indexer_compressed,
+            lambda a, d: a.update(meta=_more_entries(a["meta"])),
+            "meta.block_table",
+            index=True,
+        ),
     ]
 
 

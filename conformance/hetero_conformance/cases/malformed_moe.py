@@ -15,6 +15,12 @@ def _route(d: Draw) -> dict:
     return {"router_logits": d.randn(TOKENS, E), "top_k": TOP_K}
 
 
+def _hashed(d: Draw) -> dict:
+    """spec 1.8: hash routing, distinct given experts per token."""
+    ids = torch.stack([d.perm(E)[:TOP_K] for _ in range(TOKENS)]).to(torch.int32)
+    return {**_route(d), "scoring": "sqrtsoftplus", "fixed_ids": ids}
+
+
 def _permute(d: Draw) -> dict:
     return {"x": d.randn(TOKENS, HIDDEN), "ids": d.ints(E, TOKENS, TOP_K), "num_experts": E}
 
@@ -72,6 +78,24 @@ def _routing_calls() -> list[Malformed]:
             swap("correction_bias", lambda b, d: d.randn(E - 1, dtype=torch.float32)),
             "correction_bias",
         ),
+        Malformed(
+            r,
+            "fixed_ids_with_bias",
+            _hashed,
+            swap("correction_bias", lambda b, d: d.randn(E, dtype=torch.float32)),
+            "correction_bias",
+        ),
+        Malformed(r, "fixed_ids_with_groups", _hashed, lambda a, d: a.update(n_group=2, topk_group=1), "n_group"),
+        Malformed(
+            r,
+            "fixed_ids_extra_column",
+            _hashed,
+            swap("fixed_ids", lambda i, d: d.ints(E, TOKENS, TOP_K + 1)),
+            "fixed_ids",
+        ),
+        Malformed(r, "fixed_ids_float", _hashed, swap("fixed_ids", lambda i, d: i.float()), "fixed_ids"),
+        Malformed(r, "fixed_id_past_E", _hashed, put("fixed_ids", (2, 1), E), "fixed_ids", index=True),
+        Malformed(r, "fixed_id_negative", _hashed, put("fixed_ids", (0, 0), -1), "fixed_ids", index=True),
         Malformed(p, "expert_id_negative", _permute, put("ids", (1, 0), -1), "ids", index=True),
         Malformed(p, "expert_id_past_E", _permute, put("ids", (4, 1), E), "ids", index=True),
         Malformed(p, "ids_float", _permute, swap("ids", lambda i, d: i.float()), "ids"),

@@ -20,9 +20,9 @@ from hetero.verify.inputs.dsa_draw import (
 )
 from hetero.verify.inputs.paged import Seqs, blocks, meta, slots
 
-__all__ = ["GLM5", "GLM5_TP8", "V32", "V32_TP8", "indexer", "sparse", "write"]
+__all__ = ["GLM5", "GLM5_TP8", "V32", "V32_TP8", "V4", "indexer", "sparse", "write"]
 
-V32, GLM5 = DSA["deepseek-v3.2"], DSA["glm-5"]
+V32, GLM5, V4 = DSA["deepseek-v3.2"], DSA["glm-5"], DSA["deepseek-v4"]
 V32_TP8, GLM5_TP8 = V32.shard(8), GLM5.shard(8)
 
 
@@ -48,12 +48,21 @@ def write(m: Dsa, bs: int, seqs: Seqs, skipped: int, *, fp8: bool = False, edges
 
 
 def indexer(
-    m: Dsa, bs: int, seqs: Seqs, *, topk: int | None = None, fp8: bool = False, signed: bool = False, pool: int = 0
+    m: Dsa,
+    bs: int,
+    seqs: Seqs,
+    *,
+    topk: int | None = None,
+    fp8: bool = False,
+    signed: bool = False,
+    pool: int = 0,
+    ratio: int = 1,
 ):
-    """indexer_topk on grid values. ``pool``: keys drawn from that many vectors (exact ties)."""
+    """indexer_topk on grid values. ``pool``: keys drawn from that many vectors (exact ties); ``ratio`` m > 1
+    (spec 1.8): the cache holds ``L // m`` compressed entries per sequence, paged by their own block table."""
 
     def build(gen: torch.Generator, dtype: torch.dtype) -> dict[str, Any]:
-        nb, table = blocks(gen, [L for _, L in seqs], bs)
+        nb, table = blocks(gen, [L // ratio for _, L in seqs], bs)
         t = sum(n for n, _ in seqs)
         args: dict[str, Any] = {"q": grid(gen, (t, m.hi, m.d), dtype)}
         if fp8:
@@ -68,6 +77,7 @@ def indexer(
             "weights": index_weights(gen, t, m.hi, signed),
             "meta": meta(seqs, table),
             "topk": topk or m.topk,
+            **({"compress_ratio": ratio} if ratio != 1 else {}),
         }
 
     return build

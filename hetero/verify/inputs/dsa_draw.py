@@ -23,6 +23,7 @@ from hetero.verify.inputs.draw import randn
 __all__ = [
     "Dsa",
     "DSA",
+    "V4_CSA_RATIO",
     "grid",
     "index_weights",
     "fp8_exact_keys",
@@ -64,10 +65,15 @@ def _yarn_scale(qk_head_dim: int, factor: float, mscale_all_dim: float) -> float
 
 #: DeepSeek-V3.2 (V3's MLA, yarn factor 40, and a 64-head indexer) and GLM-5 (32 indexer heads;
 #: qk_nope 192 and v_head 256 change only the caller's absorption: Lkv 512, R 64 stay).
+#: DeepSeek-V4 (spec 1.8): only its CSA indexer (64 heads of 128, top-512 over entries pooled every 4 tokens)
+#: is DSA's; its attention is not MLA (``hetero.spec.compressed``), so the MLA fields are unused.
 DSA = {
     "deepseek-v3.2": Dsa(hi=64, d=128, topk=2048, heads=128, scale=_yarn_scale(192, 40, 1.0)),
     "glm-5": Dsa(hi=32, d=128, topk=2048, heads=64, qk_nope=192, v_head=256, scale=(192 + 64) ** -0.5),
+    "deepseek-v4": Dsa(hi=64, d=128, topk=512, heads=64, scale=512**-0.5),
 }
+#: DeepSeek-V4's CSA compress ratio m (``compress_rates["compressed_sparse_attention"]``).
+V4_CSA_RATIO = 4
 
 
 def _signs(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:

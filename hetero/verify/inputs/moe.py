@@ -21,6 +21,13 @@ _TRIES = 200
 # ---------------------------------------------------------------- route
 
 
+_SCORES = {
+    "softmax": lambda x: x.softmax(dim=-1),
+    "sigmoid": torch.sigmoid,
+    "sqrtsoftplus": lambda x: torch.nn.functional.softplus(x).sqrt(),
+}
+
+
 def _spaced_logits(
     gen: torch.Generator, m: int, e: int, sigma: tuple[float, float], shift: tuple[float, float]
 ) -> torch.Tensor:
@@ -51,7 +58,7 @@ def _select(
     """The experts route picks, in float64 (sorted per token), and per token whether every
     decision on the way cleared MARGIN. ``group_top2`` (default: bias given) and ``fill``
     (the value of dropped experts) let the builders check that a variant picks differently."""
-    scores = logits.double().softmax(dim=-1) if scoring == "softmax" else logits.double().sigmoid()
+    scores = _SCORES[scoring](logits.double())
     sel, mag = scores, scores.abs()  # mag: the size a float32 router's rounding error scales with
     if bias is not None:
         sel, mag = scores + bias.double(), mag + bias.double().abs()
@@ -92,8 +99,10 @@ def route(
     factor: float = 1.0,
     sigma=(1.0, 2.5),
     shift=(0.0, 0.0),
+    fixed: bool = False,
 ):
     """route's inputs: logits drawn per token until every routing decision clears MARGIN in the case dtype.
+    ``fixed`` (spec 1.8): hash routing, ``fixed_ids`` given (``_hashed``), nothing selected.
 
     bias: None, "small" (|b| < 0.05: moves few choices), "large" (|b| < 0.5: the selection
     must differ from the unbiased one for most tokens) or "negative" (most experts biased
@@ -115,6 +124,8 @@ def route(
         return b
 
     def build(gen: torch.Generator, dtype: torch.dtype):
+        if fixed:
+            return _hashed(gen, dtype, m, e, top_k, scoring, renormalize, factor, sigma, shift)
         b = draw_bias(gen)
         sel = dict(top_k=top_k, scoring=scoring, n_group=n_group, topk_group=topk_group)
         logits = _spaced_logits(gen, m, e, sigma, shift).to(dtype)
@@ -148,6 +159,32 @@ def route(
         return args
 
     return build
+
+
+#: rows of the token -> experts table the hash-routed cases draw their tokens' ids from
+_VOCAB = 96
+
+
+def _hashed(
+    gen: torch.Generator, dtype: torch.dtype, m: int, e: int, top_k: int, scoring, renormalize, factor, sigma, shift
+):
+    """route with ``fixed_ids = tid2eid[tokens]``: a table of distinct experts per row (DeepSeek-V4's
+    ``tid2eid``), tokens drawn with repeats; the ids are never the top-k by score (checked), so a router
+    that selects instead of looking up must fail."""
+    table = torch.stack([torch.randperm(e, generator=gen)[:top_k] for _ in range(_VOCAB)]).to(torch.int32)
+    fixed = table[torch.randint(0, _VOCAB, (m,), generator=gen)]
+    logits = _spaced_logits(gen, m, e, sigma, shift).to(dtype)
+    chosen = _select(logits, top_k=top_k, scoring=scoring, n_group=1, topk_group=1, bias=None)[0]
+    if m and bool((fixed.sort(dim=1).values.long() == chosen).all(dim=1).any()):
+        raise RuntimeError("route case: a token's fixed ids are its top-k by score")
+    return {
+        "router_logits": logits,
+        "top_k": top_k,
+        "scoring": scoring,
+        "renormalize": renormalize,
+        "routed_scaling_factor": factor,
+        "fixed_ids": fixed,
+    }
 
 
 # ---------------------------------------------------------------- permute / unpermute
