@@ -5,7 +5,10 @@ each kind into its own pool and binds the tensors before the first step:
 
 - a :class:`PagedEntry` is per-token (attention's K and V, MLA's latent): one
   tensor ``[num_blocks, block_size, *shape]``, addressed by ``Step.slot_mapping``
-  and the block tables of ``Step.meta``;
+  and the block tables of ``Step.meta``; one with ``tokens_per_slot`` m > 1 holds one
+  entry per m tokens (DeepSeek-V4's compressed entries) in the same blocks:
+  ``[num_blocks, max(1, block_size // m), *shape]``, entry w in the block of its last
+  token ``(w + 1) * m - 1`` (:func:`compressed_block_table`);
 - a :class:`StateEntry` is per-sequence (a recurrent state, a running
   summary): one tensor ``[num_state_slots, *shape]``, addressed by
   ``Step.state_slots``; a sequence owns one slot from admission to its end.
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["CachedLayer", "PagedEntry", "StateEntry", "CacheEntry", "STATE_INITS"]
+__all__ = ["CachedLayer", "PagedEntry", "StateEntry", "CacheEntry", "STATE_INITS", "compressed_block_table"]
 
 #: How a state slot starts: "zeros", zeroed by the runtime when a sequence gets it;
 #: "flag", left as it is, the layer reading ``Step.has_initial_state`` instead.
@@ -27,7 +30,8 @@ STATE_INITS = ("zeros", "flag")
 
 @dataclass(frozen=True)
 class PagedEntry:
-    """A per-token cache tensor: ``shape`` per token, ``dtype`` (None: the model's), ``fill`` at allocation.
+    """A per-token cache tensor: ``shape`` per token, ``dtype`` (None: the model's), ``fill`` at allocation;
+    ``tokens_per_slot``: one slot per that many tokens (a power of two; 1: per token).
 
     The default NaN fill makes a read of a slot nobody wrote show up in the output.
     """
@@ -36,6 +40,27 @@ class PagedEntry:
     shape: tuple[int, ...]
     dtype: torch.dtype | None = None
     fill: float = float("nan")
+    tokens_per_slot: int = 1
+
+    def __post_init__(self) -> None:
+        m = self.tokens_per_slot
+        if m < 1 or m & (m - 1):
+            raise ValueError(f"PagedEntry '{self.name}': tokens_per_slot must be a power of two >= 1, got {m}")
+
+    def slots_per_block(self, block_size: int) -> int:
+        """Slots of one block: ``block_size`` tokens' worth."""
+        return max(1, block_size // self.tokens_per_slot)
+
+
+def compressed_block_table(block_table: torch.Tensor, block_size: int, tokens_per_slot: int) -> torch.Tensor:
+    """The block table of an entry with ``tokens_per_slot`` m (``[B, *]`` of the same blocks): entry w of a
+    sequence sits in the block of its last token, ``block_table[b, ((w + 1) * m - 1) // block_size]``, at
+    offset ``w % slots_per_block``. With m <= block_size (both powers of two) that is the token table
+    itself; with m > block_size every (m / block_size)-th block, from the last of each group."""
+    if tokens_per_slot <= block_size:
+        return block_table
+    step = tokens_per_slot // block_size
+    return block_table[:, step - 1 :: step]
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ class Pools(Protocol):
     block_size: int
     paged: dict[str, torch.Tensor]
     state: dict[str, torch.Tensor]
+    tokens_per_slot: dict[str, int]
 
 
 @dataclass
@@ -30,7 +31,8 @@ class SequenceCache:
     """The cache of one sequence's first ``num_tokens`` tokens (on one rank, under TP: its shard).
 
     ``paged[name]`` is ``[num_tokens, *shape]``, token-major, for every per-token entry
-    (``name`` = ``"{layer path}.{entry}"``); ``state[name]`` is the per-sequence state
+    (``name`` = ``"{layer path}.{entry}"``; ``[num_tokens // m, *shape]`` for an entry of one slot per m
+    tokens); ``state[name]`` is the per-sequence state
     after those tokens. Every tensor is on the CPU, in the pool's dtype. ``token_ids``, when
     set, are the tokens the cache was computed from: an importer refuses the cache for a
     prompt that does not start with them.
@@ -42,15 +44,19 @@ class SequenceCache:
     token_ids: list[int] | None = None
 
 
-def _slots(block_table: Seq[int], num_tokens: int, block_size: int, device: torch.device) -> torch.Tensor:
+def _slots(pools: Pools, name: str, block_table: Seq[int], num_tokens: int, device: torch.device) -> torch.Tensor:
+    """Pool slots of the entries of tokens ``[0, num_tokens)``: one per token, or one per m tokens (entry w in
+    the block of its last token)."""
+    block_size, m = pools.block_size, pools.tokens_per_slot.get(name, 1)
     if len(block_table) * block_size < num_tokens:
         raise ValueError(
             f"{num_tokens} tokens need {-(-num_tokens // block_size)} blocks of {block_size}, "
             f"the sequence holds {len(block_table)}"
         )
-    pos = torch.arange(num_tokens, device=device)
+    last = (torch.arange(num_tokens // m, device=device) + 1) * m - 1
+    per_block = max(1, block_size // m)
     table = torch.tensor(list(block_table), dtype=torch.int64, device=device)
-    return table[pos // block_size] * block_size + pos % block_size
+    return table[last // block_size] * per_block + (last % block_size) // m
 
 
 def export_sequence_cache(
@@ -60,8 +66,7 @@ def export_sequence_cache(
     ``token_ids``: those tokens, recorded with them."""
     out = SequenceCache(num_tokens, token_ids=list(token_ids[:num_tokens]) if token_ids is not None else None)
     for name, t in pools.paged.items():
-        slots = _slots(block_table, num_tokens, pools.block_size, t.device)
-        out.paged[name] = t.flatten(0, 1).index_select(0, slots).cpu()
+        out.paged[name] = t.flatten(0, 1).index_select(0, _slots(pools, name, block_table, num_tokens, t.device)).cpu()
     for name, t in pools.state.items():
         if slot is None:
             raise ValueError(f"the model has state entry '{name}' but the sequence holds no state slot")
@@ -69,13 +74,11 @@ def export_sequence_cache(
     return out
 
 
-def _check(
-    kind: str, have: dict[str, torch.Tensor], got: dict[str, torch.Tensor], lead: tuple[int, ...], cut: int
-) -> None:
+def _check(kind: str, have: dict[str, torch.Tensor], got: dict[str, torch.Tensor], lead, cut: int) -> None:
     if set(have) != set(got):
         raise ValueError(f"the cache to import has {kind} entries {sorted(got)}, this model has {sorted(have)}")
     for name, t in have.items():
-        want = (*lead, *t.shape[cut:])
+        want = (*lead(name), *t.shape[cut:])
         if tuple(got[name].shape) != want or got[name].dtype != t.dtype:
             raise ValueError(
                 f"{kind} entry '{name}': expected {t.dtype} {list(want)}, "
@@ -85,15 +88,15 @@ def _check(
 
 def check_fits(pools: Pools, cache: SequenceCache) -> None:
     """ValueError unless ``cache`` has exactly the pools' entries, each of the right shape and dtype."""
-    _check("paged", pools.paged, cache.paged, (cache.num_tokens,), 2)
-    _check("state", pools.state, cache.state, (), 1)
+    _check("paged", pools.paged, cache.paged, lambda n: (cache.num_tokens // pools.tokens_per_slot.get(n, 1),), 2)
+    _check("state", pools.state, cache.state, lambda n: (), 1)
 
 
 def write_sequence_cache(pools: Pools, block_table: Seq[int], slot: int | None, cache: SequenceCache) -> None:
     """Write ``cache`` into ``block_table``'s blocks and state ``slot`` (ValueError when it does not fit the model)."""
     check_fits(pools, cache)
     for name, t in pools.paged.items():
-        slots = _slots(block_table, cache.num_tokens, pools.block_size, t.device)
+        slots = _slots(pools, name, block_table, cache.num_tokens, t.device)
         t.flatten(0, 1).index_copy_(0, slots, cache.paged[name].to(t.device))
     for name, t in pools.state.items():
         if slot is None:

@@ -27,7 +27,10 @@ def _entries(model: nn.Module, kind: type) -> list[tuple[str, CachedLayer, Paged
 
 def bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one block of the paged pool takes over every per-token entry of ``model``."""
-    return block_size * sum(math.prod(e.shape) * (e.dtype or dtype).itemsize for _, _, e in _entries(model, PagedEntry))
+    return sum(
+        e.slots_per_block(block_size) * math.prod(e.shape) * (e.dtype or dtype).itemsize
+        for _, _, e in _entries(model, PagedEntry)
+    )
 
 
 def bytes_per_state_slot(model: nn.Module, dtype: torch.dtype) -> int:
@@ -41,11 +44,13 @@ class CachePools:
 
     ``paged[name]`` is ``[num_blocks, block_size, *shape]``; ``state[name]`` is
     ``[num_state_slots, *shape]``; ``zeroed`` names the state entries reset to zeros
-    when a sequence takes a slot (``init="zeros"``).
+    when a sequence takes a slot (``init="zeros"``); ``tokens_per_slot`` the paged entries
+    with one slot per several tokens (``[num_blocks, block_size // m or 1, *shape]``).
     """
 
     block_size: int
     paged: dict[str, torch.Tensor] = field(default_factory=dict)
+    tokens_per_slot: dict[str, int] = field(default_factory=dict)
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     zeroed: tuple[str, ...] = ()
 
@@ -85,8 +90,13 @@ def allocate_kv_cache(
         tensors = {}
         for e in layer.cache_spec():
             if isinstance(e, PagedEntry):
-                t = torch.full((num_blocks, block_size, *e.shape), e.fill, dtype=e.dtype or dtype, device=device)
+                slots = e.slots_per_block(block_size)
+                t = torch.full((num_blocks, slots, *e.shape), e.fill, dtype=e.dtype or dtype, device=device)
                 pools.paged[f"{path}.{e.name}"] = t
+                if e.tokens_per_slot > 1:
+                    if block_size & (block_size - 1):
+                        raise ValueError(f"{path}: entry '{e.name}' needs a power-of-two block size, got {block_size}")
+                    pools.tokens_per_slot[f"{path}.{e.name}"] = e.tokens_per_slot
             else:
                 if num_state_slots < 1:
                     raise ValueError(f"{path}: state entry '{e.name}' needs num_state_slots >= 1")

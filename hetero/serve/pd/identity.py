@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hetero.engine import LLM
+from hetero.errors import UsageError
 
 __all__ = ["WIRE_VERSION", "Identity", "fingerprint", "refusal"]
 
@@ -66,6 +67,13 @@ class Identity:
     @classmethod
     def of(cls, llm: LLM, role: str) -> "Identity":
         pools = llm.runner.cache
+        if getattr(pools, "tokens_per_slot", None):  # the wire moves one row per token per paged entry
+            raise UsageError(
+                "prefill/decode disaggregation does not move caches with compressed entries (DeepSeek-V4) yet",
+                arg="model",
+                expected="a model whose paged cache entries are all per token",
+                got=", ".join(pools.tokens_per_slot),
+            )
         paged = tuple((n, str(t.dtype), tuple(t.shape[2:])) for n, t in sorted(pools.paged.items()))
         state = tuple((n, str(t.dtype), tuple(t.shape[1:])) for n, t in sorted(pools.state.items()))
         return cls(role, str(Path(llm.config.model).resolve()), fingerprint(llm.config.model), paged, state)
