@@ -114,6 +114,8 @@ def checkpoint_files(model_dir: str | Path, who: str = "the model") -> list[Path
 
 def map_name(mapping, name: str) -> tuple[str, Any] | None:
     """(parameter name, shard) of checkpoint tensor ``name``, or None when the mapping ignores it."""
+    for pattern, replacement in mapping.renames:
+        name = re.sub(pattern, replacement, name)
     if any(re.fullmatch(p, name) for p in mapping.ignore):
         return None
     for pattern, template, proj in mapping.experts:

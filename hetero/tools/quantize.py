@@ -33,11 +33,14 @@ __all__ = ["SCHEMES", "quantize_checkpoint", "dequantize_checkpoint", "is_quanti
 
 SCHEMES = ("fp8-block", "fp8-channel", "int8-channel")
 #: 2-D weights that stay in float: embeddings, the output head, MoE routers, Qwen's shared-expert gate, the
-#: DSA indexer's head weights (as in DeepSeek-V3.2's own checkpoint, whose indexer wq_b and wk are fp8)
+#: DSA indexer's head weights (as in DeepSeek-V3.2's own checkpoint, whose indexer wq_b and wk are fp8);
+#: DeepSeek-V4's release names (``head``, ``ffn.gate``) and its compressors' projections (bf16 in its release)
 _KEEP = (
     r".*embed_tokens\.weight",
     r"(.*\.)?lm_head\.weight",
-    r".*\.mlp\.gate\.weight",
+    r"head\.weight",
+    r".*\.(mlp|ffn)\.gate\.weight",
+    r".*\.compressor\.(wkv|wgate)\.weight",
     r".*shared_expert_gate\.weight",
     r".*norm\.weight",
     r".*\.indexer\.weights_proj\.weight",

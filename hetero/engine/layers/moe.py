@@ -64,6 +64,7 @@ class FusedMoE(nn.Module):
         correction_bias: bool = False,
         activation: str = "silu",
         limit: float | None = None,
+        fixed_ids: bool = False,
         prefix: str = "",
         quant_config: QuantConfig | None = None,
     ):
@@ -75,7 +76,7 @@ class FusedMoE(nn.Module):
         self.local_experts = divide(num_experts, par.size, "experts") if self.ep else num_experts
         self.expert_offset = par.rank * self.local_experts if self.ep else 0
         self.inter = intermediate if self.ep else divide(intermediate, par.size, "moe intermediate size")
-        ctx.bind_op(self, "_route", "route", scoring=routing.scoring)
+        ctx.bind_op(self, "_route", "route", scoring=routing.scoring, **({"fixed_ids": True} if fixed_ids else {}))
         self.quant_method = (quant_config or QuantConfig()).moe_method(prefix)
         if activation not in getattr(self.quant_method, "activations", ("silu",)):
             raise UsageError(
@@ -144,8 +145,8 @@ class FusedMoE(nn.Module):
                 filled.append((e, part))
         return tuple(filled)
 
-    def _routed(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        r = self.routing
+    def _routed(self, router_logits: torch.Tensor, fixed_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        r, given = self.routing, {} if fixed_ids is None else {"fixed_ids": fixed_ids}
         return self._route(
             router_logits,
             top_k=r.top_k,
@@ -155,19 +156,26 @@ class FusedMoE(nn.Module):
             topk_group=r.topk_group,
             correction_bias=self.correction_bias,
             routed_scaling_factor=r.routed_scaling_factor,
+            **given,
         )
 
-    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, router_logits: torch.Tensor, fixed_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``fixed_ids`` [T, top_k]: each token's experts given, not selected (hash routing); the layer must
+        have been built with ``fixed_ids=True``."""
         if self.ep:
-            return self._expert_parallel(x, router_logits)
-        weights, ids = self._routed(router_logits)
+            return self._expert_parallel(x, router_logits, fixed_ids)
+        weights, ids = self._routed(router_logits, fixed_ids)
         return self.ctx.parallel.all_reduce(self.quant_method.apply(self, x, weights, ids))
 
-    def _expert_parallel(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+    def _expert_parallel(
+        self, x: torch.Tensor, router_logits: torch.Tensor, fixed_ids: torch.Tensor | None
+    ) -> torch.Tensor:
         par, tokens = self.ctx.parallel, x.shape[0]
         share = -(-tokens // par.size)
         lo, hi = min(par.rank * share, tokens), min((par.rank + 1) * share, tokens)
-        weights, ids = self._routed(router_logits[lo:hi])
+        weights, ids = self._routed(router_logits[lo:hi], None if fixed_ids is None else fixed_ids[lo:hi])
         sent = self._dispatch(x[lo:hi], ids, weights, num_experts=self.num_experts, comm=par.comm)
         mine = self._combine(self.quant_method.apply_grouped(self, sent.x, sent.group_ends), sent)
         padded = torch.cat([mine, mine.new_zeros(share - (hi - lo), mine.shape[1])]) if hi - lo < share else mine

@@ -13,15 +13,21 @@ from hetero.errors import UsageError
 __all__ = ["RotaryEmbedding", "rope_frequencies"]
 
 
-def rope_frequencies(hf_config: Any, rotary_dim: int, *, ntk_alpha: bool = False) -> tuple[torch.Tensor, float]:
+def rope_frequencies(
+    hf_config: Any, rotary_dim: int, *, ntk_alpha: bool = False, layer_type: str | None = None
+) -> tuple[torch.Tensor, float]:
     """(inv_freq float32 [rotary_dim/2], attention factor) of the config's rope type.
 
     "default" is the plain theta^(-2i/d) schedule; every scaled type (yarn, linear,
     dynamic, llama3, longrope) comes from ``transformers.modeling_rope_utils``, so the
     engine computes exactly the frequencies the checkpoint was trained with. ``ntk_alpha``: the
     family reads "dynamic" with ``alpha`` as Hunyuan's fixed NTK-alpha table (elsewhere alpha is refused).
+    ``layer_type``: the rope of that key of a config whose ``rope_parameters`` holds one per kind of
+    layer (DeepSeek-V4's "main" and "compress").
     """
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if layer_type is not None:
+        params = dict(params[layer_type])
     rope_type = params.get("rope_type", params.get("type", "default"))
     theta = float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
     if rope_type == "dynamic" and params.get("alpha"):
@@ -45,7 +51,8 @@ def rope_frequencies(hf_config: Any, rotary_dim: int, *, ntk_alpha: bool = False
             expected=known,
             got=rope_type,
         )
-    inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+    kw = {"layer_type": layer_type} if layer_type is not None else {}
+    inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"), **kw)
     if inv_freq.numel() * 2 != rotary_dim:
         raise ValueError(
             f"rope {rope_type!r}: transformers computed {inv_freq.numel() * 2} rotary dims, the model uses {rotary_dim}"
@@ -102,21 +109,28 @@ class RotaryEmbedding(nn.Module):
         *,
         is_neox: bool = True,
         ntk_alpha: bool = False,
+        layer_type: str | None = None,
     ):
         super().__init__()
-        inv_freq, factor = rope_frequencies(hf_config, rotary_dim, ntk_alpha=ntk_alpha)
+        inv_freq, factor = rope_frequencies(hf_config, rotary_dim, ntk_alpha=ntk_alpha, layer_type=layer_type)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         cache = torch.cat([freqs.cos() * factor, freqs.sin() * factor], dim=-1)
         self.register_buffer("cos_sin_cache", cache.to(ctx.device), persistent=False)
         self.is_neox = is_neox
         ctx.bind_op(self, "_rotary", "rotary_embedding")
 
-    def twin(self, ctx: ModelContext) -> RotaryEmbedding:
+    def twin(self, ctx: ModelContext, *, inverse: bool = False) -> RotaryEmbedding:
         """Another module over the same cos/sin table (no copy). Each layer holds its own twin, so
-        its rotary calls carry that layer's module path (a shared module has only one)."""
+        its rotary calls carry that layer's module path (a shared module has only one). ``inverse``:
+        over a new table with sin negated, which rotates back by each position's angles (DeepSeek-V4's
+        output)."""
         twin = RotaryEmbedding.__new__(RotaryEmbedding)
         nn.Module.__init__(twin)
-        twin.register_buffer("cos_sin_cache", self.cos_sin_cache, persistent=False)
+        table = self.cos_sin_cache
+        if inverse:
+            cos, sin = table.chunk(2, dim=-1)
+            table = torch.cat([cos, -sin], dim=-1)
+        twin.register_buffer("cos_sin_cache", table, persistent=False)
         twin.is_neox = self.is_neox
         ctx.bind_op(twin, "_rotary", "rotary_embedding")
         return twin

@@ -33,11 +33,16 @@ class WeightMapping:
       expert (shard (None, projection)). See ``stacked_experts`` and ``fused_experts``.
     - ``ignore``: regexes of checkpoint tensors the model may find and does not use
       (rotary inv_freq buffers, MTP layers, a tied lm_head).
+    - ``renames``: (regex, replacement) pairs applied in order (``re.sub``) to every checkpoint
+      name before the rules above, for a release whose names are not the ones transformers
+      uses (DeepSeek-V4's ``layers.3.attn.wq_a``); ``ignore``, ``experts`` and ``packed`` then
+      see the renamed name.
     """
 
     packed: tuple[tuple[str, str, Any], ...] = ()
     experts: tuple[tuple[str, str, str], ...] = ()
     ignore: tuple[str, ...] = ()
+    renames: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
     def stacked_experts(

@@ -13,8 +13,16 @@ from hetero.engine.quant.unquantized import UnquantizedLinearMethod, Unquantized
 __all__ = ["ScaledQuantConfig", "weights_only", "ALWAYS_FLOAT", "DEQUANTIZED"]
 
 #: layers no scaled checkpoint quantizes: MoE routers (and Qwen's shared-expert gate), the output head, the
-#: DSA indexer's head weights (bf16 in DeepSeek-V3.2's checkpoint, float32 in the engine)
-ALWAYS_FLOAT = (r"(.*\.)?mlp\.gate", r".*\.shared_expert_gate", r"(.*\.)?lm_head", r".*\.indexer\.weights_proj")
+#: DSA indexer's head weights (bf16 in DeepSeek-V3.2's checkpoint, float32 in the engine); DeepSeek-V4's
+#: compressor and indexer-compressor projections and its indexer's head weights (bf16 in its release)
+ALWAYS_FLOAT = (
+    r"(.*\.)?mlp\.gate",
+    r".*\.shared_expert_gate",
+    r"(.*\.)?lm_head",
+    r".*\.indexer\.weights_proj",
+    r".*\.compressor\.(indexer\.)?(kv_proj|gate_proj)",
+    r".*\.indexer\.scorer\.weights_proj",
+)
 #: quantized layers run on their dequantized weight (W8A16): MLA's kv_b_proj, whose absorbed decode
 #: multiplies its per-head slices by the queries and the latent output (vLLM does the same)
 DEQUANTIZED = (r".*\.kv_b_proj",)

@@ -201,6 +201,8 @@ class ScaledMoEMethod(_ScaledLoading, MoEMethod):
     """Stacked 8-bit experts: ``w13`` [E, 2I, H] (gate rows, then up rows), ``w2`` [E, H, I] and their scales
     ``w13_<scale>`` / ``w2_<scale>`` ([E, ceil(2I/128), ceil(H/128)] blocks or [E, 2I, 1] channels)."""
 
+    activations = ("silu", "swiglu_clamp")
+
     def create_weights(self, layer: nn.Module, num_experts: int, hidden: int, intermediate: int) -> None:
         ctx, s = layer.ctx, self.scheme
         if s.weight_form == "block" and intermediate % BLOCK:
@@ -247,7 +249,7 @@ class ScaledMoEMethod(_ScaledLoading, MoEMethod):
             ctx.bind_op(layer, "_silu_and_mul", "silu_and_mul")
         else:
             static = dict(
-                activation="silu",
+                activation=layer.activation,
                 w13_scale=s.weight_form,
                 **({"act_quant": s.act_quant} if s.act_quant is not None else {}),
             )
@@ -267,6 +269,7 @@ class ScaledMoEMethod(_ScaledLoading, MoEMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         s13, s2 = self.scales(layer, run=True)
+        clamp = {} if layer.activation == "silu" else dict(activation=layer.activation, limit=layer.limit)
         return layer._fused_moe(
             x,
             layer.run_w13,
@@ -277,11 +280,16 @@ class ScaledMoEMethod(_ScaledLoading, MoEMethod):
             w2_scale=s2,
             act_quant=self.scheme.act_quant,
             act_scale_fmt=self.scheme.scale_fmt,
+            **clamp,
         )
 
     def apply_grouped(self, layer: nn.Module, x: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
         s13, s2 = self.scales(layer, run=True)
         q, scale = self._quantized(layer, x)
-        h = layer._silu_and_mul(layer._scaled_grouped_gemm(q, layer.run_w13, scale, s13, group_ends, out_dtype=x.dtype))
+        gate_up = layer._scaled_grouped_gemm(q, layer.run_w13, scale, s13, group_ends, out_dtype=x.dtype)
+        if layer.activation == "swiglu_clamp":  # silu(min(g, l)) * clamp(u, -l, l), as the unquantized experts
+            gate, up = gate_up.chunk(2, dim=-1)
+            gate_up = torch.cat([gate.clamp(max=layer.limit), up.clamp(-layer.limit, layer.limit)], dim=-1)
+        h = layer._silu_and_mul(gate_up)
         q, scale = self._quantized(layer, h)
         return layer._scaled_grouped_gemm(q, layer.run_w2, scale, s2, group_ends, out_dtype=x.dtype)
