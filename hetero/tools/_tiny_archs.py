@@ -96,6 +96,44 @@ _HY4 = dict(
     rope_parameters=_YARN,
 )
 
+#: DeepSeek-V4: a sliding, a CSA (ratio 2, indexer top-4) and an HCA (ratio 8) layer over a window of 8, so
+#: test prompts cross several windows and the indexer prunes; hash routing in layer 0; rope on the last 8 of 32
+#: dims (the yarn compress table beside the plain main one); a small swiglu_limit so the clamps bite
+_DSV4 = dict(
+    vocab_size=256,
+    hidden_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    head_dim=32,
+    qk_rope_head_dim=8,
+    q_lora_rank=32,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    routed_scaling_factor=1.5,
+    swiglu_limit=1.5,
+    sliding_window=8,
+    layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+    mlp_layer_types=["hash_moe", "moe", "moe"],
+    compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 8},
+    o_groups=2,
+    o_lora_rank=16,
+    index_n_heads=16,
+    index_head_dim=16,
+    index_topk=4,
+    rope_parameters={
+        "main": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        "compress": {**_YARN, "rope_theta": 160000.0, "partial_rotary_factor": 0.25},
+    },
+    max_position_embeddings=512,
+    initializer_range=0.2,
+    rms_norm_eps=1e-6,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=None,
+)
+
 #: Hunyuan's rope: "dynamic" with alpha is a fixed NTK-alpha table; the yarn-style fields beside it are neutral
 _NTK_ALPHA = {
     "rope_type": "dynamic",
@@ -208,6 +246,7 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     # HY4: layer 0 dense; indexers full, full, shared (the default schedule); 4 hyper-connection streams; a small
     # swiglu_limit so the expert clamp bites
     "hy_v4": ("HYV4Config", dict(_HY4)),
+    "deepseek_v4": ("DeepseekV4Config", dict(_DSV4)),
     # HY4-VL: HY4's text model (interleaved rope, rms_norm_eps latent norms) beside a one-layer vision tower;
     # the placeholders inside the tiny vocabulary, so a prompt can hold them
     "hy_v4_vl": (

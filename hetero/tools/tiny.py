@@ -58,6 +58,8 @@ def _randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
     for name, p in model.named_parameters():
         if p.ndim == 1 and "norm" in name:
             p.copy_(p + 0.3 * torch.randn(p.shape, generator=gen))
+        elif name.endswith("position_bias"):  # DeepSeek-V4's compressors start it at zero
+            p.copy_(0.3 * torch.randn(p.shape, generator=gen))
         elif name.endswith("A_log"):
             p.copy_(torch.empty(p.shape).uniform_(0.02, 0.5, generator=gen).log())
         elif p.ndim == 1 or name.endswith("_bias"):  # gpt-oss's stacked expert biases are [E, n]
@@ -65,6 +67,9 @@ def _randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
     for name, b in model.named_buffers():
         if name.endswith("e_score_correction_bias"):
             b.copy_(0.1 * torch.randn(b.shape, generator=gen))
+        elif name.endswith("tid2eid"):  # DeepSeek-V4's hash routing: distinct experts per token id
+            n = model.config.get_text_config().n_routed_experts
+            b.copy_(torch.stack([torch.randperm(n, generator=gen)[: b.shape[1]] for _ in range(b.shape[0])]))
 
 
 def _tokenizer(vocab_size: int):

@@ -45,11 +45,14 @@ def test_sixteen_requests_together_equal_one_at_a_time_and_survive_preemption(ar
     assert together == hf_greedy(path, ps, 12)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "deepseek_v3", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4"])
+@pytest.mark.parametrize(
+    "arch", ["qwen3", "deepseek_v3", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "deepseek_v4"]
+)
 def test_triton_kernels_under_the_interpreter(arch, checkpoints, triton_interpreter):
     """Prefill logits and greedy tokens on the cuda backend's kernels, with no layer's static configuration
-    declined; the Hunyuan families' batching (preemption, 16 requests) runs the kernels qwen3's and
-    deepseek_v3's runs here already batch, so they check prefill and a few decode steps."""
+    declined; the Hunyuan families' and DeepSeek-V4's batching (preemption, 16 requests) runs the kernels
+    qwen3's and deepseek_v3's runs here already batch (and V4's own ops are batched in their kernel tests), so
+    they check prefill and a few decode steps."""
     path = checkpoints(arch)
     ps = prompts(256, (4, 11, 23), seed=2)
     from _hf import hf_model
@@ -66,7 +69,7 @@ def test_triton_kernels_under_the_interpreter(arch, checkpoints, triton_interpre
         assert float((got - want).norm() / want.norm()) < 1e-4
     declined = {op: e.reasons for op, e in ops.explain().items() if e.reasons}
     assert not declined, declined  # every layer's static configuration was served by the kernels
-    if arch.startswith(("hunyuan", "hy_")):  # their batching runs qwen3's and deepseek_v3's kernels: decode only
+    if arch.startswith(("hunyuan", "hy_", "deepseek_v4")):  # batching: qwen3's and deepseek_v3's runs; decode only
         assert _greedy(_llm(path, backend="cuda"), ps, 3) == hf_greedy(path, ps, 3)
         return
     # 10 blocks of 8 tokens cannot hold all three sequences at their full length (12 blocks): preemption

@@ -20,6 +20,7 @@ ARCHITECTURES: dict[str, str | type[CausalLM]] = {
     "DeepseekV2ForCausalLM": "deepseek:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "deepseek:DeepseekV3ForCausalLM",
     "DeepseekV32ForCausalLM": "deepseek_v32:DeepseekV32ForCausalLM",
+    "DeepseekV4ForCausalLM": "deepseek_v4:DeepseekV4ForCausalLM",
     "GlmMoeDsaForCausalLM": "deepseek_v32:GlmMoeDsaForCausalLM",
     "GptOssForCausalLM": "gpt_oss:GptOssForCausalLM",
     "HunYuanDenseV1ForCausalLM": "hunyuan:HunYuanDenseV1ForCausalLM",
