@@ -43,7 +43,7 @@ def compressed_attention_benches(s: Sizes) -> list[Bench]:
     flash, pro = (draw.V4_FLASH, draw.V4_PRO) if full else (draw.V4Attention(4, 64, 8), draw.V4Attention(8, 64, 8))
     hca, topk = (draw.HCA, 512) if full else (8, 4)
     decode, prefill = [(1, length)] * b, [(tp, length + tp)] * sp
-    return [
+    cases = [
         _bench(f"deepseek-v4-flash H{flash.heads} hca m{hca} decode B{b} L{length}", flash, hca, decode, 0),
         _bench(f"deepseek-v4-flash H{flash.heads} csa m4 top{topk} decode B{b} L{length}", flash, 4, decode, topk),
         _bench(f"deepseek-v4-pro H{pro.heads} csa m4 top{topk} decode B{b} L{length}", pro, 4, decode, topk),
@@ -51,4 +51,5 @@ def compressed_attention_benches(s: Sizes) -> list[Bench]:
                prefill, 0),
         _bench(f"deepseek-v4-flash H{flash.heads} csa m4 top{topk} chunked-prefill {sp}x{tp} after {length}", flash, 4,
                prefill, topk),
-    ][:: 1 if full else 2]  # fmt: skip  (smoke: HCA and CSA decode, CSA prefill)
+    ]  # fmt: skip
+    return cases if full else cases[::2]  # smoke: HCA and CSA decode, CSA prefill
