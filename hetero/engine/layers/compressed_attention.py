@@ -9,7 +9,8 @@ Mirrors transformers 5.24's ``DeepseekV4Attention``:
   last ``sliding_window`` tokens; a sliding layer runs ``paged_attention`` over it as one KV head, a
   compressed layer ``compressed_attention`` with its compressor's entries (HCA: all visible; CSA: the
   indexer's top-k), both with the per-head ``sinks``;
-- the output's rope dims are rotated back (the inverse table), then the grouped low-rank projection:
+- the output's rope dims are rotated back by the same table (``S R(p) S = R(-p)`` with S negating the second dim
+  of each pair: two sign flips, no second table), then the grouped low-rank projection:
   ``o_a_proj`` maps each of ``o_groups`` head groups to ``o_lora_rank`` dims (``grouped_gemm``), ``o_b_proj``
   mixes them to the hidden size.
 
@@ -67,7 +68,7 @@ class GroupedLinear(ColumnParallelLinear):
 class CompressedAttention(CachedLayer):
     """``forward(hidden [T, H], step, comp_metas) -> [T, H]`` (see the module docstring); ``comp_metas`` maps a
     compression ratio to the step's ``AttentionMeta`` over its compressed block table. ``rotary`` is this
-    layer's table (main or compress), ``inverse`` its sin-negated twin; ``compress_rotary`` the compress table."""
+    layer's table (main or compress); ``compress_rotary`` the compress table."""
 
     def __init__(
         self,
@@ -75,7 +76,6 @@ class CompressedAttention(CachedLayer):
         hf_config: Any,
         layer_idx: int,
         rotary: RotaryEmbedding,
-        inverse: RotaryEmbedding,
         compress_rotary: RotaryEmbedding,
         *,
         prefix: str = "",
@@ -123,7 +123,10 @@ class CompressedAttention(CachedLayer):
         sinks.weight_loader = lambda p, t, shard=None: copy_checked(p, t.narrow(0, rank * p.shape[0], p.shape[0]), what)
         sinks.shards = (None,)
         self.sinks = sinks
-        self.rotary, self.inverse = rotary, inverse
+        self.rotary = rotary
+        rot = rotary.cos_sin_cache.shape[-1]
+        flip = torch.tensor([1.0, -1.0], device=ctx.device).repeat(rot // 2).to(ctx.dtype)
+        self.register_buffer("flip", flip, persistent=False)
         kind = LAYER_TYPES[self.layer_type]
         self.ratio, self.compressor = 0, None
         if kind is not None:
@@ -191,6 +194,8 @@ class CompressedAttention(CachedLayer):
                 sinks=self.sinks,
                 **options,
             )
-        out, _ = self._rope(self.inverse, step.positions, out)
+        rot = self.flip.shape[0]  # rotate back: flip, rotate by the position, flip
+        back, _ = self._rope(self.rotary, step.positions, out[..., -rot:] * self.flip)
+        out = torch.cat([out[..., :-rot], back * self.flip], dim=-1)
         groups = self.o_a_proj.groups
         return self.o_b_proj(self.o_a_proj(out.reshape(t, groups, -1)))

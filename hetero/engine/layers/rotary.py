@@ -119,18 +119,12 @@ class RotaryEmbedding(nn.Module):
         self.is_neox = is_neox
         ctx.bind_op(self, "_rotary", "rotary_embedding")
 
-    def twin(self, ctx: ModelContext, *, inverse: bool = False) -> RotaryEmbedding:
+    def twin(self, ctx: ModelContext) -> RotaryEmbedding:
         """Another module over the same cos/sin table (no copy). Each layer holds its own twin, so
-        its rotary calls carry that layer's module path (a shared module has only one). ``inverse``:
-        over a new table with sin negated, which rotates back by each position's angles (DeepSeek-V4's
-        output)."""
+        its rotary calls carry that layer's module path (a shared module has only one)."""
         twin = RotaryEmbedding.__new__(RotaryEmbedding)
         nn.Module.__init__(twin)
-        table = self.cos_sin_cache
-        if inverse:
-            cos, sin = table.chunk(2, dim=-1)
-            table = torch.cat([cos, -sin], dim=-1)
-        twin.register_buffer("cos_sin_cache", table, persistent=False)
+        twin.register_buffer("cos_sin_cache", self.cos_sin_cache, persistent=False)
         twin.is_neox = self.is_neox
         ctx.bind_op(twin, "_rotary", "rotary_embedding")
         return twin

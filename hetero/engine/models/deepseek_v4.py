@@ -104,14 +104,14 @@ def _fp32_norm(ctx: ModelContext, hidden: int, eps: float, *, prefix: str = "") 
 
 
 class Ropes(nn.Module):
-    """The four cos/sin tables of a layer: ``main`` and ``compress`` (and their inverses), twins of the model's."""
+    """The two cos/sin tables of a layer, ``main`` and ``compress``: twins of the model's."""
 
-    def __init__(self, main: RotaryEmbedding, compress: RotaryEmbedding, main_inv: RotaryEmbedding, compress_inv):
+    def __init__(self, main: RotaryEmbedding, compress: RotaryEmbedding):
         super().__init__()
-        self.main, self.compress, self.main_inv, self.compress_inv = main, compress, main_inv, compress_inv
+        self.main, self.compress = main, compress
 
     def twin(self, ctx: ModelContext) -> Ropes:
-        return Ropes(*(t.twin(ctx) for t in (self.main, self.compress, self.main_inv, self.compress_inv)))
+        return Ropes(self.main.twin(ctx), self.compress.twin(ctx))
 
 
 class DeepseekV4DecoderLayer(DecoderLayer):
@@ -128,22 +128,22 @@ class DeepseekV4DecoderLayer(DecoderLayer):
 
     @classmethod
     def rotary_table(cls, ctx: ModelContext, config: Any) -> Ropes:  # type: ignore[override]
-        """Interleaved rope over the last ``head_dim * partial_rotary_factor`` dims, both tables and their inverses."""
+        """Interleaved rope over the last ``head_dim * partial_rotary_factor`` dims, both tables."""
         rot = int(round(config.head_dim * config.partial_rotary_factor))
         main, compress = (
             RotaryEmbedding(ctx, config, rot, config.max_position_embeddings, is_neox=False, layer_type=kind)
             for kind in ("main", "compress")
         )
-        return Ropes(main, compress, main.twin(ctx, inverse=True), compress.twin(ctx, inverse=True))
+        return Ropes(main, compress)
 
     def make_mixer(self, ctx, config, layer_idx, rotary, *, prefix, quant_config):  # type: ignore[override]
         sliding = config.layer_types[layer_idx] == "sliding_attention"
-        tables = (rotary.main, rotary.main_inv) if sliding else (rotary.compress, rotary.compress_inv)
+        table = rotary.main if sliding else rotary.compress
         attention = CompressedAttention(
             ctx,
             config,
             layer_idx,
-            *tables,
+            table,
             rotary.compress,
             prefix=join_prefix(prefix, "self_attn"),
             quant_config=quant_config,
