@@ -4,11 +4,12 @@
   streams' strides) against tiles of ``fn`` [M, BLOCK_K], accumulating the M dot products and
   the sum of squares, then writes ``mixes = dots * rsqrt(mean(x**2) + norm_eps)`` [M] to a
   scratch row (float32, float64 for float64 inputs).
-* ``hc_apply_kernel``: one program per token; from its mixes row it computes pre (and with
-  HAS_POST the post weights, with SINKHORN the comb matrix: softmax over each row, then column
-  and row normalizations in registers, ``iters`` a runtime count), then the collapse
-  ``x = sum_i pre_i * streams_i`` over tiles of D, rounded once (``cast_out``). hc_pre and hc_head
-  share it.
+* ``hc_weights_kernel``: one program per BLOCK_T tokens; from their mixes rows it computes pre (and
+  with HAS_POST the post weights, with SINKHORN the comb matrices: softmax over each row, then
+  column and row normalizations in registers, ``iters`` a runtime count) for the whole block at
+  once: the N x N work of one token is too small to give a program of its own.
+* ``hc_apply_kernel``: one program per token, the collapse ``x = sum_i pre_i * streams_i`` over tiles
+  of D, rounded once (``cast_out``). hc_pre and hc_head share both.
 * ``hc_post_kernel``: a 2-D grid of (token, tile of D); ``out[i] = post_i * y + sum_j comb[j, i]
   * streams_j`` (or ``+ streams_i`` without comb), rounded once.
 
@@ -24,7 +25,7 @@ from hetero.kernels._triton import triton_modules
 
 triton, tl = triton_modules()
 
-__all__ = ["hc_mix_kernel", "hc_apply_kernel", "hc_post_kernel"]
+__all__ = ["hc_mix_kernel", "hc_weights_kernel", "hc_apply_kernel", "hc_post_kernel"]
 
 _MAX = tl.standard._elementwise_max
 
@@ -61,51 +62,74 @@ def hc_mix_kernel(
 
 
 @triton.jit
-def _weights(mix_row, base_ptr, base_s, scale, at, i, im, ACC: tl.constexpr):
-    """sigmoid(mixes[at + i] * scale + base[at + i]) for the N lanes of i (0 past N)."""
-    logit = tl.load(mix_row + at + i, mask=im, other=0.0).to(ACC) * scale
-    logit += tl.load(base_ptr + (at + i) * base_s, mask=im, other=0.0).to(ACC)
-    return tl.where(im, _sigmoid(logit), 0.0)
+def _weights(rows, base_ptr, base_s, scale, at, i, im, m2, ACC: tl.constexpr):
+    """sigmoid(mixes[t, at + i] * scale + base[at + i]) for [BLOCK_T, BLOCK_N] (0 outside the tokens and N)."""
+    logit = tl.load(rows + at + i[None, :], mask=m2, other=0.0).to(ACC) * scale
+    logit += tl.load(base_ptr + (at + i) * base_s, mask=im, other=0.0).to(ACC)[None, :]
+    return tl.where(m2, _sigmoid(logit), 0.0)
 
 
 @triton.jit
-def _sinkhorn(mix_row, base_ptr, base_s, scale, N, hc_eps, iters, i, im, ACC: tl.constexpr):
-    """hc_pre's comb [BLOCK_N, BLOCK_N] (0 outside N x N): softmax rows + eps, columns, then rows/columns."""
-    m2 = im[:, None] & im[None, :]
+def _sum3(x, axis: tl.constexpr):
+    return tl.reduce(x, axis, _SUM_COMBINE)
+
+
+@triton.jit
+def _sinkhorn(rows, base_ptr, base_s, scale, N, hc_eps, iters, i, tm, im, ACC: tl.constexpr):
+    """hc_pre's comb [BLOCK_T, BLOCK_N, BLOCK_N] (0 outside): softmax rows + eps, columns, then rows/columns."""
+    cols = im[None, None, :]
+    m3 = tm[:, None, None] & im[None, :, None] & cols
     at = 2 * N + i[:, None] * N + i[None, :]
-    logit = tl.load(mix_row + at, mask=m2, other=0.0).to(ACC) * scale
-    logit += tl.load(base_ptr + at * base_s, mask=m2, other=0.0).to(ACC)
-    logit = tl.where(im[None, :], logit, float("-inf"))  # padded columns leave the softmax
-    e = tl.exp(logit - tl.reduce(logit, 1, _MAX)[:, None])
-    c = tl.where(m2, e / _row_sum(e)[:, None] + hc_eps, 0.0)
+    logit = tl.load(rows[:, :, None] + at[None, :, :], mask=m3, other=0.0).to(ACC) * scale
+    logit += tl.load(base_ptr + at * base_s, mask=im[:, None] & im[None, :], other=0.0).to(ACC)[None, :, :]
+    logit = tl.where(cols, logit, float("-inf"))  # padded columns leave the softmax
+    e = tl.exp(logit - tl.reduce(logit, 2, _MAX)[:, :, None])
+    c = tl.where(m3, e / _sum3(e, 2)[:, :, None] + hc_eps, 0.0)
     # padded rows and columns divide by 1, not by their own zero sums (hc_eps may be 0)
-    c = c / tl.where(im, _col_sum(c) + hc_eps, 1.0)[None, :]
+    c = c / tl.where(cols, _sum3(c, 1)[:, None, :] + hc_eps, 1.0)
     for _ in range(1, iters):
-        c = c / tl.where(im, _row_sum(c) + hc_eps, 1.0)[:, None]
-        c = c / tl.where(im, _col_sum(c) + hc_eps, 1.0)[None, :]
+        c = c / tl.where(im[None, :, None], _sum3(c, 2)[:, :, None] + hc_eps, 1.0)
+        c = c / tl.where(cols, _sum3(c, 1)[:, None, :] + hc_eps, 1.0)
     return c
 
 
 @triton.jit
+def hc_weights_kernel(
+    mix_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr,
+    T, N, hc_eps, post_mult, post_eps, iters,
+    mix_t, scale_s, base_s, pre_t, post_t, comb_t,
+    HAS_POST: tl.constexpr, SINKHORN: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tm = t < T
+    i = tl.arange(0, BLOCK_N)
+    im = i < N
+    m2 = tm[:, None] & im[None, :]
+    rows = mix_ptr + t[:, None] * mix_t
+    pre = _weights(rows, base_ptr, base_s, tl.load(scale_ptr).to(ACC), 0, i, im, m2, ACC)
+    tl.store(pre_ptr + t[:, None] * pre_t + i[None, :], pre + hc_eps, mask=m2)
+    if HAS_POST:
+        post = _weights(rows, base_ptr, base_s, tl.load(scale_ptr + scale_s).to(ACC), N, i, im, m2, ACC)
+        tl.store(post_ptr + t[:, None] * post_t + i[None, :], post_mult * post + post_eps, mask=m2)
+    if SINKHORN:
+        c = _sinkhorn(
+            rows, base_ptr, base_s, tl.load(scale_ptr + 2 * scale_s).to(ACC), N, hc_eps, iters, i, tm, im, ACC
+        )
+        m3 = tm[:, None, None] & im[None, :, None] & im[None, None, :]
+        tl.store(comb_ptr + t[:, None, None] * comb_t + (i[:, None] * N + i[None, :])[None, :, :], c, mask=m3)
+
+
+@triton.jit
 def hc_apply_kernel(
-    s_ptr, mix_ptr, scale_ptr, base_ptr, x_ptr, post_ptr, comb_ptr,
-    N, D, hc_eps, post_mult, post_eps, iters,
-    s_t, s_n, s_d, mix_t, scale_s, base_s, x_t, post_t, comb_t,
-    HAS_POST: tl.constexpr, SINKHORN: tl.constexpr, ACC: tl.constexpr, RNE_BF16: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    s_ptr, pre_ptr, x_ptr,
+    N, D,
+    s_t, s_n, s_d, pre_t, x_t,
+    ACC: tl.constexpr, RNE_BF16: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK_N)
     im = i < N
-    mix_row = mix_ptr + t * mix_t
-    pre = _weights(mix_row, base_ptr, base_s, tl.load(scale_ptr).to(ACC), 0, i, im, ACC)
-    pre = tl.where(im, pre + hc_eps, 0.0)
-    if HAS_POST:
-        post = _weights(mix_row, base_ptr, base_s, tl.load(scale_ptr + scale_s).to(ACC), N, i, im, ACC)
-        tl.store(post_ptr + t * post_t + i, post_mult * post + post_eps, mask=im)
-    if SINKHORN:
-        c = _sinkhorn(mix_row, base_ptr, base_s, tl.load(scale_ptr + 2 * scale_s).to(ACC), N, hc_eps, iters, i, im, ACC)
-        tl.store(comb_ptr + t * comb_t + i[:, None] * N + i[None, :], c, mask=im[:, None] & im[None, :])
+    pre = tl.load(pre_ptr + t * pre_t + i, mask=im, other=0.0).to(ACC)
     dd = tl.arange(0, BLOCK_D)
     for d0 in range(0, D, BLOCK_D):
         d = d0 + dd

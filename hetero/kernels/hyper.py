@@ -6,10 +6,11 @@ modified; outputs are new contiguous tensors.
 
 Launch shapes (what a GPU runs):
 
-* hc_pre and hc_head: two launches of one program per token. ``hc_mix_kernel`` reduces the token's
-  N*D elements against ``fn`` into M mixes (M = 2N, N*(N+2) or N) in a float32 scratch [T, M]; then
-  ``hc_apply_kernel`` turns them into pre, post and comb (Sinkhorn in registers, N x N) and
-  collapses the streams over tiles of D. ``fn`` is read once per token (from L2 on a GPU: 1.5 MB for
+* hc_pre and hc_head: three launches. ``hc_mix_kernel`` (one program per token) reduces the token's
+  N*D elements against ``fn`` into M mixes (M = 2N, N*(N+2) or N) in a float32 scratch [T, M];
+  ``hc_weights_kernel`` (one program per block of tokens, up to 4096 / N**2 of them) turns them into
+  pre, post and comb (Sinkhorn in registers, [BLOCK_T, N, N]); ``hc_apply_kernel`` (one program per
+  token) collapses the streams by pre over tiles of D. ``fn`` is read once per token (from L2 on a GPU: 1.5 MB for
   DeepSeek-V4); a matrix-core form over tiles of tokens is left for a tuned kernel.
 * hc_post: a 2-D grid of (token, tile of D), the N streams of the tile in registers.
 
@@ -67,12 +68,20 @@ def _collapse(streams, fn, scale, base, norm_eps, hc_eps, *, post_mult, post_eps
         ACC=_tl(acc), BLOCK_M=bm, BLOCK_K=bk, **launch,
     )  # fmt: skip
     bn = _pow2(n)
-    kern.hc_apply_kernel[(t,)](
-        streams, mixes, scale, base, x, post if has_post else x, comb if iters else x,  # unread when not asked
-        n, d, float(hc_eps), float(post_mult), float(post_eps), int(iters),
-        *streams.stride(), mixes.stride(0), scale.stride(0), base.stride(0), x.stride(0), max(post.stride(0), 1),
+    pre = torch.empty((t, n), dtype=acc, device=streams.device)
+    bt = max(1, min(_pow2(t), 4096 // (bn * bn)))  # the block's comb tiles: BLOCK_T x N x N values
+    kern.hc_weights_kernel[(triton.cdiv(t, bt),)](
+        mixes, scale, base, pre, post if has_post else pre, comb if iters else pre,  # unread when not asked
+        t, n, float(hc_eps), float(post_mult), float(post_eps), int(iters),
+        mixes.stride(0), scale.stride(0), base.stride(0), pre.stride(0), max(post.stride(0), 1),
         max(comb.stride(0), 1),
-        HAS_POST=has_post, SINKHORN=iters > 0, ACC=_tl(acc), RNE_BF16=rne_bf16(streams.dtype, tuning),
+        HAS_POST=has_post, SINKHORN=iters > 0, ACC=_tl(acc), BLOCK_T=bt, BLOCK_N=bn, **launch,
+    )  # fmt: skip
+    kern.hc_apply_kernel[(t,)](
+        streams, pre, x,
+        n, d,
+        *streams.stride(), pre.stride(0), x.stride(0),
+        ACC=_tl(acc), RNE_BF16=rne_bf16(streams.dtype, tuning),
         BLOCK_N=bn, BLOCK_D=max(1, min(_pow2(d), block // bn)), **launch,
     )  # fmt: skip
     return x, post, comb
