@@ -76,6 +76,7 @@ class FusedMoE(nn.Module):
         self.local_experts = divide(num_experts, par.size, "experts") if self.ep else num_experts
         self.expert_offset = par.rank * self.local_experts if self.ep else 0
         self.inter = intermediate if self.ep else divide(intermediate, par.size, "moe intermediate size")
+        self.hidden, self.intermediate = hidden, intermediate
         ctx.bind_op(self, "_route", "route", scoring=routing.scoring, **({"fixed_ids": True} if fixed_ids else {}))
         self.quant_method = (quant_config or QuantConfig()).moe_method(prefix)
         if activation not in getattr(self.quant_method, "activations", ("silu",)):
@@ -133,10 +134,16 @@ class FusedMoE(nn.Module):
 
     def _load_fused(self, param: nn.Parameter, tensor: torch.Tensor, proj: str) -> tuple[tuple[int, str], ...]:
         parts = FUSED[proj]
-        if tensor.ndim != 3 or tensor.shape[0] != self.num_experts or tensor.shape[1] % len(parts):
+        # the orientation is checked against the config, never guessed: [E, 2I, H] and [E, H, I]
+        want = (
+            (self.num_experts, 2 * self.intermediate, self.hidden)
+            if proj == "gate_up"
+            else (self.num_experts, self.hidden, self.intermediate)
+        )
+        if tuple(tensor.shape) != want:
             raise ValueError(
-                f"FusedMoE: a fused {proj} tensor is [num_experts={self.num_experts}, {len(parts)} x rows, cols], "
-                f"got {tuple(tensor.shape)}"
+                f"FusedMoE {self.prefix}: the fused {proj} tensor of every expert is {list(want)} "
+                f"([experts, out, in] from the config), got {list(tensor.shape)}"
             )
         filled = []
         for e in range(self.expert_offset, self.expert_offset + self.local_experts):

@@ -54,7 +54,12 @@ class Qwen3_5ForCausalLM(DecoderForCausalLM):
 
 
 class Qwen3_5MoeForCausalLM(DecoderForCausalLM):
-    """Qwen3.5-MoE, text only (``Qwen3_5MoeForCausalLM`` / ``Qwen3_5MoeTextConfig``), per-expert checkpoint tensors."""
+    """Qwen3.5-MoE, text only (``Qwen3_5MoeForCausalLM`` / ``Qwen3_5MoeTextConfig``): per-expert checkpoint tensors,
+    or every expert fused (``experts.gate_up_proj [E, 2I, H]`` / ``experts.down_proj [E, H, I]``: the release)."""
 
     layer_cls = Qwen3_5MoeDecoderLayer
-    mapping = WeightMapping(packed=_PACKED, experts=WeightMapping.stacked_experts(), ignore=IGNORE + MTP_IGNORE)
+    mapping = WeightMapping(
+        packed=_PACKED,
+        experts=WeightMapping.stacked_experts() + WeightMapping.fused_experts(),
+        ignore=IGNORE + MTP_IGNORE,
+    )
