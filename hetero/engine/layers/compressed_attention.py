@@ -24,7 +24,6 @@ import dataclasses
 from typing import Any
 
 import torch
-from torch import nn
 
 from hetero.engine.context import ModelContext
 from hetero.engine.layers.cached import CachedLayer, PagedEntry
@@ -32,7 +31,7 @@ from hetero.engine.layers.compressor import CompressedIndexer, Compressor
 from hetero.engine.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
-from hetero.engine.layers.weights import copy_checked, join_prefix
+from hetero.engine.layers.weights import head_param, join_prefix
 from hetero.engine.parallel import divide
 from hetero.engine.quant.config import QuantConfig
 from hetero.engine.step import Step
@@ -118,11 +117,7 @@ class CompressedAttention(CachedLayer):
         self.o_b_proj = RowParallelLinear(
             ctx, groups * int(c.o_lora_rank), c.hidden_size, prefix=name("o_b_proj"), **at
         )
-        sinks = nn.Parameter(ctx.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
-        rank, what = ctx.parallel.rank, name("sinks")
-        sinks.weight_loader = lambda p, t, shard=None: copy_checked(p, t.narrow(0, rank * p.shape[0], p.shape[0]), what)
-        sinks.shards = (None,)
-        self.sinks = sinks
+        self.sinks = head_param(self.num_heads, ctx.parallel.rank, ctx.parallel.size, ctx.device, name("sinks"))
         self.rotary = rotary
         rot = rotary.cos_sin_cache.shape[-1]
         flip = torch.tensor([1.0, -1.0], device=ctx.device).repeat(rot // 2).to(ctx.dtype)

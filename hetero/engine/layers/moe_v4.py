@@ -20,6 +20,7 @@ from hetero.engine.layers.activation import SiluAndMul
 from hetero.engine.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from hetero.engine.layers.moe import FusedMoE, Routing
 from hetero.engine.layers.weights import copy_checked, join_prefix
+from hetero.engine.quant.base import clamp_gate_up
 from hetero.engine.quant.config import QuantConfig
 
 __all__ = ["ClampedMLP", "DeepseekV4MoE", "MLP_LAYER_TYPES"]
@@ -50,9 +51,7 @@ class ClampedMLP(nn.Module):
         self.down_proj = RowParallelLinear(ctx, intermediate, hidden, prefix=join_prefix(prefix, "down_proj"), **at)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        clamped = torch.cat([gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)], dim=-1)
-        return self.down_proj(self.act_fn(clamped))
+        return self.down_proj(self.act_fn(clamp_gate_up(self.gate_up_proj(x), self.limit)))
 
 
 class DeepseekV4MoE(nn.Module):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-__all__ = ["copy_checked", "is_plain_float", "join_prefix"]
+__all__ = ["copy_checked", "head_param", "is_plain_float", "join_prefix"]
 
 
 def is_plain_float(dtype: torch.dtype) -> bool:
@@ -37,3 +38,20 @@ def copy_checked(param: torch.Tensor, tensor: torch.Tensor, what: str) -> None:
 def join_prefix(prefix: str, name: str) -> str:
     """The checkpoint prefix of child ``name`` of the module at ``prefix`` ("" is the root)."""
     return f"{prefix}.{name}" if prefix else name
+
+
+def head_param(per_rank: int, rank: int, ranks: int, device: torch.device | str, what: str) -> nn.Parameter:
+    """A float32 parameter of one value per attention head (sinks), this rank's ``per_rank`` of them: it loads
+    part ``rank`` of the checkpoint's ``[per_rank * ranks]`` tensor, any other shape a ValueError naming ``what``."""
+    param = nn.Parameter(torch.empty(per_rank, dtype=torch.float32, device=device), requires_grad=False)
+
+    def load(p: nn.Parameter, tensor: torch.Tensor, shard: object = None) -> None:
+        if tuple(tensor.shape) != (per_rank * ranks,):
+            raise ValueError(
+                f"{what}: expected one value per attention head ({per_rank * ranks},), "
+                f"the checkpoint has {tuple(tensor.shape)}"
+            )
+        copy_checked(p, tensor.narrow(0, rank * per_rank, per_rank), what)
+
+    param.weight_loader, param.shards = load, (None,)
+    return param

@@ -28,7 +28,7 @@ from hetero.engine.layers.gqa import GQAttention
 from hetero.engine.layers.linear import ReplicatedLinear
 from hetero.engine.layers.moe_oai import OaiExperts
 from hetero.engine.layers.rotary import RotaryEmbedding
-from hetero.engine.layers.weights import copy_checked, join_prefix
+from hetero.engine.layers.weights import head_param, join_prefix
 from hetero.engine.models.decoder import DecoderForCausalLM, DecoderLayer
 from hetero.engine.quant.config import QuantConfig, quant_config_of
 
@@ -62,24 +62,12 @@ class GptOssAttention(GQAttention):
         quant_config: QuantConfig | None = None,
     ):
         super().__init__(ctx, config, layer_idx, rotary, prefix=prefix, quant_config=quant_config)
-        self.sinks = nn.Parameter(
-            torch.empty(self.num_heads, dtype=torch.float32, device=ctx.device), requires_grad=False
-        )
-        self.sinks.weight_loader, self.sinks.shards = self._load_sinks, (None,)
-        self._rank = (ctx.parallel.rank, ctx.parallel.size)
+        self.sinks = head_param(self.num_heads, ctx.parallel.rank, ctx.parallel.size, ctx.device, "sinks")
 
     @staticmethod
     def biases(config: Any) -> tuple[bool, bool]:
         bias = bool(getattr(config, "attention_bias", True))
         return bias, bias
-
-    def _load_sinks(self, param: nn.Parameter, tensor: torch.Tensor, shard: Any = None) -> None:
-        n, rank, ranks = self.num_heads, *self._rank
-        if tuple(tensor.shape) != (n * ranks,):
-            raise ValueError(
-                f"sinks: expected one value per attention head ({n * ranks},), the checkpoint has {tuple(tensor.shape)}"
-            )
-        copy_checked(param, tensor.narrow(0, rank * n, n), "sinks")
 
 
 class GptOssMLP(nn.Module):

@@ -33,7 +33,7 @@ from hetero.engine.layers.dsa import SharedIndices, SparseMLAttention
 from hetero.engine.layers.hyper import HyperConnection, HyperHead, expand_streams
 from hetero.engine.layers.linear import ColumnParallelLinear
 from hetero.engine.layers.rotary import RotaryEmbedding
-from hetero.engine.layers.weights import copy_checked, join_prefix
+from hetero.engine.layers.weights import head_param, join_prefix
 from hetero.engine.models.base import WeightMapping
 from hetero.engine.models.decoder import GATE_UP_PACKED, IGNORE, DecoderForCausalLM, DecoderLayer, DecoderModel
 from hetero.engine.models.deepseek import DeepseekMoE
@@ -72,11 +72,8 @@ class HYV4Attention(SparseMLAttention):
         self.linear_gate = ColumnParallelLinear(
             ctx, self.hidden, total * self.v_dim, prefix=join_prefix(prefix, "linear_gate"), quant_config=quant_config
         )
-        sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32, device=ctx.device), requires_grad=False)
-        rank, what = ctx.parallel.rank, join_prefix(prefix, "learnable_sink_param")
-        sinks.weight_loader = lambda p, t, shard=None: copy_checked(p, t.narrow(0, rank * p.shape[0], p.shape[0]), what)
-        sinks.shards = (None,)
-        self.learnable_sink_param = sinks
+        what = join_prefix(prefix, "learnable_sink_param")
+        self.learnable_sink_param = head_param(self.num_heads, ctx.parallel.rank, ctx.parallel.size, ctx.device, what)
 
     def indexer_options(self, hf_config: Any) -> dict[str, Any]:
         return dict(rope_last=True, k_norm_eps=float(hf_config.rms_norm_eps), k_norm_float32=True)

@@ -24,7 +24,14 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-__all__ = ["QuantMethod", "LinearMethod", "MoEMethod", "register_weight"]
+__all__ = ["QuantMethod", "LinearMethod", "MoEMethod", "register_weight", "clamp_gate_up"]
+
+
+def clamp_gate_up(gate_up: torch.Tensor, limit: float) -> torch.Tensor:
+    """``[gate | up]`` clamped as ``swiglu_clamp`` takes them, ``min(gate, l)`` and ``clamp(up, -l, l)``, so that
+    ``silu_and_mul`` of the result is that activation (the expert-parallel paths and DeepSeek-V4's shared expert)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.cat([gate.clamp(max=limit), up.clamp(-limit, limit)], dim=-1)
 
 
 def register_weight(

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from hetero.engine.quant._qmath import BLOCK, block_grid, dequantize, e4m3fn_to_fnuz
-from hetero.engine.quant.base import LinearMethod, MoEMethod, QuantMethod, register_weight
+from hetero.engine.quant.base import LinearMethod, MoEMethod, QuantMethod, clamp_gate_up, register_weight
 from hetero.engine.quant.config import UnsupportedQuantization
 
 __all__ = ["Scheme", "ScaledLinearMethod", "ScaledMoEMethod"]
@@ -287,9 +287,8 @@ class ScaledMoEMethod(_ScaledLoading, MoEMethod):
         s13, s2 = self.scales(layer, run=True)
         q, scale = self._quantized(layer, x)
         gate_up = layer._scaled_grouped_gemm(q, layer.run_w13, scale, s13, group_ends, out_dtype=x.dtype)
-        if layer.activation == "swiglu_clamp":  # silu(min(g, l)) * clamp(u, -l, l), as the unquantized experts
-            gate, up = gate_up.chunk(2, dim=-1)
-            gate_up = torch.cat([gate.clamp(max=layer.limit), up.clamp(-layer.limit, layer.limit)], dim=-1)
+        if layer.activation == "swiglu_clamp":
+            gate_up = clamp_gate_up(gate_up, layer.limit)
         h = layer._silu_and_mul(gate_up)
         q, scale = self._quantized(layer, h)
         return layer._scaled_grouped_gemm(q, layer.run_w2, scale, s2, group_ends, out_dtype=x.dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hetero.engine.quant.base import LinearMethod, MoEMethod, register_weight
+from hetero.engine.quant.base import LinearMethod, MoEMethod, clamp_gate_up, register_weight
 
 __all__ = ["UnquantizedLinearMethod", "UnquantizedMoEMethod"]
 
@@ -70,8 +70,7 @@ class UnquantizedMoEMethod(MoEMethod):
 
     def apply_grouped(self, layer: nn.Module, x: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
         gate_up = layer._grouped_gemm(x, layer.w13, group_ends)
-        if layer.activation == "swiglu_clamp":  # silu(min(g, l)) * clamp(u, -l, l)
-            gate, up = gate_up.chunk(2, dim=-1)
-            gate_up = torch.cat([gate.clamp(max=layer.limit), up.clamp(-layer.limit, layer.limit)], dim=-1)
+        if layer.activation == "swiglu_clamp":
+            gate_up = clamp_gate_up(gate_up, layer.limit)
         h = layer._silu_and_mul(gate_up)
         return layer._grouped_gemm(h, layer.w2, group_ends)
