@@ -148,11 +148,12 @@ def _no_media(ids: list[int], hf_config: Any, index: int) -> list[int]:
     media = media_token_ids(hf_config)
     if not media:
         return ids
+    model = (getattr(hf_config, "architectures", None) or ["this checkpoint"])[0]
     for position, token in enumerate(ids):
         if token in media:
             raise UsageError(
-                f"request {index}: argument 'prompt': token {token} at position {position} is the checkpoint's "
-                f"{media[token]} placeholder; hetero runs this model's text part only (no image or video inputs)",
+                f"request {index}: argument 'prompt': token {token} at position {position} is {model}'s "
+                f"{media[token]} placeholder; hetero runs {model}'s text model only (no image or video inputs)",
                 arg="prompt",
                 expected="text tokens only",
                 got=f"{media[token]} {token}",

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from hetero.engine.config import EngineConfig
+from hetero.engine.config import EngineConfig, text_config
 from hetero.errors import UsageError
 
 __all__ = ["TOKENIZER_FILES", "communicator", "load_tokenizer", "eos_token_ids"]
@@ -47,7 +47,7 @@ def load_tokenizer(model_dir: str | os.PathLike):
 def eos_token_ids(config: EngineConfig, tokenizer) -> set[int]:
     """EOS ids of config.json and generation_config.json; the tokenizer's only when neither names one."""
     ids: set[int] = set()
-    sources = [getattr(config.hf_config, "eos_token_id", None)]
+    sources = [getattr(text_config(config.hf_config), "eos_token_id", None)]  # a wrapper's is its text model's
     gen = Path(config.model) / "generation_config.json"
     if gen.is_file():
         sources.append(json.loads(gen.read_text()).get("eos_token_id"))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hetero.tools._tiny_families import FAMILIES
+
 __all__ = ["ARCHS"]
 
 _ATTN = dict(
@@ -290,3 +292,4 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
         ),
     ),
 }
+ARCHS.update(FAMILIES)

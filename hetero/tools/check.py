@@ -118,11 +118,12 @@ def default_prompts(
 
 
 def _reference_class(model_dir: str):
-    """transformers' causal LM auto class, or for a multimodal release (HY4-VL) its image-text-to-text one."""
+    """transformers' causal LM auto class, or for a multimodal release (HY4-VL, Qwen3.5) its wrapper's."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    if transformers.AutoConfig.from_pretrained(model_dir).model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    if getattr(config, "vision_config", None) is None and config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return transformers.AutoModelForCausalLM
     return transformers.AutoModelForImageTextToText
 

@@ -41,7 +41,11 @@ def architecture(arch: str) -> str:
     import transformers
     from transformers.models.auto import modeling_auto
 
-    model_type = getattr(transformers, ARCHS[arch][0]).model_type
+    config_cls = getattr(transformers, ARCHS[arch][0])
+    model_type = config_cls.model_type
+    if "vision_config" in (getattr(config_cls, "sub_configs", None) or {}):
+        # Qwen3.5's model_type also names a text-only causal class; the release is the wrapper
+        return modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type]
     causal = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     return causal or modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type]
 

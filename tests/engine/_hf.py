@@ -18,6 +18,11 @@ ARCHS = (
     "hunyuan_v1_moe",
     "hy_v3",
     "hy_v4",
+    "minimax_m2",
+    "mimo_v2_flash",
+    "glm4_moe",
+    "ernie4_5_moe",
+    "kimi_linear",
 )
 
 

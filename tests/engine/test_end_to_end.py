@@ -32,21 +32,24 @@ def test_greedy_tokens_equal_transformers(arch, checkpoints):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_sixteen_requests_together_equal_one_at_a_time_and_survive_preemption(arch, checkpoints):
+    """One at a time is transformers' ``generate`` per prompt: an engine run with max_num_seqs=1 would
+    repeat that comparison at 16x the steps."""
     path = checkpoints(arch)
     ps = prompts(256, [3 + 5 * i for i in range(16)], seed=1)
     ps[5] = ps[3][:10] + ps[5]  # a shared prefix: the prefix cache serves part of a later request
-    alone = _greedy(_llm(path, max_num_seqs=1), ps, 12)  # one sequence in the engine at a time
     together = _greedy(_llm(path, max_num_seqs=16), ps, 12)
-    assert together == alone
     # 14 blocks of 8 tokens hold a few sequences at a time: the scheduler must preempt and recompute
     small = _llm(path, max_num_seqs=16, block_size=8, num_kv_blocks=14, max_num_batched_tokens=64)
     assert _greedy(small, ps, 12) == together
-    assert small.stats["preemptions"] > 0
+    assert small.stats["preemptions"] > 0 and small.stats["cached_prompt_tokens"] > 0
     assert together == hf_greedy(path, ps, 12)
 
 
 @pytest.mark.parametrize(
-    "arch", ["qwen3", "deepseek_v3", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "deepseek_v4"]
+    "arch",
+    ["qwen3", "deepseek_v3", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "deepseek_v4", "kimi_linear"]
+    + ["glm4_moe", "ernie4_5_moe"]
+    + ["minimax_m2", "mimo_v2_flash"],
 )
 def test_triton_kernels_under_the_interpreter(arch, checkpoints, triton_interpreter):
     """Prefill logits and greedy tokens on the cuda backend's kernels, with no layer's static configuration
@@ -69,7 +72,8 @@ def test_triton_kernels_under_the_interpreter(arch, checkpoints, triton_interpre
         assert float((got - want).norm() / want.norm()) < 1e-4
     declined = {op: e.reasons for op, e in ops.explain().items() if e.reasons}
     assert not declined, declined  # every layer's static configuration was served by the kernels
-    if arch.startswith(("hunyuan", "hy_", "deepseek_v4")):  # batching: qwen3's and deepseek_v3's runs; decode only
+    # batching: qwen3's and deepseek_v3's runs; decode only
+    if arch.startswith(("hunyuan", "hy_", "deepseek_v4", "kimi", "glm4", "ernie", "minimax", "mimo")):
         assert _greedy(_llm(path, backend="cuda"), ps, 3) == hf_greedy(path, ps, 3)
         return
     # 10 blocks of 8 tokens cannot hold all three sequences at their full length (12 blocks): preemption

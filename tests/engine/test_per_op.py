@@ -255,7 +255,11 @@ def test_bad_per_op_options_are_usage_errors(qwen3, capsys, option, value):
     assert f"argument {option}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+#: releases whose text model is another tiny arch's, op for op (tests/engine/test_wrappers.py checks them)
+SAME_OPS = {"qwen3_5_vl", "qwen3_5_moe_vl", "kimi_k25"}
+
+
+@pytest.mark.parametrize("arch", sorted(set(ARCHS) - SAME_OPS))
 def test_every_architecture_replays_within_bounds(arch, tmp_path):
     """Each architecture's op calls (MLA, DSA's indexer, linear attention's recurrent state, gpt-oss's sinks and
     windows, MoE) record and replay; the reference backend agrees with itself in float64's eyes."""

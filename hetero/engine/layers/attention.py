@@ -14,8 +14,9 @@ __all__ = ["Attention"]
 class Attention(CachedLayer):
     """One op for prefill, chunked prefill and decode over this layer's paged KV cache.
 
-    q [T, Hq, D], k/v [T, Hkv, D] of this rank's heads; returns [T, Hq, D]. With ``sinks`` the caller passes
-    float32 [Hq] sink logits (gpt-oss, this rank's heads) to every call; the op is resolved with that option.
+    q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, Dv] of this rank's heads (Dv: ``v_head_dim``, default D); returns
+    [T, Hq, Dv]. With ``sinks`` the caller passes float32 [Hq] sink logits (gpt-oss, this rank's heads) to every
+    call; the op is resolved with that option.
     """
 
     def __init__(
@@ -28,19 +29,25 @@ class Attention(CachedLayer):
         *,
         window: tuple[int, int] = (-1, -1),
         sinks: bool = False,
+        v_head_dim: int | None = None,
     ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.v_head_dim = v_head_dim or head_dim
         self.scale, self.window = float(scale), window
         ctx.bind_op(self, "_write_kv", "write_kv")
         options = {"sinks": True} if sinks else {}
+        if self.v_head_dim != head_dim:
+            options["head_dim_v"] = self.v_head_dim
         ctx.bind_op(self, "_attention", "paged_attention", head_dim=head_dim, **options)
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
     def cache_spec(self) -> tuple[PagedEntry, ...]:
-        per_token = (self.num_kv_heads, self.head_dim)
-        return PagedEntry("k_cache", per_token), PagedEntry("v_cache", per_token)
+        return (
+            PagedEntry("k_cache", (self.num_kv_heads, self.head_dim)),
+            PagedEntry("v_cache", (self.num_kv_heads, self.v_head_dim)),
+        )
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Step, sinks: torch.Tensor | None = None

@@ -11,6 +11,8 @@ delta rule's S [HV, K, V] (float32); both are ``init="flag"``: the ops read
 Tensor parallel: key heads and value heads are split over the ranks (value head i belongs
 with key head i // (HV / H), so a rank's value heads are those of its key heads); the conv
 channels follow as q|k|v of the local heads, and ``out_proj`` is row-parallel.
+
+``DeltaRuleMixer`` is the recurrent core (conv, delta rule, states) Kimi's KDA (``layers/kda.py``) shares.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from hetero.engine.quant.config import QuantConfig
 from hetero.engine.step import Step
 from hetero.ops import takes_option
 
-__all__ = ["GatedDeltaNet", "GatedDeltaNetInProj", "GatedRMSNorm", "LAYOUTS"]
+__all__ = ["DeltaRuleMixer", "GatedDeltaNet", "GatedDeltaNetInProj", "GatedRMSNorm", "LAYOUTS", "head_vector"]
 
 #: checkpoint layout -> the shards of ``in_proj``: "split" is Qwen3.5's in_proj_qkv / _z / _b / _a,
 #: "interleaved" Qwen3-Next's in_proj_qkvz / in_proj_ba grouped by key head
@@ -125,30 +127,33 @@ class GatedDeltaNetInProj(Linear):
 
 
 class GatedRMSNorm(nn.Module):
-    """``rms_norm(x) * weight * silu(gate)`` over the last dim (one value head): x, gate [T, H, D]."""
+    """``rms_norm(x) * weight * act(gate)`` over the last dim (one value head): x, gate [T, H, D]; ``gate_act``
+    "silu" (Gated DeltaNet) or "sigmoid" (KDA)."""
 
-    def __init__(self, ctx: ModelContext, dim: int, eps: float, *, prefix: str = ""):
+    def __init__(self, ctx: ModelContext, dim: int, eps: float, *, gate_act: str = "silu", prefix: str = ""):
         super().__init__()
-        self.eps, self.prefix = float(eps), prefix
+        self.eps, self.prefix, self.gate_act = float(eps), prefix, gate_act
         self.weight = nn.Parameter(ctx.empty(dim), requires_grad=False)
         self.weight.weight_loader = lambda p, t, shard=None: copy_checked(p, t, "GatedRMSNorm")
         self.weight.shards = (None,)
-        ctx.bind_op(self, "_rms_norm", "rms_norm", gate=True, gate_act="silu")
+        ctx.bind_op(self, "_rms_norm", "rms_norm", gate=True, gate_act=gate_act)
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return self._rms_norm(x, self.weight, self.eps, gate=gate, gate_act="silu")
+        return self._rms_norm(x, self.weight, self.eps, gate=gate, gate_act=self.gate_act)
 
 
-def _head_vector(ctx: ModelContext, what: str, count: int) -> nn.Parameter:
-    """A float32 per-value-head vector (A_log, dt_bias): this rank's ``count`` entries of the checkpoint's.
+def head_vector(ctx: ModelContext, what: str, count: int, shape: tuple[int, ...] | None = None) -> nn.Parameter:
+    """A float32 per-head vector (A_log, dt_bias): this rank's ``count`` entries of the checkpoint's, read flat
+    from its ``shape`` (default ``(count * ranks,)``; KDA's A_log is [1, 1, H, 1]).
 
     float32 because the gates are computed in float32 (a bfloat16 checkpoint value casts exactly)."""
     rank, size = ctx.parallel.rank, ctx.parallel.size
+    shape = shape or (count * size,)
 
     def load(param: nn.Parameter, tensor: torch.Tensor, shard: Any = None) -> None:
-        if tuple(tensor.shape) != (count * size,):
-            raise ValueError(f"{what}: expected shape ({count * size},), the checkpoint has {tuple(tensor.shape)}")
-        copy_checked(param, tensor.narrow(0, rank * count, count), what)
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{what}: expected shape {shape}, the checkpoint has {tuple(tensor.shape)}")
+        copy_checked(param, tensor.reshape(-1).narrow(0, rank * count, count), what)
 
     param = nn.Parameter(ctx.empty(count, dtype=torch.float32), requires_grad=False)
     param.weight_loader, param.shards = load, (None,)
@@ -175,7 +180,65 @@ class _ConvWeight(nn.Module):
         self.weight.weight_loader, self.weight.shards = load, (None,)
 
 
-class GatedDeltaNet(CachedLayer):
+class DeltaRuleMixer(CachedLayer):
+    """The recurrent core of a delta-rule token mixer: ``causal_conv1d`` (SiLU) over this rank's q|k|v channels,
+    then ``gated_delta_rule``, and the two per-sequence states. A subclass makes the projections and gates and
+    calls ``init_recurrent`` from its ``__init__``."""
+
+    def init_recurrent(self, ctx: ModelContext, heads: tuple[int, int, int, int], width: int) -> None:
+        """This rank's (key heads, value heads, key dim, value dim) and the conv width; binds the two ops."""
+        self.hk, self.hv, self.dk, self.dv = heads
+        self.width, self.channels = width, 2 * self.hk * self.dk + self.hv * self.dv
+        # a step plan is passed only to ops that take one (an implementation older than spec 1.6 does not)
+        bound = {
+            op: ctx.bind_op(self, attr, op)
+            for attr, op in (("_conv", "causal_conv1d"), ("_delta_rule", "gated_delta_rule"))
+        }
+        self._plans = all(takes_option(fn, op, "plan") for op, fn in bound.items())
+        self.conv_state: torch.Tensor | None = None
+        self.ssm_state: torch.Tensor | None = None
+
+    def cache_spec(self) -> tuple[StateEntry, ...]:
+        return (
+            StateEntry("conv_state", (self.width - 1, self.channels), init="flag"),
+            StateEntry("ssm_state", (self.hv, self.dk, self.dv), torch.float32, init="flag"),
+        )
+
+    def recur(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, step: Step) -> torch.Tensor:
+        """out [T, HV, V] of q|k|v ``mixed`` [T, channels]; ``g`` float32 [T, HV] or [T, HV, K], ``beta`` [T, HV]."""
+        if self.conv_state is None or step.state_slots is None:
+            raise RuntimeError(f"{type(self).__name__}: the state pool is not bound or the step has no state slots")
+        tokens, qsl = mixed.shape[0], step.meta.query_start_loc
+        planned = {"plan": step.state_plan} if self._plans and step.state_plan is not None else {}
+        mixed = self._conv(
+            mixed.contiguous(),
+            self.conv1d.weight,
+            None,
+            self.conv_state,
+            qsl,
+            step.state_slots,
+            step.has_initial_state,
+            activation="silu",
+            **planned,
+        )
+        q, k, v = mixed.split([self.hk * self.dk, self.hk * self.dk, self.hv * self.dv], dim=-1)
+        return self._delta_rule(
+            q.reshape(tokens, self.hk, self.dk),
+            k.reshape(tokens, self.hk, self.dk),
+            v.reshape(tokens, self.hv, self.dv),
+            g,
+            beta,
+            self.ssm_state,
+            qsl,
+            step.state_slots,
+            step.has_initial_state,
+            scale=self.dk**-0.5,
+            use_qk_l2norm=True,
+            **planned,
+        )
+
+
+class GatedDeltaNet(DeltaRuleMixer):
     """One Gated DeltaNet token mixer: ``forward(hidden [T, H], step) -> [T, H]``.
 
     ``config`` gives ``linear_num_key_heads`` / ``linear_num_value_heads`` (H, HV),
@@ -192,10 +255,10 @@ class GatedDeltaNet(CachedLayer):
         self.prefix, size = prefix, ctx.parallel.size
         hk_total, hv_total = config.linear_num_key_heads, config.linear_num_value_heads
         divide(hv_total, hk_total, "value heads per key head")
-        self.hk = divide(hk_total, size, "linear attention key heads")
-        self.hv = divide(hv_total, size, "linear attention value heads")
-        self.dk, self.dv = config.linear_key_head_dim, config.linear_value_head_dim
-        self.width = config.linear_conv_kernel_dim
+        hk = divide(hk_total, size, "linear attention key heads")
+        hv = divide(hv_total, size, "linear attention value heads")
+        heads = (hk, hv, config.linear_key_head_dim, config.linear_value_head_dim)
+        self.init_recurrent(ctx, heads, config.linear_conv_kernel_dim)
         self.in_proj = GatedDeltaNetInProj(
             ctx,
             config.hidden_size,
@@ -204,10 +267,9 @@ class GatedDeltaNet(CachedLayer):
             prefix=join_prefix(prefix, "in_proj"),
             quant_config=quant_config,
         )
-        self.channels = self.in_proj.split_sizes[0]
         self.conv1d = _ConvWeight(ctx, [hk_total * self.dk] * 2 + [hv_total * self.dv], self.width)
-        self.A_log = _head_vector(ctx, "A_log", self.hv)
-        self.dt_bias = _head_vector(ctx, "dt_bias", self.hv)
+        self.A_log = head_vector(ctx, "A_log", self.hv)
+        self.dt_bias = head_vector(ctx, "dt_bias", self.hv)
         self.norm = GatedRMSNorm(ctx, self.dv, config.rms_norm_eps, prefix=join_prefix(prefix, "norm"))
         self.out_proj = RowParallelLinear(
             ctx,
@@ -216,20 +278,6 @@ class GatedDeltaNet(CachedLayer):
             prefix=join_prefix(prefix, "out_proj"),
             quant_config=quant_config,
         )
-        # a step plan is passed only to ops that take one (an implementation older than spec 1.6 does not)
-        bound = {
-            op: ctx.bind_op(self, attr, op)
-            for attr, op in (("_conv", "causal_conv1d"), ("_delta_rule", "gated_delta_rule"))
-        }
-        self._plans = all(takes_option(fn, op, "plan") for op, fn in bound.items())
-        self.conv_state: torch.Tensor | None = None
-        self.ssm_state: torch.Tensor | None = None
-
-    def cache_spec(self) -> tuple[StateEntry, ...]:
-        return (
-            StateEntry("conv_state", (self.width - 1, self.channels), init="flag"),
-            StateEntry("ssm_state", (self.hv, self.dk, self.dv), torch.float32, init="flag"),
-        )
 
     def gates(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(g, beta) float32 [T, HV]: the log-decay ``-exp(A_log) * softplus(a + dt_bias)`` and ``sigmoid(b)``."""
@@ -237,37 +285,8 @@ class GatedDeltaNet(CachedLayer):
         return g, torch.sigmoid(b.float())
 
     def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:
-        if self.conv_state is None or step.state_slots is None:
-            raise RuntimeError("GatedDeltaNet: the state pool is not bound or the step has no state slots")
-        tokens, qsl = hidden.shape[0], step.meta.query_start_loc
-        planned = {"plan": step.state_plan} if self._plans and step.state_plan is not None else {}
+        tokens = hidden.shape[0]
         mixed, z, b, a = self.in_proj(hidden).split(self.in_proj.split_sizes, dim=-1)
-        mixed = self._conv(
-            mixed.contiguous(),
-            self.conv1d.weight,
-            None,
-            self.conv_state,
-            qsl,
-            step.state_slots,
-            step.has_initial_state,
-            activation="silu",
-            **planned,
-        )
-        q, k, v = mixed.split([self.hk * self.dk, self.hk * self.dk, self.hv * self.dv], dim=-1)
         g, beta = self.gates(b, a)
-        out = self._delta_rule(
-            q.reshape(tokens, self.hk, self.dk),
-            k.reshape(tokens, self.hk, self.dk),
-            v.reshape(tokens, self.hv, self.dv),
-            g,
-            beta,
-            self.ssm_state,
-            qsl,
-            step.state_slots,
-            step.has_initial_state,
-            scale=self.dk**-0.5,
-            use_qk_l2norm=True,
-            **planned,
-        )
-        out = self.norm(out, z.reshape(tokens, self.hv, self.dv))
+        out = self.norm(self.recur(mixed, g, beta, step), z.reshape(tokens, self.hv, self.dv))
         return self.out_proj(out.reshape(tokens, self.hv * self.dv))

@@ -2,7 +2,8 @@
 
 It is the ``attention_cls`` of the GQA families (``models/qwen2.py``, ``qwen3.py``, ``gpt_oss.py``); a family
 changes what its architecture changes by overriding ``biases`` (which projections have a bias),
-``qk_transform`` (e.g. Qwen3's per-head q/k norms) or ``with_sinks`` (gpt-oss's sink logits).
+``qk_transform`` (e.g. Qwen3's per-head q/k norms), ``with_sinks`` (gpt-oss's sink logits), or
+``kv_heads`` / ``value_head_dim`` / ``v_transform`` (MiMo-V2-Flash's per-layer KV heads, Dv < D, scaled V).
 """
 
 from __future__ import annotations
@@ -68,22 +69,25 @@ class GQAttention(nn.Module):
     ):
         super().__init__()
         self.prefix, self.head_dim = prefix, head_dim_of(config)
+        self.v_head_dim = self.value_head_dim(config)
         qkv_bias, o_bias = self.biases(config)
         self.qkv_proj = QKVParallelLinear(
             ctx,
             config.hidden_size,
             self.head_dim,
             config.num_attention_heads,
-            config.num_key_value_heads,
+            self.kv_heads(config, layer_idx),
             bias=qkv_bias,
+            v_head_dim=self.v_head_dim,
             prefix=join_prefix(prefix, "qkv_proj"),
             quant_config=quant_config,
         )
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.v_size = self.num_kv_heads * self.v_head_dim
         self.o_proj = RowParallelLinear(
             ctx,
-            config.num_attention_heads * self.head_dim,
+            config.num_attention_heads * self.v_head_dim,
             config.hidden_size,
             bias=o_bias,
             prefix=join_prefix(prefix, "o_proj"),
@@ -98,6 +102,7 @@ class GQAttention(nn.Module):
             self.head_dim**-0.5,
             window=sliding_window_of(config, layer_idx),
             sinks=self.with_sinks,
+            v_head_dim=self.v_head_dim,
         )
         self.sinks: torch.Tensor | None = None
 
@@ -106,6 +111,20 @@ class GQAttention(nn.Module):
         """(q/k/v bias, o_proj bias): both iff ``attention_bias`` (transformers' usual flag)."""
         bias = bool(getattr(config, "attention_bias", False))
         return bias, bias
+
+    @staticmethod
+    def kv_heads(config: Any, layer_idx: int) -> int:
+        """The KV heads of layer ``layer_idx`` (all ranks together): ``num_key_value_heads``."""
+        return config.num_key_value_heads
+
+    @staticmethod
+    def value_head_dim(config: Any) -> int:
+        """Dv, the width of a value head: the head_dim (``head_dim_of``)."""
+        return head_dim_of(config)
+
+    def v_transform(self, v: torch.Tensor) -> torch.Tensor:
+        """Applied to v [T, Hkv, Dv] before it is cached; none by default."""
+        return v
 
     def qk_transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Applied to q [T, Hq, D] and k [T, Hkv, D] before rope; none by default."""
@@ -117,11 +136,11 @@ class GQAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:
         tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.v_size], dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_transform(v.view(tokens, self.num_kv_heads, self.v_head_dim))
         q, k = self.qk_transform(q, k)
         q, k = self.qk_after_rope(*self.rotary_emb(step.positions, q, k))
         out = self.attn(q, k, v, step, sinks=self.sinks)
-        return self.o_proj(out.reshape(tokens, self.q_size))
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.v_head_dim))

@@ -181,7 +181,8 @@ class MergedColumnParallelLinear(Linear):
 class QKVParallelLinear(Linear):
     """q, k and v projections packed in one weight; heads split over ranks (shards "q", "k", "v").
 
-    With fewer KV heads than ranks, each KV head is replicated on the ranks that need it.
+    With fewer KV heads than ranks, each KV head is replicated on the ranks that need it. Values are
+    ``v_head_dim`` wide per head when given (MiMo-V2-Flash's Dv < D), else ``head_dim``.
     """
 
     tp_dim = 0
@@ -195,6 +196,7 @@ class QKVParallelLinear(Linear):
         num_kv_heads: int,
         *,
         bias: bool = False,
+        v_head_dim: int | None = None,
         prefix: str = "",
         quant_config: QuantConfig | None = None,
     ):
@@ -206,7 +208,8 @@ class QKVParallelLinear(Linear):
             divide(size, num_kv_heads, "ranks per KV head")
             self.num_kv_heads = 1
         self.total_kv_heads, self.head_dim = num_kv_heads, head_dim
-        splits = [self.num_heads * head_dim, self.num_kv_heads * head_dim, self.num_kv_heads * head_dim]
+        v_dim = v_head_dim or head_dim
+        splits = [self.num_heads * head_dim, self.num_kv_heads * head_dim, self.num_kv_heads * v_dim]
         super().__init__(
             ctx, hidden, splits, bias=bias, shard_ids=["q", "k", "v"], prefix=prefix, quant_config=quant_config
         )

@@ -28,6 +28,16 @@ ARCHITECTURES: dict[str, str | type[CausalLM]] = {
     "HYV3ForCausalLM": "hy_v3:HYV3ForCausalLM",
     "HYV4ForCausalLM": "hy_v4:HYV4ForCausalLM",
     "HYV4VLForConditionalGeneration": "hy_v4:HYV4VLForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5:Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5:Qwen3_5MoeForConditionalGeneration",
+    "Kimi_K25ForConditionalGeneration": "deepseek:Kimi_K25ForConditionalGeneration",
+    # the name Moonshot's own config.json gives it (its remote code's class)
+    "KimiK25ForConditionalGeneration": "deepseek:Kimi_K25ForConditionalGeneration",
+    "KimiLinearForCausalLM": "kimi_linear:KimiLinearForCausalLM",
+    "MiniMaxM2ForCausalLM": "minimax_m2:MiniMaxM2ForCausalLM",
+    "MiMoV2FlashForCausalLM": "mimo_v2:MiMoV2FlashForCausalLM",
+    "Glm4MoeForCausalLM": "glm4_moe:Glm4MoeForCausalLM",
+    "Ernie4_5_MoeForCausalLM": "ernie4_5:Ernie4_5_MoeForCausalLM",
 }
 
 

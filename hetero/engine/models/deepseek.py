@@ -39,6 +39,7 @@ from hetero.engine.layers.rotary import RotaryEmbedding
 from hetero.engine.layers.weights import join_prefix
 from hetero.engine.models.base import WeightMapping
 from hetero.engine.models.decoder import GATE_UP_PACKED, IGNORE, DecoderForCausalLM, DecoderLayer, GatedMLP
+from hetero.engine.models.wrapper import TextOfMultimodal
 from hetero.engine.quant.config import QuantConfig
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "DeepseekV3DecoderLayer",
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
+    "Kimi_K25ForConditionalGeneration",
     "deepseek_routing",
     "mtp_ignore",
 ]
@@ -88,7 +90,7 @@ def _mlp_bias(hf_config: Any, v3: bool) -> bool:
 
 class DeepseekMoE(nn.Module):
     """Router ``gate`` in float32, routed experts (``activation``: fused_moe's, ``limit`` its clamp), shared
-    experts; returns their sum.
+    experts; returns their sum. ``num_experts``: the routed experts (None: the config's ``n_routed_experts``).
 
     V3's ``e_score_correction_bias`` is the FusedMoE's ``correction_bias`` Parameter,
     registered first under ``gate.e_score_correction_bias`` (the checkpoint's name) so
@@ -103,21 +105,23 @@ class DeepseekMoE(nn.Module):
         v3: bool,
         activation: str = "silu",
         limit: float | None = None,
+        num_experts: int | None = None,
         prefix: str = "",
         quant_config: QuantConfig | None = None,
     ):
         super().__init__()
         c, self.prefix = hf_config, prefix
+        experts = c.n_routed_experts if num_experts is None else num_experts
         self.gate = ReplicatedLinear(
             dataclasses.replace(ctx, dtype=torch.float32),
             c.hidden_size,
-            c.n_routed_experts,
+            experts,
             prefix=join_prefix(prefix, "gate"),
             quant_config=quant_config,
         )
         self.experts = FusedMoE(
             ctx,
-            c.n_routed_experts,
+            experts,
             c.hidden_size,
             c.moe_intermediate_size,
             deepseek_routing(c, v3),
@@ -130,7 +134,7 @@ class DeepseekMoE(nn.Module):
         if v3:
             self.gate.e_score_correction_bias = self.experts.correction_bias
         self.shared_experts = None
-        if c.n_shared_experts:
+        if getattr(c, "n_shared_experts", None):  # MiMo-V2-Flash's config has no such field: no shared experts
             self.shared_experts = GatedMLP(
                 ctx,
                 c.hidden_size,
@@ -199,3 +203,19 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     """DeepSeek-V3 and R1 (and V3-architecture checkpoints)."""
 
     layer_cls = DeepseekV3DecoderLayer
+
+
+class Kimi_K25ForConditionalGeneration(TextOfMultimodal, DeepseekV3ForCausalLM):
+    """Kimi-K2.5's release, text only (``wrapper.py``): DeepSeek-V3 (``text_config``, whose ``kimi_k2``
+    model_type transformers reads as ``deepseek_v3``) under ``language_model.model.`` and
+    ``language_model.lm_head.``; the vision tower (``vision_tower.``) and projector (``mm_projector.``)
+    ignored. transformers 5.24's ``save_pretrained`` writes the text layers as ``language_model.model.blocks.``
+    (its vision ``blocks`` -> ``layers`` rename reversed over every name) and the projector's norm as
+    ``model.mm_projector.pre_norm``: both read too."""
+
+    text_renames = (
+        (r"^language_model\.model\.blocks\.", "model.layers."),
+        (r"^language_model\.model\.", "model."),
+        (r"^language_model\.lm_head\.", "lm_head."),
+    )
+    vision_ignore = (r"vision_tower\..*", r"mm_projector\..*", r"model\.mm_projector\..*")

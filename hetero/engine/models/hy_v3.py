@@ -35,7 +35,7 @@ def is_sparse_layer(config: Any, layer_idx: int) -> bool:
     kinds = config.mlp_layer_types
     if len(kinds) != config.num_hidden_layers or not set(kinds) <= {"dense", "sparse"}:
         raise UsageError(
-            "Hy3 mlp_layer_types must give 'dense' or 'sparse' for each layer",
+            "mlp_layer_types must give 'dense' or 'sparse' for each layer",
             arg="mlp_layer_types",
             expected=f"{config.num_hidden_layers} entries of 'dense' / 'sparse'",
             got=kinds,

@@ -22,7 +22,6 @@ The checkpoint's names are the original release's (what transformers' ``save_pre
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar
 
 import torch
@@ -38,7 +37,8 @@ from hetero.engine.models.base import WeightMapping
 from hetero.engine.models.decoder import GATE_UP_PACKED, IGNORE, DecoderForCausalLM, DecoderLayer, DecoderModel
 from hetero.engine.models.deepseek import DeepseekMoE
 from hetero.engine.models.hy_v3 import is_sparse_layer
-from hetero.engine.quant.config import QuantConfig, quant_config_of
+from hetero.engine.models.wrapper import TextOfMultimodal
+from hetero.engine.quant.config import QuantConfig
 from hetero.engine.step import Step
 
 __all__ = [
@@ -197,16 +197,10 @@ class HYV4VLDecoderLayer(HYV4DecoderLayer):
     rope_neox = False
 
 
-class HYV4VLForConditionalGeneration(HYV4ForCausalLM):
-    """HY4-VL's text model (``text_config``), on text prompts: its M-RoPE is plain rope when a token's three
-    position ids are equal. The vision tower's weights (``vit.*``) are ignored, and a prompt holding the image
-    or video placeholder is refused when it is queued (``engine/_inputs.py``)."""
+class HYV4VLForConditionalGeneration(TextOfMultimodal, HYV4ForCausalLM):
+    """HY4-VL's text model (``text_config``, ``wrapper.py``), on text prompts: its M-RoPE is plain rope when a
+    token's three position ids are equal. The release keeps the text names (``model.*``); the vision tower and
+    its projector (``vit.*``, or ``model.vision_tower.*`` as transformers names them) are ignored."""
 
     layer_cls = HYV4VLDecoderLayer
-    mapping = dataclasses.replace(
-        HYV4ForCausalLM.mapping, ignore=HYV4ForCausalLM.mapping.ignore + (r"vit\..*", r"model\.vision_tower\..*")
-    )
-
-    def __init__(self, hf_config: Any, ctx: ModelContext, *, quant_config: QuantConfig | None = None):
-        text = hf_config.get_text_config()
-        super().__init__(text, ctx, quant_config=quant_config or quant_config_of(hf_config))
+    vision_ignore = (r"vit\..*", r"model\.vision_tower\..*")

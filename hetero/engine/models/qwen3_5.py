@@ -6,6 +6,10 @@ Qwen3.5 has a dense MLP in every layer; Qwen3.5-MoE routed experts plus the gate
 expert in every layer, its router always renormalizing the top-k weights. Qwen3.5's
 interleaved M-RoPE reduces to partial NeoX rope for text, where the temporal, height and
 width positions are all the token's position, so the text model uses that.
+
+The releases are the multimodal wrappers (``Qwen3_5ForConditionalGeneration``,
+``Qwen3_5MoeForConditionalGeneration``): the text model under ``model.language_model.``, the vision
+tower and its merger under ``model.visual.``, ``lm_head`` and ``mtp.*`` at the top (``wrapper.py``).
 """
 
 from __future__ import annotations
@@ -15,8 +19,16 @@ from functools import partial
 from hetero.engine.models.base import WeightMapping
 from hetero.engine.models.decoder import GATE_UP_PACKED, IGNORE, QKV_PACKED, DecoderForCausalLM, every_layer
 from hetero.engine.models.qwen3_next import MTP_IGNORE, HybridSparseMoeBlock, Qwen3NextDecoderLayer
+from hetero.engine.models.wrapper import TextOfMultimodal
 
-__all__ = ["Qwen3_5DecoderLayer", "Qwen3_5MoeDecoderLayer", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"]
+__all__ = [
+    "Qwen3_5DecoderLayer",
+    "Qwen3_5MoeDecoderLayer",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+]
 
 _PACKED = (
     QKV_PACKED
@@ -63,3 +75,17 @@ class Qwen3_5MoeForCausalLM(DecoderForCausalLM):
         experts=WeightMapping.stacked_experts() + WeightMapping.fused_experts(),
         ignore=IGNORE + MTP_IGNORE,
     )
+
+
+class Qwen3_5ForConditionalGeneration(TextOfMultimodal, Qwen3_5ForCausalLM):
+    """Qwen3.5's release, text only: ``model.language_model.*`` read as ``model.*``, ``model.visual.*`` ignored."""
+
+    text_renames = ((r"^model\.language_model\.", "model."),)
+    vision_ignore = (r"model\.visual\..*",)
+
+
+class Qwen3_5MoeForConditionalGeneration(TextOfMultimodal, Qwen3_5MoeForCausalLM):
+    """Qwen3.5-MoE's release, text only (as ``Qwen3_5ForConditionalGeneration``)."""
+
+    text_renames = Qwen3_5ForConditionalGeneration.text_renames
+    vision_ignore = Qwen3_5ForConditionalGeneration.vision_ignore

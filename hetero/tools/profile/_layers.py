@@ -27,7 +27,7 @@ def _marker_classes() -> tuple[tuple[type, str], ...]:
     from hetero.engine.layers.activation import SiluAndMul
     from hetero.engine.layers.attention import Attention
     from hetero.engine.layers.gated_attention import GatedAttention
-    from hetero.engine.layers.gated_deltanet import GatedDeltaNet
+    from hetero.engine.layers.gated_deltanet import DeltaRuleMixer  # Gated DeltaNet, KDA
     from hetero.engine.layers.mla import MLAttention  # and dsa.SparseMLAttention, its subclass
     from hetero.engine.layers.moe import FusedMoE
     from hetero.engine.layers.moe_oai import OaiExperts
@@ -35,7 +35,7 @@ def _marker_classes() -> tuple[tuple[type, str], ...]:
     return (
         (FusedMoE, MOE),
         (OaiExperts, MOE),
-        (GatedDeltaNet, LINEAR_ATTENTION),
+        (DeltaRuleMixer, LINEAR_ATTENTION),
         (MLAttention, ATTENTION),
         (GatedAttention, ATTENTION),
         (Attention, ATTENTION),
