@@ -17,9 +17,11 @@
 # write_index_k, layer_norm) and gpt-oss-20b (fused_moe swigluoai with biases, E 32 top-4; paged_attention
 # with sinks and a 128 window) and DeepSeek-V3's quantized experts (quantize_activation fp8 1x128 / ue8m0 /
 # int8 per token on 4096 x 7168; scaled_grouped_gemm over the 32768 routed rows of 4096 tokens, E 256, 128x128
-# blocks and row-wise, the row-wise case also beside torch._scaled_grouped_mm; fused_moe fp8 blocks), each
-# against its memory / compute roofline. Cases: scripts/gpu_check_cases.py, gpu_check_attention.py,
-# gpu_check_quant.py, gpu_check_sizes.py.
+# blocks and row-wise, the row-wise case also beside torch._scaled_grouped_mm; fused_moe fp8 blocks) and packed
+# int4 weights (W4A16, spec 1.9: gemm, grouped_gemm under EP 8 and fused_moe at Kimi-K2.5's symmetric group-32
+# and Qwen3-30B-A3B's group-128 zero-point experts, hetero.kernels.int4), each against its memory / compute
+# roofline. Cases: scripts/gpu_check_cases.py, gpu_check_attention.py, gpu_check_quant.py, gpu_check_int4.py,
+# gpu_check_sizes.py.
 #
 # usage: scripts/gpu_check.sh [--smoke] [--list] [OUT.md]      (default OUT: docs/perf/gpu_check.md)
 #   --smoke  tiny shapes and a few conformance ops through Triton's interpreter on the CPU
@@ -41,7 +43,7 @@ for arg in "$@"; do
   case "$arg" in
     --smoke) smoke=1 ;;
     --list) list=1 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option $arg" >&2; exit 2 ;;
     *) out=$arg ;;
   esac

@@ -55,6 +55,7 @@ class Sizes:
     oss_moe: tuple[int, int, int, int]  # gpt-oss experts (E, top_k, H, I), swigluoai with biases
     quant_tokens: int  # the quantized cases' tokens T (DeepSeek-V3: T x top_k routed rows), gpu_check_quant
     hyper: tuple[int, int]  # hyper-connections (streams N, hidden D): DeepSeek-V4's; tokens from ``tokens``
+    w4a16: dict[str, tuple[int, int, int, int, int]]  # packed int4 experts: model -> (E, top_k, H, I, group size)
 
 
 FULL = Sizes(
@@ -78,6 +79,7 @@ FULL = Sizes(
     (32, 4, 2880, 2880),  # gpt-oss-20b
     4096,
     (4, 4096),  # DeepSeek-V4 (HY4: 4 x 2816)
+    {"kimi-k2": (384, 8, 7168, 2048, 32), "qwen3-30b-a3b": (128, 8, 2048, 768, 128)},  # K2.5's int4; AWQ / GPTQ
 )
 SMOKE = Sizes(
     (2, 40),
@@ -100,6 +102,7 @@ SMOKE = Sizes(
     (8, 2, 64, 32),
     12,
     (4, 64),
+    {"kimi-k2": (12, 2, 72, 40, 32), "qwen3-30b-a3b": (8, 2, 64, 24, 16)},
 )
 
 

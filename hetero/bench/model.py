@@ -36,8 +36,10 @@ def _gemm(a: Mapping[str, Any]) -> Work:
     m, k = x.shape
     n = w.shape[0]
     out_es = elem_size(a["out_dtype"] or x.dtype)
+    packed = nbytes(a["b_scale"]) + nbytes(a["b_zero_point"])  # spec 1.9: w is int4 packed, two a byte
     return Work(
-        2.0 * m * n * k + (m * n if bias is not None else 0), nbytes(x) + nbytes(w) + nbytes(bias) + m * n * out_es
+        2.0 * m * n * k + (m * n if bias is not None else 0),
+        nbytes(x) + nbytes(w) + packed + nbytes(bias) + m * n * out_es,
     )
 
 
@@ -55,7 +57,9 @@ def _grouped_gemm(a: Mapping[str, Any]) -> Work:
     n = w.shape[1]
     counts = torch.diff(ends.to(torch.int64), prepend=ends.new_zeros(1, dtype=torch.int64))
     rows, used = int(ends[-1]) if ends.numel() else 0, int((counts > 0).sum())
-    read = rows * k * x.element_size() + used * n * k * w.element_size() + nbytes(ends)
+    per_expert = [t for t in (w, a["b_scale"], a["b_zero_point"]) if t is not None]  # packed int4: spec 1.9
+    weights = used * sum(t[0].numel() * t.element_size() for t in per_expert) if w.shape[0] else 0
+    read = rows * k * x.element_size() + weights + nbytes(ends)
     return Work(2.0 * rows * n * k, read + m * n * elem_size(a["out_dtype"] or x.dtype))
 
 
@@ -105,12 +109,12 @@ def _moe_unpermute(a: Mapping[str, Any]) -> Work:
 def _fused_moe(a: Mapping[str, Any]) -> Work:
     x, w13, w2, ids = a["x"], a["w13"], a["w2"], a["ids"]
     m, h = x.shape
-    inter = w2.shape[2]
+    inter = w13.shape[1] // 2  # not w2.shape[2]: packed int4 experts hold ceil(I/2) bytes a row
     pairs = ids.numel()
     experts = int(torch.unique(ids).numel()) if pairs else 0
     flops = 2.0 * pairs * h * 2 * inter + 2.0 * pairs * inter * h + 4.0 * pairs * inter + 2.0 * pairs * h
     weights = experts * (w13[0].numel() * w13.element_size() + w2[0].numel() * w2.element_size())
-    extras = (a["w13_bias"], a["w2_bias"], a["w13_scale"], a["w2_scale"])  # per-expert biases and weight scales
+    extras = (a["w13_bias"], a["w2_bias"], a["w13_scale"], a["w2_scale"], a["w13_zero_point"], a["w2_zero_point"])
     biases = experts * sum(b[0].numel() * b.element_size() for b in extras if b is not None)
     return Work(flops, nbytes(x) + weights + biases + nbytes(a["weights"]) + nbytes(ids) + nbytes(x))
 

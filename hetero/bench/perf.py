@@ -13,7 +13,8 @@ Qwen3-8B and DeepSeek-V3 projections, 128- and 256-expert MoE (DeepSeek-V4's rou
 fp8 GEMM with 128-block scales, Qwen3-Next's linear-attention ops at decode batch
 64 and a 4k prefill, DeepSeek-V3.2's indexer and sparse MLA at decode batch 64
 over 4k keys, DeepSeek-V4's and HY4's hyper-connections at 4k tokens, DeepSeek-V4's KV compressors at decode
-batch 64 and a 4k chunk. Never run ``full`` on a CPU in tests: drawing its inputs alone takes gigabytes.
+batch 64 and a 4k chunk, packed int4 (W4A16) GEMMs and experts at Kimi-K2's and Qwen3-30B-A3B's shapes
+(``hetero.bench._perf_int4``). Never run ``full`` on a CPU in tests: drawing its inputs alone takes gigabytes.
 
 The ep_* ops have no case here: they need several ranks (see
 ``hetero conformance --world-size``). Case shapes start with ``perf/`` so a
@@ -27,6 +28,7 @@ from typing import Any, Callable
 
 from hetero.bench._compressed_attention import compressed_attention_cases
 from hetero.bench._perf_attention import attention_cases, dsa_cases, mla_cases
+from hetero.bench._perf_int4 import int4_cases
 from hetero.spec import OPS
 from hetero.verify.case import Case
 from hetero.verify.inputs import compress as _compress
@@ -283,6 +285,6 @@ def perf_cases(tier: str) -> list[Case]:
         out.append(Case(op, f"perf/{shape}", dtype or dt, build, static, quick=not full))
 
     families = (attention_cases, mla_cases, dsa_cases, _gemms, _quant_ops, _moe_ops, _layer_ops, _recurrent_ops)
-    for family in (*families, _hyper_ops, _compress_ops, compressed_attention_cases):
+    for family in (*families, _hyper_ops, _compress_ops, compressed_attention_cases, int4_cases):
         family(add, full, dt)
     return out

@@ -1,5 +1,6 @@
 """Triton GEMMs: gemm, scaled_gemm (fp8 e4m3fn / e4m3fnuz and int8, scales per tensor, per
-token / channel or in 128-blocks) and grouped_gemm (one launch over every group).
+token / channel or in 128-blocks) and grouped_gemm (one launch over every group). Packed int4
+weights (spec 1.9) go to ``hetero.kernels.int4``.
 
 Semantics: ``hetero.spec.gemm``. The kernels and their launch design are in
 ``hetero.kernels._gemm_kernels``. Inputs are addressed through their strides (a strided
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from hetero.kernels import _gemm_kernels as kern
+from hetero.kernels import int4
 from hetero.kernels._triton import interpreter_requested, triton_modules
 from hetero.kernels.tuning import Tuning
 from hetero.spec.checks import check_scale_form, check_tensor, expect, scale_blocks
@@ -153,7 +155,10 @@ def launch_grouped(
 # ----------------------------------------------------------------------------- ops
 
 
-def gemm(a, b, *, bias=None, out_dtype=None, tuning: Tuning) -> torch.Tensor:
+def gemm(a, b, *, bias=None, out_dtype=None, b_scale=None, b_zero_point=None, group_size=None, tuning: Tuning):
+    g = int4.check_int4_gemm(a, b, bias, out_dtype, (b_scale, b_zero_point, group_size))
+    if g is not None:  # spec 1.9: packed int4 b (W4A16)
+        return int4.gemm(a, b, b_scale, b_zero_point, g, bias=bias, out_dtype=out_dtype, tuning=tuning)
     op = "gemm"
     check_operands(op, a, b, FLOAT_DTYPES)
     out_dtype = a.dtype if out_dtype is None else out_dtype
@@ -203,7 +208,10 @@ def scaled_gemm(a, b, a_scale, b_scale, *, bias=None, out_dtype=torch.bfloat16, 
     return c
 
 
-def grouped_gemm(a, b, group_ends, *, out_dtype=None, tuning: Tuning) -> torch.Tensor:
+def grouped_gemm(a, b, group_ends, *, out_dtype=None, b_scale=None, b_zero_point=None, group_size=None, tuning):
+    g = int4.check_int4_grouped(a, b, group_ends, out_dtype, (b_scale, b_zero_point, group_size))
+    if g is not None:  # spec 1.9: packed int4 b (W4A16)
+        return int4.grouped_gemm(a, b, b_scale, b_zero_point, g, group_ends, out_dtype=out_dtype, tuning=tuning)
     op = "grouped_gemm"
     check_operands(op, a, b, FLOAT_DTYPES, b_ndim=3)
     out_dtype = a.dtype if out_dtype is None else out_dtype

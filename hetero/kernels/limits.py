@@ -22,6 +22,7 @@ __all__ = [
     "QUANTS",
     "DOT_OPS",
     "QUANT_OPS",
+    "PACKED",
 ]
 
 #: The attention kernels pad head dims to a power of two; 576 (MLA: 512 latent + 64 rope) is the largest case.
@@ -42,6 +43,9 @@ DOT_OPS = frozenset(
         "compressed_attention",
     }
 )
+#: Names of packed int4 weights (spec 1.9) in a static configuration (``weight_dtype``): gemm, grouped_gemm
+#: and fused_moe run them in ``hetero.kernels.int4``, any group size, with or without zero points.
+PACKED = ("uint8", "int4")
 #: Ops whose operands are quantized (``dtype`` names the quantized dtype).
 QUANT_OPS = frozenset({"scaled_gemm", "scaled_grouped_gemm"})
 #: The gated_delta_rule kernels keep whole key rows in registers (every released model has K = 128).
@@ -91,6 +95,8 @@ def shape_reason(op: str, static: Mapping[str, Any]) -> str | None:
     if op == "fused_moe" and static.get("activation", "silu") not in ACTIVATIONS:
         return f"the fused_moe kernel applies {', '.join(ACTIVATIONS)}, not {static['activation']!r}"
     quant = quant_dtype(op, static) if op in ("quantize_activation", "fused_moe") else None
+    if op == "fused_moe" and quant in PACKED:  # W4A16 experts (spec 1.9): weight-only, nothing quantized
+        quant = None
     if quant is not None and quant not in QUANTS and (op == "quantize_activation" or quant not in FLOATS):
         return f"the {op} kernels quantize to {', '.join(QUANTS)}, not {quant}"
     if op == "route" and static.get("scoring", "softmax") not in SCORING:

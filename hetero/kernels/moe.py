@@ -18,6 +18,7 @@ fused_moe is six launches (plus one memset), none of which synchronizes with the
 Quantized experts (fp8 / int8 weights) replace steps 2-3 by ``hetero.kernels._moe_quant``: the
 scaled grouped GEMM kernel with the same gather and epilogues, inputs quantized per token (group)
 by the quantizer kernel, or float inputs with weight tiles dequantized in the kernel (W8A16).
+Packed int4 experts (W4A16) replace them by ``hetero.kernels.int4``'s int4 grouped GEMMs.
 
 The roundings are those of the reference
 composition (permute, grouped_gemm, activation, grouped_gemm, unpermute; each bias added in
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from hetero.kernels import _moe_kernels as kern
+from hetero.kernels import int4
 from hetero.kernels._moe_checks import check_fused, check_ids, check_int, check_weights
 from hetero.kernels._moe_quant import quant_experts
 from hetero.kernels._triton import triton_modules
@@ -224,10 +226,17 @@ def fused_moe(
     w2_scale=None,
     act_quant=None,
     act_scale_fmt="float",
+    w13_zero_point=None,
+    w2_zero_point=None,
+    group_size=None,
     tuning: Tuning,
 ):
-    k = check_fused("fused_moe", x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias)
-    forms = check_fused_moe_quant("fused_moe", w13, w2, w13_scale, w2_scale, act_quant, act_scale_fmt)
+    opts = (w13_scale, w2_scale, act_quant, act_scale_fmt, w13_zero_point, w2_zero_point, group_size)
+    k = int4.check_int4_moe(x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias, opts)
+    packed = k is not None  # W4A16 experts (spec 1.9): the same composition with the int4 grouped GEMMs
+    if not packed:
+        k = check_fused("fused_moe", x, w13, w2, weights, ids, activation, alpha, limit, w13_bias, w2_bias)
+        forms = check_fused_moe_quant("fused_moe", w13, w2, w13_scale, w2_scale, act_quant, act_scale_fmt)
     check_same_device("fused_moe", x=x, w13_scale=w13_scale, w2_scale=w2_scale)
     rows, hidden = x.shape
     pairs = rows * k
@@ -236,6 +245,9 @@ def fused_moe(
     flat_ids = ids.reshape(-1).contiguous()
     perm, ends, inv = _sort_pairs(flat_ids, w13.shape[0], tuning, want_inv=True)
     act = (ACTIVATIONS.index(activation), alpha, 0.0 if limit is None else limit)
+    if packed:
+        y_sorted = int4.int4_experts(x, w13, w2, opts, int(group_size), ends, perm, k, act, w13_bias, w2_bias, tuning)
+        return _combine(y_sorted, inv, weights, tuning)
     if forms is not None:
         y_sorted = quant_experts(
             x,

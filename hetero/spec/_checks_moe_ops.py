@@ -14,6 +14,7 @@ import torch
 
 from hetero.errors import OpError
 from hetero.spec._checks_core import INDEX_DTYPES, check_ids, check_same_device, check_tensor
+from hetero.spec._checks_int4 import PACKED_INT4, check_fused_moe_int4, check_no_int4
 from hetero.spec._checks_moe import check_fused_moe_options, check_fused_moe_weights
 from hetero.spec._checks_quant import check_fused_moe_quant
 from hetero.spec.moe import SCORING
@@ -123,14 +124,22 @@ def check_fused_moe(
     quant: tuple[object, object, object, object] = (None, None, None, "float"),
     *,
     read_ids: bool = True,
+    int4: tuple[object, object, object] = (None, None, None),
 ) -> tuple[str, str] | None:
-    """Validate every argument of fused_moe; ``quant`` is (w13_scale, w2_scale, act_quant, act_scale_fmt).
-    Returns the weight scales' forms, or None for float weights. ``read_ids=False`` leaves the ids'
-    range check (a host read) to the caller."""
+    """Validate every argument of fused_moe; ``quant`` is (w13_scale, w2_scale, act_quant, act_scale_fmt),
+    ``int4`` (w13_zero_point, w2_zero_point, group_size) (spec 1.9). Returns the weight scales' forms
+    (("int4", "int4") for packed int4 experts), or None for float weights. ``read_ids=False`` leaves the
+    ids' range check (a host read) to the caller."""
     check_fused_moe_options(op, activation, alpha, limit)
-    rows, _, experts = check_fused_moe_weights(op, x, w13, w2, w13_bias, w2_bias)
+    if isinstance(w13, torch.Tensor) and w13.dtype == PACKED_INT4:  # spec 1.9: W4A16 experts
+        rows, _, experts = check_fused_moe_int4(op, x, w13, w2, (w13_bias, w2_bias), quant, int4[:2], int4[2])
+        forms: tuple[str, str] | None = ("int4", "int4")
+    else:
+        if isinstance(w13, torch.Tensor):
+            check_no_int4(op, "w13", w13.dtype, w13_zero_point=int4[0], w2_zero_point=int4[1], group_size=int4[2])
+        rows, _, experts = check_fused_moe_weights(op, x, w13, w2, w13_bias, w2_bias)
+        forms = check_fused_moe_quant(op, w13, w2, *quant, scale_dtypes=WEIGHT_DTYPES)
     assert isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor)
-    forms = check_fused_moe_quant(op, w13, w2, *quant, scale_dtypes=WEIGHT_DTYPES)
     w13_scale, w2_scale = quant[0], quant[1]
     check_tensor(op, "ids", ids)
     check_tensor(op, "weights", weights)
@@ -143,6 +152,8 @@ def check_fused_moe(
         w2_bias=w2_bias,
         w13_scale=w13_scale,
         w2_scale=w2_scale,
+        w13_zero_point=int4[0],
+        w2_zero_point=int4[1],
         weights=weights,
         ids=ids,
     )  # before reading values

@@ -72,6 +72,18 @@ from hetero.spec._checks_gemm import (
     check_scaled_gemm,
 )
 from hetero.spec._checks_hyper import HC_PARAM_DTYPES, check_hc_head, check_hc_post, check_hc_pre, hc_rows
+from hetero.spec._checks_int4 import (
+    INT4_OPTIONS,
+    PACKED_INT4,
+    check_fused_moe_int4,
+    check_group_size,
+    check_int4_weight,
+    check_int4_zero_point_values,
+    check_no_int4,
+    check_packed_gemm,
+    int4_cols,
+    int4_groups,
+)
 from hetero.spec._checks_layers import check_positions, check_rms_norm, check_rotary
 from hetero.spec._checks_meta import check_meta, check_meta_shapes
 from hetero.spec._checks_moe import check_fused_moe_options, check_fused_moe_weights
@@ -186,4 +198,15 @@ __all__ = [
     # compressed attention (spec 1.8)
     "check_compressed_attention",
     "check_comp_block_table",
+    # packed int4 weights, W4A16 (spec 1.9)
+    "PACKED_INT4",
+    "INT4_OPTIONS",
+    "int4_cols",
+    "int4_groups",
+    "check_group_size",
+    "check_int4_weight",
+    "check_packed_gemm",
+    "check_no_int4",
+    "check_fused_moe_int4",
+    "check_int4_zero_point_values",
 ]

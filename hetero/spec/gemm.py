@@ -1,7 +1,24 @@
-"""Matrix multiplication: dense, quantized (fp8/int8 with scales) and grouped.
+"""Matrix multiplication: dense, quantized (fp8/int8 with scales), packed int4 weights, and grouped.
 
 Weights are in nn.Linear layout, ``[N, K]``: every op computes ``a @ b.T``.
 Accumulation is at least float32 (exact int32 for int8).
+
+Packed int4 weights (spec 1.9, W4A16: weight-only, the activations stay float). A logical
+weight of 4-bit codes ``q[n, k]`` in [0, 15] is a uint8 tensor ``[..., N, ceil(K/2)]``, two
+codes a byte along K, the even column in the low nibble::
+
+    q[n, 2j]     = b[n, j] & 0xF
+    q[n, 2j + 1] = b[n, j] >> 4           # ignored past K (the last byte's high nibble when K is odd)
+
+(a compressed-tensors ``pack-quantized`` int32 tensor viewed as uint8 on a little-endian host is
+exactly this). Scales are float32 ``[..., N, ceil(K/g)]`` with ``group_size`` g (32, 64 and 128 in
+released checkpoints; any positive int), one per row and group of g consecutive columns, the last
+group partial when g does not divide K. Zero points are uint8 of the scales' shape with values in
+[0, 15], or None, which means 8 (symmetric). Dequantization is bit-exact by contract::
+
+    w[n, k] = float32(q[n, k] - zp[n, k // g]) * scale[n, k // g]     # one float32 rounding
+
+and the product is then ``a @ w.T`` accumulated in float32 or wider, as for float weights.
 """
 
 from __future__ import annotations
@@ -40,11 +57,21 @@ def gemm(
     *,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    b_scale: torch.Tensor | None = None,
+    b_zero_point: torch.Tensor | None = None,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     """``a @ b.T + bias``.
 
     a [M, K], b [N, K] of one floating dtype; bias [N] or None. Returns [M, N] in
     ``out_dtype`` (default: a's dtype). M may be 0.
+
+    Packed int4 weights (spec 1.9): b uint8 [N, ceil(K/2)] with ``b_scale`` float32
+    [N, ceil(K/group_size)], ``group_size`` and optional ``b_zero_point`` uint8 of b_scale's
+    shape (the module docstring's encoding); a is float16, bfloat16 or float32 (float64 for the
+    oracle) and ``out = a @ w.T + bias`` with the dequantized w, accumulated in float32 or wider;
+    bias [N] of a's dtype or float32 is added in float32 before the one rounding to out_dtype. A
+    float b takes none of the three; a uint8 b needs b_scale and group_size.
     """
 
 
@@ -81,6 +108,9 @@ def grouped_gemm(
     group_ends: torch.Tensor,
     *,
     out_dtype: torch.dtype | None = None,
+    b_scale: torch.Tensor | None = None,
+    b_zero_point: torch.Tensor | None = None,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     """One GEMM per group of consecutive rows: rows of group g use weight b[g].
 
@@ -89,6 +119,10 @@ def grouped_gemm(
     ``[group_ends[g-1], group_ends[g])`` (group -1 ends at 0). An empty group is
     legal; rows past ``group_ends[-1]`` are zero in the output. Returns [M, N] in
     ``out_dtype`` (default: a's dtype).
+
+    Packed int4 weights (spec 1.9, the experts of W4A16 checkpoints under expert
+    parallelism): b uint8 [G, N, ceil(K/2)], ``b_scale`` float32 [G, N, ceil(K/group_size)],
+    optional ``b_zero_point`` uint8 of b_scale's shape, each b[g] dequantized as ``gemm``'s.
     """
 
 

@@ -115,6 +115,9 @@ def fused_moe(
     w2_scale: torch.Tensor | None = None,
     act_quant: str | None = None,
     act_scale_fmt: str = "float",
+    w13_zero_point: torch.Tensor | None = None,
+    w2_zero_point: torch.Tensor | None = None,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     """The routed expert MLP of a MoE layer, summed over each token's experts.
 
@@ -159,6 +162,13 @@ def fused_moe(
     ``act_quant`` None with quantized weights (weight-only, W8A16) multiplies x by the dequantized
     weights (``w * scale``) in float32 or wider instead. ``act_quant`` without quantized weights
     is an OpError.
+
+    Packed int4 experts (spec 1.9, W4A16): w13 uint8 [E, 2I, ceil(H/2)] and w2 uint8
+    [E, H, ceil(I/2)] in ``gemm``'s packed encoding (I is w13.shape[1] // 2), with ``group_size``,
+    float32 ``w13_scale`` [E, 2I, ceil(H/group_size)] and ``w2_scale`` [E, H, ceil(I/group_size)],
+    and optional uint8 ``w13_zero_point`` / ``w2_zero_point`` of their scales' shapes (None: 8). The
+    composition is the weight-only one above with ``gemm``'s bit-exact dequantization; ``act_quant``
+    must be None. Zero points and group_size with any other weights are an OpError.
     """
 
 

@@ -89,12 +89,14 @@ def _add_quantize_parser(sub: Any) -> None:
 
     p = sub.add_parser(
         "quantize",
-        help="write an 8-bit (fp8 / int8) copy of a float checkpoint",
+        help="write an 8-bit (fp8 / int8) or W4A16 (int4) copy of a float checkpoint",
         description="Quantize every Linear weight of a bf16/fp32 Hugging Face checkpoint except "
         "embeddings, norms, routers and lm_head. fp8-block: DeepSeek/Qwen3-FP8 layout "
         "(quant_method fp8, 128x128 weight_scale_inv); fp8-channel / int8-channel: "
         "compressed-tensors W8A8 with per-channel weight_scale and dynamic per-token "
-        "activations. --dequantize writes the float checkpoint an 8-bit one means.",
+        "activations; w4a16-g128 / w4a16-g32 (-asym: with zero points): compressed-tensors pack-quantized "
+        "int4 weights in groups, written by the compressed-tensors package, activations in float. "
+        "--dequantize writes the float checkpoint a quantized one means.",
     )
     p.add_argument("src", metavar="SRC", help="source checkpoint directory")
     p.add_argument("dst", metavar="DST", help="output directory")
@@ -118,14 +120,14 @@ def _add_quantize_parser(sub: Any) -> None:
 def _cmd_quantize(args: argparse.Namespace, registry: Any, console: Console) -> int:
     import torch
 
-    from hetero.tools.quantize import dequantize_checkpoint, quantize_checkpoint
+    from hetero.tools.quantize import SCHEMES, dequantize_checkpoint, quantize_checkpoint
 
     if args.dequantize:
         done = dequantize_checkpoint(args.src, args.dst)
         console.print(f"{args.dst}: {len(done['converted'])} weights dequantized to float32", highlight=False)
         return EXIT_OK
     if args.scheme is None:
-        raise UsageError("argument --scheme: expected one of fp8-block, fp8-channel, int8-channel, got none")
+        raise UsageError(f"argument --scheme: expected one of {', '.join(SCHEMES)}, got none")
     done = quantize_checkpoint(
         args.src, args.dst, args.scheme, scale_dtype=getattr(torch, args.scale_dtype), scale_fmt=args.scale_fmt
     )

@@ -8,10 +8,13 @@ Schemes (every 2-D Linear ``*.weight`` except embeddings, norms, routers and lm_
 - ``fp8-channel``: compressed-tensors ``float-quantized`` (FP8_DYNAMIC): e4m3 ``weight``,
   ``weight_scale`` [N, 1]; activations dynamic per token;
 - ``int8-channel``: compressed-tensors ``int-quantized`` (W8A8): int8 ``weight`` (amax / 127),
-  ``weight_scale`` [N, 1]; activations int8 dynamic per token, symmetric.
+  ``weight_scale`` [N, 1]; activations int8 dynamic per token, symmetric;
+- ``w4a16-g128``, ``w4a16-g32`` (and ``-asym``: with zero points): compressed-tensors ``pack-quantized``
+  W4A16, written by the compressed-tensors package itself (``_quantize_int4``); activations stay float.
 
 ``dequantize_checkpoint`` is the inverse used as an oracle: the float checkpoint holding exactly
-the values the 8-bit one means (``weight * scale``, through the engine's own dequantizer).
+the values the quantized one means (``weight * scale``, through the engine's own dequantizer; W4A16
+checkpoints, GPTQ and AWQ included, by the spec's int4 formula).
 Other files (tokenizer, generation config) are copied; shard files keep their names.
 """
 
@@ -28,10 +31,11 @@ import torch
 from hetero.engine.loader import INDEX, checkpoint_files
 from hetero.engine.quant._qmath import FP8, dequantize, quantize_blocks, quantize_channels
 from hetero.errors import UsageError
+from hetero.tools._quantize_int4 import W4A16_SCHEMES, int4_config, int4_dequantizer, quantize_int4
 
 __all__ = ["SCHEMES", "quantize_checkpoint", "dequantize_checkpoint", "is_quantizable"]
 
-SCHEMES = ("fp8-block", "fp8-channel", "int8-channel")
+SCHEMES = ("fp8-block", "fp8-channel", "int8-channel", *W4A16_SCHEMES)
 #: 2-D weights that stay in float: embeddings, the output head, MoE routers, Qwen's shared-expert gate, the
 #: DSA indexer's head weights (as in DeepSeek-V3.2's own checkpoint, whose indexer wq_b and wk are fp8);
 #: DeepSeek-V4's release names (``head``, ``ffn.gate``) and its compressors' projections (bf16 in its release)
@@ -59,6 +63,8 @@ def is_quantizable(name: str, tensor: torch.Tensor) -> bool:
 
 
 def _quantization_config(scheme: str, kept: list[str], scale_fmt: str) -> dict[str, Any]:
+    if scheme in W4A16_SCHEMES:
+        return int4_config(scheme, kept)
     if scheme == "fp8-block":
         qc = {
             "quant_method": "fp8",
@@ -90,6 +96,8 @@ def _quantization_config(scheme: str, kept: list[str], scale_fmt: str) -> dict[s
 
 def _quantized(name: str, tensor: torch.Tensor, scheme: str, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
     base = name.removesuffix(".weight")
+    if scheme in W4A16_SCHEMES:
+        return quantize_int4(name, tensor, scheme, scale_dtype)
     if scheme == "fp8-block":
         q, scale = quantize_blocks(tensor, FP8)
         return {name: q, f"{base}.weight_scale_inv": scale.to(scale_dtype)}
@@ -167,6 +175,8 @@ def dequantize_checkpoint(src: str | Path, dst: str | Path, dtype: torch.dtype =
     from safetensors import safe_open
 
     src, dst = Path(src), Path(dst)
+    config = json.loads((src / "config.json").read_text()) if (src / "config.json").is_file() else {}
+    int4 = int4_dequantizer(src, config.get("quantization_config"), dtype)
     scales = {}
     for path in checkpoint_files(src, "the quantized checkpoint"):
         with safe_open(str(path), framework="pt") as f:
@@ -190,4 +200,4 @@ def dequantize_checkpoint(src: str | Path, dst: str | Path, dtype: torch.dtype =
         cfg.pop("quantization_config", None)
         return cfg
 
-    return _rewrite(src, dst, convert, config_fn)
+    return _rewrite(src, dst, int4 or convert, config_fn)

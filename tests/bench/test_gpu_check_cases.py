@@ -52,6 +52,11 @@ def test_every_op_has_a_case_and_files_stay_small(cases):
         "kv_compress deepseek-v4 hca m128 D512 chunked-prefill 8x2048",
         "compressed_attention deepseek-v4-flash H64 hca m128 decode B64 L4096",
         "compressed_attention deepseek-v4-pro H128 csa m4 top512 decode B64 L4096",
+        "gemm kimi-k2 gate_up W4A16 g32 T4096 N4096 K7168",  # spec 1.9: packed int4
+        "gemm qwen3-30b-a3b gate_up W4A16 g128 zp T1",
+        "grouped_gemm kimi-k2 EP8 gate_up W4A16 g32 E48 rows4096",
+        "fused_moe kimi-k2 W4A16 g32 T256 E384 top8 H7168 I2048",
+        "fused_moe qwen3-30b-a3b W4A16 g128 zp T1 E128 top8 H2048 I768",
     ):
         assert any(n.startswith(want) for n in names), want
     for path in SCRIPTS.glob("gpu_check*.py"):

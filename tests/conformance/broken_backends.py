@@ -16,6 +16,7 @@ from broken_compress import BUGS as COMPRESS_BUGS
 from broken_compressed_attention import BUGS as COMPRESSED_ATTENTION_BUGS
 from broken_dsa import BUGS as DSA_BUGS
 from broken_hyper import BUGS as HYPER_BUGS
+from broken_int4 import BUGS as INT4_BUGS
 from broken_moe import BUGS as MOE_BUGS
 from broken_quant import BUGS as QUANT_BUGS
 from broken_recurrent import BUGS as RECURRENT_BUGS
@@ -103,13 +104,13 @@ def mini_paged_attention(bug: str | None):
     return staticmethod(paged_attention)
 
 
-def _grouped_gemm_off_by_one(a, b, group_ends, *, out_dtype=None):
-    return ref_gemm.grouped_gemm(a, b, (group_ends - 1).clamp(min=0), out_dtype=out_dtype)
+def _grouped_gemm_off_by_one(a, b, group_ends, *, out_dtype=None, **int4):
+    return ref_gemm.grouped_gemm(a, b, (group_ends - 1).clamp(min=0), out_dtype=out_dtype, **int4)
 
 
-def _gemm_fp16_accumulation(a, b, *, bias=None, out_dtype=None):
-    if a.dtype != torch.float16:
-        return ref_gemm.gemm(a, b, bias=bias, out_dtype=out_dtype)
+def _gemm_fp16_accumulation(a, b, *, bias=None, out_dtype=None, **int4):
+    if a.dtype != torch.float16 or b.dtype == torch.uint8:  # a float16 GEMM's bug: packed int4 b (1.9) is right
+        return ref_gemm.gemm(a, b, bias=bias, out_dtype=out_dtype, **int4)
     acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float16)
     for k0 in range(0, a.shape[1], 16):  # partial sums kept in float16, as a buggy kernel's accumulator
         acc = acc + (a[:, k0 : k0 + 16].float() @ b[:, k0 : k0 + 16].float().T).half()
@@ -117,8 +118,8 @@ def _gemm_fp16_accumulation(a, b, *, bias=None, out_dtype=None):
     return out.to(out_dtype or a.dtype)
 
 
-def _gemm_drops_bias(a, b, *, bias=None, out_dtype=None):
-    return ref_gemm.gemm(a, b, out_dtype=out_dtype)
+def _gemm_drops_bias(a, b, *, bias=None, out_dtype=None, **int4):
+    return ref_gemm.gemm(a, b, out_dtype=out_dtype, **int4)
 
 
 def _route_ignores_bias(
@@ -240,6 +241,7 @@ BUGS.update(QUANT_BUGS)  # quantize_activation and scaled_grouped_gemm (spec 1.4
 BUGS.update(HYPER_BUGS)  # hc_pre, hc_post, hc_head (spec 1.7): broken_hyper.py
 BUGS.update(COMPRESSED_ATTENTION_BUGS)  # compressed_attention (spec 1.8): broken_compressed_attention.py
 BUGS.update(COMPRESS_BUGS)  # kv_compress (spec 1.8): broken_compress.py
+BUGS.update(INT4_BUGS)  # gemm and grouped_gemm on packed int4 weights (spec 1.9): broken_int4.py
 
 
 def make_plugin(bug: str | None):

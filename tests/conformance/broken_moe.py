@@ -1,7 +1,8 @@
 """Planted bugs of fused_moe's spec 1.3 options (gpt-oss's swigluoai with expert biases, DeepSeek-V4's
 swiglu_clamp), in a compact, independent fused_moe: expert by expert over the tokens that picked it,
 rounding to x's dtype where the spec does; quantized experts (spec 1.4) on dequantized weights and
-fake-quantized activations. And of route's spec 1.8 options (DeepSeek-V4's sqrtsoftplus and hash routing),
+fake-quantized activations; packed int4 experts (spec 1.9) through ``broken_int4``'s dequantization.
+And of route's spec 1.8 options (DeepSeek-V4's sqrtsoftplus and hash routing),
 in a compact route. Each bug-free form must pass every quick case
 (``make_control``), which shows each planted bug is the only difference. ``broken_backends.BUGS``
 includes ``BUGS`` from here.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from _one_op import one_op_plugin
+from broken_int4 import mini_dequant_int4
 from broken_quant import mini_quantize_activation
 
 __all__ = ["BUGS", "mini_fused_moe", "mini_route", "make_control"]
@@ -75,20 +77,30 @@ def mini_fused_moe(bug: str | None):
         w2_scale=None,
         act_quant=None,
         act_scale_fmt="float",
+        w13_zero_point=None,
+        w2_zero_point=None,
+        group_size=None,
     ):
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         r = lambda t: t.to(x.dtype).to(acc)  # noqa: E731  the spec's roundings to x's dtype
         fq = lambda t: _fake_quant(t, w13.dtype, act_quant, act_scale_fmt, acc)  # noqa: E731
         shift = 1 if bug == "quant_scale_wrong_expert" else 0  # reads the scales of the expert before
         scale = lambda s, e: None if s is None else s[(e - shift) % s.shape[0]]  # noqa: E731
+
+        def deq(w, s, zp, e):  # spec 1.9: packed int4 experts (group_size given), else _dequant
+            if group_size is None:
+                return _dequant(w[e], scale(s, e), acc)
+            k = x.shape[1] if w is w13 else w13.shape[1] // 2
+            return mini_dequant_int4(w[e], scale(s, e), None if zp is None else zp[e], group_size, k, bug).to(acc)
+
         out = torch.zeros(x.shape, dtype=acc, device=x.device)
         for e in ids.unique().tolist():
             tok, slot = (ids == e).nonzero(as_tuple=True)
-            gu = fq(x[tok]) @ _dequant(w13[e], scale(w13_scale, e), acc).T
+            gu = fq(x[tok]) @ deq(w13, w13_scale, w13_zero_point, e).T
             if w13_bias is not None:
                 gu = gu + w13_bias[e].to(acc)
             y = r(_act(r(gu), activation, alpha, limit, bug if activation == _BUG_ACT.get(bug, activation) else None))
-            y = fq(y.to(x.dtype)) @ _dequant(w2[e], scale(w2_scale, e), acc).T
+            y = fq(y.to(x.dtype)) @ deq(w2, w2_scale, w2_zero_point, e).T
             bias = None if w2_bias is None else w2_bias[e].to(acc)
             if bias is not None and bug != "w2_bias_unweighted":
                 y = y + bias
@@ -159,6 +171,7 @@ BUGS = {
         "w2_bias_unweighted",
         "gate_up_interleaved",
         "quant_scale_wrong_expert",
+        "int4_symmetric_zero_point_as_0",  # spec 1.9 (broken_int4.mini_dequant_int4)
     )
 }
 # spec 1.8's route options: hash routing that selects by score instead of looking up, sqrtsoftplus as another score

@@ -44,10 +44,10 @@ _SILENT = """
 
 # grouped_gemm's "kernel" reads row group_ends[-1] - 1 unchecked: past M it faults (SIGSEGV)
 _CRASH = """
-    def grouped_gemm(self, a, b, group_ends, *, out_dtype=None):
+    def grouped_gemm(self, a, b, group_ends, *, out_dtype=None, **int4):
         if group_ends.numel() and int(group_ends.max()) > a.shape[0]:
             ctypes.string_at(0)
-        return CpuRefBackend.grouped_gemm(a, b, group_ends, out_dtype=out_dtype)
+        return CpuRefBackend.grouped_gemm(a, b, group_ends, out_dtype=out_dtype, **int4)
 """
 
 # moe_permute counts rows per expert with an unchecked index_add_: torch's own IndexError escapes

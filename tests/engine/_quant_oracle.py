@@ -37,11 +37,12 @@ OVERRIDES = {
         hidden_size=192, kv_lora_rank=128, q_lora_rank=128, moe_intermediate_size=128, intermediate_size=256
     ),
 }
-#: the activation quantization of each scheme: (dtype, group size)
+#: the activation quantization of each scheme: (dtype, group size), None for none
 ACT = {
     "fp8-block": (torch.float8_e4m3fn, 128),
     "fp8-channel": (torch.float8_e4m3fn, None),
     "int8-channel": (torch.int8, None),
+    "w4a16-g32-asym": None,  # weight-only: the activations stay float
 }
 PROMPTS = [[5, 7, 9, 11, 13, 2, 3, 4, 100, 17], [42], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]]
 
@@ -96,7 +97,7 @@ def fake_quant_inputs(model, scheme: str, scale_fmt: str = "float"):
 
 @torch.no_grad()
 def hf_logits(model, prompts, scheme: str | None = None, scale_fmt: str = "float") -> list[torch.Tensor]:
-    ctx = fake_quant_inputs(model, scheme, scale_fmt) if scheme else contextlib.nullcontext()
+    ctx = fake_quant_inputs(model, scheme, scale_fmt) if scheme and ACT[scheme] else contextlib.nullcontext()
     with ctx:
         return [model(torch.tensor([p])).logits[0].float() for p in prompts]
 

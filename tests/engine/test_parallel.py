@@ -58,6 +58,10 @@ def test_tp2_and_ep2_on_cpu_ref(checkpoints, tmp_path):
     plan += [(a, True) for a in ("qwen3_moe", "deepseek_v2", "deepseek_v3")]
     # hybrid models: Gated DeltaNet heads, conv channels and state split over the ranks
     plan += [(a, False) for a in ("qwen3_next", "qwen3_5", "qwen3_5_moe")] + [("qwen3_next", True)]
+    plan += [("kimi_linear", False), ("kimi_linear", True)]  # KDA heads and states, NoPE MLA, V3 experts
+    plan += [(a, ep) for a in ("glm4_moe", "ernie4_5_moe") for ep in (False, True)]  # biases, shared experts
+    # MiniMax-M2's q/k norm over all heads (a sum of squares over the ranks); MiMo's sliding/full layers
+    plan += [(a, ep) for a in ("minimax_m2", "mimo_v2_flash") for ep in (False, True)]
     jobs, want = _jobs(checkpoints, "cpu_ref", plan)
     jobs[1]["stray"] = True  # a request only rank 1 sees: rank 0 schedules, so the ranks cannot diverge
     got = _torchrun(jobs, tmp_path)
@@ -74,12 +78,15 @@ def test_tp2_and_ep2_on_the_triton_kernels(checkpoints, tmp_path):
 
 
 def test_quantized_checkpoints_under_tp2_and_ep2(tmp_path):
-    """8-bit checkpoints split over two ranks (per-channel scales cut with their rows; EP's experts through
-    quantize_activation + scaled_grouped_gemm): every greedy token is in the fake-quantized oracle's top-5
-    given the engine's own prefix, vLLM's acceptance rule (a rank split may flip an 8-bit rounding)."""
+    """8-bit and W4A16 checkpoints split over two ranks (per-channel scales cut with their rows, int4 groups at
+    their boundaries; EP's experts through quantize_activation + scaled_grouped_gemm, or the int4 grouped_gemm):
+    every greedy token is in the (fake-quantized) oracle's top-5 given the engine's own prefix, vLLM's
+    acceptance rule (a rank split may flip an 8-bit rounding)."""
     from _quant_oracle import PROMPTS, checkpoints, hf_logits, hf_model
 
     plan = [("qwen3_moe", "fp8-channel", False), ("qwen3_moe", "fp8-channel", True), ("qwen3", "int8-channel", False)]
+    # W4A16 (issue 35): int4 groups of 32 with zero points, K cut at group boundaries; EP's grouped_gemm
+    plan += [("qwen3_moe", "w4a16-g32-asym", False), ("qwen3_moe", "w4a16-g32-asym", True)]
     jobs, oracles = [], []
     for i, (arch, scheme, ep) in enumerate(plan):
         q = checkpoints(arch, scheme, tmp_path / str(i))[1]

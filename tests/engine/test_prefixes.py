@@ -116,7 +116,7 @@ def test_quant_config_picks_methods_by_prefix(ctx):
 def test_quantization_config_chooses_the_default(ctx):
     assert quant_config_of(tiny.tiny_config("qwen3")) == QuantConfig()
     config = tiny.tiny_config("qwen3")
-    config.quantization_config = {"quant_method": "awq", "bits": 4}
-    with pytest.raises(UnsupportedQuantization, match="'awq' is not supported"):
+    config.quantization_config = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    with pytest.raises(UnsupportedQuantization, match="'bitsandbytes' is not supported"):
         Qwen3ForCausalLM(config, ctx)
     assert issubclass(UnsupportedQuantization, UsageError)

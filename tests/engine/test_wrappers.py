@@ -132,6 +132,22 @@ def test_the_wrappers_own_fields_reach_the_text_model():
     config.text_config.quantization_config = {"quant_method": "no-such-method"}
     with pytest.raises(UnsupportedQuantization, match="no-such-method"):
         model_class(config.architectures)(config, ctx)
+    # a skip list in the release's names reaches the text model's: a skipped layer stays float
+    config = tiny.tiny_config("kimi_k25")
+    config.text_config.quantization_config = _w4a16(ignore=["language_model.model.layers.0.self_attn.o_proj"])
+    model = model_class(config.architectures)(config, ctx)
+    assert model.model.layers[0].self_attn.o_proj.weight.dtype == torch.float32
+    assert model.model.layers[1].self_attn.o_proj.weight_packed.dtype == torch.uint8
+
+
+def _w4a16(ignore: list[str]) -> dict:
+    scheme = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 16}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": scheme}},
+        "ignore": ["lm_head", *ignore],
+    }
 
 
 def test_generate_on_the_text_part_of_a_release(checkpoints, tmp_path, capsys):

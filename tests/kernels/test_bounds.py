@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-FAMILIES = ("paged", "mla", "varlen", "cache", "rotary", "grouped_gemm", "moe", "ep", "dsa", "quant")
+FAMILIES = ("paged", "mla", "varlen", "cache", "rotary", "grouped_gemm", "moe", "ep", "dsa", "quant", "int4")
 BIG = 10**6
 
 
@@ -548,13 +548,42 @@ def _quant_cases(r):
             r.add(f"fused_{act_quant}_{name}", fused)
 
 
+def _int4_cases(r):
+    """The packed int4 (W4A16) grouped GEMM and fused_moe: the same malformed group ends and expert ids."""
+    import torch
+
+    from hetero.kernels import gemm, moe
+
+    tune = _tuning()
+    packed = dict(b_scale=torch.rand(3, 8, 1) + 0.5, b_zero_point=torch.randint(0, 16, (3, 8, 1), dtype=torch.uint8))
+    for name, ends in {"decreasing": [6, 2, 9], "past_m": [3, 5, BIG], "negative": [-BIG, 4, 9]}.items():
+        ge = torch.tensor(ends, dtype=torch.int32)
+
+        def call(ge=ge):
+            a, _ = _guarded((9, 16), lambda s: torch.randn(*s), float("nan"))
+            b = torch.randint(0, 256, (3, 8, 8), dtype=torch.uint8)
+            return [], [gemm.grouped_gemm(a, b, ge, group_size=16, tuning=tune, **packed)]
+
+        r.add("int4_grouped_" + name, call)
+    w13, s13 = torch.randint(0, 256, (4, 12, 4), dtype=torch.uint8), torch.rand(4, 12, 1)
+    w2, s2 = torch.randint(0, 256, (4, 8, 3), dtype=torch.uint8), torch.rand(4, 8, 1)
+    for name, bad_id in {"expert_e": 4, "expert_negative": -1, "expert_huge": BIG}.items():
+        ids = torch.tensor([[0, 1], [bad_id, 2], [3, bad_id]], dtype=torch.int32)
+
+        def fused(ids=ids):
+            x, w = torch.randn(3, 8), torch.rand(3, 2)
+            return [], [moe.fused_moe(x, w13, w2, w, ids, w13_scale=s13, w2_scale=s2, group_size=8, tuning=tune)]
+
+        r.add("int4_fused_" + name, fused)
+
+
 def _child(family):
     r = Runner()
     {"paged": lambda: _paged_cases(r, mla=False), "mla": lambda: _paged_cases(r, mla=True),
      "varlen": lambda: _varlen_cases(r), "cache": lambda: _cache_cases(r), "rotary": lambda: _rotary_cases(r),
      "grouped_gemm": lambda: _grouped_gemm_cases(r),
      "moe": lambda: _moe_cases(r), "ep": lambda: _ep_cases(r), "dsa": lambda: _dsa_cases(r),
-     "quant": lambda: _quant_cases(r)}[family]()  # fmt: skip
+     "quant": lambda: _quant_cases(r), "int4": lambda: _int4_cases(r)}[family]()  # fmt: skip
     r.run()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero.spec.checks import check_scaled_grouped, check_tensor
+from hetero.spec.checks import check_packed_gemm, check_scaled_grouped, check_tensor
 from hetero.spec.types import FLOAT_DTYPES
 from hetero_ascend import common, convert, quant
 from hetero_ascend.common import WithTriton
@@ -13,11 +13,16 @@ from hetero_ascend.common import WithTriton
 __all__ = ["grouped_gemm", "scaled_grouped_gemm"]
 
 
-def grouped_gemm(a, b, group_ends, *, out_dtype=None):
+@WithTriton
+def grouped_gemm(triton, a, b, group_ends, *, out_dtype=None, b_scale=None, b_zero_point=None, group_size=None):
     """torch_npu.npu_grouped_matmul with one 3-D weight (split_item 3, group_type 0, cumsum group_list
-    ending at a's rows, <= 1024 groups); never run on an NPU (conversions tested on CPU)."""
+    ending at a's rows, <= 1024 groups); never run on an NPU (conversions tested on CPU). Packed int4
+    weights (spec 1.9) go to the Triton kernel (``hetero_ascend._int4`` says why)."""
     from hetero.kernels.gemm import check_operands  # not at import: the kernel modules load under the interpreter
 
+    if check_packed_gemm("grouped_gemm", a, b, (b_scale, b_zero_point, group_size), b_ndim=3) is not None:
+        opts = dict(b_scale=b_scale, b_zero_point=b_zero_point, group_size=group_size)
+        return triton.grouped_gemm(a, b, group_ends, out_dtype=out_dtype, **opts)
     check_operands("grouped_gemm", a, b, FLOAT_DTYPES, b_ndim=3)
     check_tensor("grouped_gemm", "group_ends", group_ends, shape=(b.shape[0],), dtypes=(torch.int32, torch.int64))
     if a.shape[0] == 0 or b.shape[0] == 0:  # no call: all rows are past the last group

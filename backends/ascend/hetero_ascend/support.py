@@ -11,7 +11,7 @@ import importlib.util
 from typing import Any, Mapping
 
 from hetero.kernels.limits import dtype_name, kernel_reason
-from hetero_ascend import quant
+from hetero_ascend import _int4, quant
 
 __all__ = [
     "MAPPED",
@@ -276,6 +276,8 @@ def reason(op: str, static: Mapping[str, Any], triton_ok: bool) -> str | None:
     """None if ``op`` runs natively with ``static``, else why not."""
     if op in DECLINED:
         return DECLINED[op]
+    if _int4.packed_int4(op, static):
+        return _int4.INT4_REASON
     if op in ("ep_dispatch", "ep_combine"):
         # always accepted: the method itself checks the npu_moe_distribute_* limits at run time
         # (hetero_ascend.ep.dispatch_limit_reason) and otherwise runs the portable hetero._ep path

@@ -1,4 +1,5 @@
-"""Reference GEMMs: dense, scaled (fp8/int8 with per-tensor, per-row or 128-block scales) and grouped.
+"""Reference GEMMs: dense, scaled (fp8/int8 with per-tensor, per-row or 128-block scales) and grouped;
+gemm and grouped_gemm on packed int4 weights (spec 1.9) are ``_int4``'s.
 
 Plain PyTorch on whatever device the inputs live on. Floating GEMMs accumulate in
 float32 (float64 when an input is float64) and round once to the output dtype.
@@ -16,6 +17,7 @@ from hetero.spec.checks import (
     check_group_ends,
     check_operands,
     check_out_dtype,
+    check_packed_gemm,
     check_same_device,
     check_scaled_gemm,
     check_tensor,
@@ -23,6 +25,7 @@ from hetero.spec.checks import (
 )
 from hetero.spec.gemm import SCALE_BLOCK
 from hetero.spec.types import FLOAT_DTYPES
+from hetero_cpu_ref._int4 import check_zero_points, int4_grouped_linear, int4_linear
 from hetero_cpu_ref._util import acc_dtype, up
 
 __all__ = ["gemm", "scaled_gemm", "grouped_gemm"]
@@ -34,8 +37,16 @@ def gemm(
     *,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    b_scale: torch.Tensor | None = None,
+    b_zero_point: torch.Tensor | None = None,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     op = "gemm"
+    packed = (b_scale, b_zero_point, group_size)
+    g = check_packed_gemm(op, a, b, packed, bias=bias, out_dtype=out_dtype)
+    if g is not None:  # spec 1.9: a packed int4 b (W4A16)
+        check_zero_points(op, ("b_zero_point", b_zero_point))
+        return int4_linear(a, b, b_scale, b_zero_point, g, bias, a.dtype if out_dtype is None else out_dtype)
     check_operands(op, a, b, FLOAT_DTYPES)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     check_out_dtype(op, out_dtype, FLOAT_DTYPES)
@@ -111,14 +122,22 @@ def grouped_gemm(
     group_ends: torch.Tensor,
     *,
     out_dtype: torch.dtype | None = None,
+    b_scale: torch.Tensor | None = None,
+    b_zero_point: torch.Tensor | None = None,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     op = "grouped_gemm"
-    check_operands(op, a, b, FLOAT_DTYPES, b_ndim=3)
+    g = check_packed_gemm(op, a, b, (b_scale, b_zero_point, group_size), b_ndim=3, out_dtype=out_dtype)
+    if g is None:
+        check_operands(op, a, b, FLOAT_DTYPES, b_ndim=3)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     check_out_dtype(op, out_dtype, FLOAT_DTYPES)
     check_tensor(op, "group_ends", group_ends)
     check_same_device(op, a=a, group_ends=group_ends)  # before reading its values
     ends = check_group_ends(op, group_ends, b.shape[0], a.shape[0])
+    if g is not None:  # spec 1.9: packed int4 weights (W4A16)
+        check_zero_points(op, ("b_zero_point", b_zero_point))
+        return int4_grouped_linear(a, b, b_scale, b_zero_point, g, ends, None, out_dtype)
     return grouped_linear(a, b, ends, None, out_dtype)
 
 

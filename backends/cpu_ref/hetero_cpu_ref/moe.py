@@ -25,6 +25,7 @@ from hetero.spec.checks import (
     expect,
 )
 from hetero.spec.types import FLOAT_DTYPES
+from hetero_cpu_ref._int4 import check_zero_points, int4_grouped_linear
 from hetero_cpu_ref._moe_quant import quant_expert_linear
 from hetero_cpu_ref._util import acc_dtype, up
 from hetero_cpu_ref.gemm import grouped_linear
@@ -161,6 +162,9 @@ def fused_moe(
     w2_scale: torch.Tensor | None = None,
     act_quant: str | None = None,
     act_scale_fmt: str = "float",
+    w13_zero_point: torch.Tensor | None = None,
+    w2_zero_point: torch.Tensor | None = None,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     op = "fused_moe"
     forms = check_fused_moe(
@@ -176,9 +180,17 @@ def fused_moe(
         w13_bias,
         w2_bias,
         (w13_scale, w2_scale, act_quant, act_scale_fmt),
+        int4=(w13_zero_point, w2_zero_point, group_size),
     )
 
     x_sorted, group_ends, perm = moe_permute(x, ids, w13.shape[0])
+    if forms == ("int4", "int4"):  # spec 1.9: packed int4 experts (W4A16), weight-only
+        check_zero_points(op, ("w13_zero_point", w13_zero_point), ("w2_zero_point", w2_zero_point))
+        ends = group_ends.tolist()
+        gate_up = int4_grouped_linear(x_sorted, w13, w13_scale, w13_zero_point, group_size, ends, w13_bias, x.dtype)
+        hidden = _activation(gate_up, activation, float(alpha), None if limit is None else float(limit))
+        y_sorted = int4_grouped_linear(hidden, w2, w2_scale, w2_zero_point, group_size, ends, w2_bias, x.dtype)
+        return moe_unpermute(y_sorted, perm, weights)
     if forms is None:
         gate_up = grouped_linear(x_sorted, w13, group_ends.tolist(), w13_bias, x.dtype)  # [M*k, 2I] in x's dtype
     else:

@@ -115,7 +115,10 @@ def torch_grouped_gemm(triton_grouped_gemm: Callable) -> Callable:
     """torch.nn.functional.grouped_mm (CUTLASS grouped GEMM on sm90) for bfloat16; rows past the
     last group are zeroed."""
 
-    def grouped_gemm(a, b, group_ends, *, out_dtype=None):
+    def grouped_gemm(a, b, group_ends, *, out_dtype=None, b_scale=None, b_zero_point=None, group_size=None):
+        int4 = {"b_scale": b_scale, "b_zero_point": b_zero_point, "group_size": group_size}
+        if any(v is not None for v in int4.values()):  # packed int4 experts: the Triton kernel
+            return triton_grouped_gemm(a, b, group_ends, out_dtype=out_dtype, **int4)
         if not _grouped_fits(a, b, group_ends, out_dtype):
             return triton_grouped_gemm(a, b, group_ends, out_dtype=out_dtype)
         out = F.grouped_mm(a, b.transpose(-2, -1), offs=group_ends)

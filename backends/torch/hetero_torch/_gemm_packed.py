@@ -65,6 +65,8 @@ def _linear_fits(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, co
 def cached_pack(b: torch.Tensor, attr: str, pack, first_sight: bool = False):
     """``pack(b)``, kept on b under ``attr`` while b's version, address and shape hold; None the first
     time b is seen at that version unless ``first_sight`` (a one-off operand is not worth packing)."""
+    if b.is_inference():  # made under inference_mode (a per-call operand such as a dequantized weight): no version
+        return pack(b) if first_sight else None
     key = (b._version, b.data_ptr(), tuple(b.shape))
     seen = getattr(b, attr, None)
     if seen is None or seen[0] != key:

@@ -17,6 +17,7 @@ from hetero.spec.checks import (
     check_group_ends,
     check_operands,
     check_out_dtype,
+    check_packed_gemm,
     check_quantize_inputs,
     check_same_device,
     check_scaled_gemm,
@@ -27,13 +28,17 @@ from hetero.spec.types import FLOAT_DTYPES
 from hetero_torch._gemm_grouped import grouped_matmul
 from hetero_torch._gemm_packed import compiled_linear, packed_linear
 from hetero_torch._gemm_quant import quantize, scaled_grouped_product, scaled_product
+from hetero_torch._int4 import int4_gemm, int4_grouped_gemm
 from hetero_torch._layers_util import acc_dtype
 
 __all__ = ["gemm", "grouped_gemm", "scaled_gemm", "quantize_activation", "scaled_grouped_gemm"]
 
 
-def gemm(a, b, *, bias=None, out_dtype=None):
+def gemm(a, b, *, bias=None, out_dtype=None, b_scale=None, b_zero_point=None, group_size=None):
     op = "gemm"
+    g = check_packed_gemm(op, a, b, (b_scale, b_zero_point, group_size), bias=bias, out_dtype=out_dtype)
+    if g is not None:  # spec 1.9: a packed int4 b (W4A16)
+        return int4_gemm(a, b, b_scale, b_zero_point, g, bias, a.dtype if out_dtype is None else out_dtype)
     check_operands(op, a, b, FLOAT_DTYPES)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     check_out_dtype(op, out_dtype, FLOAT_DTYPES)
@@ -48,14 +53,18 @@ def gemm(a, b, *, bias=None, out_dtype=None):
     return F.linear(a.to(acc), b.to(acc), None if bias is None else bias.to(acc)).to(out_dtype)
 
 
-def grouped_gemm(a, b, group_ends, *, out_dtype=None):
+def grouped_gemm(a, b, group_ends, *, out_dtype=None, b_scale=None, b_zero_point=None, group_size=None):
     op = "grouped_gemm"
-    check_operands(op, a, b, FLOAT_DTYPES, b_ndim=3)
+    g = check_packed_gemm(op, a, b, (b_scale, b_zero_point, group_size), b_ndim=3, out_dtype=out_dtype)
+    if g is None:
+        check_operands(op, a, b, FLOAT_DTYPES, b_ndim=3)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     check_out_dtype(op, out_dtype, FLOAT_DTYPES)
     check_tensor(op, "group_ends", group_ends)
     check_same_device(op, a=a, group_ends=group_ends)
     ends = check_group_ends(op, group_ends, b.shape[0], a.shape[0])
+    if g is not None:  # spec 1.9: packed int4 weights (W4A16)
+        return int4_grouped_gemm(a, b, b_scale, b_zero_point, g, ends, out_dtype)
     return grouped_matmul(a, b, group_ends, ends, out_dtype)
 
 

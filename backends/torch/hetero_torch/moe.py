@@ -29,6 +29,7 @@ from hetero.spec.checks import (
 from hetero.spec.types import FLOAT_DTYPES
 from hetero_torch import _layers_native as native_layers
 from hetero_torch._gemm_grouped import grouped_matmul
+from hetero_torch._int4 import int4_fused_moe
 from hetero_torch._layers_util import acc_dtype
 from hetero_torch._moe_native import native_fused_moe
 from hetero_torch._opaque import opaque
@@ -230,6 +231,9 @@ def fused_moe(
     w2_scale=None,
     act_quant=None,
     act_scale_fmt="float",
+    w13_zero_point=None,
+    w2_zero_point=None,
+    group_size=None,
 ):
     traced = torch.compiler.is_compiling()
     forms = check_fused_moe(
@@ -246,7 +250,12 @@ def fused_moe(
         w2_bias,
         (w13_scale, w2_scale, act_quant, act_scale_fmt),
         read_ids=False,
+        int4=(w13_zero_point, w2_zero_point, group_size),
     )
+    if forms == ("int4", "int4"):  # spec 1.9: packed int4 experts (W4A16)
+        lim = None if limit is None else float(limit)
+        args = (x, w13, w2, weights, ids, activation, float(alpha), lim, w13_bias, w2_bias, w13_scale, w2_scale)
+        return int4_fused_moe(*args, w13_zero_point, w2_zero_point, int(group_size))
     run = _experts_op if traced else _experts
     return run(
         x,

@@ -10,6 +10,8 @@ from hetero_conformance.cases import (
     dsa,
     gemm,
     hyper,
+    int4,
+    int4_moe,
     layers,
     mla,
     mla_sinks,
@@ -27,6 +29,7 @@ _FAMILIES = (attention, mla, mla_sinks, dsa, gemm, quant, scaled_grouped_gemm, m
 _FAMILIES += (v4_indexer, v4_route)  # spec 1.8's options of indexer_topk and route (DeepSeek-V4)
 _FAMILIES += (compressed_attention,)  # spec 1.8: DeepSeek-V4's window + compressed attention
 _FAMILIES += (compress,)  # spec 1.8: DeepSeek-V4's KV compressor (kv_compress)
+_FAMILIES += (int4, int4_moe)  # spec 1.9: packed int4 weights (W4A16) in gemm, grouped_gemm, fused_moe
 
 
 def catalog(*, quick: bool = False) -> list[Case]:

@@ -19,6 +19,7 @@ from hetero_conformance.cases import (
     malformed_dense,
     malformed_dsa,
     malformed_hyper,
+    malformed_int4,
     malformed_moe,
     malformed_quant,
     malformed_recurrent,
@@ -45,6 +46,7 @@ def catalog() -> list[Malformed]:
             malformed_hyper,
             malformed_compress,
             malformed_compressed_attention,
+            malformed_int4,  # spec 1.9: packed int4 weights (W4A16)
         )
         for c in family.calls()
     ]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from typing import Any, ClassVar
 
 from hetero.engine.context import ModelContext
@@ -59,8 +60,24 @@ class TextOfMultimodal:
             raise TypeError(f"{cls.__name__} must list its vision tower's tensors in vision_ignore")
 
     def __init__(self, hf_config: Any, ctx: ModelContext, *, quant_config: QuantConfig | None = None):
-        quant_config = quant_config or wrapper_quant_config(hf_config)
+        quant_config = self._renamed_skips(quant_config or wrapper_quant_config(hf_config))
         super().__init__(wrapped_text_config(hf_config), ctx, quant_config=quant_config)  # type: ignore[call-arg]
+
+    @classmethod
+    def _renamed_skips(cls, quant_config: QuantConfig) -> QuantConfig:
+        """The checkpoint's skip list names modules by the release's names (Kimi-K2.5's
+        ``language_model.model.layers.N...``): literal entries get ``text_renames``, as the tensors do;
+        ``re:`` patterns are the checkpoint's own and stay as written."""
+        skip = getattr(quant_config, "skip", None)
+        if not skip:
+            return quant_config
+        renamed = []
+        for entry in skip:
+            if not entry.startswith("re:"):
+                for pattern, repl in cls.text_renames:
+                    entry = re.sub(pattern, repl, entry)
+            renamed.append(entry)
+        return dataclasses.replace(quant_config, skip=tuple(renamed))
 
     def weight_mapping(self, hf_config: Any) -> WeightMapping:
         """The text class's mapping, the release's text prefix renamed first and the vision tensors ignored."""

@@ -4,7 +4,8 @@
 float path; ``config``: ``QuantConfig`` (prefix -> method) and ``quant_config_of`` (config.json's
 ``quantization_config`` -> QuantConfig). A new format (fp8 block-scaled, say) is one module
 with its methods and a QuantConfig builder, registered in ``config.FORMATS``: ``fp8`` and
-``compressed_tensors`` (8-bit weights, methods in ``scaled``); ``weights_only`` turns their
+``compressed_tensors`` (8-bit weights, methods in ``scaled``; W4A16 ``pack-quantized``), ``gptq`` and
+``awq`` (int4 weights, methods in ``int4_linear`` / ``int4_moe``); ``weights_only`` turns their
 activation quantization off.
 """
 

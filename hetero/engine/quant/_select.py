@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import Any, Callable, ClassVar
 
 from hetero.engine.quant.base import LinearMethod, MoEMethod
 from hetero.engine.quant.config import QuantConfig, UnsupportedQuantization
@@ -50,6 +51,9 @@ class ScaledQuantConfig(QuantConfig):
 
     scheme: Scheme | None = None
     skip: tuple[str, ...] = ()
+    #: the methods of the quantized layers, built from the scheme (a subclass for another format's)
+    linear_cls: ClassVar[Callable[[Any], LinearMethod]] = ScaledLinearMethod
+    moe_cls: ClassVar[Callable[[Any], MoEMethod]] = ScaledMoEMethod
 
     def _skipped(self, prefix: str) -> bool:
         parts = _parts(prefix)
@@ -65,7 +69,7 @@ class ScaledQuantConfig(QuantConfig):
         if self._skipped(prefix):
             return UnquantizedLinearMethod()
         scheme = self.scheme.weights_only() if any(re.fullmatch(p, prefix) for p in DEQUANTIZED) else self.scheme
-        return ScaledLinearMethod(scheme)
+        return type(self).linear_cls(scheme)
 
     def moe_method(self, prefix: str) -> MoEMethod:
         if self._skipped(prefix):
@@ -75,7 +79,7 @@ class ScaledQuantConfig(QuantConfig):
                 f"{prefix}: the checkpoint leaves some experts unquantized; the engine "
                 "stacks every expert of a layer in one format"
             )
-        return ScaledMoEMethod(self.scheme)
+        return type(self).moe_cls(self.scheme)
 
     def describe(self) -> str:
         """One line for the command line: the format and what it quantizes."""

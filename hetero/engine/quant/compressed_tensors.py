@@ -1,15 +1,17 @@
-"""``quant_method: "compressed-tensors"`` (llm-compressor): 8-bit weights with dynamic activations.
+"""``quant_method: "compressed-tensors"`` (llm-compressor): 8-bit weights with dynamic activations, and W4A16.
 
 Supported, for one config group targeting ``Linear``:
 
 - ``float-quantized``: FP8_DYNAMIC (e4m3 weights with per-channel ``weight_scale`` [N, 1],
   per-token dynamic activations) and FP8_BLOCK (128x128 ``weight_scale``, 1x128 dynamic activations);
 - ``int-quantized``: W8A8 int8, per-channel symmetric weights, per-token symmetric dynamic activations;
-- either without ``input_activations`` (weights only, W8A16).
+- either without ``input_activations`` (weights only, W8A16);
+- ``pack-quantized``: W4A16, 4-bit int weights in groups or per channel, with or without zero points
+  (``int4.pack_quantized_config``).
 
-Refused by name (UnsupportedQuantization): packed 4-bit formats (W4A16 ``pack-quantized``), static
-activation scales, asymmetric weights or activations (``scaled_gemm`` has no zero point), per-tensor
-and group-wise weight scales, several config groups. ``ignore`` lists modules left in float
+Refused by name (UnsupportedQuantization): static activation scales, asymmetric 8-bit weights or
+activations (``scaled_gemm`` has no zero point), per-tensor and group-wise 8-bit weight scales,
+several config groups. ``ignore`` lists modules left in float
 (names, suffixes or ``re:`` regexes).
 """
 
@@ -76,10 +78,12 @@ def compressed_tensors_config(qc: dict[str, Any]) -> ScaledQuantConfig:
         raise _refuse(f"{len(groups)} config groups (exactly one is supported)")
     group = next(iter(groups.values()))
     fmt = group.get("format") or fmt
+    if fmt == "pack-quantized":
+        from hetero.engine.quant.int4 import pack_quantized_config
+
+        return pack_quantized_config(group, qc)
     if fmt not in _FORMATS:
-        raise _refuse(
-            f"format {fmt!r} is not supported (supported: {', '.join(_FORMATS)}; 4-bit pack-quantized W4A16 is not)"
-        )
+        raise _refuse(f"format {fmt!r} is not supported (supported: {', '.join(_FORMATS)}, pack-quantized)")
     if "Linear" not in (group.get("targets") or ()):
         raise _refuse(f"targets {group.get('targets')!r} (the group must target Linear)")
     kind, dtype = _FORMATS[fmt]

@@ -19,6 +19,8 @@ __all__ = ["QuantConfig", "FORMATS", "UnsupportedQuantization", "quant_config_of
 FORMATS: dict[str, str] = {
     "fp8": "fp8:fp8_config",
     "compressed-tensors": "compressed_tensors:compressed_tensors_config",
+    "gptq": "gptq:gptq_config",
+    "awq": "awq:awq_config",
 }
 
 
