@@ -71,6 +71,7 @@ def test_save_then_compare_the_same_backend_exits_0(tmp_path, capsys):
     assert [m["name"] for m in doc["metrics"]] == [
         "gemm/perf/qwen3-8b-o-proj-t16/float32",
         "rms_norm/perf/qwen3-8b-residual-t256/float32",
+        "gemm/perf/kimi-k2-gate-up-w4a16-g32-n64-t16/float32",
     ]
     assert all(m["unit"] == "s" and m["value"] > 0 and len(m["samples"]) >= 10 for m in doc["metrics"])
     capsys.readouterr()
