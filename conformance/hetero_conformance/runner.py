@@ -126,6 +126,8 @@ class Runner:
         problems = self._structure(outputs, exp, poisoned)
         problems += [f"modified its input '{k}'" for k, v in untouched.items() if not _same(inputs[k], v)]
         problems += self._planned(case, binding.fn, binding.origin, exp)
+        if case.check is not None and (why := case.check(exp.inputs, outputs)):
+            problems.append(why)  # a statistical case's own property of the outputs
         return self._verdict(case, comparable(case.op, outputs), exp, problems)
 
     def _planned(self, case: Case, fn: Any, origin: str, exp: Expected) -> list[str]:

@@ -222,6 +222,13 @@ def _hc_post(a: Mapping[str, Any]) -> Work:
     )
 
 
+def _rejection_sample(a: Mapping[str, Any]) -> Work:
+    """The target (and draft) probabilities read once, a few flops each; ids in, the [B, k+1] tokens out."""
+    p, q, b = a["target_probs"], a["draft_probs"], a["bonus_token_ids"].numel()
+    ids = nbytes(a["draft_token_ids"]) + nbytes(a["cu_num_draft_tokens"]) + 4 * b * (a["max_spec_len"] + 2)
+    return Work(6.0 * p.numel() * (1 if q is None else 2), nbytes(p) + nbytes(q) + ids)
+
+
 _MODELS: dict[str, Callable[[Mapping[str, Any]], Work]] = {
     **ATTENTION_MODELS,
     "gemm": _gemm,
@@ -246,6 +253,7 @@ _MODELS: dict[str, Callable[[Mapping[str, Any]], Work]] = {
     "hc_head": lambda a: _hc_collapse(a, 0),
     "kv_compress": kv_compress_work,  # spec 1.8: hetero.bench._compress_work
     "compressed_attention": compressed_attention_work,  # spec 1.8: hetero.bench._compressed_attention
+    "rejection_sample": _rejection_sample,  # spec 1.10
 }
 
 

@@ -29,6 +29,7 @@ from typing import Any, Callable
 from hetero.bench._compressed_attention import compressed_attention_cases
 from hetero.bench._perf_attention import attention_cases, dsa_cases, mla_cases
 from hetero.bench._perf_int4 import int4_cases
+from hetero.bench._perf_sampling import sampling_cases
 from hetero.spec import OPS
 from hetero.verify.case import Case
 from hetero.verify.inputs import compress as _compress
@@ -285,6 +286,6 @@ def perf_cases(tier: str) -> list[Case]:
         out.append(Case(op, f"perf/{shape}", dtype or dt, build, static, quick=not full))
 
     families = (attention_cases, mla_cases, dsa_cases, _gemms, _quant_ops, _moe_ops, _layer_ops, _recurrent_ops)
-    for family in (*families, _hyper_ops, _compress_ops, compressed_attention_cases, int4_cases):
+    for family in (*families, _hyper_ops, _compress_ops, compressed_attention_cases, int4_cases, sampling_cases):
         family(add, full, dt)
     return out

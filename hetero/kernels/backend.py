@@ -37,6 +37,7 @@ KERNEL_OPS: dict[str, tuple[str, ...]] = {
     "hetero.kernels.hyper": ("hc_pre", "hc_post", "hc_head"),
     "hetero.kernels.compress": ("kv_compress",),
     "hetero.kernels.compressed_attention": ("compressed_attention",),
+    "hetero.kernels.sampling": ("rejection_sample",),
     # collectives and index bookkeeping: device-agnostic torch, shared with the reference
     "hetero._ep": ("ep_dispatch", "ep_combine"),
 }

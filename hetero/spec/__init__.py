@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from types import MappingProxyType, ModuleType
 
-from hetero.spec import attention, compressed, gemm, hyper, layers, moe, recurrent
+from hetero.spec import attention, compressed, gemm, hyper, layers, moe, recurrent, sampling
 from hetero.spec._op import COMPARISONS, OpSpec, Output
 from hetero.spec.comm import REDUCE_OPS, Communicator
 from hetero.spec.types import FLOAT_DTYPES, AttentionMeta, EPDispatch, Plan
@@ -45,9 +45,9 @@ __all__ = [
 
 #: Semver of the interface and of its checks API (``hetero.spec.checks``). Major: an op's meaning or signature
 #: changed, or a check was changed or removed. Minor: ops or checks were added.
-SPEC_VERSION = "1.9.0"
+SPEC_VERSION = "1.10.0"
 
-_FAMILY_MODULES: tuple[ModuleType, ...] = (attention, gemm, moe, layers, recurrent, hyper, compressed)
+_FAMILY_MODULES: tuple[ModuleType, ...] = (attention, gemm, moe, layers, recurrent, hyper, compressed, sampling)
 
 
 def _collect() -> dict[str, OpSpec]:

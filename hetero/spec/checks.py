@@ -111,6 +111,7 @@ from hetero.spec._checks_recurrent import (
     check_state_batch,
     check_state_index,
 )
+from hetero.spec._checks_sampling import PROB_DTYPES, check_rejection_sample, check_rejection_sample_indices
 
 __all__ = [
     # general (spec 1.0; public since 1.5)
@@ -209,4 +210,8 @@ __all__ = [
     "check_no_int4",
     "check_fused_moe_int4",
     "check_int4_zero_point_values",
+    # speculative decoding's rejection sampling (spec 1.10)
+    "PROB_DTYPES",
+    "check_rejection_sample",
+    "check_rejection_sample_indices",
 ]

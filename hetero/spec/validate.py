@@ -1,14 +1,12 @@
 """Index-content validation: the checks that read metadata tensors on the host.
 
-Shape, dtype and device checks read only host metadata and are always on. The
-checks here read the *values* of index tensors (block ids, slots, positions,
-cumulative lengths, group ends, expert ids, perm, state slots), which on an
-accelerator is a device-to-host copy and a stream sync per call. A backend runs them when its
-``validate`` flag is on (``hetero.load(name, validate=True)`` or
-``HETERO_VALIDATE=1``); then every malformed call raises an OpError naming the op,
-the argument, what was expected and what came, before any kernel runs. With
-validation off, the kernels still never read or write outside their tensors
-(they mask every index they load), but a malformed call's results are undefined.
+Shape, dtype and device checks read only host metadata and are always on. The checks here read the *values* of
+index tensors (block ids, slots, positions, cumulative lengths, group ends, expert ids, perm, state slots),
+which on an accelerator is a device-to-host copy and a stream sync per call. A backend runs them when its
+``validate`` flag is on (``hetero.load(name, validate=True)`` or ``HETERO_VALIDATE=1``); then every malformed
+call raises an OpError naming the op, the argument, what was expected and what came, before any kernel runs.
+With validation off, the kernels still never read or write outside their tensors (they mask every index they
+load), but a malformed call's results are undefined.
 
 One function per op that takes index tensors, named after it and taking the op's
 own arguments, so that ``VALIDATORS[op](*args, **kwargs)`` checks a call as made.
@@ -32,6 +30,7 @@ from hetero.spec._checks_compressed_attention import compressed_attention  # spe
 from hetero.spec._checks_dsa import check_compress_ratio
 from hetero.spec._checks_meta import check_meta
 from hetero.spec._checks_recurrent import check_state_batch
+from hetero.spec._checks_sampling import rejection_sample  # spec 1.10: validated there
 from hetero.spec.checks import (
     check_cu_seqlens,
     check_fixed_ids,
@@ -296,5 +295,6 @@ VALIDATORS = {
         indexer_topk,
         compressed_attention,
         kv_compress,  # spec 1.8: hetero.spec._checks_compress
+        rejection_sample,
     )
 }

@@ -35,6 +35,8 @@ class Case:
 
     ``static`` is what an engine would pass to ``supports``/``resolve`` for this
     configuration (dtype, head_dim, block_size, ...). ``quick`` cases form the CI tier.
+    ``check`` (statistical cases): ``check(inputs, outputs)`` judges the backend's outputs on their
+    own (the message of a failure, else None), besides the comparison with the oracle.
     """
 
     op: str
@@ -44,6 +46,9 @@ class Case:
     static: Mapping[str, Any] = field(default_factory=dict, compare=False)
     quick: bool = False
     note: str = ""
+    check: Callable[[dict[str, Any], dict[str, torch.Tensor]], str | None] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.op not in OPS:

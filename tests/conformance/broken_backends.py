@@ -20,6 +20,7 @@ from broken_int4 import BUGS as INT4_BUGS
 from broken_moe import BUGS as MOE_BUGS
 from broken_quant import BUGS as QUANT_BUGS
 from broken_recurrent import BUGS as RECURRENT_BUGS
+from broken_sampling import BUGS as SAMPLING_BUGS
 
 from hetero_cpu_ref import gemm as ref_gemm
 from hetero_cpu_ref import layers as ref_layers
@@ -242,6 +243,7 @@ BUGS.update(HYPER_BUGS)  # hc_pre, hc_post, hc_head (spec 1.7): broken_hyper.py
 BUGS.update(COMPRESSED_ATTENTION_BUGS)  # compressed_attention (spec 1.8): broken_compressed_attention.py
 BUGS.update(COMPRESS_BUGS)  # kv_compress (spec 1.8): broken_compress.py
 BUGS.update(INT4_BUGS)  # gemm and grouped_gemm on packed int4 weights (spec 1.9): broken_int4.py
+BUGS.update(SAMPLING_BUGS)  # rejection_sample (spec 1.10): broken_sampling.py
 
 
 def make_plugin(bug: str | None):

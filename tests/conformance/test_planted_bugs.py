@@ -11,6 +11,7 @@ from broken_hyper import make_control as make_hyper_control
 from broken_moe import make_control as make_moe_control
 from broken_quant import make_control as make_quant_control
 from broken_recurrent import make_control
+from broken_sampling import make_control as make_sampling_control
 
 import hetero
 import hetero_cpu_ref.plugin
@@ -102,6 +103,11 @@ def test_compressed_attention_control_backend_passes(suite):
 def test_kv_compress_control_backend_passes(suite):
     """The bug-free mini kv_compress (spec 1.8) passes: its planted bugs are the only difference."""
     assert suite(make_compress_control()) == {}
+
+
+def test_rejection_sample_control_backend_passes(suite):
+    """The bug-free mini rejection_sample (spec 1.10) passes: its planted bugs are the only difference."""
+    assert suite(make_sampling_control()) == {}
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))

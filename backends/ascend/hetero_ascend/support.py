@@ -75,6 +75,7 @@ DECLINED["kv_compress"] = (
     "cann-recipes-infer, not a torch_npu operator), and hetero's portable Triton kv_compress kernel is "
     "unverified on triton-ascend: never run on an NPU"
 )
+DECLINED["rejection_sample"] = "torch_npu documents no rejection-sampling operator; never run on an NPU (spec 1.10)"
 
 HALF = ("float16", "bfloat16")  # FIA query: float16, bfloat16 (doc, A2/A3)
 HALF_FP32 = ("float16", "bfloat16", "float32")  # npu_rms_norm, npu_moe_gating_top_k, npu_grouped_matmul (A2/A3)

@@ -20,6 +20,7 @@ from hetero_cpu_ref import (
     moe,
     quant,
     recurrent,
+    sampling,
 )
 
 __all__ = ["CpuRefBackend", "hetero_backends"]
@@ -44,7 +45,9 @@ class CpuRefBackend(hetero.Backend):
         )
 
 
-CpuRefBackend.bind_from(attention, dsa, gemm, quant, moe, ep, layers, recurrent, hyper, compress, compressed_attention)
+CpuRefBackend.bind_from(
+    attention, dsa, gemm, quant, moe, ep, layers, recurrent, hyper, compress, compressed_attention, sampling
+)
 
 
 @hetero.hookimpl

@@ -21,7 +21,7 @@ from hetero_torch import _step_plan
 __all__ = ["TorchBackend", "hetero_backends", "FAMILIES"]
 
 #: the modules holding the op families this backend implements
-FAMILIES = ("layers", "gemm", "moe", "attention", "recurrent", "ep", "hyper", "compressed")
+FAMILIES = ("layers", "gemm", "moe", "attention", "recurrent", "ep", "hyper", "compressed", "sampling")
 _DIST = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl"}
 
 

@@ -18,6 +18,7 @@ from hetero_conformance.cases import (
     moe,
     quant,
     recurrent,
+    sampling,
     scaled_grouped_gemm,
     v4_indexer,
     v4_route,
@@ -30,6 +31,7 @@ _FAMILIES += (v4_indexer, v4_route)  # spec 1.8's options of indexer_topk and ro
 _FAMILIES += (compressed_attention,)  # spec 1.8: DeepSeek-V4's window + compressed attention
 _FAMILIES += (compress,)  # spec 1.8: DeepSeek-V4's KV compressor (kv_compress)
 _FAMILIES += (int4, int4_moe)  # spec 1.9: packed int4 weights (W4A16) in gemm, grouped_gemm, fused_moe
+_FAMILIES += (sampling,)  # spec 1.10: rejection_sample (speculative decoding)
 
 
 def catalog(*, quick: bool = False) -> list[Case]:

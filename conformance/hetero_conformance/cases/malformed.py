@@ -23,6 +23,7 @@ from hetero_conformance.cases import (
     malformed_moe,
     malformed_quant,
     malformed_recurrent,
+    malformed_sampling,
 )
 from hetero_conformance.cases._malformed import Base, Corrupt, Draw, Malformed, altered, meta_field, put, swap
 
@@ -47,6 +48,7 @@ def catalog() -> list[Malformed]:
             malformed_compress,
             malformed_compressed_attention,
             malformed_int4,  # spec 1.9: packed int4 weights (W4A16)
+            malformed_sampling,  # spec 1.10: rejection_sample
         )
         for c in family.calls()
     ]
