@@ -20,6 +20,7 @@ from hetero_conformance.cases import (
     recurrent,
     sampling,
     scaled_grouped_gemm,
+    spec_verify,
     v4_indexer,
     v4_route,
 )
@@ -32,6 +33,7 @@ _FAMILIES += (compressed_attention,)  # spec 1.8: DeepSeek-V4's window + compres
 _FAMILIES += (compress,)  # spec 1.8: DeepSeek-V4's KV compressor (kv_compress)
 _FAMILIES += (int4, int4_moe)  # spec 1.9: packed int4 weights (W4A16) in gemm, grouped_gemm, fused_moe
 _FAMILIES += (sampling,)  # spec 1.10: rejection_sample (speculative decoding)
+_FAMILIES += (spec_verify,)  # issue 36: 1 + k verification rows per sequence (full tier)
 
 
 def catalog(*, quick: bool = False) -> list[Case]:
