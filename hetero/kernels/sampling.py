@@ -15,6 +15,7 @@ import torch
 
 from hetero.kernels import _sampling_kernels as kern
 from hetero.kernels._triton import triton_modules
+from hetero.kernels.draft_walk import draft_positions, emitted
 from hetero.kernels.tuning import Tuning
 from hetero.spec.checks import check_rejection_sample
 from hetero.spec.sampling import RECOVERED_SCALE
@@ -48,14 +49,9 @@ def rejection_sample(
         seeds=seeds,
     )
     device, width = target_probs.device, max_spec_len + 1
-    cu = cu_num_draft_tokens.to(torch.int64)
-    # clamped so that malformed offsets (unchecked with validation off) index nothing outside
-    counts = (cu[1:] - cu[:-1]).clamp(0, max_spec_len)
     if batch == 0:
         return torch.empty((0, width), dtype=torch.int32, device=device)
-    tokens = torch.arange(n, device=device)
-    req = torch.searchsorted(cu[1:].contiguous(), tokens, right=True).clamp(max=batch - 1)  # each token's request
-    j = (tokens - cu[req]).clamp(0, max_spec_len)
+    counts, req, j = draft_positions(cu_num_draft_tokens, n, batch, max_spec_len)
     ok = torch.empty(n, dtype=torch.int8, device=device)
     token = torch.empty(n, dtype=torch.int64, device=device)
     if n:
@@ -74,12 +70,4 @@ def rejection_sample(
             HAS_Q=draft_probs is not None, RANDOM=random, SCALE=RECOVERED_SCALE,
             BLOCK_T=block_t, BLOCK_V=block_v, **launch,
         )  # fmt: skip
-    x = draft_token_ids.to(torch.int64)
-    accepted = ok != 0
-    fits = torch.zeros(batch, width, dtype=torch.bool, device=device)
-    tok = torch.full((batch, width), -1, dtype=torch.int64, device=device)
-    fits[req, j], tok[req, j] = accepted, torch.where(accepted, x, token)
-    n_ok = torch.cumprod(fits.to(torch.int64), dim=1).sum(dim=1)
-    tok.scatter_(1, counts[:, None], bonus_token_ids.to(torch.int64)[:, None])
-    cols = torch.arange(width, device=device)[None, :]
-    return torch.where(cols <= n_ok[:, None], tok, -1).to(torch.int32)
+    return emitted(ok != 0, token, draft_token_ids.to(torch.int64), bonus_token_ids, counts, req, j, width)

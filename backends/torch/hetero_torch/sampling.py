@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from hetero.kernels.draft_walk import draft_positions, emitted
 from hetero.spec.checks import check_rejection_sample
 from hetero.spec.sampling import RECOVERED_SCALE
 
@@ -71,14 +72,9 @@ def rejection_sample(
         seeds=seeds,
     )
     device, width = target_probs.device, max_spec_len + 1
-    cu = cu_num_draft_tokens.to(torch.int64)
-    # clamped so that malformed offsets or ids (unchecked with validation off) index nothing outside
-    counts = (cu[1:] - cu[:-1]).clamp(0, max_spec_len)
     if batch == 0:
         return torch.empty((0, width), dtype=torch.int32, device=device)
-    tokens = torch.arange(n, device=device)
-    req = torch.searchsorted(cu[1:].contiguous(), tokens, right=True).clamp(max=batch - 1)  # each token's request
-    j = (tokens - cu[req]).clamp(0, max_spec_len)
+    counts, req, j = draft_positions(cu_num_draft_tokens, n, batch, max_spec_len)
     x = draft_token_ids.to(torch.int64).clamp(0, target_probs.shape[1] - 1)
     p = target_probs.to(torch.float32)
     top = torch.argmax(p, dim=1) if n else x
@@ -95,12 +91,4 @@ def rejection_sample(
         greedy = is_greedy[req]
         accepted = torch.where(greedy, accepted, random_ok)
         token = torch.where(greedy, top, torch.where(random_ok, x, recovered))
-    ok = torch.zeros(batch, width, dtype=torch.bool, device=device)
-    tok = torch.full((batch, width), -1, dtype=torch.int64, device=device)
-    ok[req, j], tok[req, j] = accepted, torch.where(accepted, x, token)
-    n_ok = torch.cumprod(ok.to(torch.int64), dim=1).sum(dim=1)  # the accepted prefix of each request
-    cols = torch.arange(width, device=device)[None, :]
-    tok.scatter_(1, counts[:, None], bonus_token_ids.to(torch.int64)[:, None])
-    # the emitted tokens: the accepted prefix, then its first rejection or the bonus (at k_b)
-    out = torch.where(cols <= n_ok[:, None], tok, -1)
-    return out.to(torch.int32)
+    return emitted(accepted, token, x, bonus_token_ids, counts, req, j, width)
