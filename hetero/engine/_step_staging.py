@@ -77,7 +77,16 @@ def stage_rows(
     h["slot_mapping"][:nt] = h["block_table"][owner, pos // bs].astype(np.int64) * bs + pos % bs
     h["query_start_loc"][: nb + 1] = starts
     h["seq_lens"][:nb] = s
-    rows = starts[1:] - 1 if sample is None else (starts[1:] - 1)[np.asarray(sample, dtype=bool).reshape(-1)]
+    if sample is None:
+        rows = starts[1:] - 1
+    elif len(sample) and not isinstance(sample[0], (bool, np.bool_)):
+        # a count of rows per sequence: its last c rows (a verified sequence's drafts and the row before)
+        counts = np.asarray(sample, dtype=np.int64).reshape(-1)
+        first = np.cumsum(counts) - counts
+        within = np.arange(int(counts.sum())) - np.repeat(first, counts)
+        rows = np.repeat(starts[1:] - counts, counts) + within
+    else:
+        rows = (starts[1:] - 1)[np.asarray(sample, dtype=bool).reshape(-1)]
     h["logits_indices"][: len(rows)] = rows
     used = {
         "positions": nt,

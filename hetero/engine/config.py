@@ -54,6 +54,8 @@ class EngineConfig:
     - ``compile``: run decode-only steps through ``torch.compile`` of the model's forward
       (``hetero.engine.runtime.compiled``), with the registry's value checks off; outputs stay
       those of eager.
+    - ``speculative_config``: speculative decoding (``hetero.engine.spec_decode.SpeculativeConfig``:
+      a dict or JSON string with vLLM's keys, checked here); None: off.
 
     ``resolve()`` fills ``max_model_len`` and ``dtype`` from the checkpoint's config.
     """
@@ -74,6 +76,7 @@ class EngineConfig:
     device: str | torch.device | None = None
     seed: int = 0
     compile: bool = False
+    speculative_config: Any = None
     hf_config: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -100,6 +103,9 @@ class EngineConfig:
                 raise _bad(name, "True or False", getattr(self, name))
         if self.device is not None and not isinstance(self.device, (str, torch.device)):
             raise _bad("device", "a device string, a torch.device or None", self.device)
+        from hetero.engine.spec_decode.config import SpeculativeConfig
+
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.of(self.speculative_config))
 
     def resolve(self, hf_config: Any = None) -> "EngineConfig":
         """A copy with ``max_model_len`` and ``dtype`` made concrete and ``hf_config`` attached.

@@ -19,6 +19,8 @@ from hetero.engine.runtime.model_runner import ModelRunner
 from hetero.engine.runtime.scheduler import ScheduledBatch, Scheduler
 from hetero.engine.runtime.sequence import Logprob, SamplingParams, Sequence
 from hetero.engine.runtime.step_plan import StepPlan
+from hetero.engine.spec_decode.drafting import Drafter
+from hetero.engine.spec_decode.metrics import SpecDecodeStats
 from hetero.errors import UsageError
 
 __all__ = ["LLM", "Logprob", "RequestOutput"]
@@ -39,7 +41,9 @@ class LLM:
     ``stats`` (a dict, counted since construction): ``num_kv_blocks``, ``block_size``,
     ``steps``, ``preemptions``, ``prompt_tokens``, ``cached_prompt_tokens`` (found in the
     prefix cache), ``generated_tokens``, and per step ``kv_blocks_in_use`` (blocks held
-    by sequences while it ran), ``step_tokens`` (rows computed) and ``step_seconds``.
+    by sequences while it ran), ``step_tokens`` (rows computed) and ``step_seconds``; with
+    ``speculative_config``, ``spec_decode`` (a ``SpecDecodeStats``: drafts, draft and accepted
+    tokens, acceptance per draft position).
     """
 
     def __init__(
@@ -78,12 +82,15 @@ class LLM:
             num_state_slots=self.runner.num_state_slots,
             num_state_snapshots=self.runner.num_state_snapshots,
         )
+        spec = self.config.speculative_config
+        self.drafter = Drafter(spec, self.runner, self.rank == 0) if spec is not None else None
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_model_len=self.config.max_model_len,
             eos_token_ids=eos_token_ids(self.config, self.tokenizer),
+            num_lookahead_tokens=self.drafter.lookahead if self.drafter is not None else 0,
         )
         self.stats: dict[str, Any] = dict(
             num_kv_blocks=self.runner.num_kv_blocks,
@@ -96,6 +103,7 @@ class LLM:
             kv_blocks_in_use=[],
             step_tokens=[],
             step_seconds=[],
+            spec_decode=SpecDecodeStats(),
         )
         self._num_requests = 0
 
@@ -200,18 +208,24 @@ class LLM:
         plan = self.runner.parallel.broadcast_object(plan, self.runner.device)
         sampled = self.runner.run(plan, batch.sampled_seqs if batch is not None else None)
         report = self._advance(batch, sampled, in_use) if lead else None
+        if self.drafter is not None:
+            self.drafter.propose(batch)
         outputs, preempted, in_use = self.runner.parallel.broadcast_object(report, self.runner.device)
         st = self.stats
         st["steps"] += 1
         st["preemptions"] += preempted
-        st["generated_tokens"] += len(sampled)
+        st["generated_tokens"] += sum(len(t) for t in sampled)
+        if plan.spec_lens is not None:
+            st["spec_decode"].add([k for k, s in zip(plan.spec_lens, plan.sample) if s], sampled)
         st["cached_prompt_tokens"] += sum(o.metrics["num_cached_tokens"] for o in outputs if o.finished)
         st["kv_blocks_in_use"].append(in_use)
         st["step_tokens"].append(len(plan.input_ids))
         st["step_seconds"].append(time.perf_counter() - start)
         return outputs
 
-    def _advance(self, batch: ScheduledBatch, sampled: list[int], in_use: int) -> tuple[list[RequestOutput], int, int]:
+    def _advance(
+        self, batch: ScheduledBatch, sampled: list[list[int]], in_use: int
+    ) -> tuple[list[RequestOutput], int, int]:
         """Rank 0: account the step, and the outputs of the requests that moved."""
         now = time.perf_counter()
         for seq in batch.sampled_seqs:

@@ -21,7 +21,8 @@ class RequestOutput:
 
     ``metrics``: ``arrival_time``, ``first_token_time``, ``finish_time`` (``time.perf_counter``
     seconds; the last once finished), ``num_prompt_tokens``, ``num_cached_tokens`` (prompt
-    tokens found in the prefix cache or imported) and ``num_preemptions``.
+    tokens found in the prefix cache or imported) and ``num_preemptions``; with speculative decoding,
+    once it verified drafts, ``spec_decode``: ``{num_draft_tokens, num_accepted_tokens}``.
 
     ``logprobs``: None unless the request's ``SamplingParams.logprobs`` is set; then one dict
     ``{token_id: Logprob}`` per entry of ``token_ids`` (its top-k and the sampled token, in
@@ -51,6 +52,11 @@ def request_output(seq: Sequence, now: float, tokenizer: Any) -> RequestOutput:
         num_cached_tokens=seq.num_cached_tokens,
         num_preemptions=seq.num_preemptions,
     )
+    if seq.spec_decode.num_drafts:
+        seq.metrics["spec_decode"] = {
+            "num_draft_tokens": seq.spec_decode.num_draft_tokens,
+            "num_accepted_tokens": seq.spec_decode.num_accepted_tokens,
+        }
     text = None
     if seq.finish_reason is not None:
         seq.metrics["finish_time"] = now

@@ -40,7 +40,7 @@ class StepBuffers:
     The persistent device tensors are attributes: ``input_ids``, ``positions``,
     ``slot_mapping`` [max_num_tokens]; ``query_start_loc``, ``cu_seqlens_q``,
     ``cu_seqlens_k`` int32 [max_num_seqs+1]; ``seq_lens`` int32 [max_num_seqs];
-    ``block_table`` int32 [max_num_seqs, max_blocks]; ``logits_indices`` [max_num_seqs];
+    ``block_table`` int32 [max_num_seqs, max_blocks]; ``logits_indices`` [max(max_num_seqs, max_num_tokens)];
     ``state_slots``, ``has_initial_state`` [max_num_seqs] (None without state); ``kv_slots``.
 
     A ``Step`` returned by ``fill`` is valid until the next ``fill``, which overwrites it.
@@ -88,7 +88,7 @@ class StepBuffers:
             "query_start_loc": ((b + 1,), i32),
             "seq_lens": ((b,), i32),
             "block_table": ((b, self.max_blocks), i32),
-            "logits_indices": ((b,), i64),
+            "logits_indices": ((max(b, t),), i64),
             "cu_seqlens_q": ((b + 1,), i32),
             "cu_seqlens_k": ((b + 1,), i32),
             "kv_slots": ((t if kv_slots_capacity is None else int(kv_slots_capacity),), i64),
@@ -120,7 +120,8 @@ class StepBuffers:
         """Write one step into the buffers; return its ``Step`` (views) and the ``input_ids`` view.
 
         Same arguments and semantics as ``build_step``: sequences with one query row come
-        first; ``sample[b]`` says whether sequence b's last row is sampled (default: all);
+        first; ``sample[b]`` says whether sequence b's last row is sampled (default: all), or
+        (integers) how many of its last rows are (speculative decoding verifies several);
         ``state_slots[b]`` is its state slot (requires ``has_state``); ``input_ids`` are the
         T query tokens (the second result is None without them). Block-table padding is 0.
         Raises ValueError when the batch exceeds a capacity or is inconsistent.

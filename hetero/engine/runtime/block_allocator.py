@@ -79,33 +79,35 @@ class BlockAllocator:
             parent = h
         return ids, hashes
 
-    def can_allocate(self, seq: Sequence, hits: list[int]) -> bool:
-        """Whether ``allocate(seq, hits, ...)`` would find enough blocks now."""
+    def can_allocate(self, seq: Sequence, hits: list[int], extra: int = 0) -> bool:
+        """Whether ``allocate(seq, hits, ..., extra)`` would find enough blocks now."""
         in_use = sum(1 for b in hits if self._blocks[b].ref_count > 0)
-        return self.blocks_needed(seq.num_tokens) - in_use <= len(self._free)
+        return self.blocks_needed(seq.num_tokens + extra) - in_use <= len(self._free)
 
-    def allocate(self, seq: Sequence, hits: list[int], hashes: list[int]) -> None:
+    def allocate(self, seq: Sequence, hits: list[int], hashes: list[int], extra: int = 0) -> None:
         """Give ``seq`` (holding no blocks) the cached blocks ``hits`` (a prefix of ``lookup``'s, with their
-        ``hashes``) and fresh blocks for the rest of its tokens. RuntimeError when there are not enough."""
+        ``hashes``) and fresh blocks for the rest of its tokens and ``extra`` positions after them (where
+        draft tokens are written). RuntimeError when there are not enough."""
         if seq.block_table:
             raise RuntimeError(f"sequence {seq.request_id} already holds blocks")
-        if not self.can_allocate(seq, hits):
+        if not self.can_allocate(seq, hits, extra):
             raise RuntimeError(f"not enough free KV blocks for sequence {seq.request_id}")
         for block_id in hits:
             block = self._blocks[block_id]
             if block.ref_count == 0:
                 del self._free[block_id]
             block.ref_count += 1
-        seq.block_table = hits + [self._take() for _ in range(self.blocks_needed(seq.num_tokens) - len(hits))]
+        fresh = self.blocks_needed(seq.num_tokens + extra) - len(hits)
+        seq.block_table = hits + [self._take() for _ in range(fresh)]
         seq.block_hashes = list(hashes)
 
-    def can_append(self, seq: Sequence) -> bool:
-        """Whether ``append_slot(seq)`` would find a block now."""
-        return self.blocks_needed(seq.num_tokens) <= len(seq.block_table) or len(self._free) > 0
+    def can_append(self, seq: Sequence, extra: int = 0) -> bool:
+        """Whether ``append_slot(seq, extra)`` would find its blocks now."""
+        return self.blocks_needed(seq.num_tokens + extra) - len(seq.block_table) <= len(self._free)
 
-    def append_slot(self, seq: Sequence) -> None:
-        """Make room for all of ``seq``'s tokens (a new block when its last token starts one)."""
-        while len(seq.block_table) < self.blocks_needed(seq.num_tokens):
+    def append_slot(self, seq: Sequence, extra: int = 0) -> None:
+        """Make room for all of ``seq``'s tokens and ``extra`` positions after them (new blocks as needed)."""
+        while len(seq.block_table) < self.blocks_needed(seq.num_tokens + extra):
             if not self._free:
                 raise RuntimeError(f"no free KV block for sequence {seq.request_id}")
             seq.block_table.append(self._take())

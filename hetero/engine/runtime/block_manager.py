@@ -78,23 +78,24 @@ class BlockManager:
             ids, hashes = ids[:k], hashes[:k]
         return ids, hashes
 
-    def can_allocate(self, seq: Sequence, reuse: bool = True) -> bool:
-        """Whether ``allocate(seq, reuse)`` would find enough blocks (and a state slot) now."""
+    def can_allocate(self, seq: Sequence, reuse: bool = True, extra: int = 0) -> bool:
+        """Whether ``allocate(seq, reuse, extra)`` would find enough blocks (and a state slot) now."""
         ids, _ = self._hits(seq, reuse)
-        return self.blocks.can_allocate(seq, ids) and (self.slots is None or self.slots.num_free_slots > 0)
+        return self.blocks.can_allocate(seq, ids, extra) and (self.slots is None or self.slots.num_free_slots > 0)
 
-    def allocate(self, seq: Sequence, reuse: bool = True) -> int:
+    def allocate(self, seq: Sequence, reuse: bool = True, extra: int = 0) -> int:
         """Give ``seq`` (holding nothing) its blocks and state slot; return how many tokens are already cached.
 
         The cached count is a multiple of the block size and always leaves the last token
         to compute; ``reuse=False`` takes fresh blocks only (a sequence whose cache is
-        imported must not write into blocks others share). Raises RuntimeError when a
+        imported must not write into blocks others share); ``extra``: room for that many positions after
+        its tokens (draft tokens). Raises RuntimeError when a
         pool is short (ask ``can_allocate`` first).
         """
-        if not self.can_allocate(seq, reuse):
+        if not self.can_allocate(seq, reuse, extra):
             raise RuntimeError(f"not enough free KV blocks or state slots for sequence {seq.request_id}")
         ids, hashes = self._hits(seq, reuse)
-        self.blocks.allocate(seq, ids, hashes)
+        self.blocks.allocate(seq, ids, hashes, extra)
         if self.slots is not None:
             self._ops.append(self.slots.allocate(seq, hashes[-1] if hashes else None))
         return len(ids) * self.block_size
@@ -103,13 +104,13 @@ class BlockManager:
         """Queue the write of an exported cache (``cache_io.SequenceCache``) into ``seq``'s blocks and slot."""
         self._ops.append(ImportCache(tuple(seq.block_table), seq.state_slot, cache))
 
-    def can_append(self, seq: Sequence) -> bool:
-        """Whether ``append_slot(seq)`` would find a block now."""
-        return self.blocks.can_append(seq)
+    def can_append(self, seq: Sequence, extra: int = 0) -> bool:
+        """Whether ``append_slot(seq, extra)`` would find its blocks now."""
+        return self.blocks.can_append(seq, extra)
 
-    def append_slot(self, seq: Sequence) -> None:
-        """Make room for all of ``seq``'s tokens (a new block when its last token starts one)."""
-        self.blocks.append_slot(seq)
+    def append_slot(self, seq: Sequence, extra: int = 0) -> None:
+        """Make room for all of ``seq``'s tokens and ``extra`` positions after them (draft tokens)."""
+        self.blocks.append_slot(seq, extra)
 
     def cache_computed(self, seq: Sequence) -> None:
         """Register the blocks of ``seq`` that became full and computed, and snapshot its state when

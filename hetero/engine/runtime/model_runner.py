@@ -16,6 +16,8 @@ from hetero.engine.runtime.kv_cache import allocate_kv_cache, bytes_per_block, b
 from hetero.engine.runtime.sampler import Sampler
 from hetero.engine.runtime.sequence import Sequence
 from hetero.engine.runtime.step_plan import StepPlan
+from hetero.engine.spec_decode.heads import build_draft
+from hetero.engine.spec_decode.verify import choose_tokens
 from hetero.engine.step import Step
 from hetero.engine.step_buffers import StepBuffers
 from hetero.spec.comm import Communicator
@@ -29,7 +31,8 @@ class ModelRunner:
     ``config`` is resolved if it is not yet (``EngineConfig.resolve``). With a
     communicator of more than one rank, the model is split over them (tensor
     parallelism); every rank runs the plan rank 0 broadcast, and the tokens sampled
-    on rank 0 are broadcast so that all ranks append the same ones. Step tensors
+    on rank 0 are broadcast so that all ranks append the same ones. With a speculative config
+    that drafts with a model, ``draft`` is that model (its cache counted in the KV budget). Step tensors
     live in persistent buffers sized by the config (``StepBuffers``): a step's
     tensors are views, valid until the next one. With ``config.compile`` the forward of
     decode-only steps is compiled (``CompiledForward``).
@@ -50,7 +53,10 @@ class ModelRunner:
         slot_bytes = bytes_per_state_slot(self.model, self.dtype)
         self.num_state_slots, self.num_state_snapshots = config.state_slots(slot_bytes)
         state_bytes = (self.num_state_slots + self.num_state_snapshots) * slot_bytes
-        self.num_kv_blocks = config.kv_blocks(bytes_per_block(self.model, self.block_size, self.dtype), state_bytes)
+        spec = config.speculative_config
+        self.draft = build_draft(spec, self) if spec is not None and spec.uses_model else None
+        block_bytes = sum(bytes_per_block(m, self.block_size, self.dtype) for m in (self.model, self.draft) if m)
+        self.num_kv_blocks = config.kv_blocks(block_bytes, state_bytes)
         with torch.no_grad():
             self.cache = allocate_kv_cache(
                 self.model,
@@ -76,33 +82,41 @@ class ModelRunner:
                 self.forward.warm_up(self._warm_up_steps())
         # a compiled graph has no per-layer host work for a plan to save, and would guard on it
         self.plans = not config.compile
+        self.capture_layers = False  # a proposer that drafts from the target's layer outputs sets it
+        self.last_hidden = self.last_step = self.last_captured = None
 
     @property
     def rank(self) -> int:
         return self.parallel.rank
 
-    def run(self, plan: StepPlan, sampled: list[Sequence] | None = None) -> list[int]:
-        """Compute ``plan``'s rows and return one token per sampled row, in order.
+    def run(self, plan: StepPlan, sampled: list[Sequence] | None = None) -> list[list[int]]:
+        """Compute ``plan``'s rows and return the tokens each sampled sequence emits, in order: one, or
+        for a sequence verifying drafts its accepted drafts and the token after them
+        (``spec_decode.verify.choose_tokens``).
 
         ``sampled``: the sequences whose rows are sampled (rank 0 needs their sampling
-        parameters and generators; the other ranks receive rank 0's choice). Rank 0 also
-        appends each sampled token's logprobs to ``output_logprobs`` of the sequences whose
-        parameters ask for them; the other ranks compute none.
+        parameters, generators and drafts; the other ranks receive rank 0's choice). Rank 0 also
+        appends each emitted token's logprobs to ``output_logprobs`` of the sequences whose
+        parameters ask for them; the other ranks compute none. The forward's hidden states stay in
+        ``last_hidden`` (with ``last_step``) for a proposer that drafts from them.
         """
         with torch.inference_mode():
             self.cache.apply(plan.cache_ops)  # even without rows: a snapshot must not be lost
             if not plan.query_lens:
                 return []
+            sample = plan.sample if plan.spec_lens is None else plan.num_logits
             step, input_ids = self.buffers.fill(
-                plan.query_lens, plan.seq_lens, plan.block_tables, plan.sample, plan.state_slots, plan.input_ids
+                plan.query_lens, plan.seq_lens, plan.block_tables, sample, plan.state_slots, plan.input_ids
             )
             if self.plans:
                 step = self._plan(step)
-            hidden = self.forward(input_ids, step)
+            capture = [] if self.capture_layers else None
+            hidden = self.forward(input_ids, step) if capture is None else self.model(input_ids, step, capture=capture)
+            self.last_hidden, self.last_step, self.last_captured = hidden, step, capture
             if step.logits_indices.numel() == 0:
                 return []
             logits = self.model.compute_logits(hidden[step.logits_indices])
-            return self._sample(logits, sampled or [], plan.num_sampled)
+            return self._sample(logits, sampled or [], plan)
 
     def _compile_cache_dir(self):
         """This rank's compile cache directory, keyed by what shapes its graphs (``compile_cache``)."""
@@ -152,19 +166,14 @@ class ModelRunner:
             state_plan = self.ops.plan_recurrent(*index, num_tokens=step.num_tokens, num_slots=slots)
         return dataclasses.replace(step, meta=meta, decode_meta=decode_meta, state_plan=state_plan)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], count: int) -> list[int]:
-        if self.rank == 0:
-            for seq in seqs:
-                if seq.generator is None and not seq.sampling_params.greedy:
-                    seq.generator = self.sampler.generator(seq.sampling_params, seq.index, logits.device)
-            params = [s.sampling_params for s in seqs]
-            ids = self.sampler(logits, params, [s.generator for s in seqs])
-            for seq, entry in zip(seqs, self.sampler.logprobs(logits, params, ids)):
-                if entry is not None:
-                    seq.output_logprobs.append(entry)
-            if self.parallel.size == 1:
-                return ids
-            chosen = torch.tensor(ids, dtype=torch.int64, device=self.device)
-        else:
-            chosen = torch.empty(count, dtype=torch.int64, device=self.device)
-        return self.parallel.broadcast(chosen, 0).tolist()
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], plan: StepPlan) -> list[list[int]]:
+        spec = None if plan.spec_lens is None else [k for k, s in zip(plan.spec_lens, plan.sample) if s]
+        emitted = choose_tokens(self.ops, self.sampler, logits, seqs, spec) if self.rank == 0 else None
+        if self.parallel.size == 1:
+            return emitted
+        if spec is None:  # one token each: a tensor broadcast, as cheap as a collective gets
+            chosen = torch.empty(plan.num_sampled, dtype=torch.int64, device=self.device)
+            if emitted is not None:
+                chosen = torch.tensor([t[0] for t in emitted], dtype=torch.int64, device=self.device)
+            return [[t] for t in self.parallel.broadcast(chosen, 0).tolist()]
+        return self.parallel.broadcast_object(emitted, self.device)

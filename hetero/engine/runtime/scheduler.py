@@ -3,62 +3,14 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Iterable
 
+from hetero.engine.runtime.batch import ScheduledBatch
 from hetero.engine.runtime.block_manager import BlockManager
-from hetero.engine.runtime.cache_ops import CacheOp
 from hetero.engine.runtime.sequence import Sequence, SequenceStatus
 from hetero.errors import UsageError
 
 __all__ = ["Scheduler", "ScheduledBatch"]
-
-
-@dataclass
-class ScheduledBatch:
-    """What one step computes: ``seqs[i]`` gets ``query_lens[i]`` new rows, reaching KV length ``seq_lens[i]``.
-
-    Decodes (query length 1) come first, then prefill chunks. ``sample[i]`` says whether
-    row ``seq_lens[i] - 1`` is sampled (a chunk that leaves part of the prompt is not).
-    ``preempted`` lists the sequences sent back to the waiting queue while scheduling;
-    ``cache_ops`` the cache changes allocation decided, to apply before the step runs.
-    """
-
-    seqs: list[Sequence] = field(default_factory=list)
-    query_lens: list[int] = field(default_factory=list)
-    seq_lens: list[int] = field(default_factory=list)
-    sample: list[bool] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    cache_ops: list[CacheOp] = field(default_factory=list)
-
-    def add(self, seq: Sequence, query_len: int) -> None:
-        self.seqs.append(seq)
-        self.query_lens.append(query_len)
-        self.seq_lens.append(seq.num_computed_tokens + query_len)
-        self.sample.append(seq.num_computed_tokens + query_len == seq.num_tokens)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.query_lens)
-
-    @property
-    def num_decodes(self) -> int:
-        """Leading sequences with one query row (as ``build_step`` counts them)."""
-        n = 0
-        while n < len(self.query_lens) and self.query_lens[n] == 1:
-            n += 1
-        return n
-
-    @property
-    def block_tables(self) -> list[list[int]]:
-        return [seq.block_table for seq in self.seqs]
-
-    @property
-    def sampled_seqs(self) -> list[Sequence]:
-        return [seq for seq, s in zip(self.seqs, self.sample) if s]
-
-    def __len__(self) -> int:
-        return len(self.seqs)
 
 
 class Scheduler:
@@ -74,6 +26,12 @@ class Scheduler:
     caching, a prompt's prefill stops once at its last full block, where the state is
     snapshotted (``BlockManager.snapshots_state``): the next request that shares those
     blocks can then start from them.
+
+    Speculative decoding: a decoding sequence with ``draft_token_ids`` verifies them in its decode
+    (1 + k rows, k cut to the budget, ``max_model_len`` and ``max_tokens``), with blocks for them and
+    ``num_lookahead_tokens`` positions more, where the proposer writes the next step's draft KV.
+    ``postprocess`` counts only the accepted rows as computed (``num_computed_tokens`` moves past the
+    accepted drafts and no further), so a block holding a rejected token is never hashed.
     """
 
     def __init__(
@@ -84,12 +42,14 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         eos_token_ids: Iterable[int] = (),
+        num_lookahead_tokens: int = 0,
     ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -157,22 +117,41 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             if seq.num_tokens - seq.num_computed_tokens == 1:
-                while not self.block_manager.can_append(seq):
+                drafts = self._drafts(seq, budget)
+                extra = self._room(seq, len(drafts) + self.num_lookahead_tokens)
+                while not self.block_manager.can_append(seq, extra):
                     victim = self.running[-1]
                     self._preempt(victim, batch)
                     if victim is seq:
                         return budget
-                self.block_manager.append_slot(seq)
-                batch.add(seq, 1)
-                budget -= 1
+                self.block_manager.append_slot(seq, extra)
+                batch.add(seq, 1 + len(drafts), drafts)
+                budget -= 1 + len(drafts)
             i += 1
         return budget
+
+    def _drafts(self, seq: Sequence, budget: int) -> list[int]:
+        """The drafts ``seq`` verifies now: no more than the budget, ``max_model_len`` and the tokens it may
+        still emit (1 + k at most) leave room for."""
+        params = seq.sampling_params
+        k = min(
+            len(seq.draft_token_ids),
+            budget - 1,
+            self.max_model_len - seq.num_tokens,
+            params.max_tokens - len(seq.output_token_ids) - 1,
+        )
+        return seq.draft_token_ids[: max(k, 0)]
+
+    def _room(self, seq: Sequence, extra: int) -> int:
+        """``extra`` positions after ``seq``'s tokens, cut at ``max_model_len``."""
+        return max(0, min(extra, self.max_model_len - seq.num_tokens))
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = 0
+        seq.draft_token_ids, seq.draft_probs = [], None
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
@@ -181,10 +160,11 @@ class Scheduler:
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.block_manager.can_allocate(seq, reuse=seq.imported is None):
+            reuse, extra = seq.imported is None, self._room(seq, self.num_lookahead_tokens)
+            if not self.block_manager.can_allocate(seq, reuse, extra):
                 break
             self.waiting.popleft()
-            cached = self.block_manager.allocate(seq, reuse=seq.imported is None)
+            cached = self.block_manager.allocate(seq, reuse, extra)
             if seq.imported is not None:
                 self.block_manager.import_cache(seq, seq.imported)
                 cached, seq.imported = seq.imported.num_tokens, None
@@ -207,19 +187,33 @@ class Scheduler:
                 chunk = boundary - seq.num_computed_tokens
         return chunk
 
-    def postprocess(self, batch: ScheduledBatch, sampled_ids: list[int]) -> list[Sequence]:
-        """Account the computed rows, append the sampled tokens (one per sampled sequence, in
-        batch order), and finish and free the sequences that stop; returns those."""
-        sampled = iter(sampled_ids)
+    def postprocess(self, batch: ScheduledBatch, emitted: list[list[int] | int]) -> list[Sequence]:
+        """Account the computed rows, append the emitted tokens (one list per sampled sequence, in
+        batch order: one sampled token, or a verified sequence's accepted drafts and the token after
+        them; a bare token id stands for a list of one), and finish and free the sequences that stop; returns those."""
+        lists = iter(emitted)
         finished = []
-        for seq, query_len, sample in zip(batch.seqs, batch.query_lens, batch.sample):
-            seq.num_computed_tokens += query_len
-            self.block_manager.cache_computed(seq)
+        for seq, query_len, sample, drafts in zip(batch.seqs, batch.query_lens, batch.sample, batch.drafts):
             if not sample:
+                seq.num_computed_tokens += query_len
+                self.block_manager.cache_computed(seq)
                 continue
-            token = next(sampled)
-            seq.output_token_ids.append(token)
-            reason = self._finish_reason(seq, token)
+            tokens = next(lists)
+            tokens = [tokens] if isinstance(tokens, int) else tokens
+            if drafts:
+                seq.spec_decode.add([len(drafts)], [tokens])
+            seq.draft_token_ids, seq.draft_probs = [], None
+            computed = seq.num_computed_tokens + query_len - len(drafts) + len(tokens) - 1
+            reason = None
+            for token in tokens:
+                seq.output_token_ids.append(token)
+                reason = self._finish_reason(seq, token)
+                if reason is not None:
+                    break
+            seq.num_computed_tokens = min(computed, seq.num_tokens - 1)
+            if seq.sampling_params.logprobs is not None:  # tokens cut by a stop have none either
+                del seq.output_logprobs[len(seq.output_token_ids) :]
+            self.block_manager.cache_computed(seq)
             if reason is not None:
                 self.finish(seq, reason)
                 finished.append(seq)

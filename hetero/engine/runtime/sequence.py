@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from hetero.engine.spec_decode.metrics import SpecDecodeStats
 from hetero.errors import UsageError
 
 __all__ = ["Logprob", "SamplingParams", "Sequence", "SequenceStatus"]
@@ -113,6 +114,9 @@ class Sequence:
     written into its blocks when it is admitted. ``num_streamed`` counts the output tokens
     already reported by ``LLM.step``; ``output_logprobs`` one entry per output token when
     its parameters ask for logprobs (appended by rank 0's ``ModelRunner``), else stays empty.
+    Speculative decoding: ``draft_token_ids`` are the tokens proposed for the next step (and
+    ``draft_probs`` the draft's float32 distributions [k, V] at them, when a model drafted by
+    sampling); ``spec_decode`` counts its verified drafts (a ``SpecDecodeStats``).
     """
 
     request_id: str
@@ -133,6 +137,9 @@ class Sequence:
     generator: torch.Generator | None = field(default=None, repr=False)
     metrics: dict[str, float] = field(default_factory=dict)
     output_logprobs: list[dict[int, Logprob]] = field(default_factory=list, repr=False)
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: Any = field(default=None, repr=False)
+    spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

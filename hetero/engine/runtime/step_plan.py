@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hetero.engine.runtime.batch import ScheduledBatch
 from hetero.engine.runtime.cache_ops import CacheOp
-from hetero.engine.runtime.scheduler import ScheduledBatch
 
 __all__ = ["StepPlan"]
 
@@ -15,7 +15,9 @@ class StepPlan:
     """The rows of one step: sequence b computes ``query_lens[b]`` rows ending at KV length
     ``seq_lens[b]``, over the blocks ``block_tables[b]`` (and state slot ``state_slots[b]``),
     from the token ids ``input_ids`` (all rows, in order); ``sample[b]``: whether its last
-    row is sampled. ``cache_ops`` are applied first, even when there are no rows."""
+    row is sampled. ``spec_lens[b]`` (speculative decoding): how many of its rows are draft
+    tokens, its last rows, all of them sampled with the row before them (None: no drafts).
+    ``cache_ops`` are applied first, even when there are no rows."""
 
     input_ids: list[int] = field(default_factory=list)
     query_lens: list[int] = field(default_factory=list)
@@ -24,12 +26,15 @@ class StepPlan:
     sample: list[bool] = field(default_factory=list)
     state_slots: list[int] | None = None
     cache_ops: list[CacheOp] = field(default_factory=list)
+    spec_lens: list[int] | None = None
 
     @classmethod
     def of(cls, batch: ScheduledBatch, stateful: bool) -> "StepPlan":
         ids: list[int] = []
-        for seq, n, length in zip(batch.seqs, batch.query_lens, batch.seq_lens):
-            ids.extend(seq.tokens(length - n, length))
+        for seq, n, length, drafts in zip(batch.seqs, batch.query_lens, batch.seq_lens, batch.drafts):
+            ids.extend(seq.tokens(length - n, length - len(drafts)))
+            ids.extend(drafts)
+        spec = [len(d) for d in batch.drafts]
         return cls(
             ids,
             list(batch.query_lens),
@@ -38,8 +43,15 @@ class StepPlan:
             list(batch.sample),
             [seq.state_slot for seq in batch.seqs] if stateful else None,
             list(batch.cache_ops),
+            spec if any(spec) else None,
         )
 
     @property
     def num_sampled(self) -> int:
         return sum(self.sample)
+
+    @property
+    def num_logits(self) -> list[int]:
+        """Per sequence, the rows whose logits are computed: 0, 1, or 1 + its drafts."""
+        spec = self.spec_lens or [0] * len(self.sample)
+        return [(1 + k) if s else 0 for s, k in zip(self.sample, spec)]
