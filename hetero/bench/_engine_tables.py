@@ -43,6 +43,20 @@ def print_summary(console: Console, summary: Mapping[str, Any], title: str) -> N
         ("prefix-cache hit tokens", str(summary["cached_prompt_tokens"])),
         ("steps", str(summary["steps"])),
     ]
+    spec = summary.get("spec_decode")
+    if spec is not None:
+        per_pos = " / ".join(f"{r:.0%}" for r in spec["acceptance_rate_per_position"]) or "-"
+        rows += [
+            (
+                "drafts / draft tokens / accepted",
+                f"{spec['num_drafts']} / {spec['num_draft_tokens']} / {spec['num_accepted_tokens']}",
+            ),
+            (
+                "acceptance rate / mean acceptance length",
+                f"{spec['acceptance_rate']:.1%} / {spec['mean_acceptance_length']:.2f}",
+            ),
+            ("acceptance per draft position", per_pos),
+        ]
     for row in rows:
         table.add_row(*row)
     console.print(table)

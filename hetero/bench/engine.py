@@ -185,6 +185,7 @@ def summarize(outputs: Sequence[Any], stats: Mapping[str, Any], elapsed: float) 
         "preemptions": int(stats["preemptions"]),
         "cached_prompt_tokens": int(stats["cached_prompt_tokens"]),
         "steps": int(stats["steps"]),
+        **({"spec_decode": stats["spec_decode"].as_dict()} if "spec_decode" in stats else {}),
     }
 
 
@@ -218,7 +219,7 @@ def run_workload(llm: Any, workload: Workload, warmup: int = 2, variant: int = 0
         llm.generate(prompts, _greedy(lens), progress=False)
     prompts, lens = workload.draw(vocab, variant)
     params = _greedy(lens)
-    mark = {k: (list(v) if isinstance(v, list) else v) for k, v in llm.stats.items()}
+    mark = {k: (v.copy() if hasattr(v, "copy") else v) for k, v in llm.stats.items()}
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start

@@ -171,6 +171,7 @@ def _command(args: argparse.Namespace, dtype: str) -> str:
         f"--warmup {args.warmup}"
         + (f" --threads {args.threads}" if getattr(args, "threads", None) else "")
         + (" --compile" if getattr(args, "compile", False) else "")
+        + (f" --speculative-config '{args.speculative_config}'" if getattr(args, "speculative_config", None) else "")
     )
 
 
@@ -191,6 +192,7 @@ def _setup(args: argparse.Namespace, registry: Any) -> tuple[Workload, Any, dict
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
         compile=args.compile,
+        speculative_config=args.speculative_config,
     ).resolve()
     if workload.max_len > cfg.max_model_len:
         raise UsageError(
@@ -200,6 +202,8 @@ def _setup(args: argparse.Namespace, registry: Any) -> tuple[Workload, Any, dict
     engine = {"dtype": cfg.dtype, "block_size": cfg.block_size, "max_num_seqs": cfg.max_num_seqs}
     if cfg.compile:  # only then: baselines saved before the option stay comparable
         engine["compile"] = True
+    if cfg.speculative_config is not None:
+        engine["speculative_config"] = cfg.speculative_config.to_dict()
     return workload, cfg, bench_environment(registry, args.backend, args.model, workload, engine)
 
 
@@ -238,6 +242,7 @@ def bench_engine(args: argparse.Namespace, registry: Any, console: Console) -> i
         block_size=cfg.block_size,
         max_num_seqs=cfg.max_num_seqs,
         compile=cfg.compile,
+        speculative_config=cfg.speculative_config,
     )
     run = run_workload(llm, workload, args.warmup)
     runs = [summarize(run.outputs, run.stats, run.elapsed)]

@@ -103,8 +103,9 @@ class LLM:
             kv_blocks_in_use=[],
             step_tokens=[],
             step_seconds=[],
-            spec_decode=SpecDecodeStats(),
         )
+        if spec is not None:
+            self.stats["spec_decode"] = SpecDecodeStats()
         self._num_requests = 0
 
     def add_request(

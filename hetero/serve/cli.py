@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero.errors import UsageError
-from hetero.tools._cli_common import EXIT_FAIL, EXIT_OK, compile_arg, model_args
+from hetero.tools._cli_common import EXIT_FAIL, EXIT_OK, compile_arg, model_args, speculative_arg
 
 __all__ = ["add_parser"]
 
@@ -44,6 +44,7 @@ def _add_serve_parser(sub: Any) -> None:
     )
     p.add_argument("--expert-parallel", action="store_true", help="split MoE experts over the ranks")
     compile_arg(p)
+    speculative_arg(p)
     pd = p.add_argument_group("prefill/decode disaggregation")
     pd.add_argument(
         "--role",
@@ -123,6 +124,7 @@ def _serve_model(args: argparse.Namespace, console: Any) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         seed=args.seed,
         compile=args.compile,
+        speculative_config=args.speculative_config,
         tensor_parallel_size=args.tensor_parallel_size,
         expert_parallel=args.expert_parallel,
         **extra,

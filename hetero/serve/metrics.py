@@ -15,7 +15,8 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 class ServerMetrics:
     """Gauges of the scheduler and the KV cache, TTFT and TPOT histograms of finished requests,
-    counters of preemptions, requests and tokens; ``render()`` is the /metrics body."""
+    counters of preemptions, requests and tokens, and of speculative decoding's drafts (vLLM's
+    ``spec_decode_*`` counters, with the hetero prefix); ``render()`` is the /metrics body."""
 
     def __init__(self, model: str):
         self.registry = CollectorRegistry()
@@ -44,8 +45,23 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS,
             **label,
         ).labels(model)
+        self.spec = {
+            name: Counter(f"hetero_spec_decode_{name}", text, **label).labels(model)
+            for name, text in (
+                ("num_drafts", "Verified drafts (a request's draft tokens in one step)"),
+                ("num_draft_tokens", "Draft tokens verified"),
+                ("num_accepted_tokens", "Draft tokens accepted"),
+            )
+        }
+        self.spec_per_pos = Counter(
+            "hetero_spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, per draft position",
+            ("model_name", "position"),
+            registry=self.registry,
+        )
         self._model = model
         self._preempted = 0
+        self._spec = None
 
     def on_step(self, llm: LLM, outputs: list[RequestOutput]) -> None:
         """After a step, on the engine thread: the gauges, and the finished requests' latencies."""
@@ -55,10 +71,21 @@ class ServerMetrics:
         self.kv_usage.set(llm.block_manager.num_used_blocks / blocks if blocks else 0.0)
         self.preemptions.inc(llm.stats["preemptions"] - self._preempted)
         self._preempted = llm.stats["preemptions"]
+        spec = llm.stats.get("spec_decode")
+        if spec is not None:
+            self._count_spec(spec)
         for out in outputs:
             self.generation_tokens.inc(len(out.new_token_ids))
             if out.finished:
                 self._finished(out)
+
+    def _count_spec(self, spec) -> None:
+        new = spec - self._spec if self._spec is not None else spec
+        for name, counter in self.spec.items():
+            counter.inc(getattr(new, name))
+        for pos, n in enumerate(new.accepted_per_position):
+            self.spec_per_pos.labels(self._model, str(pos)).inc(n)
+        self._spec = spec.copy()
 
     def _finished(self, out: RequestOutput) -> None:
         m = out.metrics

@@ -8,7 +8,16 @@ from rich.console import Console
 
 from hetero.errors import UsageError
 
-__all__ = ["EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "model_args", "compile_arg", "token_ids", "show_quantization"]
+__all__ = [
+    "EXIT_OK",
+    "EXIT_FAIL",
+    "EXIT_USAGE",
+    "model_args",
+    "compile_arg",
+    "speculative_arg",
+    "token_ids",
+    "show_quantization",
+]
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -32,6 +41,16 @@ def compile_arg(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="torch.compile the forward of decode-only steps (CUDA graphs on CUDA); the registry's "
         "value checks are off for the run",
+    )
+
+
+def speculative_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help='speculative decoding, with vLLM\'s keys: e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\' '
+        "(methods: ngram with prompt_lookup_min/max, draft_model and eagle3 with model, mtp)",
     )
 
 

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from hetero.errors import UsageError
 from hetero.tools._check_cli import add_check_parser
-from hetero.tools._cli_common import EXIT_OK, compile_arg, model_args, show_quantization, token_ids
+from hetero.tools._cli_common import EXIT_OK, compile_arg, model_args, show_quantization, speculative_arg, token_ids
 
 __all__ = ["add_parsers"]
 
@@ -25,6 +25,7 @@ _GENERATE_API = (
     "max_num_seqs",
     "tensor_parallel_size",
     "compile",
+    "speculative_config",
     "max_tokens",
     "temperature",
     "top_k",
@@ -32,7 +33,16 @@ _GENERATE_API = (
     "seed",
     "logprobs",
 )
-_BENCH_API = ("model", "backend", "dtype", "block_size", "max_num_seqs", "compile", "num_requests")
+_BENCH_API = (
+    "model",
+    "backend",
+    "dtype",
+    "block_size",
+    "max_num_seqs",
+    "compile",
+    "speculative_config",
+    "num_requests",
+)
 
 
 def add_parsers(sub: Any) -> None:
@@ -65,6 +75,7 @@ def add_parsers(sub: Any) -> None:
         "--expert-parallel", action="store_true", help="split MoE experts over the ranks instead of their columns"
     )
     compile_arg(p)
+    speculative_arg(p)
     p.add_argument(
         "--logprobs",
         type=int,
@@ -76,7 +87,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help="one JSON object per request (token_ids, logprobs with --logprobs, and text with a tokenizer)",
+        help="one JSON object per request (token_ids, logprobs with --logprobs, text with a tokenizer, and "
+        "spec_decode: {num_draft_tokens, num_accepted_tokens} with --speculative-config)",
     )
     p.set_defaults(func=_cmd_generate, api_options=_GENERATE_API)
     add_check_parser(sub)
@@ -163,6 +175,7 @@ def _add_bench_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the lengths and prompt tokens (default 0)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     compile_arg(p)
+    speculative_arg(p)
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="warm-up requests before measuring (default 2)")
     p.add_argument(
         "--threads",
@@ -218,6 +231,7 @@ def _cmd_generate(args: argparse.Namespace, registry: Any, console: Console) -> 
         tensor_parallel_size=args.tensor_parallel_size,
         expert_parallel=args.expert_parallel,
         compile=args.compile,
+        speculative_config=args.speculative_config,
     )
     outputs = llm.generate(prompts, params)
     if args.tensor_parallel_size > 1:
@@ -249,6 +263,8 @@ def _generated_record(out: Any) -> dict[str, Any]:
     }
     if out.text is not None:
         record["text"] = out.text
+    if "spec_decode" in out.metrics:
+        record["spec_decode"] = dict(out.metrics["spec_decode"])
     if out.logprobs is not None:
         record["logprobs"] = [
             [

@@ -22,7 +22,10 @@ METHODS = {
 
 def _bad(key: str, expected: str, got: Any) -> UsageError:
     return UsageError(
-        f"speculative_config: argument {key!r}: expected {expected}, got {got!r}", arg=key, expected=expected, got=got
+        f"speculative_config: argument {key!r}: expected {expected}, got {got!r}",
+        arg=f"speculative_config.{key}",
+        expected=expected,
+        got=got,
     )
 
 

@@ -42,7 +42,7 @@ def build_draft(config: SpeculativeConfig, runner) -> nn.Module:
             raise UsageError(
                 f"speculative_config: argument 'model': the draft's vocabulary ({vocab} tokens) is not the "
                 f"target's ({target_vocab})",
-                arg="model",
+                arg="speculative_config.model",
                 expected=f"a draft with the target's {target_vocab}-token vocabulary",
                 got=vocab,
             )
@@ -53,7 +53,7 @@ def build_draft(config: SpeculativeConfig, runner) -> nn.Module:
             raise UsageError(
                 f"speculative_config: method 'mtp': {type(runner.model).__name__} has no next-token (MTP) layers "
                 "hetero can run",
-                arg="method",
+                arg="speculative_config.method",
                 expected="a model with MTP layers (DeepSeek-V3/V3.2, GLM-4.5, Qwen3-Next/3.5)",
                 got=type(runner.model).__name__,
             )

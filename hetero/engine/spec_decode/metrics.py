@@ -24,6 +24,29 @@ class SpecDecodeStats:
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
 
+    def copy(self) -> "SpecDecodeStats":
+        return SpecDecodeStats(
+            self.num_drafts,
+            self.num_draft_tokens,
+            self.num_accepted_tokens,
+            list(self.accepted_per_position),
+            list(self.drafted_per_position),
+        )
+
+    def __sub__(self, earlier: "SpecDecodeStats") -> "SpecDecodeStats":
+        """The counts since ``earlier`` (a ``copy()`` taken before)."""
+
+        def minus(now: list[int], then: list[int]) -> list[int]:
+            return [a - (then[i] if i < len(then) else 0) for i, a in enumerate(now)]
+
+        return SpecDecodeStats(
+            self.num_drafts - earlier.num_drafts,
+            self.num_draft_tokens - earlier.num_draft_tokens,
+            self.num_accepted_tokens - earlier.num_accepted_tokens,
+            minus(self.accepted_per_position, earlier.accepted_per_position),
+            minus(self.drafted_per_position, earlier.drafted_per_position),
+        )
+
     def add(self, spec_lens: list[int], emitted: list[list[int]]) -> None:
         """Count one step: per sampled sequence its number of drafts and its emitted tokens."""
         for k, tokens in zip(spec_lens, emitted):

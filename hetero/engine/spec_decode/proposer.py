@@ -92,15 +92,15 @@ class ModelProposer:
         runner = self.runner
         if runner.rank == 0:
             out = logits.max(dim=-1).indices
-            for i, b in enumerate(live):
-                seq = seqs[b]
-                if plan.greedy[b]:
-                    continue
-                if seq.generator is None:
-                    seq.generator = runner.sampler.generator(seq.sampling_params, seq.index, logits.device)
-                q = Sampler.probabilities(logits[i : i + 1], [seq.sampling_params])[0]
-                out[i] = torch.multinomial(q, 1, generator=seq.generator)[0]
-                probs[b] = (probs[b] or []) + [q]
+            rows = [i for i, b in enumerate(live) if not plan.greedy[b]]
+            if rows:
+                picked = [seqs[live[i]] for i in rows]
+                q_all = Sampler.probabilities(logits[rows], [s.sampling_params for s in picked])
+                for j, (i, seq) in enumerate(zip(rows, picked)):
+                    if seq.generator is None:
+                        seq.generator = runner.sampler.generator(seq.sampling_params, seq.index, logits.device)
+                    out[i] = torch.multinomial(q_all[j], 1, generator=seq.generator)[0]
+                    probs[live[i]] = (probs[live[i]] or []) + [q_all[j]]
             chosen = out.to(torch.int64)
         else:
             chosen = torch.empty(len(live), dtype=torch.int64, device=runner.device)
