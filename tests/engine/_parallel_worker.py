@@ -1,6 +1,6 @@
 """Run by torchrun: greedy tokens under tensor / expert parallelism; each rank writes them as JSON
 (rank 0 to out.json, rank r to out.json.r). A job with "stray" adds one more request on rank 1 only:
-rank 0 owns the requests, so it must change nothing.
+rank 0 owns the requests, so it must change nothing. A job with "spec" runs speculative decoding.
 
     torchrun --nproc-per-node 2 _parallel_worker.py jobs.json out.json
 """
@@ -25,6 +25,7 @@ def main(jobs_path: str, out_path: str) -> None:
             expert_parallel=job["ep"],
             max_num_seqs=16,
             block_size=8,
+            speculative_config=job.get("spec"),
         )
         params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
         if job.get("stray") and llm.rank == 1:

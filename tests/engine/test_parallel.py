@@ -64,6 +64,13 @@ def test_tp2_and_ep2_on_cpu_ref(checkpoints, tmp_path):
     plan += [(a, ep) for a in ("minimax_m2", "mimo_v2_flash") for ep in (False, True)]
     jobs, want = _jobs(checkpoints, "cpu_ref", plan)
     jobs[1]["stray"] = True  # a request only rank 1 sees: rank 0 schedules, so the ranks cannot diverge
+    # speculative decoding: drafting and verification on both ranks, rank 0's verdicts broadcast
+    for i, spec in ((1, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}), (7, "self")):
+        if spec == "self":
+            spec = {"method": "draft_model", "model": jobs[i]["model"], "num_speculative_tokens": 2}
+        jobs.append(dict(jobs[i], spec=spec, stray=False))
+        want.append(want[i])
+        plan.append((plan[i][0] + f" with {spec['method']}", plan[i][1]))
     got = _torchrun(jobs, tmp_path)
     for (arch, ep), g, w in zip(plan, got, want):
         assert g == w, f"{arch} {'EP' if ep else 'TP'}=2 differs from transformers"
