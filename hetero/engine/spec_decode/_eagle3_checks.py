@@ -82,6 +82,26 @@ def _check_unsupported(model_dir: str, raw: dict, eagle: dict) -> None:
         raise _refuse(model_dir, "logit_scale", "1.0", raw["logit_scale"])
 
 
+def _check_tensors(model_dir: str, config: Any, num_aux: int, vocab: int, hidden: int) -> tuple[bool, bool]:
+    """The shapes ``fc`` needs, and what the draft lacks and takes from the target: (own embedding, own LM head)."""
+    shapes = _shapes(model_dir)
+    fc = (config.hidden_size, num_aux * hidden)
+    if shapes.get("fc.weight") != fc:
+        expected = f"shape {fc} ({num_aux} aux streams of width {hidden})"
+        raise _refuse(model_dir, "tensor fc.weight", expected, shapes.get("fc.weight"))
+    own_embed, own_head = "embed_tokens.weight" in shapes, "lm_head.weight" in shapes
+    if not own_embed and config.hidden_size != hidden:
+        expected = f"the target's {hidden} (the draft has no embed_tokens, so it uses the target's)"
+        raise _refuse(model_dir, "hidden_size", expected, config.hidden_size)
+    if not own_head and (config.draft_vocab_size, config.hidden_size) != (vocab, hidden):
+        expected = f"present, or a draft of the target's (vocab, hidden) {(vocab, hidden)} to use its head"
+        raise _refuse(model_dir, "tensor lm_head.weight", expected, (config.draft_vocab_size, config.hidden_size))
+    if config.draft_vocab_size != vocab and "d2t" not in shapes:
+        expected = f"present (draft_vocab_size {config.draft_vocab_size} is not the target's {vocab})"
+        raise _refuse(model_dir, "tensor d2t", expected, "absent")
+    return own_embed, own_head
+
+
 def draft_facts(model_dir: str, target: Any, num_target_layers: int) -> DraftFacts:
     """Read and check the draft at ``model_dir`` for a target of ``num_target_layers`` layers whose config is
     ``target`` (its text part is read)."""
@@ -90,40 +110,40 @@ def draft_facts(model_dir: str, target: Any, num_target_layers: int) -> DraftFac
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise _refuse(model_dir, "config.json", "an EAGLE-3 draft directory with config.json", "no config.json")
-    raw = json.loads(path.read_text())
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as e:
+        raise _refuse(model_dir, "config.json", "a JSON object", str(e)) from e
     arch = (raw.get("architectures") or [None])[0]
     if arch not in ARCHITECTURES:
         raise _refuse(model_dir, "architectures[0]", " or ".join(ARCHITECTURES), arch)
     eagle = raw.get("eagle_config") or {}
     _check_unsupported(model_dir, raw, eagle)
-    config = LlamaConfig(**raw)
+    try:
+        config = LlamaConfig(**raw)
+    except (ValueError, TypeError) as e:  # a field transformers' Llama config refuses (a malformed rope)
+        raise _refuse(model_dir, "config.json", "a Llama config transformers accepts", str(e)) from e
     tc = text_config(target)
     vocab, hidden = tc.vocab_size, tc.hidden_size
     if config.vocab_size != vocab:
-        raise _refuse(model_dir, "vocab_size", f"the target's {vocab} (drafts are fed target token ids)", config.vocab_size)
+        raise _refuse(
+            model_dir, "vocab_size", f"the target's {vocab} (drafts are fed target token ids)", config.vocab_size
+        )
     if getattr(config, "draft_vocab_size", None) is None:
         config.draft_vocab_size = config.vocab_size
     target_hidden = getattr(config, "target_hidden_size", None) or config.hidden_size
     if target_hidden != hidden:
-        raise _refuse(model_dir, "target_hidden_size (else hidden_size)", f"the target's hidden size {hidden}", target_hidden)
+        raise _refuse(
+            model_dir, "target_hidden_size (else hidden_size)", f"the target's hidden size {hidden}", target_hidden
+        )
     ids = _aux_ids(raw, eagle, num_target_layers)
-    bad = [i for i in ids if not 0 <= i <= num_target_layers]
-    if bad:
-        expected = f"ids in [0, {num_target_layers}] (the stream entering each of the target's {num_target_layers} layers, or its last output)"
+    if any(not 0 <= i <= num_target_layers for i in ids):
+        expected = (
+            f"ids in [0, {num_target_layers}] (the stream entering one of the target's layers, or its last output)"
+        )
         raise _refuse(model_dir, "eagle_aux_hidden_state_layer_ids", expected, list(ids))
     num_aux = getattr(config, "num_aux_hidden_states", None)
     if num_aux is not None and num_aux != len(ids):
         raise _refuse(model_dir, "num_aux_hidden_states", f"{len(ids)} (one per aux layer id {list(ids)})", num_aux)
-    shapes = _shapes(model_dir)
-    fc = (config.hidden_size, len(ids) * hidden)
-    if shapes.get("fc.weight") != fc:
-        raise _refuse(model_dir, "tensor fc.weight", f"shape {fc} ({len(ids)} aux layers of width {hidden})", shapes.get("fc.weight"))
-    own_embed, own_head = "embed_tokens.weight" in shapes, "lm_head.weight" in shapes
-    if not own_embed and config.hidden_size != hidden:
-        raise _refuse(model_dir, "hidden_size", f"the target's {hidden} (the draft shares its embedding)", config.hidden_size)
-    if not own_head and (config.draft_vocab_size != vocab or config.hidden_size != hidden):
-        got = (config.draft_vocab_size, config.hidden_size)
-        raise _refuse(model_dir, "lm_head.weight", f"present, or the target's (vocab, hidden) {(vocab, hidden)} to share its head", got)
-    if config.draft_vocab_size != vocab and "d2t" not in shapes:
-        raise _refuse(model_dir, "tensor d2t", f"present (draft_vocab_size {config.draft_vocab_size} != {vocab})", None)
+    own_embed, own_head = _check_tensors(model_dir, config, len(ids), vocab, hidden)
     return DraftFacts(config, ids, vocab, hidden, own_embed, own_head)

@@ -57,6 +57,7 @@ class _Eagle3Attention(GQAttention):
 
     def __init__(self, ctx: ModelContext, config: Any, rotary: RotaryEmbedding, *, prefix: str):
         super().__init__(ctx, config, 0, rotary, prefix=prefix)
+        # the base class sizes q/k/v for H inputs; this one replaces it (as vLLM's layer 0 does)
         self.qkv_proj = QKVParallelLinear(
             ctx,
             2 * config.hidden_size,
@@ -85,7 +86,7 @@ class _MidLayer(nn.Module):
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden
-        x = self.self_attn(torch.cat([normed, self.input_layernorm(embeds)], dim=-1), step)
+        x = self.self_attn(torch.cat([self.input_layernorm(embeds), normed], dim=-1), step)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -143,7 +144,9 @@ class Eagle3Draft(nn.Module):
         if self.d2t is not None:
             self.target_ids = torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
 
-    def target_hidden(self, last_hidden: torch.Tensor, captured: list[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+    def target_hidden(
+        self, last_hidden: torch.Tensor, captured: list[torch.Tensor], rows: torch.Tensor
+    ) -> torch.Tensor:
         """``fc`` over the aux streams at the target step's ``rows``, concatenated in id order -> [R, H]."""
         return self.fc(torch.cat([captured[i].index_select(0, rows) for i in self.aux_ids], dim=-1))
 
