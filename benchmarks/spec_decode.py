@@ -51,30 +51,21 @@ def _configs(name: str, path: Path, k: int, extra: dict) -> list[tuple[str, dict
 
 
 def _targets(root: Path, names: list[str]) -> dict[str, tuple[Path, str, dict]]:
-    """name -> (checkpoint, dtype, extras: an MTP layer, an EAGLE-3 head)."""
+    """name -> (checkpoint, dtype, extras: an EAGLE-3 head for Qwen3 targets, an MTP layer)."""
     import _workloads
 
     from hetero.tools import tiny
+    from hetero.tools._tiny_eagle3 import write as write_eagle3
+    from hetero.tools._tiny_mtp import add_mtp
 
     out = {}
     for name, path in _workloads.write(root, names).items():
         extra = {}
-        if _workloads.MODELS[name].arch == "qwen3" and not _workloads.MODELS[name].real:
-            try:
-                from hetero.tools._tiny_eagle3 import write_eagle3
-
-                extra["eagle3"] = str(write_eagle3(path, root / f"{name}-eagle3"))
-            except ImportError:
-                pass
+        if _workloads.MODELS[name].arch == "qwen3":
+            extra["eagle3"] = str(write_eagle3(path, root / f"{name}-eagle3"))
         out[name] = (path, _workloads.MODELS[name].dtype, extra)
-    try:
-        from hetero.tools._tiny_mtp import add_mtp
-
-        ds = tiny.build("deepseek_v3", root / "deepseek_v3-mtp", tokenizer=False)
-        add_mtp(ds)
-        out["deepseek_v3 (tiny, MTP)"] = (ds, "float32", {"mtp": True})
-    except ImportError:
-        pass
+    ds = tiny.build("deepseek_v3", root / "deepseek_v3-mtp", tokenizer=False)
+    out["deepseek_v3 (tiny, MTP)"] = (add_mtp(ds), "float32", {"mtp": True})
     return out
 
 

@@ -18,7 +18,8 @@ Mirrors transformers' modeling_deepseek_v2.py / modeling_deepseek_v3.py:
 - rope: interleaved pairs for V2 always and for V3 when ``rope_interleave``.
 
 Checkpoint layers at index >= ``num_hidden_layers`` (the multi-token-prediction
-layers, ``num_nextn_predict_layers`` of them) are ignored. The rest is the decoder
+layers, ``num_nextn_predict_layers`` of them) are ignored; V3's ``build_mtp`` runs the first as a
+speculative draft (``mtp.py``). The rest is the decoder
 skeleton (``decoder.py``): pre-norm layers, the residual fused into the next norm.
 """
 
@@ -203,6 +204,13 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     """DeepSeek-V3 and R1 (and V3-architecture checkpoints)."""
 
     layer_cls = DeepseekV3DecoderLayer
+
+    def build_mtp(self, model_dir):
+        """The checkpoint's next-n layer as a speculative draft sharing this model's embedding and head
+        (``mtp.NextNDraft``)."""
+        from hetero.engine.models.mtp import NextNDraft
+
+        return NextNDraft(self).load(model_dir)
 
 
 class Kimi_K25ForConditionalGeneration(TextOfMultimodal, DeepseekV3ForCausalLM):

@@ -6,7 +6,8 @@ Layers ``[0, first_k_dense_replace)`` have a dense MLP, the rest DeepSeek-V3's M
 the same tensor names): a float32 router ``gate``, sigmoid scores whose ``e_score_correction_bias`` only
 selects, top-2-sum groups (``n_group`` / ``topk_group``), renormalized when ``norm_topk_prob``, times
 ``routed_scaling_factor``, plus ``n_shared_experts`` shared experts. The checkpoint's MTP layers (indices
-``[num_hidden_layers, num_hidden_layers + num_nextn_predict_layers)``) are ignored by name.
+``[num_hidden_layers, num_hidden_layers + num_nextn_predict_layers)``) are ignored by name; ``build_mtp`` runs the
+first as a speculative draft (``mtp.py``).
 """
 
 from __future__ import annotations
@@ -122,3 +123,10 @@ class Glm4MoeForCausalLM(DecoderForCausalLM):
 
     def weight_mapping(self, hf_config: Any) -> WeightMapping:
         return dataclasses.replace(type(self).mapping, ignore=IGNORE + mtp_ignore(hf_config))
+
+    def build_mtp(self, model_dir):
+        """The checkpoint's next-n layer as a speculative draft sharing this model's embedding and head
+        (``mtp.NextNDraft``)."""
+        from hetero.engine.models.mtp import NextNDraft
+
+        return NextNDraft(self).load(model_dir)

@@ -18,7 +18,12 @@ from functools import partial
 
 from hetero.engine.models.base import WeightMapping
 from hetero.engine.models.decoder import GATE_UP_PACKED, IGNORE, QKV_PACKED, DecoderForCausalLM, every_layer
-from hetero.engine.models.qwen3_next import MTP_IGNORE, HybridSparseMoeBlock, Qwen3NextDecoderLayer
+from hetero.engine.models.qwen3_next import (
+    MTP_IGNORE,
+    HybridSparseMoeBlock,
+    Qwen3NextDecoderLayer,
+    Qwen3NextForCausalLM,
+)
 from hetero.engine.models.wrapper import TextOfMultimodal
 
 __all__ = [
@@ -63,6 +68,7 @@ class Qwen3_5ForCausalLM(DecoderForCausalLM):
 
     layer_cls = Qwen3_5DecoderLayer
     mapping = WeightMapping(packed=_PACKED, ignore=IGNORE + MTP_IGNORE)
+    build_mtp = Qwen3NextForCausalLM.build_mtp
 
 
 class Qwen3_5MoeForCausalLM(DecoderForCausalLM):
@@ -75,6 +81,7 @@ class Qwen3_5MoeForCausalLM(DecoderForCausalLM):
         experts=WeightMapping.stacked_experts() + WeightMapping.fused_experts(),
         ignore=IGNORE + MTP_IGNORE,
     )
+    build_mtp = Qwen3NextForCausalLM.build_mtp
 
 
 class Qwen3_5ForConditionalGeneration(TextOfMultimodal, Qwen3_5ForCausalLM):

@@ -8,7 +8,8 @@ The MLP is routed experts plus a shared expert scaled by ``sigmoid(shared_expert
 where Qwen3-MoE's rule makes the layer sparse (``mlp_only_layers``, ``decoder_sparse_step``),
 else a dense gated SiLU MLP. The checkpoint's input projections are Qwen3-Next's fused,
 per-key-head interleaved ``in_proj_qkvz`` / ``in_proj_ba``; its MTP weights (``mtp.*``) are
-not used. The Qwen3.5 models (``qwen3_5.py``) reuse all of this.
+ignored here and loaded by ``build_mtp`` as a speculative draft (``mtp.py``). The Qwen3.5 models
+(``qwen3_5.py``) reuse all of this.
 """
 
 from __future__ import annotations
@@ -137,3 +138,10 @@ class Qwen3NextForCausalLM(DecoderForCausalLM):
         experts=WeightMapping.stacked_experts(),
         ignore=IGNORE + MTP_IGNORE,
     )
+
+    def build_mtp(self, model_dir):
+        """The checkpoint's ``mtp.*`` layer as a speculative draft sharing this model's embedding and head
+        (``mtp.QwenMTPDraft``)."""
+        from hetero.engine.models.mtp import QwenMTPDraft
+
+        return QwenMTPDraft(self).load(model_dir)

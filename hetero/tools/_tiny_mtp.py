@@ -1,0 +1,140 @@
+"""One MTP layer appended to a tiny checkpoint (``hetero.tools.tiny``), whose transformers classes write none.
+
+``add_mtp(path)`` writes ``model-mtp.safetensors`` beside the shards, names its tensors in the index and
+declares the layer in config.json (``num_nextn_predict_layers`` or ``mtp_num_hidden_layers`` = 1), in the
+checkpoint's layout (``hetero.engine.models.mtp``):
+
+- DeepSeek-V3 / V3.2, GLM-4.5, GLM-5: ``model.layers.{N}.*``: a decoder layer shaped as the last one (N - 1,
+  a MoE layer in every tiny checkpoint, with V3.2's indexer), ``enorm``, ``hnorm``, ``eh_proj``,
+  ``shared_head.norm``, and the released copies of the embedding and head (``embed_tokens``,
+  ``shared_head.head``) that hetero ignores;
+- Qwen3-Next / Qwen3.5: ``mtp.*``: attention and its norms shaped as the last full-attention layer, the MLP as
+  layer 0 (the MTP layer's index), ``fc``, ``pre_fc_norm_embedding``, ``pre_fc_norm_hidden``, ``norm``.
+
+``mode="random"`` draws every tensor afresh (norms around their centre, matrices at the source's scale),
+the zero-acceptance case; ``mode="repeat"`` copies the source layer's tensors but zeroes its output
+projections (``o_proj``, ``down_proj``), makes the norms neutral and the 2H -> H projection pass the
+target's hidden state only, so the draft's logits are the target head's over the target's own last hidden
+state: it proposes the token the target just emitted, again, and is accepted wherever the target repeats
+a token (which needs the right hidden rows, chaining and head). The default checkpoints of
+``tiny.build`` are unchanged: this is opt-in.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+__all__ = ["add_mtp", "LAYOUTS"]
+
+#: architectures[0] -> MTP layout ("nextn": DeepSeek's ``model.layers.{N}``; "qwen": ``mtp.*``)
+LAYOUTS = {
+    "DeepseekV3ForCausalLM": "nextn",
+    "DeepseekV32ForCausalLM": "nextn",
+    "Glm4MoeForCausalLM": "nextn",
+    "GlmMoeDsaForCausalLM": "nextn",
+    "Qwen3NextForCausalLM": "qwen",
+    "Qwen3_5ForCausalLM": "qwen",
+    "Qwen3_5MoeForCausalLM": "qwen",
+    "Qwen3_5ForConditionalGeneration": "qwen",
+    "Qwen3_5MoeForConditionalGeneration": "qwen",
+}
+INDEX = "model.safetensors.index.json"
+SHARD = "model-mtp.safetensors"
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        if f.name != SHARD:
+            out.update(load_file(str(f)))
+    return out
+
+
+def _take(tensors: dict[str, torch.Tensor], src: str, dst: str, only: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor under ``src`` (and ``only`` after it), renamed under ``dst``."""
+    return {dst + n[len(src) :]: t for n, t in tensors.items() if n.startswith(src + only)}
+
+
+def _nextn(text, tensors, prefix, centre) -> tuple[dict[str, torch.Tensor], list[str]]:
+    n, h = text.num_hidden_layers, text.hidden_size
+    mine = f"{prefix}layers.{n}."
+    out = _take(tensors, f"{prefix}layers.{n - 1}.", mine)
+    out[mine + "enorm.weight"] = torch.full((h,), centre)
+    out[mine + "hnorm.weight"] = torch.full((h,), centre)
+    out[mine + "eh_proj.weight"] = torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1)
+    out[mine + "shared_head.norm.weight"] = torch.full((h,), centre)
+    out[mine + "embed_tokens.weight"] = tensors[f"{prefix}embed_tokens.weight"].clone()
+    head = "lm_head.weight" if "lm_head.weight" in tensors else f"{prefix}embed_tokens.weight"
+    out[mine + "shared_head.head.weight"] = tensors[head].clone()
+    return out, [mine + "embed_tokens.weight", mine + "shared_head.head.weight"]
+
+
+def _qwen(text, tensors, prefix, centre) -> tuple[dict[str, torch.Tensor], list[str]]:
+    h = text.hidden_size
+    full = max(i for i, kind in enumerate(text.layer_types) if kind == "full_attention")
+    out = {}
+    for part in ("self_attn.", "input_layernorm.", "post_attention_layernorm."):
+        out.update(_take(tensors, f"{prefix}layers.{full}.", "mtp.layers.0.", part))
+    out.update(_take(tensors, f"{prefix}layers.0.", "mtp.layers.0.", "mlp."))
+    out["mtp.fc.weight"] = torch.cat([torch.zeros(h, h), torch.eye(h)], dim=1)
+    out["mtp.pre_fc_norm_embedding.weight"] = torch.full((h,), centre)
+    out["mtp.pre_fc_norm_hidden.weight"] = torch.full((h,), centre)
+    out["mtp.norm.weight"] = torch.full((h,), centre)
+    return out, []
+
+
+def _redraw(tensors: dict[str, torch.Tensor], keep: list[str], gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Fresh values: 1-D tensors (norms, biases) around their mean, matrices at their own scale."""
+    out = {}
+    for name, t in tensors.items():
+        if name in keep or not t.is_floating_point():
+            out[name] = t
+        elif t.ndim == 1:
+            out[name] = t.mean() + 0.3 * torch.randn(t.shape, generator=gen)
+        else:
+            scale = float(t.std()) if t.numel() > 1 and float(t.std()) > 0 else 0.2
+            out[name] = scale * torch.randn(t.shape, generator=gen)
+    return out
+
+
+def add_mtp(path: str | Path, *, mode: str = "random", seed: int = 0) -> Path:
+    """Append one MTP layer to the tiny checkpoint at ``path`` (see the module docstring); returns ``path``."""
+    from safetensors.torch import save_file
+
+    if mode not in ("random", "repeat"):
+        raise ValueError(f"add_mtp: mode must be 'random' or 'repeat', got {mode!r}")
+    path = Path(path)
+    raw = json.loads((path / "config.json").read_text())
+    arch = raw["architectures"][0]
+    if arch not in LAYOUTS:
+        raise ValueError(f"add_mtp: no MTP layout for {arch}; known: {', '.join(LAYOUTS)}")
+    from transformers import AutoConfig
+
+    text = AutoConfig.from_pretrained(str(path)).get_text_config()
+    tensors = _tensors(path)
+    prefix = next(m[1] for n in sorted(tensors) if (m := re.fullmatch(r"(.*)layers\.0\.input_layernorm\.weight", n)))
+    layout = LAYOUTS[arch]
+    centre = 1.0 if layout == "nextn" else 0.0  # Qwen's norms are zero-centred: norm(x) * (1 + w)
+    build = _nextn if layout == "nextn" else _qwen
+    out, keep = build(text, tensors, prefix, centre)
+    if mode == "random":
+        out = _redraw(out, keep, torch.Generator().manual_seed(seed))
+    else:
+        out = {
+            n: torch.zeros_like(t) if re.search(r"\.(o_proj|down_proj)(\.weight)?$", n) else t for n, t in out.items()
+        }
+    save_file({n: t.contiguous() for n, t in out.items()}, str(path / SHARD))
+    if (path / INDEX).is_file():
+        index = json.loads((path / INDEX).read_text())
+        index["weight_map"].update({n: SHARD for n in out})
+        (path / INDEX).write_text(json.dumps(index, indent=2))
+    fields = raw.get("text_config", raw)
+    fields["num_nextn_predict_layers" if layout == "nextn" else "mtp_num_hidden_layers"] = 1
+    (path / "config.json").write_text(json.dumps(raw, indent=2))
+    return path
