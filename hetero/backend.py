@@ -161,7 +161,8 @@ class Backend:
     ) -> Any:
         """Optional hook (spec 1.6): as :meth:`plan_attention`, for the index tensors of the recurrent
         ops (``causal_conv1d``, ``gated_delta_rule``) over T tokens and S state slots; what it returns
-        reaches them as ``plan.data``. The default prepares nothing (None)."""
+        reaches them as ``plan.data``. The default prepares nothing (None). Slots are [N]: per-token
+        slots [N, M] (spec 1.11) take no plan, and ``hetero.Ops.plan_recurrent`` refuses them."""
         return None
 
     @classmethod

@@ -181,8 +181,14 @@ class Ops:
     ) -> Plan:
         """The step's plan of the recurrent ops' index tensors over T tokens and S state slots, for
         their ``plan=`` option: checked once here when validation is on, and the backend's
-        ``plan_recurrent`` hook's preparation when it has one."""
+        ``plan_recurrent`` hook's preparation when it has one. State slots [N] only: a call with
+        per-token slots [N, M] (spec 1.11) takes no plan."""
         index = (query_start_loc, state_slots, has_initial_state)
+        if isinstance(state_slots, torch.Tensor) and state_slots.ndim != 1:
+            raise OpError(
+                "plan_recurrent", "state_slots", "shape [N] (per-token slots [N, M] take no step plan)",
+                f"shape {list(state_slots.shape)}",
+            )  # fmt: skip
         if self.backend.validate:
             check_state_batch("plan_recurrent", *index, num_tokens, num_slots)
         data = self._hook("recurrent", *index, num_tokens=num_tokens, num_slots=num_slots)

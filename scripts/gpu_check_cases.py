@@ -5,7 +5,8 @@ gpu_check_attention, the sizes, the Bench record and the input helpers in gpu_ch
 here are gemm, MoE (gpt-oss's swigluoai experts with biases included), the layer ops,
 linear attention and the hyper-connections; the quantized ops (spec 1.4) are in gpu_check_quant, kv_compress
 (spec 1.8) in gpu_check_compress, compressed_attention in gpu_check_compressed_attention, the packed int4
-(W4A16, spec 1.9) gemm, grouped_gemm and fused_moe in gpu_check_int4, rejection_sample (1.10) in gpu_check_sampling.
+(W4A16, spec 1.9) gemm, grouped_gemm and fused_moe in gpu_check_int4, rejection_sample (1.10) in gpu_check_sampling,
+the recurrent ops' per-token state slots (1.11) in gpu_check_recurrent.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gpu_check_compress import compress_benches
 from gpu_check_compressed_attention import compressed_attention_benches
 from gpu_check_int4 import int4_benches
 from gpu_check_quant import quant_benches
+from gpu_check_recurrent import token_benches
 from gpu_check_sampling import sampling_benches
 from gpu_check_sizes import BF16, FULL, SMOKE, Bench, Sizes, expert_ids, nbytes, randn
 
@@ -291,4 +293,4 @@ def benches(s: Sizes) -> list[Bench]:
     out += [_fused("gpt-oss-20b swigluoai+bias", e, k, h, i, t, oss=True) for t in s.moe_tokens]
     out += quant_benches(s) + _layers(s) + _linear_attention(s) + _hyper(s)
     out += compress_benches(s) + compressed_attention_benches(s)  # spec 1.8 (DeepSeek-V4)
-    return out + int4_benches(s) + sampling_benches(s)  # spec 1.9: packed int4 (W4A16) weights; 1.10
+    return out + int4_benches(s) + sampling_benches(s) + token_benches(s)  # spec 1.9: W4A16; 1.10; 1.11

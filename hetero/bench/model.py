@@ -154,20 +154,25 @@ def _silu_and_mul(a: Mapping[str, Any]) -> Work:
 
 
 def _live_sequences(a: Mapping[str, Any]) -> tuple[int, int, int]:
-    """(rows, sequences, sequences with an initial state) of the sequences a recurrent op runs:
-    slot -1 and empty sequences read and write no state."""
+    """(rows, states written, sequences with an initial state) of the sequences a recurrent op runs:
+    slot -1 and empty sequences read and write no state. Per-token slots [N, M] (spec 1.11): a state
+    written per row whose entry is not -1."""
     cu, slots, initial = a["query_start_loc"].tolist(), a["state_slots"].tolist(), a["has_initial_state"].tolist()
-    live = [(cu[n + 1] - cu[n], initial[n]) for n, slot in enumerate(slots) if slot >= 0 and cu[n + 1] > cu[n]]
-    return sum(r for r, _ in live), len(live), sum(1 for _, i in live if i)
+    per_token = a["state_slots"].ndim == 2
+    rows = slots if per_token else [[s] for s in slots]
+    live = [(cu[n + 1] - cu[n], initial[n], r) for n, r in enumerate(rows) if r[0] >= 0 and cu[n + 1] > cu[n]]
+    writes = sum(sum(p >= 0 for p in r[:n]) for n, _, r in live) if per_token else len(live)
+    return sum(n for n, _, _ in live), writes, sum(1 for _, i, _ in live if i)
 
 
 def _index_bytes(a: Mapping[str, Any]) -> int:
-    return nbytes(a["query_start_loc"]) + nbytes(a["state_slots"]) + nbytes(a["has_initial_state"])
+    index = nbytes(a["query_start_loc"]) + nbytes(a["state_slots"]) + nbytes(a["has_initial_state"])
+    return index + nbytes(a.get("num_accepted_tokens"))
 
 
 def _causal_conv1d(a: Mapping[str, Any]) -> Work:
     """W multiply-adds per channel and live row (+ bias, + silu's exp, add, divide); the live rows of x,
-    the weight, the states read (initial state) and written (every live sequence), all of out."""
+    the weight, the states read (initial state) and written (every live sequence, or per token), all of out."""
     x, weight, state = a["x"], a["weight"], a["conv_state"]
     rows, seqs, reads = _live_sequences(a)
     c, w = weight.shape

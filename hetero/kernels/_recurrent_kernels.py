@@ -14,6 +14,11 @@
   registers over its rows and writes it back once: the decode path (one row per sequence),
   one launch for the whole batch.
 
+Per-token state slots [N, M] (spec 1.11, constexpr ``PER_TOKEN``; the [N] path compiles as before):
+the slot read is column ``num_accepted_tokens - 1`` (``_token_slot_of``); ``gdn_recurrent_kernel``
+stores S after every row that names a slot, ``causal_conv1d_kernel`` (one part per sequence) writes
+each row's window of the last W-1 inputs after its convolution, the one into the slot it read last.
+
 Index metadata is untrusted (``_seq_rows``, ``_slot_of``): query_start_loc entries are clamped
 into [0, T] (a decreasing pair is an empty sequence), a slot outside [0, S) skips the sequence
 like -1 (its rows are 0, no state read or written), has_initial_state False masks every state
@@ -55,20 +60,80 @@ def _slot_of(slot_ptr, init_ptr, n, num_slots):
 
 
 @triton.jit
+def _token_slot_of(slot_ptr, acc_ptr, init_ptr, n, M, num_slots, HAS_ACCEPTED: tl.constexpr):
+    """Per-token slots [N, M] (spec 1.11): (the slot read, clamped into [0, S); whether the sequence is
+    live, its column 0 in [0, S); 1 if its state is read else 0). The column read is
+    ``num_accepted_tokens[n] - 1`` clamped into [0, M) (0 without the tensor); a slot out of [0, S)
+    there reads nothing."""
+    raw0 = tl.load(slot_ptr + n * M).to(tl.int64)
+    live = (raw0 >= 0) & (raw0 < num_slots)
+    col = 0
+    if HAS_ACCEPTED:
+        col = tl.minimum(tl.maximum(tl.load(acc_ptr + n).to(tl.int64) - 1, 0), M - 1)
+    raw = tl.load(slot_ptr + n * M + col).to(tl.int64)
+    ok = (raw >= 0) & (raw < num_slots)
+    init = tl.where(live & ok & (tl.load(init_ptr + n) != 0), 1, 0)
+    return tl.where(ok, raw, 0), live, init
+
+
+@triton.jit
+def _conv_token_writes(
+    x_ptr, base_ptr, old_ptr, out_slot_ptr, start, length, read, init, M, num_slots, offs_c, c_ok,
+    sx_t, sx_c, ss_s, ss_w, ss_c, W: tl.constexpr, W1_P: tl.constexpr,
+):  # fmt: skip
+    """conv_state[state_slots[n, t]] = xx[t+1 : t+W] for each row t < min(L, M) naming a slot. A write
+    to the slot read waits for the others (pass 1): they may still need its old rows."""
+    jr = tl.arange(0, W1_P).to(tl.int64)
+    j_ok = jr < W - 1
+    for p in tl.static_range(2):
+        for t in range(0, tl.minimum(length, M)):
+            raw = tl.load(out_slot_ptr + t).to(tl.int64)
+            last = (raw == read) & (init == 1)
+            if p == 0:
+                ok = (raw >= 0) & (raw < num_slots) & (last == 0)
+            else:
+                ok = (raw >= 0) & (raw < num_slots) & last
+            if ok:
+                src = t + jr + 2 - W  # window row jr = xx[t+1+jr]: x row src, or old state row t+1+jr
+                nx = tl.load(
+                    x_ptr + (start + src)[:, None] * sx_t + offs_c[None, :] * sx_c,
+                    mask=(j_ok & (src >= 0))[:, None] & c_ok[None, :],
+                    other=0.0,
+                )
+                ns = tl.load(
+                    old_ptr + (t + 1 + jr)[:, None] * ss_w + offs_c[None, :] * ss_c,
+                    mask=(j_ok & (src < 0) & (src >= (1 - W) * init))[:, None] & c_ok[None, :],
+                    other=0.0,
+                )
+                new = tl.where((src >= 0)[:, None], nx, ns.to(nx.dtype))
+                tl.debug_barrier()  # this program's reads of the old rows are done before it overwrites them
+                tl.store(
+                    base_ptr + raw * ss_s + jr[:, None] * ss_w + offs_c[None, :] * ss_c,
+                    new.to(base_ptr.dtype.element_ty),
+                    mask=j_ok[:, None] & c_ok[None, :],
+                )
+
+
+@triton.jit
 def causal_conv1d_kernel(
-    x_ptr, w_ptr, b_ptr, state_ptr, out_ptr, qsl_ptr, slot_ptr, init_ptr,
+    x_ptr, w_ptr, b_ptr, state_ptr, out_ptr, qsl_ptr, slot_ptr, init_ptr, acc_ptr,
     sx_t, sx_c, sw_c, sw_w, ss_s, ss_w, ss_c, so_t, so_c,
-    num_rows, num_slots, C,
+    num_rows, num_slots, C, M,
     W: tl.constexpr, W1_P: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, ACC: tl.constexpr,
     RNE_BF16: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    PER_TOKEN: tl.constexpr, HAS_ACCEPTED: tl.constexpr,
 ):  # fmt: skip
     """out[s+t] = act(sum_j weight[:, j] * xx[t+j] + bias) over one part of one sequence's rows."""
     n = tl.program_id(0)
     part = tl.program_id(2)
     start, length = _seq_rows(qsl_ptr, n, num_rows)
-    slot, live, init = _slot_of(slot_ptr, init_ptr, n, num_slots)
+    if PER_TOKEN:
+        slot, live, init = _token_slot_of(slot_ptr, acc_ptr, init_ptr, n, M, num_slots, HAS_ACCEPTED)
+    else:
+        slot, live, init = _slot_of(slot_ptr, init_ptr, n, num_slots)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C).to(tl.int64)
     c_ok = offs_c < C
+    base_ptr = state_ptr
     state_ptr += slot * ss_s
     # the part's rows [lo, hi): whole tiles, so every part but the first starts at row >= BLOCK_T >= W-1
     part_len = ((length + tl.num_programs(2) - 1) // tl.num_programs(2) + BLOCK_T - 1) // BLOCK_T * BLOCK_T
@@ -95,7 +160,14 @@ def causal_conv1d_kernel(
         acc = tl.where(live, acc, 0.0)  # a skipped sequence's rows are 0
         o_ptrs = out_ptr + (start + tt)[:, None] * so_t + offs_c[None, :] * so_c
         tl.store(o_ptrs, cast_out(acc, out_ptr.dtype.element_ty, RNE_BF16), mask=t_ok[:, None] & c_ok[None, :])
-    if (part == 0) & live & (length > 0):  # an empty sequence touches nothing
+    if PER_TOKEN:  # one part (the launcher's): the program reads the old rows and writes every per-token state
+        if live & (length > 0):
+            tl.debug_barrier()  # every old-state read of the convolution (other threads' too) is done
+            _conv_token_writes(
+                x_ptr, base_ptr, state_ptr, slot_ptr + n * M, start, length, slot, init, M, num_slots, offs_c, c_ok,
+                sx_t, sx_c, ss_s, ss_w, ss_c, W, W1_P,
+            )  # fmt: skip
+    elif (part == 0) & live & (length > 0):  # an empty sequence touches nothing
         jr = tl.arange(0, W1_P).to(tl.int64)
         src = length + jr - (W - 1)  # new state row jr = xx[L + jr]: x row src, or old state row L + jr
         j_ok = jr < W - 1
@@ -120,18 +192,23 @@ def causal_conv1d_kernel(
 
 @triton.jit
 def gdn_recurrent_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, qsl_ptr, slot_ptr, init_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, qsl_ptr, slot_ptr, init_ptr, acc_ptr,
     sq_t, sq_h, sq_d, sk_t, sk_h, sk_d, sv_t, sv_h, sv_d, sg_t, sg_h, sg_d, sb_t, sb_h,
     ss_s, ss_h, ss_k, ss_v, so_t, so_h, so_d,
-    scale, eps, num_rows, num_slots,
+    scale, eps, num_rows, num_slots, M,
     GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, K_P: tl.constexpr, BV: tl.constexpr,
     KDA: tl.constexpr, L2NORM: tl.constexpr, RNE_BF16: tl.constexpr,
+    PER_TOKEN: tl.constexpr, HAS_ACCEPTED: tl.constexpr,
 ):  # fmt: skip
-    """The spec's recurrence, row by row, for one (sequence, value head, V block)."""
+    """The spec's recurrence, row by row, for one (sequence, value head, V block). Per-token slots:
+    S is stored after every row whose column names a slot in [0, S) (rows past M store nothing)."""
     n = tl.program_id(0)
     hv = tl.program_id(1).to(tl.int64)
     start, length = _seq_rows(qsl_ptr, n, num_rows)
-    slot, live, init = _slot_of(slot_ptr, init_ptr, n, num_slots)
+    if PER_TOKEN:
+        slot, live, init = _token_slot_of(slot_ptr, acc_ptr, init_ptr, n, M, num_slots, HAS_ACCEPTED)
+    else:
+        slot, live, init = _slot_of(slot_ptr, init_ptr, n, num_slots)
     hk = hv // GROUP
     offs_k = tl.arange(0, K_P).to(tl.int64)
     k_ok = offs_k < K
@@ -161,5 +238,11 @@ def gdn_recurrent_kernel(
         tl.store(
             out_ptr + row * so_t + hv * so_h + offs_v * so_d, cast_out(o, out_ptr.dtype.element_ty, RNE_BF16), mask=v_ok
         )
-    if live & (length > 0):
-        tl.store(s_ptrs, s.to(state_ptr.dtype.element_ty), mask=s_ok)
+        if PER_TOKEN:
+            raw = tl.load(slot_ptr + n * M + tl.minimum(t, M - 1)).to(tl.int64)
+            if live & (t < M) & (raw >= 0) & (raw < num_slots):
+                t_ptrs = state_ptr + raw * ss_s + hv * ss_h + offs_k[:, None] * ss_k + offs_v[None, :] * ss_v
+                tl.store(t_ptrs, s.to(state_ptr.dtype.element_ty), mask=s_ok)
+    if not PER_TOKEN:
+        if live & (length > 0):
+            tl.store(s_ptrs, s.to(state_ptr.dtype.element_ty), mask=s_ok)

@@ -19,6 +19,10 @@ Launch shapes (what a GPU runs), one launch per call, prefill, chunked prefill a
   less (sm86/89 parts), the launch fails with OutOfResources and is retried with half the
   chunk, down to 16, remembered per device and configuration.
 
+Per-token state slots [N, M] (spec 1.11, speculative decoding's verify calls of at most M rows per
+sequence): causal_conv1d runs one part per sequence, gated_delta_rule always the token-by-token
+kernel, which stores the state after every row; the [N] launches are unchanged.
+
 Tuning entries: "causal_conv1d" (BLOCK_T, BLOCK_C, TILES_PER_PROGRAM, num_warps),
 "gated_delta_rule" (chunked: BLOCK_T, BLOCK_V, DOT_PREC, RECURRENT_ROWS, num_warps,
 num_stages) and "gated_delta_rule_decode" (BLOCK_V, num_warps). DOT_PREC, when the entry has
@@ -39,6 +43,7 @@ from hetero.kernels._rounding import rne_bf16
 from hetero.kernels._triton import triton_modules
 from hetero.kernels.tuning import Tuning
 from hetero.spec._checks_recurrent import L2NORM_EPS, check_causal_conv1d, check_gated_delta_rule
+from hetero.spec._checks_token_slots import check_num_accepted_tokens
 from hetero.spec.checks import expect
 
 triton, tl = triton_modules()
@@ -53,8 +58,17 @@ def _pow2(n: int, least: int = 1) -> int:
 
 
 def _index(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    # [N+1] / [N] metadata: contiguous in practice (a no-op); has_initial_state read as bytes
+    # [N+1] / [N] / [N, M] metadata: contiguous in practice (a no-op); has_initial_state read as bytes
     return [t.contiguous().view(torch.uint8) if t.dtype == torch.bool else t.contiguous() for t in tensors]
+
+
+def _token_args(op: str, state_slots: torch.Tensor, accepted: torch.Tensor | None) -> tuple[dict, int, torch.Tensor]:
+    """(the per-token constexprs, M, the num_accepted_tokens pointer): M = 1 and no tensor for [N] slots."""
+    check_num_accepted_tokens(op, state_slots, accepted)
+    per_token = state_slots.ndim == 2
+    m = state_slots.shape[1] if per_token else 1
+    consts = {"PER_TOKEN": per_token, "HAS_ACCEPTED": accepted is not None}
+    return consts, m, accepted.contiguous() if accepted is not None else state_slots
 
 
 # ----------------------------------------------------------------------------- causal_conv1d
@@ -81,6 +95,7 @@ def causal_conv1d(
     *,
     activation="silu",
     plan=None,
+    num_accepted_tokens=None,
     tuning: Tuning,
 ) -> torch.Tensor:
     """``hetero.spec.recurrent.causal_conv1d``: one launch for the whole batch."""
@@ -88,20 +103,23 @@ def causal_conv1d(
     t, c, w, s = check_causal_conv1d(
         op, x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, activation
     )
+    per_token, m, accepted = _token_args(op, state_slots, num_accepted_tokens)
     n = query_start_loc.shape[0] - 1
     out = torch.empty(t, c, dtype=x.dtype, device=x.device)
     if t == 0 or c == 0 or n == 0:
         return out.zero_()
     qsl, slots, init = _index(query_start_loc, state_slots, has_initial_state)
     tiles, launch, parts = _conv_tiles(tuning, t, n, w, c)
+    if per_token["PER_TOKEN"]:  # one program per sequence and channel block writes all its states
+        parts = 1
     grid = (n, triton.cdiv(c, tiles["BLOCK_C"]), parts)
     kern.causal_conv1d_kernel[grid](
-        x, weight, bias if bias is not None else weight, conv_state, out, qsl, slots, init,
+        x, weight, bias if bias is not None else weight, conv_state, out, qsl, slots, init, accepted,
         *x.stride(), *weight.stride(), *conv_state.stride(), *out.stride(),
-        t, s, c,
+        t, s, c, m,
         W=w, W1_P=_pow2(w - 1), HAS_BIAS=bias is not None, SILU=activation == "silu",
         ACC=tl.float64 if x.dtype == torch.float64 else tl.float32, RNE_BF16=rne_bf16(x.dtype, tuning),
-        **tiles, **launch,
+        **tiles, **per_token, **launch,
     )  # fmt: skip
     return out
 
@@ -109,11 +127,11 @@ def causal_conv1d(
 # ----------------------------------------------------------------------------- gated_delta_rule
 
 
-def _delta_params(tuning: Tuning, tokens: int, seqs: int, vdim: int) -> tuple[str, dict, dict]:
+def _delta_params(tuning: Tuning, tokens: int, seqs: int, vdim: int, per_token: bool = False) -> tuple[str, dict, dict]:
     """(kernel name, constexprs, launch options): the token-by-token kernel for decode-like
-    batches (T <= N * RECURRENT_ROWS), the chunked kernel otherwise."""
+    batches (T <= N * RECURRENT_ROWS) and per-token slots, the chunked kernel otherwise."""
     chunked, launch = Tuning.launch_options(tuning("gated_delta_rule"))
-    if tokens <= seqs * int(chunked.get("RECURRENT_ROWS", 1)):
+    if per_token or tokens <= seqs * int(chunked.get("RECURRENT_ROWS", 1)):
         meta, launch = Tuning.launch_options(tuning("gated_delta_rule_decode"))
         return "recurrent", {"BV": min(_pow2(meta.get("BLOCK_V", 32), 16), _pow2(vdim, 16))}, launch
     bt = _pow2(chunked.get("BLOCK_T", 64), 16)  # tl.dot needs 16 on every dimension
@@ -161,6 +179,7 @@ def gated_delta_rule(
     scale,
     use_qk_l2norm=True,
     plan=None,
+    num_accepted_tokens=None,
     tuning: Tuning,
 ) -> torch.Tensor:
     """``hetero.spec.recurrent.gated_delta_rule``: one launch for the whole batch, chunked or token by token."""
@@ -175,12 +194,13 @@ def gated_delta_rule(
         "dtype float16, bfloat16 or float32 (the Triton kernels have no float64 path)",
         str(q.dtype).replace("torch.", ""),
     )
+    per_token, m, accepted = _token_args(op, state_slots, num_accepted_tokens)
     n = query_start_loc.shape[0] - 1
     out = torch.empty(t, hv, vdim, dtype=v.dtype, device=v.device)
     if t == 0 or n == 0 or hv == 0 or vdim == 0:
         return out.zero_()
     qsl, slots, init = _index(query_start_loc, state_slots, has_initial_state)
-    which, consts, launch = _delta_params(tuning, t, n, vdim)
+    which, consts, launch = _delta_params(tuning, t, n, vdim, per_token["PER_TOKEN"])
     kda = g.ndim == 3
     sg = (*g.stride(), 0) if not kda else g.stride()  # per head: no key-channel stride
     grid = (n, hv, triton.cdiv(vdim, consts["BV"]))
@@ -217,7 +237,8 @@ def gated_delta_rule(
         RNE_BF16=rne_bf16(v.dtype, tuning),
     )
     if which == "recurrent":
-        kern.gdn_recurrent_kernel[grid](*args, **consts, **launch)
+        head, tail = args[:10], args[10:]  # the per-token pointer after the index tensors, M after the sizes
+        kern.gdn_recurrent_kernel[grid](*head, accepted, *tail, m, **consts, **per_token, **launch)
     else:
         _launch_chunked(grid, args, consts, launch, v.device)
     return out

@@ -41,14 +41,23 @@ def check_state_index(op: str, query_start_loc: object, state_slots: object, has
     """The three per-sequence index tensors' types and shapes; returns N, the sequence count.
 
     query_start_loc int32 [N+1] (int64 accepted, as for every metadata tensor),
-    state_slots int32 [N], has_initial_state bool [N]. Reads no values.
+    state_slots int32 [N], or [N, M] with M >= 1 (per-token slots, spec 1.11),
+    has_initial_state bool [N]. Reads no values.
     """
     check_tensor(op, "query_start_loc", query_start_loc, ndim=1, dtypes=INDEX_DTYPES)
     assert isinstance(query_start_loc, torch.Tensor)
     if not (query_start_loc.shape[0] >= 1):
         raise OpError(op, "query_start_loc", "at least one entry (N+1)", "shape [0]")
     n = query_start_loc.shape[0] - 1
-    check_tensor(op, "state_slots", state_slots, shape=(n,), dtypes=INDEX_DTYPES)
+    per_token = isinstance(state_slots, torch.Tensor) and state_slots.ndim == 2
+    if per_token and not (state_slots.shape[0] == n and state_slots.shape[1] >= 1):  # type: ignore[union-attr]
+        raise OpError(
+            op,
+            "state_slots",
+            f"shape [{n}] or [{n}, M] with M >= 1 (per-token slots)",
+            f"shape {list(state_slots.shape)}",
+        )
+    check_tensor(op, "state_slots", state_slots, shape=(n, None) if per_token else (n,), dtypes=INDEX_DTYPES)
     check_tensor(op, "has_initial_state", has_initial_state, shape=(n,), dtypes=(torch.bool,))
     return n
 
@@ -63,9 +72,17 @@ def check_state_batch(
 ) -> tuple[list[int], list[int], list[bool]]:
     """The index contents: query_start_loc from 0 to T non-decreasing, state slots in [-1, S).
 
-    Returns host lists (query_start_loc, state_slots, has_initial_state).
+    Returns host lists (query_start_loc, state_slots, has_initial_state). Slots [N] only: per-token
+    slots [N, M] take no step plan, and their calls are checked by ``check_token_slots``.
     """
     n = check_state_index(op, query_start_loc, state_slots, has_initial_state)
+    if state_slots.ndim != 1:
+        raise OpError(
+            op,
+            "state_slots",
+            f"shape [{n}] (per-token slots [N, M] take no step plan)",
+            f"shape {list(state_slots.shape)}",
+        )
     starts = check_cu_seqlens(op, "query_start_loc", query_start_loc, tokens, n)
     slots = state_slots.to("cpu", torch.int64).tolist()
     if slots:

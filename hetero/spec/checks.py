@@ -112,6 +112,7 @@ from hetero.spec._checks_recurrent import (
     check_state_index,
 )
 from hetero.spec._checks_sampling import PROB_DTYPES, check_rejection_sample, check_rejection_sample_indices
+from hetero.spec._checks_token_slots import check_num_accepted_tokens, check_token_slots
 
 __all__ = [
     # general (spec 1.0; public since 1.5)
@@ -185,6 +186,8 @@ __all__ = [
     "check_state_batch",
     "check_causal_conv1d",
     "check_gated_delta_rule",
+    "check_num_accepted_tokens",  # per-token state slots (spec 1.11)
+    "check_token_slots",
     # hyper-connections (spec 1.7)
     "HC_PARAM_DTYPES",
     "hc_rows",

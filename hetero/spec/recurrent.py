@@ -19,6 +19,24 @@ also be int64, as everywhere in the spec; their contents are checked when valida
 (``hetero.Ops.plan_recurrent``), made once per step for every layer; optional, and it never
 changes the result. An implementation uses it only where :meth:`Plan.serves` these tensors.
 
+Per-token state slots (spec 1.11, speculative decoding: one call verifies 1+k tokens of a
+sequence and keeps the state after each, so the caller continues from the last accepted one).
+``state_slots`` may be int32 [N, M] (M >= 1) instead of [N]. Then sequence n, of L <= M rows,
+writes the state after its row t (t = 0..L-1, counted within the sequence) to slot
+``state_slots[n, t]``; an entry of -1 skips that one write, and entries t >= L are never read.
+``state_slots[n, 0] == -1`` skips the whole sequence, as -1 does in [N]: its output rows are 0
+and no state is read or written, whatever its other entries hold. ``num_accepted_tokens``
+(int32 [N] or None; only with [N, M] slots): with a = ``num_accepted_tokens[n]`` in [1, M]
+(None: a = 1), a sequence with ``has_initial_state[n]`` reads its initial state from slot
+``state_slots[n, a-1]``, which is not -1; it reads it before any write of the call, so that
+slot may also be one the sequence writes. A slot written twice in one call (by two rows of one
+sequence or by two sequences), or written by one sequence and read by another, is undefined.
+The contents are checked as every index is (``hetero.spec.validate``): entries in [-1, S),
+L <= M for every sequence, a in [1, M], the read entry not -1. Per-token calls take no step
+plan: ``plan_recurrent`` plans [N] slots only, so a plan given with [N, M] slots serves nothing.
+In ``supports()`` and conformance, the static option ``num_accepted_tokens=True`` names the
+per-token form (whether or not a call passes the tensor).
+
 The logical state layouts are the ones below. A backend may keep another
 physical layout only behind ``supports()`` with the reason; callers always pass
 the spec's.
@@ -46,6 +64,7 @@ def causal_conv1d(
     *,
     activation: str | None = "silu",
     plan: Plan | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Depthwise causal convolution over time, per sequence, continuing from its state.
 
@@ -60,7 +79,10 @@ def causal_conv1d(
         out[s+t, c] = act(sum_j weight[c, j] * xx[t+j, c] + bias[c])    t < L, j < W
         conv_state[p] = xx[L:]                            # the last W-1 inputs
 
-    (so with L < W-1 the new state keeps part of the old one, or zeros). ``activation``:
+    (so with L < W-1 the new state keeps part of the old one, or zeros). With per-token slots
+    [N, M] (see the module): ``prev = conv_state[state_slots[n, a-1]]`` (or zeros), and for
+    every row t < L with ``state_slots[n, t] != -1``, ``conv_state[state_slots[n, t]] =
+    xx[t+1 : t+W]``, the last W-1 inputs up to and including row t. ``activation``:
     "silu" or None. Sums in float32 or wider, ``out`` [T, C] in x's dtype;
     conv_state is written with exact copies of inputs (compared bit for bit).
     """
@@ -81,6 +103,7 @@ def gated_delta_rule(
     scale: float,
     use_qk_l2norm: bool = True,
     plan: Plan | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The gated delta rule: a decayed fast-weight state S [K, V] per value head, corrected toward each value.
 
@@ -100,6 +123,10 @@ def gated_delta_rule(
             S = S + outer(kt, u)
             out[t, i] = (scale * qt) @ S                 # [V]
         ssm_state[p, i] = S
+
+    With per-token slots [N, M] (see the module): S starts from ``ssm_state[state_slots[n, a-1], i]``
+    (or 0), and after row t (t = 0..L-1 within the sequence) ``ssm_state[state_slots[n, t], i] = S``
+    unless that entry is -1; every per-token state is held to float32 as the final one is.
 
     ``scale`` is explicit (Gated DeltaNet and KDA: K**-0.5). Computed in float32 or
     wider, the l2 norms included, and S stays float32 from row to row: an implementation

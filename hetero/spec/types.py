@@ -30,7 +30,8 @@ class Plan:
     """One step's index metadata, checked and prepared once for every layer of the step (spec 1.6).
 
     Made by ``hetero.Ops.plan_attention`` (carried by ``AttentionMeta.plan``) and
-    ``hetero.Ops.plan_recurrent`` (the ``plan=`` option of the recurrent ops), never per layer.
+    ``hetero.Ops.plan_recurrent`` (the ``plan=`` option of the recurrent ops; state slots [N] only,
+    spec 1.11's per-token slots [N, M] take no plan), never per layer.
 
     - ``sources``: the index tensors it was made from, and ``sizes`` the host values it was made
       for (attention: T, NB, BS, max_query_len, max_seq_len; recurrent: T, S).

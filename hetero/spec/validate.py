@@ -29,8 +29,8 @@ from hetero.spec._checks_compress import kv_compress
 from hetero.spec._checks_compressed_attention import compressed_attention  # spec 1.8: validated there
 from hetero.spec._checks_dsa import check_compress_ratio
 from hetero.spec._checks_meta import check_meta
-from hetero.spec._checks_recurrent import check_state_batch
 from hetero.spec._checks_sampling import rejection_sample  # spec 1.10: validated there
+from hetero.spec._validate_recurrent import causal_conv1d, gated_delta_rule  # per-token slots (1.11) there
 from hetero.spec.checks import (
     check_cu_seqlens,
     check_fixed_ids,
@@ -42,7 +42,7 @@ from hetero.spec.checks import (
     check_tensor,
     expect,
 )
-from hetero.spec.types import AttentionMeta, Plan
+from hetero.spec.types import AttentionMeta
 
 __all__ = [
     "ENV",
@@ -124,11 +124,6 @@ def _paged(
     plan = meta.planned(t, nb, bs) if isinstance(meta, AttentionMeta) else None
     if plan is None or not plan.checked:  # a plan checked at ratio 1 asked for more columns
         check_meta(op, meta, t, nb, bs, ratio)
-
-
-def _states(op: str, index: tuple[torch.Tensor, ...], tokens: int, num_slots: int, plan: object) -> None:
-    if not (isinstance(plan, Plan) and plan.checked and plan.serves(index, (tokens, num_slots))):
-        check_state_batch(op, *index, tokens, num_slots)
 
 
 def paged_attention(
@@ -220,44 +215,6 @@ def rotary_embedding(positions: torch.Tensor, q: object, k: object, cos_sin_cach
     op = "rotary_embedding"
     check_tensor(op, "positions", positions, ndim=1, dtypes=(torch.int64,))
     check_positions(op, positions, _tokens(op, "cos_sin_cache", cos_sin_cache, 2))
-
-
-def causal_conv1d(
-    x: torch.Tensor,
-    weight: object,
-    bias: object,
-    conv_state: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    state_slots: torch.Tensor,
-    has_initial_state: torch.Tensor,
-    *,
-    plan: object = None,
-    **_: object,
-) -> None:
-    """query_start_loc [N+1] from 0 to T non-decreasing; state_slots [N] in [-1, S); has_initial_state bool [N]."""
-    op = "causal_conv1d"
-    index = (query_start_loc, state_slots, has_initial_state)
-    _states(op, index, _tokens(op, "x", x, 2), _tokens(op, "conv_state", conv_state, 3), plan)
-
-
-def gated_delta_rule(
-    q: torch.Tensor,
-    k: object,
-    v: object,
-    g: object,
-    beta: object,
-    ssm_state: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    state_slots: torch.Tensor,
-    has_initial_state: torch.Tensor,
-    *,
-    plan: object = None,
-    **_: object,
-) -> None:
-    """As causal_conv1d, with S = ssm_state.shape[0] and T = q.shape[0]."""
-    op = "gated_delta_rule"
-    index = (query_start_loc, state_slots, has_initial_state)
-    _states(op, index, _tokens(op, "q", q, 3), _tokens(op, "ssm_state", ssm_state, 4), plan)
 
 
 def write_index_k(k: torch.Tensor, index_cache: torch.Tensor, slot_mapping: torch.Tensor, **_: object) -> None:

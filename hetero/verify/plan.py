@@ -49,5 +49,7 @@ def with_plan(ops: Ops, op: str, inputs: dict[str, Any]) -> dict[str, Any] | Non
         planned = ops.plan_attention(meta, num_tokens=query.shape[0], num_blocks=nb, block_size=bs)
         return {**inputs, "meta": planned}
     index = [inputs[k] for k in _INDEX]
+    if isinstance(index[1], torch.Tensor) and index[1].ndim != 1:  # per-token slots (spec 1.11) take no plan
+        return None
     plan = ops.plan_recurrent(*index, num_tokens=query.shape[0], num_slots=cache.shape[0])
     return {**inputs, "plan": plan}

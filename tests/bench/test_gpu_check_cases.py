@@ -58,6 +58,8 @@ def test_every_op_has_a_case_and_files_stay_small(cases):
         "fused_moe kimi-k2 W4A16 g32 T256 E384 top8 H7168 I2048",
         "fused_moe qwen3-30b-a3b W4A16 g128 zp T1 E128 top8 H2048 I768",
         "rejection_sample qwen3 V151936 B64 k4 mixed",  # spec 1.10
+        "gated_delta_rule spec-verify B64 k3 H16 K128 HV32 V128 per-token slots",  # spec 1.11
+        "causal_conv1d spec-verify B64 k3 C8192 W4",
     ):
         assert any(n.startswith(want) for n in names), want
     for path in SCRIPTS.glob("gpu_check*.py"):

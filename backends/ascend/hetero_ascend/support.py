@@ -11,7 +11,7 @@ import importlib.util
 from typing import Any, Mapping
 
 from hetero.kernels.limits import dtype_name, kernel_reason
-from hetero_ascend import _int4, quant
+from hetero_ascend import _int4, _token_slots, quant
 
 __all__ = [
     "MAPPED",
@@ -276,7 +276,7 @@ def _rms_norm_options(s: Mapping[str, Any]) -> bool:
 def reason(op: str, static: Mapping[str, Any], triton_ok: bool) -> str | None:
     """None if ``op`` runs natively with ``static``, else why not."""
     if op in DECLINED:
-        return DECLINED[op]
+        return _token_slots.reason(op, static) or DECLINED[op]
     if _int4.packed_int4(op, static):
         return _int4.INT4_REASON
     if op in ("ep_dispatch", "ep_combine"):

@@ -8,7 +8,8 @@ for a decode batch, which needs no padding). ``causal_conv1d`` prepends each seq
 state and sums W shifted products; ``gated_delta_rule`` is one batched state update for decode
 and the chunked WY form for prefill (``_recurrent_delta``). Accumulation is float32 (float64
 when any input is float64); outputs take the input's dtype, states keep theirs, and each state
-is written with one index op. Semantics: ``hetero.spec.recurrent``.
+is written with one index op. Per-token state slots [N, M] (spec 1.11) run in ``_recurrent_tokens``.
+Semantics: ``hetero.spec.recurrent``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hetero.spec.checks import L2NORM_EPS, check_causal_conv1d, check_gated_delta_rule, check_state_batch
+from hetero.spec.checks import (
+    L2NORM_EPS,
+    check_causal_conv1d,
+    check_gated_delta_rule,
+    check_num_accepted_tokens,
+    check_state_batch,
+)
 from hetero.spec.types import Plan
-from hetero_torch import _recurrent_plan, _step_plan
+from hetero_torch import _recurrent_plan, _recurrent_tokens, _step_plan
 from hetero_torch._layers_util import acc_dtype
 from hetero_torch._recurrent_delta import CHUNK, chunked, decode_step
 from hetero_torch._recurrent_plan import Batch
@@ -37,11 +44,17 @@ def causal_conv1d(
     *,
     activation: str | None = "silu",
     plan: Plan | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     op = "causal_conv1d"
     tokens, channels, width, num_slots = check_causal_conv1d(
         op, x, weight, bias, conv_state, query_start_loc, state_slots, has_initial_state, activation
     )
+    check_num_accepted_tokens(op, state_slots, num_accepted_tokens)
+    if state_slots.ndim == 2:
+        w = weight.to(acc_dtype(x, weight, bias, conv_state))
+        index = (query_start_loc, state_slots, has_initial_state)
+        return _recurrent_tokens.conv_tokens(op, x, w, bias, conv_state, index, num_accepted_tokens, activation)
     groups = _groups(op, (query_start_loc, state_slots, has_initial_state), tokens, num_slots, plan, x.device, None)
     out = torch.zeros(tokens, channels, dtype=x.dtype, device=x.device)  # rows of skipped sequences stay 0
     acc = acc_dtype(x, weight, bias, conv_state)
@@ -162,14 +175,24 @@ def gated_delta_rule(
     scale: float,
     use_qk_l2norm: bool = True,
     plan: Plan | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     op = "gated_delta_rule"
     tokens, _, _, vheads, vdim, num_slots = check_gated_delta_rule(
         op, q, k, v, g, beta, ssm_state, query_start_loc, state_slots, has_initial_state, scale, use_qk_l2norm
     )
-    groups = _groups(op, (query_start_loc, state_slots, has_initial_state), tokens, num_slots, plan, v.device, CHUNK)
+    check_num_accepted_tokens(op, state_slots, num_accepted_tokens)
+    index = (query_start_loc, state_slots, has_initial_state)
     out = torch.zeros(tokens, vheads, vdim, dtype=v.dtype, device=v.device)  # rows of skipped sequences stay 0
     acc = acc_dtype(q, k, v, g, beta, ssm_state)
+    if state_slots.ndim == 2:
+        planned = _recurrent_tokens.delta_batch(op, index, num_accepted_tokens, tokens, num_slots, v.device)
+        if planned is not None:
+            batch, writes = planned
+            operands = _inputs(batch, q, k, v, g, beta, scale=scale, l2norm=use_qk_l2norm, acc=acc)
+            batch.scatter(out, _recurrent_tokens.delta_tokens(operands, batch, ssm_state, writes).to(v.dtype))
+        return out
+    groups = _groups(op, index, tokens, num_slots, plan, v.device, CHUNK)
     for batch in groups:
         operands = _inputs(batch, q, k, v, g, beta, scale=scale, l2norm=use_qk_l2norm, acc=acc)
         state = batch.initial_state(ssm_state, acc)

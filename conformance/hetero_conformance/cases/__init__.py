@@ -18,6 +18,7 @@ from hetero_conformance.cases import (
     moe,
     quant,
     recurrent,
+    recurrent_tokens,
     sampling,
     scaled_grouped_gemm,
     spec_verify,
@@ -34,6 +35,7 @@ _FAMILIES += (compress,)  # spec 1.8: DeepSeek-V4's KV compressor (kv_compress)
 _FAMILIES += (int4, int4_moe)  # spec 1.9: packed int4 weights (W4A16) in gemm, grouped_gemm, fused_moe
 _FAMILIES += (sampling,)  # spec 1.10: rejection_sample (speculative decoding)
 _FAMILIES += (spec_verify,)  # issue 36: 1 + k verification rows per sequence (full tier)
+_FAMILIES += (recurrent_tokens,)  # spec 1.11: per-token state slots of the recurrent ops (issue 36)
 
 
 def catalog(*, quick: bool = False) -> list[Case]:

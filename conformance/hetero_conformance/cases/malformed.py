@@ -24,6 +24,7 @@ from hetero_conformance.cases import (
     malformed_quant,
     malformed_recurrent,
     malformed_sampling,
+    malformed_token_slots,
 )
 from hetero_conformance.cases._malformed import Base, Corrupt, Draw, Malformed, altered, meta_field, put, swap
 
@@ -49,6 +50,7 @@ def catalog() -> list[Malformed]:
             malformed_compressed_attention,
             malformed_int4,  # spec 1.9: packed int4 weights (W4A16)
             malformed_sampling,  # spec 1.10: rejection_sample
+            malformed_token_slots,  # spec 1.11: per-token state slots of the recurrent ops
         )
         for c in family.calls()
     ]
