@@ -8,6 +8,9 @@ checkpoint's layout (``hetero.engine.models.mtp``):
   a MoE layer in every tiny checkpoint, with V3.2's indexer), ``enorm``, ``hnorm``, ``eh_proj``,
   ``shared_head.norm``, and the released copies of the embedding and head (``embed_tokens``,
   ``shared_head.head``) that hetero ignores;
+- Hy3: ``model.layers.{N}.*`` as DeepSeek's, with ``final_layernorm`` for ``shared_head.norm`` and no copies of
+  the embedding or head; config.json also gets ``first_k_dense_replace`` (the leading dense layers of
+  ``mlp_layer_types``), which released Hy3 configs carry and the MTP layer's MLP kind follows;
 - Qwen3-Next / Qwen3.5: ``mtp.*``: attention and its norms shaped as the last full-attention layer, the MLP as
   layer 0 (the MTP layer's index), ``fc``, ``pre_fc_norm_embedding``, ``pre_fc_norm_hidden``, ``norm``.
 
@@ -30,12 +33,13 @@ import torch
 
 __all__ = ["add_mtp", "LAYOUTS"]
 
-#: architectures[0] -> MTP layout ("nextn": DeepSeek's ``model.layers.{N}``; "qwen": ``mtp.*``)
+#: architectures[0] -> MTP layout ("nextn": DeepSeek's ``model.layers.{N}``; "hy3": Hy3's; "qwen": ``mtp.*``)
 LAYOUTS = {
     "DeepseekV3ForCausalLM": "nextn",
     "DeepseekV32ForCausalLM": "nextn",
     "Glm4MoeForCausalLM": "nextn",
     "GlmMoeDsaForCausalLM": "nextn",
+    "HYV3ForCausalLM": "hy3",
     "Qwen3NextForCausalLM": "qwen",
     "Qwen3_5ForCausalLM": "qwen",
     "Qwen3_5MoeForCausalLM": "qwen",
@@ -73,6 +77,14 @@ def _nextn(text, tensors, prefix, centre) -> tuple[dict[str, torch.Tensor], list
     head = "lm_head.weight" if "lm_head.weight" in tensors else f"{prefix}embed_tokens.weight"
     out[mine + "shared_head.head.weight"] = tensors[head].clone()
     return out, [mine + "embed_tokens.weight", mine + "shared_head.head.weight"]
+
+
+def _hy3(text, tensors, prefix, centre) -> tuple[dict[str, torch.Tensor], list[str]]:
+    out, copies = _nextn(text, tensors, prefix, centre)
+    mine = f"{prefix}layers.{text.num_hidden_layers}."
+    out = {n: t for n, t in out.items() if n not in copies}
+    out[mine + "final_layernorm.weight"] = out.pop(mine + "shared_head.norm.weight")
+    return out, []
 
 
 def _qwen(text, tensors, prefix, centre) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -120,8 +132,8 @@ def add_mtp(path: str | Path, *, mode: str = "random", seed: int = 0) -> Path:
     tensors = _tensors(path)
     prefix = next(m[1] for n in sorted(tensors) if (m := re.fullmatch(r"(.*)layers\.0\.input_layernorm\.weight", n)))
     layout = LAYOUTS[arch]
-    centre = 1.0 if layout == "nextn" else 0.0  # Qwen's norms are zero-centred: norm(x) * (1 + w)
-    build = _nextn if layout == "nextn" else _qwen
+    centre = 0.0 if layout == "qwen" else 1.0  # Qwen's norms are zero-centred: norm(x) * (1 + w)
+    build = {"nextn": _nextn, "hy3": _hy3, "qwen": _qwen}[layout]
     out, keep = build(text, tensors, prefix, centre)
     if mode == "random":
         out = _redraw(out, keep, torch.Generator().manual_seed(seed))
@@ -135,6 +147,9 @@ def add_mtp(path: str | Path, *, mode: str = "random", seed: int = 0) -> Path:
         index["weight_map"].update({n: SHARD for n in out})
         (path / INDEX).write_text(json.dumps(index, indent=2))
     fields = raw.get("text_config", raw)
-    fields["num_nextn_predict_layers" if layout == "nextn" else "mtp_num_hidden_layers"] = 1
+    fields["mtp_num_hidden_layers" if layout == "qwen" else "num_nextn_predict_layers"] = 1
+    if layout == "hy3" and "first_k_dense_replace" not in fields:
+        kinds = fields["mlp_layer_types"]
+        fields["first_k_dense_replace"] = next((i for i, k in enumerate(kinds) if k != "dense"), len(kinds))
     (path / "config.json").write_text(json.dumps(raw, indent=2))
     return path

@@ -5,7 +5,7 @@ A sparse layer routes by sigmoid scores of float32 router logits (``mlp.router.g
 score plus ``mlp.expert_bias`` (the bias only selects), renormalizes the chosen scores and multiplies them by
 ``router_scaling_factor``; a shared expert (``mlp.shared_mlp``, ``num_shared_experts`` experts wide) is added,
 in float32 when ``enable_moe_fp32_combine``. Checkpoint layers past ``num_hidden_layers`` (the MTP layer)
-are ignored.
+are ignored here; ``build_mtp`` runs the first as a speculative draft (``mtp.py``).
 """
 
 from __future__ import annotations
@@ -115,3 +115,10 @@ class HYV3ForCausalLM(DecoderForCausalLM):
     def weight_mapping(self, hf_config: Any) -> WeightMapping:
         extra = mtp_ignore(hf_config) or (rf"model\.layers\.{hf_config.num_hidden_layers}\..*",)
         return dataclasses.replace(type(self).mapping, ignore=IGNORE + extra)
+
+    def build_mtp(self, model_dir):
+        """The checkpoint's MTP layer as a speculative draft sharing this model's embedding and head
+        (``mtp.HYV3MTPDraft``)."""
+        from hetero.engine.models.mtp import HYV3MTPDraft
+
+        return HYV3MTPDraft(self).load(model_dir)

@@ -1,16 +1,19 @@
 """Multi-token prediction (MTP): a checkpoint's own next-token layers, run as a speculative draft.
 
-Two layouts, each built from the target model's own decoder layer class (so MLA, DSA's indexer, GQA,
+Three layouts, each built from the target model's own decoder layer class (so MLA, DSA's indexer, GQA,
 the MoE schedule and the norms are the family's) with the target's ``ModelContext`` and quantization:
 
 - ``NextNDraft``, DeepSeek-V3 / V3.2 and GLM-4.5 (``num_nextn_predict_layers``): checkpoint layer
   ``model.layers.{N}`` (N = ``num_hidden_layers``) holds ``enorm``, ``hnorm``, ``eh_proj`` (2H -> H, no bias),
   a whole decoder layer of index N (``self_attn``, ``mlp``, its norms) and ``shared_head.norm``;
+- ``HYV3MTPDraft``, Hy3 (``num_nextn_predict_layers``): DeepSeek's layout with the final norm named
+  ``final_layernorm`` (vLLM's ``hy_v3_mtp.py``), the checkpoint's ``shared_head.*`` and ``embed_tokens``
+  under that layer ignored;
 - ``QwenMTPDraft``, Qwen3-Next and Qwen3.5 (``mtp_num_hidden_layers``): ``mtp.fc`` (2H -> H, no bias),
   ``mtp.pre_fc_norm_embedding``, ``mtp.pre_fc_norm_hidden``, a full-attention decoder layer
   ``mtp.layers.{i}`` (the MoE schedule at index i) and ``mtp.norm``, all the family's zero-centred norms.
 
-Both compute ``norm(layer(proj(cat(norm_e(embed(token)), norm_h(hidden)))))``: the row at position p is
+All three compute ``norm(layer(proj(cat(norm_e(embed(token)), norm_h(hidden)))))``: the row at position p is
 fed the token at p+1 and the target's final hidden state at p, and writes the draft's KV at p. The
 embedding and the LM head are the target's: a checkpoint's own copies (DeepSeek's
 ``model.layers.{N}.embed_tokens`` / ``shared_head.head``) are ignored by name. The draft's output is its
@@ -34,7 +37,7 @@ from hetero.engine.layers.linear import ReplicatedLinear
 from hetero.engine.models.decoder import IGNORE
 from hetero.errors import UsageError
 
-__all__ = ["MTPDraft", "NextNDraft", "QwenMTPDraft", "mtp_layer_count"]
+__all__ = ["HYV3MTPDraft", "MTPDraft", "NextNDraft", "QwenMTPDraft", "mtp_layer_count"]
 
 
 def mtp_layer_count(target: nn.Module, fields: tuple[str, ...]) -> int:
@@ -97,6 +100,14 @@ def _covering(config: Any, total: int) -> Any:
     c.num_hidden_layers = total
     kinds = getattr(config, "mlp_layer_types", None)
     if kinds is not None:
+        if getattr(config, "first_k_dense_replace", None) is None:
+            raise UsageError(
+                "speculative_config: method 'mtp': the MTP layers' MLP kind follows first_k_dense_replace, "
+                "which the config does not set",
+                arg="first_k_dense_replace",
+                expected="the number of leading dense layers (as the released checkpoints declare)",
+                got=None,
+            )
         c.mlp_layer_types = list(kinds[:n]) + [
             "sparse" if i >= config.first_k_dense_replace else "dense" for i in range(n, total)
         ]
@@ -114,6 +125,10 @@ class NextNDraft(MTPDraft):
     row's token embedding is zeroed, as vLLM's DeepSeek and GLM MTP layers do.
     """
 
+    #: the final norm's name under the layer, and the layer's copies of the target's tensors (ignored)
+    final_norm = "shared_head.norm"
+    copies = r"(embed_tokens|shared_head\.head)"
+
     def __init__(self, target: nn.Module):
         super().__init__(target)
         config, ctx, q = target.config, target.ctx, target.quant_config
@@ -125,14 +140,18 @@ class NextNDraft(MTPDraft):
         layer.enorm = cls.norm_cls(ctx, hidden, eps, prefix=f"{prefix}.enorm")
         layer.hnorm = cls.norm_cls(ctx, hidden, eps, prefix=f"{prefix}.hnorm")
         layer.eh_proj = ReplicatedLinear(ctx, 2 * hidden, hidden, prefix=f"{prefix}.eh_proj")
-        layer.shared_head = nn.Module()
-        layer.shared_head.norm = cls.norm_cls(ctx, hidden, eps, prefix=f"{prefix}.shared_head.norm")
+        *parents, leaf = self.final_norm.split(".")
+        owner = layer
+        for name in parents:
+            owner.add_module(name, nn.Module())
+            owner = getattr(owner, name)
+        owner.add_module(leaf, cls.norm_cls(ctx, hidden, eps, prefix=f"{prefix}.{self.final_norm}"))
         self.key = str(n)
         self.model = nn.ModuleDict({"layers": nn.ModuleDict({self.key: layer})})
         mine = rf"model\.layers\.{n}\."
         self.mapping = dataclasses.replace(
             target.mapping,
-            ignore=IGNORE + (rf"(?!{mine}).*", rf"{mine}(embed_tokens|shared_head\.head)\..*"),
+            ignore=IGNORE + (rf"(?!{mine}).*", rf"{mine}{self.copies}\..*"),
         )
 
     def forward(self, input_ids: torch.Tensor, step, hidden: torch.Tensor) -> torch.Tensor:
@@ -140,7 +159,17 @@ class NextNDraft(MTPDraft):
         embedded = self.embed(input_ids).masked_fill((step.positions == 0).unsqueeze(-1), 0)
         x = layer.eh_proj(torch.cat([layer.enorm(embedded), layer.hnorm(hidden)], dim=-1))
         out, residual = layer(x, None, step)
-        return layer.shared_head.norm(out, residual)[0]
+        return layer.get_submodule(self.final_norm)(out, residual)[0]
+
+
+class HYV3MTPDraft(NextNDraft):
+    """Hy3's MTP layer ``model.layers.{N}`` (vLLM's ``hy_v3_mtp.py``): ``enorm``, ``hnorm``, ``eh_proj``, the
+    family's decoder layer (dense below ``first_k_dense_replace``, else sparse) and ``final_layernorm`` over
+    its residual sum; the logits are the target head's over that, with no further norm. Any ``shared_head.*``
+    and ``embed_tokens`` under the layer are ignored (vLLM loads the target's ``lm_head`` and embedding)."""
+
+    final_norm = "final_layernorm"
+    copies = r"(embed_tokens|shared_head)"
 
 
 def _mtp_experts(rules: tuple[tuple[str, str, str], ...]) -> tuple[tuple[str, str, str], ...]:
