@@ -81,6 +81,7 @@ class LLM:
             cfg.enable_prefix_caching,
             num_state_slots=self.runner.num_state_slots,
             num_state_snapshots=self.runner.num_state_snapshots,
+            state_group=self.runner.state_group,
         )
         spec = self.config.speculative_config
         self.drafter = Drafter(spec, self.runner, self.rank == 0) if spec is not None else None
@@ -159,7 +160,11 @@ class LLM:
         for seq in self.scheduler.running:
             if seq.request_id == request_id:
                 return export_sequence_cache(
-                    self.runner.cache, seq.block_table, seq.state_slot, seq.num_computed_tokens, seq.token_ids
+                    self.runner.cache,
+                    seq.block_table,
+                    None if seq.state_slot is None else seq.state_slot + seq.state_column,
+                    seq.num_computed_tokens,
+                    seq.token_ids,
                 )
         raise UsageError(
             f"export_cache: argument 'request_id': no running request {request_id!r}",
@@ -205,7 +210,8 @@ class LLM:
         lead = self.rank == 0
         batch = self.scheduler.schedule() if lead else None
         in_use = self.block_manager.num_used_blocks
-        plan = StepPlan.of(batch, self.runner.num_state_slots > 0) if batch is not None else None
+        stateful, group = self.runner.num_state_slots > 0, self.runner.state_group
+        plan = StepPlan.of(batch, stateful, group) if batch is not None else None
         plan = self.runner.parallel.broadcast_object(plan, self.runner.device)
         sampled = self.runner.run(plan, batch.sampled_seqs if batch is not None else None)
         report = self._advance(batch, sampled, in_use) if lead else None

@@ -8,7 +8,7 @@ import torch
 
 from hetero.spec.types import AttentionMeta, Plan
 
-__all__ = ["Step", "PrefillSpan"]
+__all__ = ["Step", "PrefillSpan", "TokenStates"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,20 @@ class PrefillSpan:
 
 
 @dataclass(frozen=True)
+class TokenStates:
+    """Speculative decoding's per-token states (spec 1.11) for the step's first ``num_seqs`` sequences
+    (its decodes, rows ``[0, num_tokens)``): ``slots`` int32 [num_seqs, 1 + k] their slot groups, the
+    state after row t going to column t; ``num_accepted`` int32 [num_seqs]: 1 + the column each
+    sequence's state is read from. The recurrent layers run these sequences through the per-token
+    form and the rest through ``state_slots``."""
+
+    num_seqs: int
+    num_tokens: int
+    slots: torch.Tensor
+    num_accepted: torch.Tensor
+
+
+@dataclass(frozen=True)
 class Step:
     """One forward pass over a packed batch: decode sequences first, then prefill chunks.
 
@@ -51,6 +65,8 @@ class Step:
     - ``state_plan``: the step plan of those state indices (``Ops.plan_recurrent``), for the
       recurrent ops' ``plan=``; ``meta`` and ``decode_meta`` carry their own (``meta.plan``).
       None when the engine does not plan (compiled steps).
+    - ``token_states``: speculative decoding's per-token state slots of the leading sequences
+      (``TokenStates``); None otherwise.
     """
 
     positions: torch.Tensor
@@ -63,6 +79,7 @@ class Step:
     state_slots: torch.Tensor | None = None
     has_initial_state: torch.Tensor | None = None
     state_plan: Plan | None = None
+    token_states: TokenStates | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -56,13 +56,8 @@ def _repeat_accepted(out: list[int], k: int) -> int:
     [
         ("deepseek_v3", "repeat"),
         ("deepseek_v32", "random"),
-        pytest.param(
-            "qwen3_next",
-            "random",
-            marks=pytest.mark.xfail(
-                strict=True, reason="verifying 1+k rows through Gated DeltaNet needs per-token state slots"
-            ),
-        ),
+        ("hy_v3", "repeat"),
+        ("qwen3_next", "random"),  # verified through Gated DeltaNet's per-token state slots
     ],
 )
 def test_greedy_tokens_equal_without_mtp(arch, mode, checkpoints, tmp_path):
@@ -93,7 +88,8 @@ def _oracle_logits(path: Path, arch: str, ids: list[int], hidden: torch.Tensor, 
         n = config["num_hidden_layers"]
         mine = f"model.layers.{n}."
         proj, norms = mine + "eh_proj", (mine + "enorm", mine + "hnorm")
-        final, offset = mine + "shared_head.norm.weight", 0.0
+        final = mine + ("final_layernorm.weight" if arch == "hy_v3" else "shared_head.norm.weight")
+        offset = 0.0
         config.update(num_hidden_layers=1, first_k_dense_replace=0)
         for key in ("layer_types", "mlp_layer_types", "indexer_types"):  # V3.2's per-layer lists: the MTP layer's
             if config.get(key):
@@ -108,7 +104,7 @@ def _oracle_logits(path: Path, arch: str, ids: list[int], hidden: torch.Tensor, 
     x = torch.cat([norm(emb, norms[0]), norm(hidden, norms[1])], -1) @ w[proj + ".weight"].T
     one = {"model.embed_tokens.weight": w["model.embed_tokens.weight"], "lm_head.weight": w["lm_head.weight"]}
     one["model.norm.weight"] = w[final]
-    skip = ("enorm", "hnorm", "eh_proj", "shared_head", "embed_tokens")
+    skip = ("enorm", "hnorm", "eh_proj", "shared_head", "embed_tokens", "final_layernorm")
     one.update({"model.layers.0." + k[len(mine) :]: t for k, t in w.items() if k.startswith(mine)})
     one = {k: t for k, t in one.items() if not any(f".0.{s}" in k for s in skip)}
     ref_dir = path.parent / "oracle"
@@ -122,7 +118,7 @@ def _oracle_logits(path: Path, arch: str, ids: list[int], hidden: torch.Tensor, 
         return model(inputs_embeds=x[None]).logits[0]
 
 
-@pytest.mark.parametrize("arch", ["qwen3_next", "deepseek_v3", "deepseek_v32"])
+@pytest.mark.parametrize("arch", ["qwen3_next", "deepseek_v3", "deepseek_v32", "hy_v3"])
 def test_draft_forward_matches_transformers(arch, checkpoints, tmp_path):
     """The draft's logits over a prompt (row p: token p+1, the target's hidden state at p) equal
     transformers' over the same input: loading by name, the norms, the (embedding, hidden) order."""
@@ -153,7 +149,8 @@ def test_draft_forward_matches_transformers(arch, checkpoints, tmp_path):
 
 def test_refusals(checkpoints, tmp_path):
     """No MTP layers: a family without them and a config declaring none are refused by name; a config
-    declaring one whose tensors the checkpoint lacks fails as missing weights, naming them."""
+    declaring one whose tensors the checkpoint lacks fails as missing weights, naming them; a Hy3 config
+    without the field that fixes its MTP layer's MLP kind is refused by that field's name."""
     with pytest.raises(UsageError, match="no next-token") as e:
         LLM(str(checkpoints("qwen3")), speculative_config=MTP, **KW)
     assert e.value.arg == "speculative_config.method"
@@ -166,3 +163,10 @@ def test_refusals(checkpoints, tmp_path):
     with pytest.raises(UsageError, match="declares no MTP layers") as e:
         LLM(str(path), speculative_config=MTP, **KW)
     assert e.value.arg == "num_nextn_predict_layers"
+    path = _with_mtp(checkpoints, "hy_v3", tmp_path)  # Hy3's MTP MLP kind follows first_k_dense_replace
+    config = json.loads((path / "config.json").read_text())
+    del config["first_k_dense_replace"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UsageError, match="first_k_dense_replace") as e:
+        LLM(str(path), speculative_config=MTP, **KW)
+    assert e.value.arg == "first_k_dense_replace"

@@ -55,6 +55,34 @@ def test_greedy_tokens_equal_without_speculation(arch, checkpoints):
             assert llm.stats["preemptions"] > 0 and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
 
 
+@pytest.mark.parametrize("arch", ["qwen3_next", "kimi_linear"])
+def test_recurrent_state_rolls_back_to_every_accepted_count(arch, checkpoints):
+    """A drafter that knows the greedy continuation and spoils one draft in a cycle, so every count of
+    accepted drafts (0 to k) occurs: the Gated DeltaNet / KDA states must continue from the last accepted
+    row's (per-token state slots), with chunked prefill and prefix hits (state snapshots) in the batch."""
+    path = str(checkpoints(arch))
+    ps = prompts(256, (5, 9, 17, 33, 12), seed=4)
+    ps[4] = ps[3][:16] + ps[4]
+    kw = dict(backend="torch", dtype="float32", block_size=4, max_num_batched_tokens=32)
+    want = {tuple(p): t for p, t in zip(ps, _tokens(LLM(path, **kw), ps))}
+    llm = LLM(path, speculative_config=NGRAM, **kw)
+    k = NGRAM["num_speculative_tokens"]
+
+    def oracle(batch):
+        for seq in batch.sampled_seqs:
+            if not seq.is_finished:
+                right = want[tuple(seq.prompt_token_ids)][len(seq.output_token_ids) :][:k]
+                spoil = seq.num_tokens % (k + 2)
+                seq.draft_token_ids = [t if j != spoil else (t + 1) % 256 for j, t in enumerate(right)]
+
+    llm.drafter.propose = oracle
+    assert _tokens(llm, ps) == list(want.values())
+    per_pos = llm.stats["spec_decode"].accepted_per_position
+    assert per_pos[0] > per_pos[k - 1] > 0 and llm.stats["cached_prompt_tokens"] > 0
+    with pytest.raises(UsageError, match="recurrent state"):  # its own drafts would need rolling back too
+        LLM(path, speculative_config={"method": "draft_model", "model": path, "num_speculative_tokens": 2}, **kw)
+
+
 def test_rejected_tokens_are_never_hashed():
     """A verify step with one of three drafts accepted: computed moves past the accepted one only, and the
     block the rejected drafts were written into is not registered in the prefix cache."""
@@ -174,3 +202,28 @@ def test_recovered_from_target_is_caught(draws):
     counts, joint = draws
     stat, crit = _pearson(counts["bug"][0], joint)
     assert stat > crit, f"the planted bug went unnoticed: chi-squared {stat:.1f} <= {crit:.1f}"
+
+
+def test_server_metrics_count_spec_decode():
+    """hetero serve's /metrics: vLLM's spec_decode counters, advanced by what each step added."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hetero.engine.spec_decode.metrics import SpecDecodeStats
+    from hetero.serve.metrics import ServerMetrics
+
+    metrics, stats = ServerMetrics("m"), SpecDecodeStats()
+    stats.add([3, 2, 0], [[5, 6, 7, 8], [9], [4]])
+    metrics._count_spec(stats)
+    stats.add([3], [[1, 2]])
+    metrics._count_spec(stats)
+    got = {
+        (s.name, s.labels.get("position")): s.value
+        for f in text_string_to_metric_families(metrics.render().decode())
+        for s in f.samples
+        if s.name.startswith("hetero_spec_decode") and s.name.endswith("_total")
+    }
+    assert got[("hetero_spec_decode_num_drafts_total", None)] == 3
+    assert got[("hetero_spec_decode_num_draft_tokens_total", None)] == 8
+    assert got[("hetero_spec_decode_num_accepted_tokens_total", None)] == 4
+    per_pos = [got[("hetero_spec_decode_num_accepted_tokens_per_pos_total", str(j))] for j in range(3)]
+    assert per_pos == [2, 1, 1]

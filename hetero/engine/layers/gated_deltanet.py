@@ -24,13 +24,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetero.engine.context import ModelContext
-from hetero.engine.layers.cached import CachedLayer, StateEntry
+from hetero.engine.layers.delta_rule import DeltaRuleMixer
 from hetero.engine.layers.linear import Linear, RowParallelLinear
 from hetero.engine.layers.weights import copy_checked, join_prefix
 from hetero.engine.parallel import divide
 from hetero.engine.quant.config import QuantConfig
 from hetero.engine.step import Step
-from hetero.ops import takes_option
 
 __all__ = ["DeltaRuleMixer", "GatedDeltaNet", "GatedDeltaNetInProj", "GatedRMSNorm", "LAYOUTS", "head_vector"]
 
@@ -178,64 +177,6 @@ class _ConvWeight(nn.Module):
             copy_checked(param, torch.cat(_rank_rows(tensor[:, 0], sections, par.rank, par.size)), "conv1d")
 
         self.weight.weight_loader, self.weight.shards = load, (None,)
-
-
-class DeltaRuleMixer(CachedLayer):
-    """The recurrent core of a delta-rule token mixer: ``causal_conv1d`` (SiLU) over this rank's q|k|v channels,
-    then ``gated_delta_rule``, and the two per-sequence states. A subclass makes the projections and gates and
-    calls ``init_recurrent`` from its ``__init__``."""
-
-    def init_recurrent(self, ctx: ModelContext, heads: tuple[int, int, int, int], width: int) -> None:
-        """This rank's (key heads, value heads, key dim, value dim) and the conv width; binds the two ops."""
-        self.hk, self.hv, self.dk, self.dv = heads
-        self.width, self.channels = width, 2 * self.hk * self.dk + self.hv * self.dv
-        # a step plan is passed only to ops that take one (an implementation older than spec 1.6 does not)
-        bound = {
-            op: ctx.bind_op(self, attr, op)
-            for attr, op in (("_conv", "causal_conv1d"), ("_delta_rule", "gated_delta_rule"))
-        }
-        self._plans = all(takes_option(fn, op, "plan") for op, fn in bound.items())
-        self.conv_state: torch.Tensor | None = None
-        self.ssm_state: torch.Tensor | None = None
-
-    def cache_spec(self) -> tuple[StateEntry, ...]:
-        return (
-            StateEntry("conv_state", (self.width - 1, self.channels), init="flag"),
-            StateEntry("ssm_state", (self.hv, self.dk, self.dv), torch.float32, init="flag"),
-        )
-
-    def recur(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, step: Step) -> torch.Tensor:
-        """out [T, HV, V] of q|k|v ``mixed`` [T, channels]; ``g`` float32 [T, HV] or [T, HV, K], ``beta`` [T, HV]."""
-        if self.conv_state is None or step.state_slots is None:
-            raise RuntimeError(f"{type(self).__name__}: the state pool is not bound or the step has no state slots")
-        tokens, qsl = mixed.shape[0], step.meta.query_start_loc
-        planned = {"plan": step.state_plan} if self._plans and step.state_plan is not None else {}
-        mixed = self._conv(
-            mixed.contiguous(),
-            self.conv1d.weight,
-            None,
-            self.conv_state,
-            qsl,
-            step.state_slots,
-            step.has_initial_state,
-            activation="silu",
-            **planned,
-        )
-        q, k, v = mixed.split([self.hk * self.dk, self.hk * self.dk, self.hv * self.dv], dim=-1)
-        return self._delta_rule(
-            q.reshape(tokens, self.hk, self.dk),
-            k.reshape(tokens, self.hk, self.dk),
-            v.reshape(tokens, self.hv, self.dv),
-            g,
-            beta,
-            self.ssm_state,
-            qsl,
-            step.state_slots,
-            step.has_initial_state,
-            scale=self.dk**-0.5,
-            use_qk_l2norm=True,
-            **planned,
-        )
 
 
 class GatedDeltaNet(DeltaRuleMixer):

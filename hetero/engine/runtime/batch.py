@@ -19,7 +19,8 @@ class ScheduledBatch:
     ``preempted`` lists the sequences sent back to the waiting queue while scheduling;
     ``cache_ops`` the cache changes allocation decided, to apply before the step runs.
     ``drafts[i]``: the draft tokens ``seqs[i]`` verifies (speculative decoding): its rows are its
-    last token and these, all of them sampled.
+    last token and these, all of them sampled. ``num_decode_seqs``: the leading sequences the
+    scheduler gave their decode (one row, or one and their drafts).
     """
 
     seqs: list[Sequence] = field(default_factory=list)
@@ -29,6 +30,7 @@ class ScheduledBatch:
     preempted: list[Sequence] = field(default_factory=list)
     cache_ops: list[CacheOp] = field(default_factory=list)
     drafts: list[list[int]] = field(default_factory=list)
+    num_decode_seqs: int = 0
 
     def add(self, seq: Sequence, query_len: int, drafts: list[int] | None = None) -> None:
         drafts = drafts or []

@@ -18,8 +18,9 @@ class BlockManager:
     - The paged pool (``BlockAllocator``): ``num_blocks`` blocks of ``block_size``
       tokens, for every per-token entry (K/V, latents, indexer keys).
     - The state pool (``SlotAllocator``, only when ``num_state_slots`` > 0): one
-      slot per running sequence for every per-sequence entry (recurrent states),
-      plus ``num_state_snapshots`` snapshot slots for prefix caching.
+      slot per running sequence for every per-sequence entry (recurrent states), or a group of
+      ``state_group`` (speculative decoding's per-token states), plus ``num_state_snapshots``
+      snapshot slots for prefix caching.
 
     A prefix hit is the minimum over pools: the paged pool's cached blocks, cut back
     to the longest prefix whose state snapshot exists. A model with state and no
@@ -37,9 +38,10 @@ class BlockManager:
         *,
         num_state_slots: int = 0,
         num_state_snapshots: int = 0,
+        state_group: int = 1,
     ):
         self.blocks = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
-        self.slots = SlotAllocator(num_state_slots, num_state_snapshots) if num_state_slots else None
+        self.slots = SlotAllocator(num_state_slots, num_state_snapshots, state_group) if num_state_slots else None
         self._ops: list[CacheOp] = []
 
     @property

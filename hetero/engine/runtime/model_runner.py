@@ -18,7 +18,7 @@ from hetero.engine.runtime.sequence import Sequence
 from hetero.engine.runtime.step_plan import StepPlan
 from hetero.engine.spec_decode.heads import build_draft
 from hetero.engine.spec_decode.verify import choose_tokens
-from hetero.engine.step import Step
+from hetero.engine.step import Step, TokenStates
 from hetero.engine.step_buffers import StepBuffers
 from hetero.spec.comm import Communicator
 
@@ -52,8 +52,10 @@ class ModelRunner:
         self.block_size = config.block_size
         slot_bytes = bytes_per_state_slot(self.model, self.dtype)
         self.num_state_slots, self.num_state_snapshots = config.state_slots(slot_bytes)
-        state_bytes = (self.num_state_slots + self.num_state_snapshots) * slot_bytes
         spec = config.speculative_config
+        # speculative decoding keeps the state after each verified row: 1 + k slots per sequence
+        self.state_group = 1 + spec.num_speculative_tokens if spec is not None and self.num_state_slots else 1
+        state_bytes = self.num_physical_slots * slot_bytes
         self.draft = build_draft(spec, self) if spec is not None and spec.uses_model else None
         block_bytes = sum(bytes_per_block(m, self.block_size, self.dtype) for m in (self.model, self.draft) if m)
         self.num_kv_blocks = config.kv_blocks(block_bytes, state_bytes)
@@ -64,7 +66,7 @@ class ModelRunner:
                 self.block_size,
                 self.dtype,
                 self.device,
-                self.num_state_slots + self.num_state_snapshots,
+                self.num_physical_slots,
             )
         self.buffers = StepBuffers(
             config.max_num_batched_tokens,
@@ -84,6 +86,11 @@ class ModelRunner:
         self.plans = not config.compile
         self.capture_layers = False  # a proposer that drafts from the target's layer outputs sets it
         self.last_hidden = self.last_step = self.last_captured = None
+
+    @property
+    def num_physical_slots(self) -> int:
+        """Slots of the state pool: a group per running sequence, then the snapshots."""
+        return self.num_state_slots * self.state_group + self.num_state_snapshots
 
     @property
     def rank(self) -> int:
@@ -110,6 +117,8 @@ class ModelRunner:
             )
             if self.plans:
                 step = self._plan(step)
+            if plan.token_slots is not None:
+                step = dataclasses.replace(step, token_states=self._token_states(plan, step))
             capture = [] if self.capture_layers else None
             hidden = self.forward(input_ids, step) if capture is None else self.model(input_ids, step, capture=capture)
             self.last_hidden, self.last_step, self.last_captured = hidden, step, capture
@@ -117,6 +126,15 @@ class ModelRunner:
                 return []
             logits = self.model.compute_logits(hidden[step.logits_indices])
             return self._sample(logits, sampled or [], plan)
+
+    def _token_states(self, plan: StepPlan, step: Step) -> TokenStates:
+        n, dev = len(plan.token_slots), self.device
+        return TokenStates(
+            num_seqs=n,
+            num_tokens=sum(plan.query_lens[:n]),
+            slots=torch.tensor(plan.token_slots, dtype=torch.int32, device=dev),
+            num_accepted=torch.tensor(plan.num_accepted, dtype=torch.int32, device=dev),
+        )
 
     def _compile_cache_dir(self):
         """This rank's compile cache directory, keyed by what shapes its graphs (``compile_cache``)."""
@@ -129,7 +147,7 @@ class ModelRunner:
             "backend": self.ops.name,
             "device": self.device.type,
             "sizes": (c.block_size, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, self.num_kv_blocks),
-            "state_slots": (self.num_state_slots, self.num_state_snapshots),
+            "state_slots": (self.num_state_slots, self.num_state_snapshots, self.state_group),
             "parallel": (self.parallel.size, self.parallel.rank, c.expert_parallel),
             "packages": [type(self.ops.backend).__module__.split(".")[0]],
         }
@@ -161,7 +179,7 @@ class ModelRunner:
             decode_meta = self.ops.plan_attention(decode_meta, num_tokens=step.num_decodes, **sizes)
         state_plan = None
         if step.state_slots is not None and step.has_initial_state is not None:
-            slots = self.num_state_slots + self.num_state_snapshots
+            slots = self.num_physical_slots
             index = (step.meta.query_start_loc, step.state_slots, step.has_initial_state)
             state_plan = self.ops.plan_recurrent(*index, num_tokens=step.num_tokens, num_slots=slots)
         return dataclasses.replace(step, meta=meta, decode_meta=decode_meta, state_plan=state_plan)

@@ -126,6 +126,7 @@ class Scheduler:
                         return budget
                 self.block_manager.append_slot(seq, extra)
                 batch.add(seq, 1 + len(drafts), drafts)
+                batch.num_decode_seqs += 1
                 budget -= 1 + len(drafts)
             i += 1
         return budget
@@ -193,7 +194,10 @@ class Scheduler:
         them; a bare token id stands for a list of one), and finish and free the sequences that stop; returns those."""
         lists = iter(emitted)
         finished = []
-        for seq, query_len, sample, drafts in zip(batch.seqs, batch.query_lens, batch.sample, batch.drafts):
+        per_token = any(batch.drafts)  # the decodes' states went to one slot per row (StepPlan.token_slots)
+        for i, (seq, query_len, sample, drafts) in enumerate(
+            zip(batch.seqs, batch.query_lens, batch.sample, batch.drafts)
+        ):
             if not sample:
                 seq.num_computed_tokens += query_len
                 self.block_manager.cache_computed(seq)
@@ -203,6 +207,8 @@ class Scheduler:
             if drafts:
                 seq.spec_decode.add([len(drafts)], [tokens])
             seq.draft_token_ids, seq.draft_probs = [], None
+            if per_token and i < batch.num_decode_seqs and seq.state_slot is not None:
+                seq.state_column = len(tokens) - 1  # the state after the last accepted row
             computed = seq.num_computed_tokens + query_len - len(drafts) + len(tokens) - 1
             reason = None
             for token in tokens:

@@ -110,8 +110,10 @@ class Sequence:
     hashes of its first full, computed blocks (kept by the BlockManager).
     ``index`` is the request's arrival number (the default sampling seed derives from it).
     ``state_slot`` is its slot in the state pool while it runs (models with per-sequence
-    state only); ``imported`` an exported cache (``cache_io.SequenceCache``) to start from,
-    written into its blocks when it is admitted. ``num_streamed`` counts the output tokens
+    state only; under speculative decoding the first of its group of 1 + k slots, its state in
+    slot ``state_slot + state_column``: the column of the last accepted token's state);
+    ``imported`` an exported cache (``cache_io.SequenceCache``) to start from, written into its
+    blocks when it is admitted. ``num_streamed`` counts the output tokens
     already reported by ``LLM.step``; ``output_logprobs`` one entry per output token when
     its parameters ask for logprobs (appended by rank 0's ``ModelRunner``), else stays empty.
     Speculative decoding: ``draft_token_ids`` are the tokens proposed for the next step (and
@@ -129,6 +131,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     state_slot: int | None = None
+    state_column: int = 0
     imported: Any = field(default=None, repr=False)
     finish_reason: str | None = None
     num_cached_tokens: int = 0

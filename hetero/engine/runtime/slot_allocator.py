@@ -21,17 +21,23 @@ class SlotAllocator:
     blocks is served only when the snapshot of block k exists; the least recently
     used snapshot is dropped first. Every tensor change the allocator decides is
     queued as a ``CacheOp`` for the runner to apply, in order, before the next step.
+
+    With ``group`` > 1 (speculative decoding), each running sequence holds ``group`` consecutive
+    slots (its ``state_slot`` is the first): a verify step writes the state after each of its rows
+    into them, and the sequence's state is then in ``state_slot + state_column``. Live slots are
+    ``[0, num_slots * group)``, snapshots the ``num_snapshots`` after them.
     """
 
-    def __init__(self, num_slots: int, num_snapshots: int = 0):
+    def __init__(self, num_slots: int, num_snapshots: int = 0, group: int = 1):
         if num_slots < 1 or num_snapshots < 0:
             raise ValueError(
                 f"SlotAllocator needs num_slots >= 1 and num_snapshots >= 0, got {num_slots}, {num_snapshots}"
             )
-        self.num_slots, self.num_snapshots = num_slots, num_snapshots
-        self._free: dict[int, None] = dict.fromkeys(range(num_slots))
+        self.num_slots, self.num_snapshots, self.group = num_slots, num_snapshots, group
+        self._free: dict[int, None] = dict.fromkeys(range(0, num_slots * group, group))
         self._snapshots: OrderedDict[int, int] = OrderedDict()  # block hash -> snapshot slot, LRU first
-        self._spare = list(range(num_slots + num_snapshots - 1, num_slots - 1, -1))
+        live = num_slots * group
+        self._spare = list(range(live + num_snapshots - 1, live - 1, -1))
 
     @property
     def num_free_slots(self) -> int:
@@ -53,7 +59,7 @@ class SlotAllocator:
             raise RuntimeError(f"no free state slot for sequence {seq.request_id}")
         slot = next(iter(self._free))
         del self._free[slot]
-        seq.state_slot = slot
+        seq.state_slot, seq.state_column = slot, 0
         if hit_hash is None:
             return ResetSlot(slot)
         self._snapshots.move_to_end(hit_hash)
@@ -68,9 +74,9 @@ class SlotAllocator:
             return None
         target = self._spare.pop() if self._spare else self._snapshots.popitem(last=False)[1]
         self._snapshots[block_hash] = target
-        return CopySlot(seq.state_slot, target)
+        return CopySlot(seq.state_slot + seq.state_column, target)
 
     def free(self, seq: Sequence) -> None:
         if seq.state_slot is not None:
             self._free[seq.state_slot] = None
-            seq.state_slot = None
+            seq.state_slot, seq.state_column = None, 0

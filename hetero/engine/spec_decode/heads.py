@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from hetero.engine.config import text_config
+from hetero.engine.runtime.kv_cache import bytes_per_state_slot
 from hetero.engine.spec_decode.config import SpeculativeConfig
 from hetero.errors import UsageError
 
@@ -46,7 +47,17 @@ def build_draft(config: SpeculativeConfig, runner) -> nn.Module:
                 expected=f"a draft with the target's {target_vocab}-token vocabulary",
                 got=vocab,
             )
-        return TokenDraft(build_model(config.model, runner.ops, runner.dtype, runner.parallel, hf_config=hf))
+        draft = TokenDraft(build_model(config.model, runner.ops, runner.dtype, runner.parallel, hf_config=hf))
+        if bytes_per_state_slot(draft, runner.dtype):
+            raise UsageError(
+                f"speculative_config: argument 'model': {config.model} has per-sequence recurrent state "
+                f"({type(draft.model).__name__}); a draft model with state is not supported (its drafted "
+                "tokens would have to be rolled back too): use method 'mtp' or 'ngram' for hybrid models",
+                arg="speculative_config.model",
+                expected="a draft model without recurrent state (attention only)",
+                got=type(draft.model).__name__,
+            )
+        return draft
     if config.method == "mtp":
         build = getattr(runner.model, "build_mtp", None)
         if build is None:
