@@ -170,6 +170,8 @@ def test_triton_kernels_under_the_interpreter(arch, checkpoints, triton_interpre
         assert float((got - want).norm() / want.norm()) < 1e-4
     declined = {op: cuda.explain()[op].reasons for op in needed if cuda.explain()[op].reasons}
     assert not declined, declined  # every layer's static configuration was served by the kernels
+    if arch == "glm_moe_dsa":  # its engine run (batching, preemption) is deepseek_v32's through the same kernels
+        return
     llm = _llm(path, backend="cuda", max_num_seqs=4, block_size=8, num_kv_blocks=7)
     assert _greedy(llm, ps, 8) == hf_greedy(path, ps, 8)
     assert llm.stats["preemptions"] > 0
