@@ -12,7 +12,12 @@ checkpoint's layout (``hetero.engine.models.mtp``):
   the embedding or head; config.json also gets ``first_k_dense_replace`` (the leading dense layers of
   ``mlp_layer_types``), which released Hy3 configs carry and the MTP layer's MLP kind follows;
 - Qwen3-Next / Qwen3.5: ``mtp.*``: attention and its norms shaped as the last full-attention layer, the MLP as
-  layer 0 (the MTP layer's index), ``fc``, ``pre_fc_norm_embedding``, ``pre_fc_norm_hidden``, ``norm``.
+  layer 0 (the MTP layer's index), ``fc``, ``pre_fc_norm_embedding``, ``pre_fc_norm_hidden``, ``norm``;
+- DeepSeek-V4: ``mtp.0.*`` in the release's names: attention, ``attn_norm`` and ``hc_attn_*`` shaped as a sliding
+  layer's, the MoE, ``ffn_norm`` and ``hc_ffn_*`` as the last score-routed layer's, ``enorm``, ``hnorm``, ``e_proj``,
+  ``h_proj``, ``hc_head_*`` and ``norm`` (the model's own, so "repeat" collapses the streams as the target does); its
+  "repeat" is near, not exact: ``hnorm`` normalizes each stream alone, so the draft's logits are the target head's
+  over a rescaled mix of the target's streams (its argmax the target's token where the rescaling keeps it).
 
 ``mode="random"`` draws every tensor afresh (norms around their centre, matrices at the source's scale),
 the zero-acceptance case; ``mode="repeat"`` copies the source layer's tensors but zeroes its output
@@ -33,13 +38,15 @@ import torch
 
 __all__ = ["add_mtp", "LAYOUTS"]
 
-#: architectures[0] -> MTP layout ("nextn": DeepSeek's ``model.layers.{N}``; "hy3": Hy3's; "qwen": ``mtp.*``)
+#: architectures[0] -> MTP layout ("nextn": DeepSeek's ``model.layers.{N}``; "hy3": Hy3's; "qwen": ``mtp.*``;
+#: "dsv4": DeepSeek-V4's ``mtp.0.*``)
 LAYOUTS = {
     "DeepseekV3ForCausalLM": "nextn",
     "DeepseekV32ForCausalLM": "nextn",
     "Glm4MoeForCausalLM": "nextn",
     "GlmMoeDsaForCausalLM": "nextn",
     "HYV3ForCausalLM": "hy3",
+    "DeepseekV4ForCausalLM": "dsv4",
     "Qwen3NextForCausalLM": "qwen",
     "Qwen3_5ForCausalLM": "qwen",
     "Qwen3_5MoeForCausalLM": "qwen",
@@ -101,6 +108,23 @@ def _qwen(text, tensors, prefix, centre) -> tuple[dict[str, torch.Tensor], list[
     return out, []
 
 
+def _dsv4(text, tensors, prefix, centre) -> tuple[dict[str, torch.Tensor], list[str]]:
+    h = text.hidden_size
+    sliding = text.layer_types.index("sliding_attention")
+    moe = max(i for i, kind in enumerate(text.mlp_layer_types) if kind == "moe")
+    out = {}
+    for part in ("attn.", "attn_norm.", "hc_attn_"):
+        out.update(_take(tensors, f"{prefix}layers.{sliding}.", "mtp.0.", part))
+    for part in ("ffn.", "ffn_norm.", "hc_ffn_"):
+        out.update(_take(tensors, f"{prefix}layers.{moe}.", "mtp.0.", part))
+    out.update(_take(tensors, f"{prefix}hc_head.hc_", "mtp.0.hc_head_"))  # transformers writes model.hc_head.hc_*
+    for name in ("enorm", "hnorm"):
+        out[f"mtp.0.{name}.weight"] = torch.full((h,), centre)
+    out["mtp.0.norm.weight"] = tensors[f"{prefix}norm.weight"].clone()
+    out["mtp.0.e_proj.weight"], out["mtp.0.h_proj.weight"] = torch.zeros(h, h), torch.eye(h)
+    return out, []
+
+
 def _redraw(tensors: dict[str, torch.Tensor], keep: list[str], gen: torch.Generator) -> dict[str, torch.Tensor]:
     """Fresh values: 1-D tensors (norms, biases) around their mean, matrices at their own scale."""
     out = {}
@@ -130,16 +154,18 @@ def add_mtp(path: str | Path, *, mode: str = "random", seed: int = 0) -> Path:
 
     text = AutoConfig.from_pretrained(str(path)).get_text_config()
     tensors = _tensors(path)
-    prefix = next(m[1] for n in sorted(tensors) if (m := re.fullmatch(r"(.*)layers\.0\.input_layernorm\.weight", n)))
+    first = r"(.*)layers\.0\.(?:input_layernorm|attn_norm)\.weight"  # transformers' name, or the release's (V4)
+    prefix = next(m[1] for n in sorted(tensors) if (m := re.fullmatch(first, n)))
     layout = LAYOUTS[arch]
     centre = 0.0 if layout == "qwen" else 1.0  # Qwen's norms are zero-centred: norm(x) * (1 + w)
-    build = {"nextn": _nextn, "hy3": _hy3, "qwen": _qwen}[layout]
+    build = {"nextn": _nextn, "hy3": _hy3, "qwen": _qwen, "dsv4": _dsv4}[layout]
     out, keep = build(text, tensors, prefix, centre)
     if mode == "random":
         out = _redraw(out, keep, torch.Generator().manual_seed(seed))
     else:
         out = {
-            n: torch.zeros_like(t) if re.search(r"\.(o_proj|down_proj)(\.weight)?$", n) else t for n, t in out.items()
+            n: torch.zeros_like(t) if re.search(r"\.(o_proj|down_proj|wo_b|w2)(\.weight)?$", n) else t  # V4: wo_b, w2
+            for n, t in out.items()
         }
     save_file({n: t.contiguous() for n, t in out.items()}, str(path / SHARD))
     if (path / INDEX).is_file():

@@ -186,3 +186,11 @@ def test_compressed_entries_move_with_their_blocks_and_pd_refuses_them(checkpoin
         assert torch.equal(export_sequence_cache(copy, other, None, 32).paged["c"], cache.paged["c"])
     with pytest.raises(UsageError, match="compressed entries"):
         Identity.of(_llm(checkpoints(ARCH)), "prefill")
+
+
+def test_speculative_decoding_is_refused_while_the_compressors_state_cannot_roll_back(checkpoints):
+    """The compressors keep raw rows per sequence (kv_compress has no per-token form): a rejected draft's rows would
+    stay in that state, so speculation is refused by name rather than giving wrong tokens."""
+    spec = {"method": "ngram", "num_speculative_tokens": 2}
+    with pytest.raises(UsageError, match="Compressor"):
+        LLM(str(checkpoints("deepseek_v4")), backend="torch", dtype="float32", speculative_config=spec)

@@ -27,11 +27,19 @@ pytest.importorskip("transformers")
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
 KW = dict(backend="torch", dtype="float32", block_size=4, max_num_batched_tokens=24)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+#: the verifying target's own layers: DeepSeek-V4's CSA/HCA compressors keep rejected drafts in their state rows (the
+#: target verifies no drafts there yet, n-gram's included), so its MTP runs over a target of sliding layers
+VERIFIABLE = {"deepseek_v4": dict(layer_types=["sliding_attention"] * 3)}
 
 
-def _with_mtp(checkpoints, arch: str, tmp_path: Path, mode: str = "random") -> Path:
+def _with_mtp(checkpoints, arch: str, tmp_path: Path, mode: str = "random", **overrides) -> Path:
     path = tmp_path / arch
-    shutil.copytree(checkpoints(arch), path)
+    if overrides:
+        from hetero.tools import tiny
+
+        tiny.build(arch, path, tokenizer=True, **overrides)
+    else:
+        shutil.copytree(checkpoints(arch), path)
     return add_mtp(path, mode=mode)
 
 
@@ -58,11 +66,12 @@ def _repeat_accepted(out: list[int], k: int) -> int:
         ("deepseek_v32", "random"),
         ("hy_v3", "repeat"),
         ("qwen3_next", "random"),  # verified through Gated DeltaNet's per-token state slots
+        ("deepseek_v4", "repeat"),  # drafts from the target's captured hyper-connection streams
     ],
 )
 def test_greedy_tokens_equal_without_mtp(arch, mode, checkpoints, tmp_path):
     """A batch with chunked prefill; "repeat" drafts are accepted exactly where the target repeats a token."""
-    path = str(_with_mtp(checkpoints, arch, tmp_path, mode))
+    path = str(_with_mtp(checkpoints, arch, tmp_path, mode, **VERIFIABLE.get(arch, {})))
     ps = prompts(256, [9, 30, 5], seed=7) + [[9, 3] * 4]
     expected = _tokens(LLM(path, **KW), ps)
     llm = LLM(path, speculative_config=MTP, **KW)
@@ -145,6 +154,62 @@ def test_draft_forward_matches_transformers(arch, checkpoints, tmp_path):
         weights.update(load_file(str(f)))
     want = _oracle_logits(path, arch, ids, hidden[:-1], weights)
     torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+
+
+def test_deepseek_v4_draft_forward_matches_transformers(checkpoints, tmp_path):
+    """DeepSeek-V4's draft (the release's names, ``mtp.0.*``) over a prompt longer than the sliding window: its logits
+    equal transformers' one-layer model of the MTP block with the layer's ``hc_head`` and ``norm``, its streams
+    replaced by ``h_proj(hnorm(target streams)) + e_proj(enorm(embed))``; an MTP entry asking for a compressed
+    layer is refused by field name."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    import hetero
+    from hetero.engine.forward import build_model, prefill
+    from hetero.engine.runtime.kv_cache import allocate_kv_cache
+    from hetero.engine.step_buffers import build_step
+
+    path = _with_mtp(checkpoints, "deepseek_v4", tmp_path)
+    model = build_model(path, hetero.load("torch"), torch.float32)
+    ids = prompts(256, [13], seed=5)[0]
+    streams = prefill(model, [ids], capture=True).hidden[0][-2][:-1]  # the last layer's [T, N, H]
+    draft, rows = model.build_mtp(str(path)), len(ids) - 1
+    allocate_kv_cache(draft, 4, 4, torch.float32, "cpu")
+    step = build_step([rows], [rows], [[2, 0, 3]], 4, torch.device("cpu"))
+    with torch.inference_mode():
+        got = draft.compute_logits(draft(torch.tensor(ids[1:]), step, streams.flatten(1))).float()
+    w = {}
+    for f in sorted(path.glob("*.safetensors")):
+        w.update(load_file(str(f)))
+    config = json.loads((path / "config.json").read_text())
+    mtp = {k[len("mtp.0.") :]: t for k, t in w.items() if k.startswith("mtp.0.")}
+    own = ("enorm.", "hnorm.", "e_proj.", "h_proj.", "norm.", "hc_head_")
+    one = {"model.layers.0." + k: t for k, t in mtp.items() if not k.startswith(own)}  # as transformers saves V4
+    one.update({f"model.hc_head.hc_{k}": mtp[f"hc_head_{k}"] for k in ("fn", "base", "scale")})
+    one.update({k: w[k] for k in ("model.embed_tokens.weight", "head.weight")})
+    one["model.norm.weight"] = mtp["norm.weight"]
+    ref = tmp_path / "oracle"
+    ref.mkdir()
+    one_layer = dict(config, num_hidden_layers=1, layer_types=["sliding_attention"], mlp_layer_types=["moe"])
+    (ref / "config.json").write_text(json.dumps(one_layer))
+    save_file({k: t.contiguous() for k, t in one.items()}, str(ref / "model.safetensors"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(ref), dtype=torch.float32).eval()
+
+    def norm(x, name):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + config["rms_norm_eps"]) * mtp[name + ".weight"]
+
+    emb = w["model.embed_tokens.weight"][ids[1:]].clone()
+    emb[0] = 0  # position 0's embedding is zeroed (vLLM's DeepSeek-V4 MTP)
+    x = norm(streams, "hnorm") @ mtp["h_proj.weight"].T + (norm(emb, "enorm") @ mtp["e_proj.weight"].T)[:, None]
+    hf.model.layers[0].register_forward_pre_hook(lambda m, a, kw: ((x[None], *a[1:]), kw), with_kwargs=True)
+    with torch.no_grad():
+        want = hf(inputs_embeds=torch.zeros(1, rows, config["hidden_size"])).logits[0]
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+    n = config["num_hidden_layers"]
+    (path / "config.json").write_text(json.dumps(dict(config, compress_ratios=[0] * n + [4])))
+    with pytest.raises(UsageError, match=rf"compress_ratios\[{n}\] = 4") as e:
+        model.build_mtp(str(path))
+    assert e.value.arg == "compress_ratios"
 
 
 def test_refusals(checkpoints, tmp_path):

@@ -91,4 +91,5 @@ def extension() -> tuple[object | None, str | None]:
 
 def rows(x: torch.Tensor) -> torch.Tensor:
     """x [T, H, D] with each row's heads contiguous (the kernels' layout; any row stride)."""
-    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+    # contiguous() keeps any stride of a size-1 dim (a [T, 1, D] slice of a wider row), clone() resets it
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.clone(memory_format=torch.contiguous_format)

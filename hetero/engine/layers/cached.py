@@ -86,7 +86,12 @@ class CachedLayer(nn.Module):
 
     Subclasses return their entries from ``cache_spec()``. ``bind_cache`` receives one
     tensor per entry, by name, and stores each as an attribute of that name.
+    ``per_token_states``: the layer's per-sequence state entries (if any) keep the state after each
+    verified row (``Step.token_states``), so speculative decoding can continue from any of them; a
+    model with a state entry in a layer without it cannot speculate.
     """
+
+    per_token_states: bool = False
 
     def cache_spec(self) -> tuple[CacheEntry, ...]:
         """This layer's entries, in a stable order."""

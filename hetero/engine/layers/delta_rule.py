@@ -23,6 +23,8 @@ class DeltaRuleMixer(CachedLayer):
     then ``gated_delta_rule``, and the two per-sequence states. A subclass makes the projections and gates and
     calls ``init_recurrent`` from its ``__init__``."""
 
+    per_token_states = True
+
     def init_recurrent(self, ctx: ModelContext, heads: tuple[int, int, int, int], width: int) -> None:
         """This rank's (key heads, value heads, key dim, value dim) and the conv width; binds the two ops."""
         self.hk, self.hv, self.dk, self.dv = heads

@@ -11,7 +11,8 @@ Sinkhorn mixing, and sqrtsoftplus / hash-routed MoE. Mirrors transformers 5.24's
   (sqrtsoftplus), a selection-only ``e_score_correction_bias``, renormalized, times ``routed_scaling_factor``;
   a ``mlp_layer_types`` "hash_moe" layer takes its experts from ``gate.tid2eid[token id]`` instead; experts
   and the shared expert clamp SwiGLU at ``swiglu_limit``;
-- every norm and mixing parameter float32; MTP layers ignored.
+- every norm and mixing parameter float32; the MTP layers (``mtp.*``) ignored here, ``build_mtp`` runs the first
+  as a speculative draft (``_mtp_v4.py``).
 
 The step's compressed block tables (one per ratio) are derived once per forward, not per layer.
 """
@@ -204,7 +205,8 @@ class DeepseekV4Model(DecoderModel):
 
 
 class DeepseekV4ForCausalLM(DecoderForCausalLM):
-    """DeepSeek-V4 (Flash, Pro); the MTP layers (``mtp.*``, or layers past ``num_hidden_layers``) are ignored."""
+    """DeepSeek-V4 (Flash, Pro); the MTP layers (``mtp.*``, or layers past ``num_hidden_layers``) are ignored by the
+    model and run as a draft by ``build_mtp``."""
 
     layer_cls = DeepseekV4DecoderLayer
     model_cls = DeepseekV4Model
@@ -220,3 +222,10 @@ class DeepseekV4ForCausalLM(DecoderForCausalLM):
 
     def weight_mapping(self, hf_config: Any) -> WeightMapping:
         return dataclasses.replace(type(self).mapping, ignore=type(self).mapping.ignore + mtp_ignore(hf_config))
+
+    def build_mtp(self, model_dir):
+        """The checkpoint's first MTP layer (``mtp.0.*``) as a speculative draft sharing this model's embedding
+        and head (``_mtp_v4.DeepseekV4MTPDraft``)."""
+        from hetero.engine.models._mtp_v4 import DeepseekV4MTPDraft
+
+        return DeepseekV4MTPDraft(self, model_dir).load(model_dir)

@@ -22,6 +22,7 @@ MTP modules (and SGLang's) recycle it; the logits are the target's head over it.
 layer runs, for every draft step (vLLM's default proposer also keeps ``spec_step_idx`` at 0); the
 checkpoint's further MTP layers are ignored. The draft loads its tensors with its own ``WeightMapping``
 through ``hetero.engine.loader.load_weights``, so absent MTP tensors fail as the loader's missing weights.
+DeepSeek-V4's layer (``mtp.{i}.*``, over hyper-connection streams) is ``_mtp_v4.DeepseekV4MTPDraft``.
 """
 
 from __future__ import annotations

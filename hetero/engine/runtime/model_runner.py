@@ -9,6 +9,7 @@ import torch
 import hetero
 from hetero.engine.config import EngineConfig
 from hetero.engine.forward import build_model
+from hetero.engine.layers.cached import CachedLayer, StateEntry
 from hetero.engine.parallel import Parallel
 from hetero.engine.runtime import compile_cache
 from hetero.engine.runtime.compiled import CompiledForward
@@ -20,9 +21,32 @@ from hetero.engine.spec_decode.heads import build_draft
 from hetero.engine.spec_decode.verify import choose_tokens
 from hetero.engine.step import Step, TokenStates
 from hetero.engine.step_buffers import StepBuffers
+from hetero.errors import UsageError
 from hetero.spec.comm import Communicator
 
 __all__ = ["ModelRunner"]
+
+
+def _check_rollback(model: torch.nn.Module) -> None:
+    """UsageError unless every layer with per-sequence state keeps it per verified row (speculative decoding)."""
+    stuck = sorted(
+        {
+            type(m).__name__
+            for m in model.modules()
+            if isinstance(m, CachedLayer)
+            and not m.per_token_states
+            and any(isinstance(e, StateEntry) for e in m.cache_spec())
+        }
+    )
+    if stuck:
+        raise UsageError(
+            f"speculative_config: {type(model).__name__} keeps per-sequence state in {', '.join(stuck)}, which "
+            "cannot be rolled back to the last accepted draft token (only Gated DeltaNet and KDA state can, spec "
+            "1.11); run this model without speculative decoding",
+            arg="speculative_config",
+            expected="a model whose per-sequence state is per-token (Gated DeltaNet, KDA) or none",
+            got=", ".join(stuck),
+        )
 
 
 class ModelRunner:
@@ -55,6 +79,8 @@ class ModelRunner:
         spec = config.speculative_config
         # speculative decoding keeps the state after each verified row: 1 + k slots per sequence
         self.state_group = 1 + spec.num_speculative_tokens if spec is not None and self.num_state_slots else 1
+        if self.state_group > 1:
+            _check_rollback(self.model)
         state_bytes = self.num_physical_slots * slot_bytes
         self.draft = build_draft(spec, self) if spec is not None and spec.uses_model else None
         block_bytes = sum(bytes_per_block(m, self.block_size, self.dtype) for m in (self.model, self.draft) if m)

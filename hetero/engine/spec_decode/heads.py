@@ -65,7 +65,7 @@ def build_draft(config: SpeculativeConfig, runner) -> nn.Module:
                 f"speculative_config: method 'mtp': {type(runner.model).__name__} has no next-token (MTP) layers "
                 "hetero can run",
                 arg="speculative_config.method",
-                expected="a model with MTP layers (DeepSeek-V3/V3.2, GLM-4.5, Qwen3-Next/3.5)",
+                expected="a model with MTP layers (DeepSeek-V3/V3.2/V4, GLM-4.5, Hy3, Qwen3-Next/3.5)",
                 got=type(runner.model).__name__,
             )
         return build(runner.config.model)
