@@ -1,19 +1,21 @@
 """Speculative decoding's throughput and acceptance beside plain decoding, per method, in one process.
 
-    .venv/bin/python benchmarks/spec_decode.py [--models qwen3,qwen3-0.6b] [--requests 8] [--output-len 64]
+    .venv/bin/python benchmarks/spec_decode.py [--models qwen3,qwen3-0.6b] [--batches 1,8] [--output-len 64]
         [--repeats 2] [--k 3] [--markdown F] [--json F]
 
 Targets: engine_vs_vllm.py's checkpoints (``_workloads.MODELS``: a tiny float32 Qwen3 and Qwen3-0.6B's
 shape in bfloat16, random weights), plus a tiny DeepSeek-V3 with a random MTP layer. The workload repeats
 each prompt's opening (a random chunk, then the chunk again and a random tail), so n-gram lookup finds
 matches in the prompt and in what greedy decoding of random weights tends to repeat. Requests run
-greedy, EOS ignored, all at once. Per target, every config runs in this process with repeats
+greedy, EOS ignored, all at once, in batches of each ``--batches`` size (the first b prompts). Per
+target, every config runs in this process with repeats
 interleaved: plain decoding, "ngram" (prompt lookup 1-3), "draft_model" with the target itself as its
 draft (the mechanical upper bound: every draft accepted, at the price of running the model twice),
 and where the target has them "mtp" and "eagle3" with random weights (drafts almost never accepted:
 the cost of speculation that buys nothing). Each row: output tok/s (best and median of the repeats),
 its ratio to plain decoding's (medians), the mean acceptance length (tokens per verification) and the
-acceptance rate, and whether the tokens equal plain decoding's.
+acceptance rate, and how many requests' tokens equal plain decoding's (all of them in float32; in
+bfloat16 a verify row goes through the prefill path, which may round differently).
 """
 
 from __future__ import annotations
@@ -90,50 +92,61 @@ def measure(args) -> list[dict]:
             from transformers import AutoConfig
 
             vocab = AutoConfig.from_pretrained(path).vocab_size
-            ps = _prompts(args.requests, vocab, seed=0)
+            batches = [int(b) for b in args.batches.split(",")]
+            ps = _prompts(max(batches), vocab, seed=0)
             configs = _configs(name, path, args.k, extra)
-            kw = dict(backend=args.backend, dtype=dtype, max_model_len=256, max_num_seqs=max(args.requests, 1))
+            kw = dict(backend=args.backend, dtype=dtype, max_model_len=256, max_num_seqs=max(batches))
             engines = {c: LLM(str(path), speculative_config=spec, **kw) for c, spec in configs}
-            results: dict[str, list] = {c: [] for c, _ in configs}
             for c, _ in configs:  # warm-up
                 _run(engines[c], ps[:2], 8)
-            for _ in range(args.repeats):
-                for c, _ in configs:
-                    results[c].append(_run(engines[c], ps, args.output_len))
-            plain = statistics.median(r[0] for r in results["plain"])
-            for c, _ in configs:
-                rates = [r[0] for r in results[c]]
-                spec = results[c][-1][2]
-                rows.append(
-                    {
-                        "target": name,
-                        "dtype": dtype,
-                        "config": c,
-                        "tok_s": max(rates),
-                        "median_tok_s": statistics.median(rates),
-                        "x_plain": statistics.median(rates) / plain,
-                        "acceptance_length": spec["mean_acceptance_length"] if spec else None,
-                        "acceptance_rate": spec["acceptance_rate"] if spec else None,
-                        "identical": results[c][0][1] == results["plain"][0][1],
-                    }
-                )
-                print(json.dumps(rows[-1]), flush=True)
+            for b in batches:
+                results: dict[str, list] = {c: [] for c, _ in configs}
+                for _ in range(args.repeats):
+                    for c, _ in configs:
+                        results[c].append(_run(engines[c], ps[:b], args.output_len))
+                rows += _rows(name, dtype, b, configs, results)
             del engines
+    return rows
+
+
+def _rows(name: str, dtype: str, batch: int, configs, results: dict[str, list]) -> list[dict]:
+    plain = statistics.median(r[0] for r in results["plain"])
+    rows = []
+    for c, _ in configs:
+        rates = [r[0] for r in results[c]]
+        spec = results[c][-1][2]
+        tokens, want = results[c][0][1], results["plain"][0][1]
+        rows.append(
+            {
+                "target": name,
+                "dtype": dtype,
+                "batch": batch,
+                "config": c,
+                "tok_s": max(rates),
+                "median_tok_s": statistics.median(rates),
+                "x_plain": statistics.median(rates) / plain,
+                "acceptance_length": spec["mean_acceptance_length"] if spec else None,
+                "acceptance_rate": spec["acceptance_rate"] if spec else None,
+                "identical": sum(a == b for a, b in zip(tokens, want)),
+                "requests": len(want),
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| target | config | output tok/s best (median) | x plain (medians) | acceptance length | acceptance rate "
-        "| tokens = plain |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+        "| target | batch | config | output tok/s best (median) | x plain (medians) | acceptance length "
+        "| acceptance rate | tokens = plain |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         al = "-" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
         ar = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.0%}"
         lines.append(
-            f"| {r['target']} ({r['dtype']}) | {r['config']} | {r['tok_s']:.1f} ({r['median_tok_s']:.1f}) | "
-            f"{r['x_plain']:.2f}x | {al} | {ar} | {'yes' if r['identical'] else 'NO'} |"
+            f"| {r['target']} ({r['dtype']}) | {r['batch']} | {r['config']} | {r['tok_s']:.1f} "
+            f"({r['median_tok_s']:.1f}) | {r['x_plain']:.2f}x | {al} | {ar} | {r['identical']}/{r['requests']} |"
         )
     return "\n".join(lines)
 
@@ -142,7 +155,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="qwen3,qwen3-0.6b")
     p.add_argument("--backend", default="torch")
-    p.add_argument("--requests", type=int, default=8)
+    p.add_argument("--batches", default="1,8", help="batch sizes (requests at once), comma-separated")
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
