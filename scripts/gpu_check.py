@@ -12,7 +12,7 @@ indices per call) beside validation off, the default on a GPU. Times are medians
 ``triton.testing.do_bench`` on a GPU. The roofline of a case is max(bytes / 4.3 TB/s, flops /
 790 TFLOP/s) (1580 TFLOP/s for fp8 and int8), the H200's measured copy bandwidth and dense bf16
 rate. The row-wise fp8 scaled_grouped_gemm case is also timed beside torch._scaled_grouped_mm,
-in a separate section (scripts/gpu_check_quant.py). ``--smoke`` runs tiny shapes through
+in a separate section (scripts/gpu_check_quant.py). ``--smoke`` runs one tiny case per op through
 Triton's interpreter on the CPU (HETERO_TRITON_INTERPRET=1), timed with time.perf_counter since
 do_bench needs a GPU driver: it checks that the script works, not how fast anything is. Exit 1 when an op raised.
 """
@@ -273,12 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     ref = default_registry().entry("cpu_ref").cls(ops.device)
     timing, timer = make_timer(ops.device, args.reps)
     wanted = {o.strip() for o in args.ops.split(",") if o.strip()}
-    rows = []
+    rows, timed = [], set()
     for bench in cases.benches(cases.SMOKE if args.smoke else cases.FULL):
-        if wanted and bench.op not in wanted:
+        if (wanted and bench.op not in wanted) or (args.smoke and bench.op in timed):  # smoke: one case per op
             continue
-        rows.append(run_bench(bench, ops, vops, ref, timer, ops.device))
-        r = rows[-1]
+        timed.add(bench.op)
+        rows.append(r := run_bench(bench, ops, vops, ref, timer, ops.device))
         print(f"{r.op:18} {r.case:55} {r.error or _ms(r.hetero_ms) + ' ms'}", flush=True)
         if ops.device.type == "cuda":
             import torch
