@@ -1,11 +1,13 @@
 """``TorchCommunicator``: the :class:`~hetero.spec.comm.Communicator` over a ``torch.distributed``
-process group, and the collective timeout. ``hetero.distributed`` starts process groups and
-re-exports these; backends construct communicators from here without importing it.
+process group (its collectives and point-to-point transfer), and the collective timeout.
+``hetero.distributed`` starts process groups and re-exports these;
+backends construct communicators from here without importing it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 from datetime import timedelta
 from typing import Any, Iterator, Sequence
@@ -50,10 +52,12 @@ class TorchCommunicator(Communicator):
     """A :class:`~hetero.spec.comm.Communicator` over a ``torch.distributed`` process group.
 
     ``group=None`` is the default group, which must already be initialized
-    (``hetero.distributed.init`` or ``torch.distributed.init_process_group``).
+    (``hetero.distributed.init`` or ``torch.distributed.init_process_group``). ``device``: where
+    ``recv`` puts what it receives (``Backend.communicator`` passes the backend's); None: the CPU on
+    a gloo group, else the current accelerator.
     """
 
-    def __init__(self, group: Any = None, *, timeout: float | None = None):
+    def __init__(self, group: Any = None, *, timeout: float | None = None, device: torch.device | str | None = None):
         if not dist.is_available() or not dist.is_initialized():
             raise CommError(
                 "communicator",
@@ -67,6 +71,7 @@ class TorchCommunicator(Communicator):
         self._rank = dist.get_rank(group)
         self._world_size = dist.get_world_size(group)
         self.timeout = timeout if timeout is not None else TIMEOUTS.get(group, TIMEOUTS.get(None, comm_timeout()))
+        self.device = torch.device(device) if device is not None else _group_device(group)
 
     @property
     def rank(self) -> int:
@@ -157,8 +162,64 @@ class TorchCommunicator(Communicator):
             else:
                 dist.barrier(group=self.group)
 
+    def send(self, x: torch.Tensor, dst: int) -> None:
+        peer = self._peer("send", dst, "dst")
+        if not isinstance(x, torch.Tensor):
+            raise self._arg_error("send", f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.numel() == 0:  # both sides know the shape: nothing to carry
+            return
+        with self._collective("send"):
+            self._wait(dist.isend(_bytes(x.detach().to(self.device)), peer, group=self.group))
+
+    def recv(self, shape: Sequence[int], dtype: torch.dtype, src: int) -> torch.Tensor:
+        peer = self._peer("recv", src, "src")
+        if not isinstance(dtype, torch.dtype):
+            raise self._arg_error("recv", f"dtype must be a torch.dtype, got {dtype!r}")
+        try:
+            dims = [operator.index(n) for n in shape]
+        except TypeError:
+            dims = [-1]
+        if min(dims, default=0) < 0:
+            raise self._arg_error("recv", f"shape must be a sequence of sizes >= 0, got {shape!r}")
+        out = torch.empty(dims, dtype=dtype, device=self.device)
+        if out.numel():
+            with self._collective("recv"):
+                self._wait(dist.irecv(_bytes(out), peer, group=self.group))
+        return out
+
+    def _peer(self, name: str, rank: Any, what: str) -> int:
+        """The global rank of group rank ``rank``, which must be another rank of the group."""
+        try:
+            r = operator.index(rank)
+        except TypeError:
+            raise self._arg_error(name, f"{what} must be an int rank, got {type(rank).__name__}") from None
+        if not 0 <= r < self._world_size:
+            raise self._arg_error(name, f"{what} must be in [0, {self._world_size}), got {r}")
+        if r == self._rank:
+            raise self._arg_error(name, f"{what} {r} is this rank; point-to-point transfer needs another rank")
+        return dist.get_global_rank(self.group, r) if self.group is not None else r
+
+    def _wait(self, work: Any) -> None:
+        # with a timeout: gloo stops waiting at it; NCCL/HCCL block this thread until the transfer
+        # completes or times out, so a dead peer raises here rather than in the watchdog
+        if not work.wait(timedelta(seconds=self.timeout)):
+            raise RuntimeError("the transfer was aborted")
+
 
 def _dim(x: torch.Tensor, dim: int) -> int:
     if not -x.ndim <= dim < x.ndim:
         raise CommError("collective", None, None, None, f"dim {dim} out of range for a {x.ndim}-D tensor")
     return dim % x.ndim
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s memory as a flat uint8 view: every dtype travels as bytes (bool, fp8 and bf16 on any transport)."""
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _group_device(group: Any) -> torch.device:
+    if dist.get_backend(group) == "gloo":
+        return torch.device("cpu")
+    accelerator = getattr(torch, "accelerator", None)
+    current = accelerator.current_accelerator() if accelerator is not None else None
+    return torch.device(current.type) if current is not None else torch.device("cpu")

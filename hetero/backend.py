@@ -217,11 +217,11 @@ class Backend:
         """A ``Communicator`` over a ``torch.distributed`` process group (None: the default group).
 
         The default group must be initialized, e.g. by ``hetero.distributed.init(backend)``,
-        which uses this backend's ``dist_backend``.
+        which uses this backend's ``dist_backend``. Its ``recv`` returns tensors on this backend's device.
         """
         from hetero._torch_comm import TorchCommunicator
 
-        return TorchCommunicator(group)
+        return TorchCommunicator(group, device=self.device)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} on {self.device}>"

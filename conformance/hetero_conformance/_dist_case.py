@@ -46,6 +46,8 @@ class RankContext:
     world: int
     seed: int
     scratch: Path
+    #: started by the conformance spawner (each rank ends with the run), not under torchrun
+    spawned: bool = False
 
     def gen(self, case: DistCase, rank: int) -> torch.Generator:
         return torch.Generator().manual_seed(case.seed(self.seed) * 131 + rank)

@@ -13,6 +13,7 @@ import torch
 
 from hetero.verify.tolerances import tolerance
 from hetero_conformance._dist_case import EXACT, DistCase, RankContext, Skip, check, unchanged
+from hetero_conformance._dist_p2p import p2p_cases
 from hetero_conformance._selectors import matches
 
 __all__ = ["dist_cases", "selected_dist_cases", "EP_MODELS", "EP_HIDDEN", "EP_INTER"]
@@ -253,6 +254,7 @@ def dist_cases(world: int, *, quick: bool = False) -> list[DistCase]:
             (("model", "deepseek-v3"), ("tokens", 16)),
             quick=False,
         ),
+        *p2p_cases(world),  # last: its final case lets a rank die
     ]
     return [c for c in out if c.quick or not quick]
 

@@ -45,11 +45,14 @@ def run_rank(
     patterns: Sequence[str],
     scratch: Path,
     emit: Callable[[dict[str, Any]], None],
+    spawned: bool = False,
 ) -> None:
-    """Run every case on this rank (the process group is initialized); ``emit`` each record."""
+    """Run every case on this rank (the process group is initialized); ``emit`` each record.
+
+    ``spawned``: this process ends with the run (the spawner's rank), so a case may let a rank leave."""
     ops, reference = _load(name)
     comm = ops.backend.communicator()
-    ctx = RankContext(ops, reference, comm, rank, world, seed, scratch)
+    ctx = RankContext(ops, reference, comm, rank, world, seed, scratch, spawned)
     for case in selected_dist_cases(world, quick=quick, patterns=patterns):
         emit({"event": "start", "id": case.id})
         t0 = time.perf_counter()
@@ -101,7 +104,9 @@ def rank_main(
             world_size=world,
             timeout=timedelta(seconds=timeout),
         )
-        run_rank(name, rank, world, seed=seed, quick=quick, patterns=patterns, scratch=Path(scratch), emit=emit)
+        run_rank(
+            name, rank, world, seed=seed, quick=quick, patterns=patterns, scratch=Path(scratch), emit=emit, spawned=True
+        )
         emit({"event": "end"})
     except SystemExit:
         raise

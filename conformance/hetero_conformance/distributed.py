@@ -11,6 +11,9 @@ reference:
 
 * ``all_reduce`` (sum, max), ``all_gather`` and ``reduce_scatter`` (dim 0 and 1),
   ``all_to_all`` (uneven and zero splits), ``broadcast``, ``barrier``;
+* ``send``/``recv`` and ``send_tensor_dict``/``recv_tensor_dict`` (``_dist_p2p``): a ring and pairs
+  over six dtypes, empty and 0-dim tensors, Qwen3-8B's hidden states and residual, and a peer
+  that dies (the last case: it needs spawned ranks and is skipped under torchrun);
 * ``ep_dispatch`` + the rank's expert MLP (``grouped_gemm``, ``silu_and_mul``,
   ``grouped_gemm`` of the backend) + ``ep_combine``, against the reference
   ``fused_moe`` on the concatenated batch (float64 oracle, float32 reference and
@@ -164,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for r in results:
             print(f"{r.status:8} {r.id}  {r.message}")
-        code = 0 if all(r.status == "pass" for r in results) else 1
+        code = 0 if all(r.status in ("pass", "skipped") for r in results) else 1
     flag = torch.tensor([code])
     dist.broadcast(flag, 0)
     dist.destroy_process_group()

@@ -45,7 +45,7 @@ __all__ = [
 
 #: Semver of the interface and of its checks API (``hetero.spec.checks``). Major: an op's meaning or signature
 #: changed, or a check was changed or removed. Minor: ops or checks were added.
-SPEC_VERSION = "1.11.0"
+SPEC_VERSION = "1.12.0"
 
 _FAMILY_MODULES: tuple[ModuleType, ...] = (attention, gemm, moe, layers, recurrent, hyper, compressed, sampling)
 

@@ -135,14 +135,14 @@ def test_strict_refuses_fallback(make_dist):
 
 def test_spec_major_mismatch_refuses_and_minor_warns(make_dist):
     make_dist("oldchip", gemm_only_plugin("oldchip", spec_version='"0.9.0"'))
-    make_dist("newchip", gemm_only_plugin("newchip", spec_version='"1.12.0"'))
+    make_dist("newchip", gemm_only_plugin("newchip", spec_version='"1.13.0"'))
     make_dist("nochip", gemm_only_plugin("nochip", spec_version='""'))
     reg = Registry()
     with pytest.raises(BackendIncompatible, match=r"incompatible: implements spec 0.9.0 .*\(major versions differ\)"):
         reg.load("oldchip")
     with pytest.raises(BackendIncompatible, match="expected a version like"):
         reg.load("nochip")
-    with pytest.warns(UserWarning, match="implements spec 1.12.0"):
+    with pytest.warns(UserWarning, match="implements spec 1.13.0"):
         reg.load("newchip")
 
 
