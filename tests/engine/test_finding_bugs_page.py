@@ -67,5 +67,6 @@ def test_every_command_of_the_page_runs(tmp_path):
     assert "op at fault: paged_attention in layer 0" in run.stdout
     assert "paged_attention 0 self_attn.attn" in run.stdout
     assert "(demo_bug, float32, rank 1)" in run.stdout  # torchrun: rank 0 printed rank 1's replay too
+    # the cuda kernels (interpreted) in bf16 against a tolerance tighter than bf16: drift, every op call in bounds
     assert "accumulated rounding, no op at fault" in run.stdout
     assert "trace events" in run.stdout
