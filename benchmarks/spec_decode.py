@@ -57,8 +57,7 @@ def _targets(root: Path, names: list[str]) -> dict[str, tuple[Path, str, dict]]:
     import _workloads
 
     from hetero.tools import tiny
-    from hetero.tools._tiny_eagle3 import write as write_eagle3
-    from hetero.tools._tiny_mtp import add_mtp
+    from hetero.tools.tiny import add_mtp, write_eagle3
 
     out = {}
     for name, path in _workloads.write(root, names).items():

@@ -19,8 +19,10 @@ from typing import Any
 import torch
 
 from hetero.tools._tiny_archs import ARCHS
+from hetero.tools._tiny_eagle3 import write as write_eagle3
+from hetero.tools._tiny_mtp import add_mtp
 
-__all__ = ["ARCHS", "build", "tiny_config"]
+__all__ = ["ARCHS", "add_mtp", "build", "tiny_config", "write_eagle3"]
 
 
 def tiny_config(arch: str, **overrides: Any):

@@ -12,7 +12,7 @@ from _hf import prompts
 from hetero.engine import LLM, SamplingParams
 from hetero.engine.spec_decode.eagle3 import build_eagle3
 from hetero.errors import UsageError
-from hetero.tools import _tiny_eagle3
+from hetero.tools.tiny import write_eagle3
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 KW = dict(backend="torch", dtype="float32", block_size=4, max_num_batched_tokens=16)
@@ -34,7 +34,7 @@ def test_greedy_tokens_equal_without_speculation(arch, echo, checkpoints, tmp_pa
     plus biases), aux ids listed out of order; prompts longer than a step, so the first pass spans chunks.
     Every echo draft is the token its row was fed when the draft vocabulary has it, another draft id otherwise."""
     target = checkpoints(arch)
-    draft = _tiny_eagle3.write(target, tmp_path / "eagle3", echo=echo, embed=echo, layer_ids=[2, 0, 1], seed=3)
+    draft = write_eagle3(target, tmp_path / "eagle3", echo=echo, embed=echo, layer_ids=[2, 0, 1], seed=3)
     ps = prompts(256, [21, 9, 6], seed=5)
     expected = _tokens(LLM(str(target), **KW), ps)
     llm = _eagle3(target, draft)
@@ -84,7 +84,7 @@ def test_bad_draft_is_refused_by_name(overrides, field, got, qwen3, tmp_path):
     """Aux ids outside the target's streams, a width that is not the target's, another architecture, a variant
     hetero does not implement: a UsageError on speculative_config.model naming the field, expected and got."""
     target, runner = qwen3
-    draft = _tiny_eagle3.write(target, tmp_path / "eagle3", **overrides)
+    draft = write_eagle3(target, tmp_path / "eagle3", **overrides)
     with pytest.raises(UsageError) as err:
         build_eagle3(str(draft), runner)
     e = err.value
@@ -129,7 +129,7 @@ def test_draft_forward_matches_a_reference(qwen3, tmp_path):
     from safetensors.torch import load_file
 
     target, _ = qwen3
-    draft = _tiny_eagle3.write(target, tmp_path / "eagle3", seed=7)
+    draft = write_eagle3(target, tmp_path / "eagle3", seed=7)
     llm = _eagle3(target, draft)
     module, calls = llm.runner.draft, []
     forward = module.forward

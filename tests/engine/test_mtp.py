@@ -1,6 +1,6 @@
 """MTP drafting (speculative_config method "mtp"): a checkpoint's own next-token layers as the draft.
 
-Tiny checkpoints get one MTP layer from ``hetero.tools._tiny_mtp.add_mtp``: random weights, or "repeat"
+Tiny checkpoints get one MTP layer from ``hetero.tools.tiny.add_mtp``: random weights, or "repeat"
 weights whose draft proposes the target's last token again (so the accepted count is known exactly from the
 greedy output). The draft's forward is checked against transformers running the MTP layer as a one-layer
 model; greedy tokens with MTP equal tokens without; configs without MTP layers and checkpoints without
@@ -20,7 +20,7 @@ from _hf import prompts
 from hetero.engine import LLM, SamplingParams
 from hetero.engine.loader import MissingWeightsError
 from hetero.errors import UsageError
-from hetero.tools._tiny_mtp import add_mtp
+from hetero.tools.tiny import add_mtp
 
 pytest.importorskip("transformers")
 

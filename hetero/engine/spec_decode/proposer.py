@@ -45,10 +45,11 @@ class ModelProposer:
         plan = runner.parallel.broadcast_object(plan, runner.device)
         if not plan.query_lens:
             return
+        running = [s for s in batch.seqs if not s.is_finished] if lead else None  # DraftPlan's sequences, in order
         with torch.inference_mode():
-            drafts, probs = self._run(plan, [s for s in batch.seqs if not s.is_finished] if lead else None)
+            drafts, probs = self._run(plan, running)
         if lead:
-            for seq, tokens, q in zip([s for s in batch.seqs if not s.is_finished], drafts, probs):
+            for seq, tokens, q in zip(running, drafts, probs):
                 seq.draft_token_ids, seq.draft_probs = tokens, q
 
     def _run(self, plan: DraftPlan, seqs) -> tuple[list[list[int]], list]:
