@@ -2,7 +2,8 @@
 bench-engine | profile | quantize | serve | new-backend.
 
 An error the user can fix (``hetero.errors.USER_ERRORS``: a bad argument, a missing file, an unknown
-or unavailable backend) prints one line, ``hetero <command>: error: ...``, and exits 2; ``--debug`` or
+or unavailable backend) prints one line, ``hetero <command>: error: ...``, and exits 2; a broken rank group
+under torchrun (``CommError``: a peer died) prints one line and exits 1; ``--debug`` or
 ``HETERO_DEBUG=1`` shows its traceback instead. Any other exception is a bug and keeps its traceback.
 """
 
@@ -18,7 +19,7 @@ from typing import Any, NoReturn, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from hetero.errors import USER_ERRORS, UsageError
+from hetero.errors import USER_ERRORS, CommError, UsageError
 from hetero.ops import BACKEND
 from hetero.registry import Registry, default_registry
 from hetero.spec import OP_NAMES, SPEC_VERSION
@@ -83,14 +84,8 @@ def _print_backends(console: Console, rows: list[dict[str, Any]]) -> None:
     for r in rows:
         ops = f"{len(r['native_ops'])}/{len(r['fallback_ops'])}" if r["native_ops"] or r["fallback_ops"] else "-"
         style = _status_style(r["status"])
-        table.add_row(
-            r["name"],
-            f"{r['package']} {r['version']}",
-            r["device"] or "-",
-            f"[{style}]{r['status']}[/]",
-            ops,
-            r["reason"],
-        )
+        row = (r["name"], f"{r['package']} {r['version']}", r["device"] or "-", f"[{style}]{r['status']}[/]")
+        table.add_row(*row, ops, r["reason"])
     console.print(table)
 
 
@@ -265,11 +260,11 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None)
     args = build_parser().parse_args(argv)
     try:
         return _run(args, registry)
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, CommError) as e:
         if args.debug or os.environ.get("HETERO_DEBUG", "") not in ("", "0"):
             raise
         print(f"hetero {args.command}: error: {_one_line(e, args)}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_FAIL if isinstance(e, CommError) else EXIT_USAGE
 
 
 def _run(args: argparse.Namespace, registry: Registry | None) -> int:
@@ -289,7 +284,9 @@ def _one_line(error: Exception, args: argparse.Namespace) -> str:
     UsageError about one of them names the option the user typed.
     """
     arg = getattr(error, "arg", None)
-    if isinstance(error, UsageError) and error.expected and arg in getattr(args, "api_options", ()):
+    if isinstance(error, CommError):  # a peer rank died or hung: this rank stops too, saying why
+        message = f"stopping, the ranks' group is broken: {error}"
+    elif isinstance(error, UsageError) and error.expected and arg in getattr(args, "api_options", ()):
         message = f"argument --{arg.replace('_', '-')}: expected {error.expected}, got {error.got!r}"
     else:
         message = str(error)

@@ -21,7 +21,16 @@ from hetero._torch_comm import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, TIMEOUTS, TorchCo
 from hetero.errors import CommError
 from hetero.registry import default_registry
 
-__all__ = ["TorchCommunicator", "init", "spawn", "free_port", "comm_timeout", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV"]
+__all__ = [
+    "TorchCommunicator",
+    "init",
+    "subgroup",
+    "spawn",
+    "free_port",
+    "comm_timeout",
+    "DEFAULT_TIMEOUT_S",
+    "TIMEOUT_ENV",
+]
 
 _REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -94,6 +103,24 @@ def init(backend: Any = None, *, timeout: float | timedelta | None = None) -> To
         ) from e
     TIMEOUTS[None] = seconds
     return TorchCommunicator(None, timeout=seconds)
+
+
+def subgroup(comm: TorchCommunicator, groups: list[list[int]]) -> TorchCommunicator:
+    """A communicator over the one of ``groups`` (disjoint lists of ``comm``'s ranks) that holds this rank.
+
+    Collective over ``comm``: every rank creates every group, in the same order (``new_group``'s rule).
+    The new group keeps ``comm``'s timeout and device."""
+    if not isinstance(comm, TorchCommunicator):
+        raise CommError("subgroup", None, None, None, f"needs a TorchCommunicator, got {type(comm).__name__}")
+    mine = None
+    for ranks in groups:
+        group = dist.new_group(ranks, timeout=timedelta(seconds=comm.timeout))
+        if comm.rank in ranks:
+            mine = group
+    if mine is None:
+        raise CommError("subgroup", comm.rank, comm.world_size, comm.timeout, f"rank {comm.rank} is in no group")
+    TIMEOUTS[mine] = comm.timeout
+    return TorchCommunicator(mine, timeout=comm.timeout, device=comm.device)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

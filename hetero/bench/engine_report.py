@@ -191,6 +191,9 @@ def _setup(args: argparse.Namespace, registry: Any) -> tuple[Workload, Any, dict
         dtype=args.dtype or "auto",
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        pp_layer_partition=args.pp_layer_partition,
         compile=args.compile,
         speculative_config=args.speculative_config,
     ).resolve()
@@ -200,6 +203,9 @@ def _setup(args: argparse.Namespace, registry: Any) -> tuple[Workload, Any, dict
             f"the model's {cfg.max_model_len} (max_position_embeddings)"
         )
     engine = {"dtype": cfg.dtype, "block_size": cfg.block_size, "max_num_seqs": cfg.max_num_seqs}
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):  # only when used, as compile
+        if getattr(cfg, name) > 1:
+            engine[name] = getattr(cfg, name)
     if cfg.compile:  # only then: baselines saved before the option stay comparable
         engine["compile"] = True
     if cfg.speculative_config is not None:
@@ -241,10 +247,17 @@ def bench_engine(args: argparse.Namespace, registry: Any, console: Console) -> i
         dtype=cfg.dtype,
         block_size=cfg.block_size,
         max_num_seqs=cfg.max_num_seqs,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        pipeline_parallel_size=cfg.pipeline_parallel_size,
+        pp_layer_partition=cfg.pp_layer_partition,
         compile=cfg.compile,
         speculative_config=cfg.speculative_config,
     )
+    if llm.world.size > 1 and args.compare:
+        raise UsageError("argument --compare: comparing with a baseline runs in one process only (no torchrun)")
     run = run_workload(llm, workload, args.warmup)
+    if llm.rank != 0:
+        return EXIT_OK
     runs = [summarize(run.outputs, run.stats, run.elapsed)]
     model = env["model"]
     print_summary(

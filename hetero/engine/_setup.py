@@ -16,19 +16,20 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 
 def communicator(cfg: EngineConfig):
-    """torchrun's process group when WORLD_SIZE > 1 (checked against tensor_parallel_size), else None."""
+    """torchrun's process group of every rank when WORLD_SIZE > 1 (checked against tensor_parallel_size x
+    pipeline_parallel_size), else None."""
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+    sizes = f"tensor_parallel_size={tp}" + (f" x pipeline_parallel_size={pp}" if pp > 1 else "")
     if world == 1:
-        if cfg.tensor_parallel_size > 1:
+        if tp * pp > 1:
             raise UsageError(
-                f"tensor_parallel_size={cfg.tensor_parallel_size} needs one process per rank: launch with "
-                f"`torchrun --nproc-per-node {cfg.tensor_parallel_size} your_script.py`"
+                f"{sizes} needs one process per rank: launch with `torchrun --nproc-per-node {tp * pp} your_script.py`"
             )
         return None
-    if world != cfg.tensor_parallel_size:
+    if world != tp * pp:
         raise UsageError(
-            f"torchrun started {world} processes (WORLD_SIZE) but tensor_parallel_size="
-            f"{cfg.tensor_parallel_size}; they must be equal"
+            f"torchrun started {world} processes (WORLD_SIZE) but {sizes} makes {tp * pp}; they must be equal"
         )
     from hetero.distributed import init
 

@@ -50,6 +50,10 @@ class EngineConfig:
       these) comes out of ``kv_cache_bytes`` before the KV blocks do.
     - ``tensor_parallel_size`` / ``expert_parallel``: ranks (launch with torchrun) and
       whether MoE experts are split over them.
+    - ``pipeline_parallel_size``: stages the decoder layers are split over (torchrun starts
+      tensor_parallel_size x pipeline_parallel_size processes; ``hetero.engine.pipeline``);
+      ``pp_layer_partition``: layers per stage (a list, or "12,12,8"), else an even split;
+      ``pipeline_microbatches``: steps in flight at once (None: one per stage; 1: no overlap).
     - ``device``: device of the backend (None: its default); ``seed``: sampling seed.
     - ``compile``: run decode-only steps through ``torch.compile`` of the model's forward
       (``hetero.engine.runtime.compiled``), with the registry's value checks off; outputs stay
@@ -73,6 +77,9 @@ class EngineConfig:
     num_state_snapshots: int | None = None
     tensor_parallel_size: int = 1
     expert_parallel: bool = False
+    pipeline_parallel_size: int = 1
+    pp_layer_partition: Any = None
+    pipeline_microbatches: int | None = None
     device: str | torch.device | None = None
     seed: int = 0
     compile: bool = False
@@ -92,10 +99,16 @@ class EngineConfig:
             ("max_num_batched_tokens", 1),
             ("kv_cache_bytes", 1),
             ("tensor_parallel_size", 1),
+            ("pipeline_parallel_size", 1),
             ("seed", 0),
         ):
             _int(name, getattr(self, name), minimum)
-        for name, minimum in (("max_model_len", 1), ("num_kv_blocks", 1), ("num_state_snapshots", 0)):
+        for name, minimum in (
+            ("max_model_len", 1),
+            ("num_kv_blocks", 1),
+            ("num_state_snapshots", 0),
+            ("pipeline_microbatches", 1),
+        ):
             if getattr(self, name) is not None:
                 _int(name, getattr(self, name), minimum)
         for name in ("enable_prefix_caching", "expert_parallel", "compile"):
@@ -103,7 +116,10 @@ class EngineConfig:
                 raise _bad(name, "True or False", getattr(self, name))
         if self.device is not None and not isinstance(self.device, (str, torch.device)):
             raise _bad("device", "a device string, a torch.device or None", self.device)
+        from hetero.engine.pipeline import parse_partition
         from hetero.engine.spec_decode.config import SpeculativeConfig
+
+        object.__setattr__(self, "pp_layer_partition", parse_partition(self.pp_layer_partition))
 
         object.__setattr__(self, "speculative_config", SpeculativeConfig.of(self.speculative_config))
 

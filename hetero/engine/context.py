@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from hetero.engine.parallel import Parallel
+from hetero.engine.pipeline import Stage
 from hetero.ops import Ops
 
 __all__ = ["ModelContext", "OP_SLOTS", "op_slots"]
@@ -24,12 +25,22 @@ def op_slots(layer: nn.Module) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class ModelContext:
-    """Layers resolve their ops here once, at init (``ops.resolve`` asks ``supports`` then)."""
+    """Layers resolve their ops here once, at init (``ops.resolve`` asks ``supports`` then). ``stage``: the
+    pipeline stage the model is built for (None: the whole model)."""
 
     ops: Ops
     parallel: Parallel
     dtype: torch.dtype
     device: torch.device
+    stage: Stage | None = None
+
+    def owns(self, layer: int | str) -> bool:
+        """Whether this process builds decoder layer ``layer``, or "first" (the embedding) / "last" (final
+        norm and head): everything without pipeline parallelism."""
+        s = self.stage
+        if s is None:
+            return True
+        return s.first if layer == "first" else s.last if layer == "last" else s.owns(layer)
 
     def op(self, name: str, **static: Any) -> Callable:
         """The implementation of ``name`` for this model's dtype and the given static configuration."""

@@ -31,18 +31,20 @@ def build_model(
     parallel: Parallel | None = None,
     hf_config=None,
     quant_config=None,
+    stage=None,
 ) -> CausalLM:
     """The checkpoint's model class, built on ``ops``' device in ``dtype`` and loaded from its safetensors.
 
     ``quant_config`` (a ``hetero.engine.quant.QuantConfig``) replaces the one the checkpoint's config asks
     for, e.g. ``weights_only(quant_config_of(config))`` to run an 8-bit checkpoint without activation
-    quantization."""
+    quantization. ``stage`` (a ``hetero.engine.pipeline.Stage``): build and load only that stage's part."""
     from transformers import AutoConfig
 
     from hetero.engine.loader import load_weights
 
     hf_config = hf_config or AutoConfig.from_pretrained(str(model_dir))
-    ctx = ModelContext(ops=ops, parallel=parallel or Parallel(), dtype=dtype, device=torch.device(ops.device))
+    device = torch.device(ops.device)
+    ctx = ModelContext(ops=ops, parallel=parallel or Parallel(), dtype=dtype, device=device, stage=stage)
     cls = model_class(getattr(hf_config, "architectures", None))
     model = cls(hf_config, ctx) if quant_config is None else cls(hf_config, ctx, quant_config=quant_config)
     load_weights(model, model_dir)

@@ -9,14 +9,17 @@ from typing import Any
 from typing import Sequence as Seq
 
 from hetero.engine._inputs import check_import, check_logprobs, check_params, encode_prompt, params_list, prompt_list
+from hetero.engine._pipeline_step import account, advance, check_pipeline, pipeline_step
 from hetero.engine._progress import progress_bar
 from hetero.engine._setup import communicator, eos_token_ids, load_tokenizer
 from hetero.engine.config import EngineConfig, text_config
-from hetero.engine.outputs import RequestOutput, request_output
+from hetero.engine.outputs import RequestOutput
+from hetero.engine.parallel import Parallel
 from hetero.engine.runtime.block_manager import BlockManager
 from hetero.engine.runtime.cache_io import SequenceCache, check_fits, export_sequence_cache
+from hetero.engine.runtime.microbatch import MicroBatchPipeline
 from hetero.engine.runtime.model_runner import ModelRunner
-from hetero.engine.runtime.scheduler import ScheduledBatch, Scheduler
+from hetero.engine.runtime.scheduler import Scheduler
 from hetero.engine.runtime.sequence import Logprob, SamplingParams, Sequence
 from hetero.engine.runtime.step_plan import StepPlan
 from hetero.engine.spec_decode.drafting import Drafter
@@ -73,8 +76,10 @@ class LLM:
         )
         comm = communicator(cfg)
         self.config = cfg.resolve()
+        check_pipeline(self.config)
         self.tokenizer = load_tokenizer(self.config.model)
         self.runner = ModelRunner(self.config, comm)
+        self.world = Parallel(comm)  # every rank: TP x PP
         self.block_manager = BlockManager(
             self.runner.num_kv_blocks,
             cfg.block_size,
@@ -108,6 +113,9 @@ class LLM:
         if spec is not None:
             self.stats["spec_decode"] = SpecDecodeStats()
         self._num_requests = 0
+        self.pipeline = None
+        if self.runner.stage is not None:
+            self.pipeline = MicroBatchPipeline(self.runner, self.scheduler.in_flight, cfg.pipeline_microbatches)
 
     def add_request(
         self,
@@ -137,13 +145,13 @@ class LLM:
         check_logprobs(params, getattr(text_config(self.config.hf_config), "vocab_size", None), index)
         seq = Sequence(request_id if request_id is not None else str(index), self._encode(prompt, index), params, index)
         if cache is not None:
-            if self.runner.parallel.size > 1:
+            if self.world.size > 1:
                 raise UsageError(
-                    f"request {index}: argument 'cache': importing a cache under tensor parallelism "
+                    f"request {index}: argument 'cache': importing a cache under tensor or pipeline parallelism "
                     f"is not supported (each rank holds its own shard)",
                     arg="cache",
-                    expected="tensor_parallel_size 1",
-                    got=self.runner.parallel.size,
+                    expected="one process (tensor_parallel_size and pipeline_parallel_size 1)",
+                    got=self.world.size,
                 )
             check_import(cache, seq.prompt_token_ids, index)
             check_fits(self.runner.cache, cache)
@@ -179,14 +187,15 @@ class LLM:
 
     @property
     def rank(self) -> int:
-        """This process's tensor-parallel rank (0 without torchrun)."""
-        return self.runner.rank
+        """This process's global rank (its tensor-parallel rank without pipeline parallelism; 0 without torchrun)."""
+        return self.world.rank
 
     def has_unfinished(self) -> bool:
-        """Whether rank 0 has requests waiting or running (collective under TP)."""
-        if self.runner.parallel.size == 1:
-            return self.scheduler.has_unfinished()
-        return bool(self.runner.parallel.broadcast_object(self.scheduler.has_unfinished(), self.runner.device))
+        """Whether rank 0 has requests waiting, running or in the pipeline (collective under TP and PP)."""
+        busy = self.scheduler.has_unfinished() or (self.pipeline is not None and bool(self.pipeline.flying))
+        if self.world.size == 1:
+            return busy
+        return bool(self.world.broadcast_object(busy, self.runner.device))
 
     def abort(self, request_id: str) -> bool:
         """End a waiting or running request now (finish reason "abort"), freeing its blocks and state slot.
@@ -204,42 +213,27 @@ class LLM:
         """Schedule and run one step; an output for every request that got tokens or finished in it.
 
         Each output carries the tokens new since the request was last reported
-        (``new_token_ids``) and ``finish_reason`` once it ends.
+        (``new_token_ids``) and ``finish_reason`` once it ends. Under pipeline parallelism a step is one
+        tick of the pipeline (``runtime.microbatch``): a new micro-batch enters, and the outputs are those
+        of the one that left, on rank 0 (the other ranks return none).
         """
+        if self.pipeline is not None:
+            return pipeline_step(self)
         start = time.perf_counter()
         lead = self.rank == 0
         batch = self.scheduler.schedule() if lead else None
         in_use = self.block_manager.num_used_blocks
         stateful, group = self.runner.num_state_slots > 0, self.runner.state_group
         plan = StepPlan.of(batch, stateful, group) if batch is not None else None
-        plan = self.runner.parallel.broadcast_object(plan, self.runner.device)
+        plan = self.world.broadcast_object(plan, self.runner.device)
         sampled = self.runner.run(plan, batch.sampled_seqs if batch is not None else None)
-        report = self._advance(batch, sampled, in_use) if lead else None
+        report = (advance(self, batch, sampled), len(batch.preempted), in_use) if lead else None
         if self.drafter is not None:
             self.drafter.propose(batch)
-        outputs, preempted, in_use = self.runner.parallel.broadcast_object(report, self.runner.device)
-        st = self.stats
-        st["steps"] += 1
-        st["preemptions"] += preempted
-        st["generated_tokens"] += sum(len(t) for t in sampled)
-        if plan.spec_lens is not None:
-            st["spec_decode"].add([k for k, s in zip(plan.spec_lens, plan.sample) if s], sampled)
-        st["cached_prompt_tokens"] += sum(o.metrics["num_cached_tokens"] for o in outputs if o.finished)
-        st["kv_blocks_in_use"].append(in_use)
-        st["step_tokens"].append(len(plan.input_ids))
-        st["step_seconds"].append(time.perf_counter() - start)
+        outputs, preempted, in_use = self.world.broadcast_object(report, self.runner.device)
+        spec = None if plan.spec_lens is None else [k for k, s in zip(plan.spec_lens, plan.sample) if s]
+        account(self, start, outputs, sampled, spec, preempted, in_use, len(plan.input_ids))
         return outputs
-
-    def _advance(
-        self, batch: ScheduledBatch, sampled: list[list[int]], in_use: int
-    ) -> tuple[list[RequestOutput], int, int]:
-        """Rank 0: account the step, and the outputs of the requests that moved."""
-        now = time.perf_counter()
-        for seq in batch.sampled_seqs:
-            seq.metrics.setdefault("first_token_time", now)
-        self.scheduler.postprocess(batch, sampled)
-        moved = [seq for seq in batch.sampled_seqs if seq.num_streamed < len(seq.output_token_ids)]
-        return [request_output(seq, now, self.tokenizer) for seq in moved], len(batch.preempted), in_use
 
     def generate(
         self,
@@ -270,7 +264,7 @@ class LLM:
             self._abort_all()
             self._num_requests, self.stats["prompt_tokens"] = first, prompt_tokens
             raise
-        ids = self.runner.parallel.broadcast_object(ids, self.runner.device)  # rank 0's requests, in its order
+        ids = self.world.broadcast_object(ids, self.runner.device)  # rank 0's requests, in its order
         outputs: dict[str, RequestOutput] = {}
         show = progress if progress is not None else sys.stderr.isatty()
         before = self.stats["generated_tokens"]
@@ -279,7 +273,9 @@ class LLM:
                 done = [out for out in self.step() if out.finished]
                 outputs.update((out.request_id, out) for out in done)
                 advance(len(done), self.stats["generated_tokens"] - before)
-        return [outputs[i] for i in ids]
+        if self.pipeline is None:
+            return [outputs[i] for i in ids]
+        return self.world.broadcast_object([outputs[i] for i in ids] if self.rank == 0 else None, self.runner.device)
 
     def _abort_all(self) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):

@@ -34,6 +34,7 @@ from torch import nn
 
 from hetero.engine.layers.weights import copy_checked
 from hetero.engine.models.base import WeightMapping
+from hetero.engine.pipeline import stand_in_names
 from hetero.errors import UsageError
 
 __all__ = [
@@ -81,12 +82,14 @@ class MissingWeightsError(WeightLoadError):
 
 @dataclass
 class LoadReport:
-    """What ``load_weights`` did: files read, tensors loaded, ignored (names) and skipped as other ranks' experts."""
+    """What ``load_weights`` did: files read, tensors loaded, ignored (names), skipped as other ranks' experts,
+    and skipped as other pipeline stages' (tensors under a ``StandIn``, never read)."""
 
     files: list[str] = field(default_factory=list)
     loaded: int = 0
     ignored: list[str] = field(default_factory=list)
     skipped_experts: int = 0
+    other_stages: int = 0
 
 
 def checkpoint_files(model_dir: str | Path, who: str = "the model") -> list[Path]:
@@ -210,6 +213,7 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> LoadReport:
     files = checkpoint_files(model_dir, cls)
     located = _tensor_files(files, where)
     params, canonical = _parameters(model)
+    elsewhere = stand_in_names(model)
     report = LoadReport(files=[str(f) for f in files])
     filled: set[tuple[str, Any]] = set()
     mismatched, unexpected = [], []
@@ -217,6 +221,9 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> LoadReport:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
                 target = map_name(mapping, name)
+                if target is not None and target[0].startswith(elsewhere):
+                    report.other_stages += 1
+                    continue
                 if target is not None and target[0] not in canonical:
                     unexpected.append(name)
                     continue

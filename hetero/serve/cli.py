@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero.errors import UsageError
-from hetero.tools._cli_common import EXIT_FAIL, EXIT_OK, compile_arg, model_args, speculative_arg
+from hetero.tools._cli_common import EXIT_FAIL, EXIT_OK, compile_arg, model_args, pipeline_arg, speculative_arg
 
 __all__ = ["add_parser"]
 
@@ -43,6 +43,7 @@ def _add_serve_parser(sub: Any) -> None:
         help="ranks; launch with torchrun --nproc-per-node N (rank 0 serves)",
     )
     p.add_argument("--expert-parallel", action="store_true", help="split MoE experts over the ranks")
+    pipeline_arg(p)
     compile_arg(p)
     speculative_arg(p)
     pd = p.add_argument_group("prefill/decode disaggregation")
@@ -127,6 +128,8 @@ def _serve_model(args: argparse.Namespace, console: Any) -> int:
         speculative_config=args.speculative_config,
         tensor_parallel_size=args.tensor_parallel_size,
         expert_parallel=args.expert_parallel,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        pp_layer_partition=args.pp_layer_partition,
         **extra,
     )
     if llm.rank != 0:

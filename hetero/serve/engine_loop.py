@@ -7,7 +7,7 @@ commands, so a request added or aborted mid-step takes effect at the next step b
 runs a prompt only until it is computed and hands back its cache (the prefill side of
 disaggregation).
 
-Under tensor or expert parallelism (torchrun) rank 0 serves and every other rank runs ``follow``:
+Under tensor, expert or pipeline parallelism (torchrun) rank 0 serves and every other rank runs ``follow``:
 before each step rank 0 broadcasts what the ranks do next ("step", "idle" or "stop"), so they step
 together and an idle server still meets its followers every ``IDLE_S`` seconds.
 """
@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import queue
+import signal
+import sys
 import threading
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Sequence
@@ -24,6 +27,7 @@ from typing import AsyncIterator, Callable, Sequence
 from hetero.engine import LLM, SamplingParams
 from hetero.engine.outputs import RequestOutput
 from hetero.engine.runtime.cache_io import SequenceCache
+from hetero.errors import CommError
 
 __all__ = ["EngineLoop", "follow", "IDLE_S"]
 
@@ -129,16 +133,20 @@ class EngineLoop:
         while True:
             self._apply_commands()
             stopping = self._stopping.is_set()
-            busy = not stopping and self.llm.scheduler.has_unfinished()
-            _tell(self.llm, "stop" if stopping else "step" if busy else "idle")
-            if stopping:
-                break
-            if not busy:
-                self._wake.wait(IDLE_S)
-                self._wake.clear()
-                continue
+            pipe = self.llm.pipeline
+            busy = not stopping and (self.llm.scheduler.has_unfinished() or bool(pipe and pipe.flying))
             try:
+                _tell(self.llm, "stop" if stopping else "step" if busy else "idle")
+                if stopping:
+                    break
+                if not busy:
+                    self._wake.wait(IDLE_S)
+                    self._wake.clear()
+                    continue
                 outputs = self.llm.step()
+            except CommError as e:  # a rank is gone: the group cannot step again
+                self._broken(e)
+                return
             except Exception as e:  # noqa: BLE001  (every open request learns of it; the loop goes on)
                 self._fail_all(e)
                 continue
@@ -150,6 +158,12 @@ class EngineLoop:
             if self._on_step is not None:
                 self._on_step(self.llm, outputs)
         self._fail_all(RuntimeError("the server is shutting down"))
+
+    def _broken(self, error: CommError) -> None:
+        """Every open request ends with ``error``, and the server stops (SIGTERM to itself: uvicorn shuts down)."""
+        self._fail_all(error)
+        print(f"hetero serve: stopping, the ranks' group is broken: {error}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def _apply_commands(self) -> None:
         while True:
@@ -199,14 +213,14 @@ class EngineLoop:
 
 
 def _tell(llm: LLM, what: str) -> None:
-    if llm.runner.parallel.size > 1:
-        llm.runner.parallel.broadcast_object(what, llm.runner.device)
+    if llm.world.size > 1:
+        llm.world.broadcast_object(what, llm.runner.device)
 
 
 def follow(llm: LLM) -> None:
     """A rank other than 0 of a served engine: step when rank 0 says so, until it says stop."""
     while True:
-        what = llm.runner.parallel.broadcast_object(None, llm.runner.device)
+        what = llm.world.broadcast_object(None, llm.runner.device)
         if what == "stop":
             return
         if what == "step":

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetero.errors import UsageError
-from hetero.tools._cli_common import EXIT_FAIL, EXIT_OK, model_args, show_quantization, token_ids
+from hetero.tools._cli_common import EXIT_FAIL, EXIT_OK, model_args, pipeline_arg, show_quantization, token_ids
 
 __all__ = ["add_check_parser"]
 
@@ -72,6 +72,7 @@ def add_check_parser(sub: Any) -> None:
         "parallel, each rank recording and replaying its own calls (rank 0 prints them all); the "
         "layer comparison runs the whole model on each rank",
     )
+    pipeline_arg(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_check_model)
 
@@ -122,6 +123,8 @@ def _cmd_check_model(args: argparse.Namespace, registry: Any, console: Console) 
         block_size=args.block_size,
         tolerance=args.tolerance,
         tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        pp_layer_partition=args.pp_layer_partition,
     )
     prompts = prompts or default_prompts(check.vocab_size, exclude=check.media_tokens)
     report = check.run(prompts, max_tokens=args.max_tokens, top_k=args.top_k)
@@ -181,9 +184,15 @@ def _check_model_args(args: argparse.Namespace, prompts: list[list[int]] | None)
         ("--block-size", args.block_size, 1),
         ("--per-op-samples", args.per_op_samples, 1),
         ("--tensor-parallel-size", args.tensor_parallel_size, 1),
+        ("--pipeline-parallel-size", args.pipeline_parallel_size, 1),
     ):
         if value < least:
             raise UsageError(f"argument {option}: expected an integer >= {least}, got {value}")
+    if args.per_op and args.pipeline_parallel_size > 1:
+        raise UsageError(
+            "argument --per-op: not supported with --pipeline-parallel-size > 1 (the recorded calls of a step "
+            "span the stages); run it with tensor parallelism or in one process"
+        )
     for option, value in (("--tolerance", args.tolerance), ("--per-op-max-mb", args.per_op_max_mb)):
         if value is not None and not value > 0:
             raise UsageError(f"argument {option}: expected a number > 0, got {value}")

@@ -44,6 +44,22 @@ def compile_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def pipeline_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--pipeline-parallel-size",
+        type=int,
+        default=1,
+        metavar="P",
+        help="pipeline stages the layers are split over; launch tensor x pipeline ranks with torchrun",
+    )
+    p.add_argument(
+        "--pp-layer-partition",
+        default=None,
+        metavar="N,N,...",
+        help="decoder layers per stage (default: an even split, the remainder before the last stage)",
+    )
+
+
 def speculative_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--speculative-config",

@@ -140,8 +140,8 @@ class ModelCheck:
     checkpoint (fp8, compressed-tensors) is compared with its dequantized float copy (written
     to a temporary directory unless ``reference_dir`` is given) whose GEMM inputs are quantized
     as the engine quantizes them (``_fake_quant``), at ``QUANTIZED_TOLERANCE``. ``tolerance`` replaces
-    the default bound of a layer's relative L2 error. ``tensor_parallel_size``: greedy generation
-    runs under that many torchrun ranks (the layer comparison runs the whole model on each).
+    the default bound of a layer's relative L2 error. ``parallel``: ``LLM``'s parallel
+    options; greedy generation runs under torchrun's ranks (the layer comparison runs the whole model on each).
     """
 
     def __init__(
@@ -153,7 +153,7 @@ class ModelCheck:
         reference_dir: str | Path | None = None,
         block_size: int = 16,
         tolerance: float | None = None,
-        tensor_parallel_size: int = 1,
+        **parallel: Any,
     ):
 
         import hetero
@@ -161,7 +161,7 @@ class ModelCheck:
 
         self.model_dir, self.dtype = str(model_dir), getattr(torch, dtype)
         self.ops = hetero.load(backend)
-        self.block_size, self.tensor_parallel_size = block_size, tensor_parallel_size
+        self.block_size, self.parallel = block_size, parallel
         self.model = build_model(self.model_dir, self.ops, self.dtype)
         self.quant_config = getattr(self.model, "quant_config", None)
         self.quantized = getattr(self.quant_config, "scheme", None) is not None
@@ -247,7 +247,7 @@ class ModelCheck:
             backend=self.ops.name,
             dtype=str(self.dtype).removeprefix("torch."),
             block_size=self.block_size,
-            tensor_parallel_size=self.tensor_parallel_size,
+            **self.parallel,
         )
         params = SamplingParams(
             temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=min(top_k, self.vocab_size)

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from hetero.errors import UsageError
+from hetero.tools import _cli_common
 from hetero.tools._check_cli import add_check_parser
 from hetero.tools._cli_common import EXIT_OK, compile_arg, model_args, show_quantization, speculative_arg, token_ids
 
@@ -24,6 +25,7 @@ _GENERATE_API = (
     "block_size",
     "max_num_seqs",
     "tensor_parallel_size",
+    "pipeline_parallel_size",
     "compile",
     "speculative_config",
     "max_tokens",
@@ -39,6 +41,8 @@ _BENCH_API = (
     "dtype",
     "block_size",
     "max_num_seqs",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
     "compile",
     "speculative_config",
     "num_requests",
@@ -71,6 +75,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks; launch with torchrun --nproc-per-node N")
+    _cli_common.pipeline_arg(p)
     p.add_argument(
         "--expert-parallel", action="store_true", help="split MoE experts over the ranks instead of their columns"
     )
@@ -174,6 +179,8 @@ def _add_bench_parser(sub: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the lengths and prompt tokens (default 0)")
     p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks; launch with torchrun --nproc-per-node N")
+    _cli_common.pipeline_arg(p)
     compile_arg(p)
     speculative_arg(p)
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="warm-up requests before measuring (default 2)")
@@ -230,11 +237,13 @@ def _cmd_generate(args: argparse.Namespace, registry: Any, console: Console) -> 
         max_num_seqs=args.max_num_seqs,
         tensor_parallel_size=args.tensor_parallel_size,
         expert_parallel=args.expert_parallel,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        pp_layer_partition=args.pp_layer_partition,
         compile=args.compile,
         speculative_config=args.speculative_config,
     )
     outputs = llm.generate(prompts, params)
-    if args.tensor_parallel_size > 1:
+    if llm.world.size > 1:
         import torch.distributed as dist
 
         dist.barrier()  # leave together: a rank exiting early can abort its peers' gloo group

@@ -246,31 +246,13 @@ def test_bench_serve_arrivals():
     assert abs(sum(poisson) / len(poisson) - 0.1) < 0.01 and poisson != arrival_gaps(4000, 10.0, 1.0, 1)
 
 
-def test_tp2_under_torchrun_rank0_serves_and_the_ranks_step_together(path):
-    """Two ranks over gloo: rank 0 answers, rank 1 follows; tokens equal one process's."""
-    launcher = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-    ]
-    args = [
-        "--model",
-        path,
-        "--backend",
-        "cpu_ref",
-        "--dtype",
-        "float32",
-        "--tensor-parallel-size",
-        "2",
-        "--served-model-name",
-        "tiny",
-    ]
+@pytest.mark.parametrize("parallel", ["--tensor-parallel-size", "--pipeline-parallel-size"])
+def test_two_ranks_under_torchrun_rank0_serves_and_the_ranks_step_together(path, parallel):
+    """Two ranks over gloo (TP=2, or PP=2: two stages, micro-batches in flight): rank 0 answers, rank 1
+    follows; tokens, whole and streamed, equal one process's."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    launcher += ["--master-port", str(free_port())]
+    args = ["--model", path, "--backend", "cpu_ref", "--dtype", "float32", parallel, "2", "--served-model-name", "tiny"]
     with command_server(launcher, args, 300, 60, env={"OMP_NUM_THREADS": "1"}) as c:
         ps = prompts(3, seed=5)
         want = offline(path, ps, 6)
@@ -283,6 +265,7 @@ def test_tp2_under_torchrun_rank0_serves_and_the_ranks_step_together(path):
                 )
             )
         assert got == want
+        assert concurrent_streams(c, "tiny", ps, 6) == want
         time.sleep(2 * 0.5)  # idle: rank 0 keeps meeting rank 1, and the next request is served still
         assert c.completions.create(model="tiny", prompt=ps[0], max_tokens=6, **GREEDY).choices[0].token_ids == want[0]
 

@@ -24,14 +24,14 @@ import torch
 from torch import nn
 
 from hetero.engine.context import ModelContext
-from hetero.engine.layers.activation import SiluAndMul
 from hetero.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from hetero.engine.layers.gqa import head_dim_of
-from hetero.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from hetero.engine.layers.mlp import GatedMLP
 from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
 from hetero.engine.layers.weights import join_prefix
 from hetero.engine.models.base import CausalLM, WeightMapping
+from hetero.engine.pipeline import StandIn
 from hetero.engine.quant.config import QuantConfig, quant_config_of
 from hetero.engine.step import Step
 
@@ -57,38 +57,6 @@ GATE_UP_PACKED = (("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 
 def every_layer(config: Any, layer_idx: int) -> bool:
     """The layer schedule of a family whose every layer has its ``moe_cls``."""
     return True
-
-
-class GatedMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))``: gate/up packed column-parallel, down row-parallel, biased when ``bias``."""
-
-    def __init__(
-        self,
-        ctx: ModelContext,
-        hidden: int,
-        intermediate: int,
-        *,
-        bias: bool = False,
-        prefix: str = "",
-        quant_config: QuantConfig | None = None,
-    ):
-        super().__init__()
-        self.prefix = prefix
-        self.gate_up_proj = MergedColumnParallelLinear(
-            ctx,
-            hidden,
-            [intermediate, intermediate],
-            bias=bias,
-            prefix=join_prefix(prefix, "gate_up_proj"),
-            quant_config=quant_config,
-        )
-        self.act_fn = SiluAndMul(ctx)
-        self.down_proj = RowParallelLinear(
-            ctx, intermediate, hidden, bias=bias, prefix=join_prefix(prefix, "down_proj"), quant_config=quant_config
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -199,6 +167,9 @@ class DecoderModel(nn.Module):
 
     ``forward(input_ids int64 [T], step, capture=None) -> hidden [T, H]`` after the final norm; with a
     ``capture`` list, the embedding output and each layer's output stream are appended to it, in order.
+    A pipeline stage (``ctx.stage``) builds only its layers (``owned``; ``StandIn`` for the others), the
+    embedding on the first stage (and the last when tied to the head), the norm on the last; it starts
+    from the previous stage's ``intermediate`` and, unless last, returns its own (``stage_output``).
     """
 
     def __init__(
@@ -212,8 +183,14 @@ class DecoderModel(nn.Module):
     ):
         super().__init__()
         self.prefix = prefix
-        self.embed_tokens = VocabParallelEmbedding(
-            ctx, config.vocab_size, config.hidden_size, prefix=join_prefix(prefix, "embed_tokens")
+        self.first, self.last = ctx.owns("first"), ctx.owns("last")
+        tied = self.last and getattr(config, "tie_word_embeddings", False)  # the last stage's head reads it
+        self.embed_tokens = (
+            VocabParallelEmbedding(
+                ctx, config.vocab_size, config.hidden_size, prefix=join_prefix(prefix, "embed_tokens")
+            )
+            if self.first or tied
+            else StandIn("the embedding")
         )
         # one cos/sin table for every layer (it is [max_positions, rotary_dim]), one module per layer
         rotary = layer_cls.rotary_table(ctx, config)
@@ -221,17 +198,54 @@ class DecoderModel(nn.Module):
             layer_cls(
                 ctx, config, i, rotary.twin(ctx), quant_config=quant_config, prefix=join_prefix(prefix, f"layers.{i}")
             )
+            if ctx.owns(i)
+            else StandIn(f"decoder layer {i}")
             for i in range(config.num_hidden_layers)
         )
-        self.norm = layer_cls.norm_cls(ctx, config.hidden_size, config.rms_norm_eps, prefix=join_prefix(prefix, "norm"))
+        self.owned = tuple(m for m in self.layers if not isinstance(m, StandIn))
+        self.end = ctx.stage.end if ctx.stage is not None else config.num_hidden_layers
+        self.shared_indices, self.carry_indices = None, False
+        norm = layer_cls.norm_cls(ctx, config.hidden_size, config.rms_norm_eps, prefix=join_prefix(prefix, "norm"))
+        self.norm = norm if self.last else StandIn("the final norm")
 
-    def forward(self, input_ids: torch.Tensor, step: Step, capture: list[torch.Tensor] | None = None) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+    def share_indices(self, shared: Any, types: list[str]) -> None:
+        """Give every owned layer's sparse attention the model's one ``SharedIndices`` (a DSA "shared" layer
+        reads the previous full layer's); they travel to the next stage when its first layer (``types``:
+        "full" or "shared" per layer) is shared."""
+        self.shared_indices = shared
+        for layer in self.owned:
+            layer.self_attn.shared = shared
+        self.carry_indices = not self.last and types[self.end] == "shared"
+
+    def stage_input(self, input_ids: torch.Tensor, intermediate: dict[str, torch.Tensor] | None):
+        """(hidden, residual) this stage starts from: the embedding, or the previous stage's output."""
+        if intermediate is None:
+            return self.embed_tokens(input_ids), None
+        if "topk_indices" in intermediate:
+            self.shared_indices.topk = intermediate["topk_indices"]
+        return intermediate["hidden"], intermediate.get("residual")
+
+    def stage_output(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """What a stage other than the last sends on (hyper-connection streams travel as ``hidden``)."""
+        out = {"hidden": hidden} if residual is None else {"hidden": hidden, "residual": residual}
+        if self.carry_indices:
+            out["topk_indices"] = self.shared_indices.topk
+        return out
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        step: Step,
+        capture: list[torch.Tensor] | None = None,
+        intermediate: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        hidden, residual = self.stage_input(input_ids, intermediate)
         if capture is not None:
             capture.append(hidden)
-        residual = None
-        for layer in self.layers:
+        for layer in self.owned:
             hidden, residual = layer(hidden, residual, step, capture)
+        if not self.last:
+            return self.stage_output(hidden, residual)
         if residual is None:  # no layers
             return self.norm(hidden)
         hidden, residual = self.norm(hidden, residual)
@@ -261,17 +275,25 @@ class DecoderForCausalLM(CausalLM):
         self.quant_config = quant_config or quant_config_of(hf_config)
         self.model = self.model_cls(ctx, hf_config, self.layer_cls, prefix="model", quant_config=self.quant_config)
         head_ctx = dataclasses.replace(ctx, dtype=torch.float32) if self.lm_head_float32 else ctx
-        self.lm_head = ParallelLMHead(head_ctx, hf_config.vocab_size, hf_config.hidden_size, prefix="lm_head")
-        if getattr(hf_config, "tie_word_embeddings", False):
-            self.lm_head.tie(self.model.embed_tokens)
+        self.lm_head = StandIn("the LM head")
+        if ctx.owns("last"):
+            self.lm_head = ParallelLMHead(head_ctx, hf_config.vocab_size, hf_config.hidden_size, prefix="lm_head")
+            if getattr(hf_config, "tie_word_embeddings", False):
+                self.lm_head.tie(self.model.embed_tokens)
         self.mapping = self.weight_mapping(hf_config)
 
     def weight_mapping(self, hf_config: Any) -> WeightMapping:
         """This model's mapping: the class's, unless a family derives it from the config."""
         return type(self).mapping
 
-    def forward(self, input_ids: torch.Tensor, step: Step, capture: list[torch.Tensor] | None = None) -> torch.Tensor:
-        return self.model(input_ids, step, capture)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        step: Step,
+        capture: list[torch.Tensor] | None = None,
+        intermediate: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        return self.model(input_ids, step, capture, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden.float() if self.lm_head_float32 else hidden)

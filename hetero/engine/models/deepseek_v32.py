@@ -64,9 +64,8 @@ class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
 
     def __init__(self, hf_config: Any, ctx: ModelContext, *, quant_config: QuantConfig | None = None):
         super().__init__(hf_config, ctx, quant_config=quant_config)
-        shared = SharedIndices()  # one per model: a shared layer reads what the full layer before it wrote
-        for layer in self.model.layers:
-            layer.self_attn.shared = shared
+        # one per model: a shared layer reads what the full layer before it wrote
+        self.model.share_indices(SharedIndices(), indexer_types_of(hf_config))
 
 
 class GlmMoeDsaForCausalLM(DeepseekV32ForCausalLM):

@@ -36,6 +36,7 @@ from hetero.engine.layers.weights import join_prefix
 from hetero.engine.models.base import WeightMapping
 from hetero.engine.models.decoder import IGNORE, DecoderForCausalLM, DecoderLayer, DecoderModel
 from hetero.engine.models.deepseek import mtp_ignore
+from hetero.engine.pipeline import StandIn
 from hetero.engine.step import Step
 from hetero.errors import UsageError
 from hetero.spec.types import AttentionMeta
@@ -180,27 +181,32 @@ class DeepseekV4Model(DecoderModel):
         super().__init__(ctx, config, layer_cls, **kw)
         self.streams = int(config.hc_mult)
         names = ("hc_fn", "hc_base", "hc_scale")
-        self.hc_head = HyperHead(ctx, config, names=names, prefix=join_prefix(self.prefix, "hc_head"))
-        self.ratios = sorted({layer.self_attn.ratio for layer in self.layers} - {0})
+        head = HyperHead(ctx, config, names=names, prefix=join_prefix(self.prefix, "hc_head"))
+        self.hc_head = head if self.last else StandIn("the hyper-connection head")
+        self.ratios = sorted({layer.self_attn.ratio for layer in self.owned} - {0})
 
     def compressed_metas(self, step: Step) -> dict[int, AttentionMeta]:
         """The step's metadata over each ratio's compressed block table (the blocks are the window cache's)."""
         if not self.ratios:
             return {}
-        block_size = self.layers[0].self_attn.kv_cache.shape[1]
+        block_size = self.owned[0].self_attn.kv_cache.shape[1]
         meta = step.meta
         return {
             m: dataclasses.replace(meta, block_table=compressed_block_table(meta.block_table, block_size, m), plan=None)
             for m in self.ratios
         }
 
-    def forward(self, input_ids: torch.Tensor, step: Step, capture: list[torch.Tensor] | None = None) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        if capture is not None:
-            capture.append(hidden)
-        streams, metas = expand_streams(hidden, self.streams), self.compressed_metas(step)
-        for layer in self.layers:
+    def forward(self, input_ids: torch.Tensor, step: Step, capture=None, intermediate=None):  # type: ignore[override]
+        streams, _ = self.stage_input(input_ids, intermediate)
+        if intermediate is None:
+            if capture is not None:
+                capture.append(streams)
+            streams = expand_streams(streams, self.streams)
+        metas = self.compressed_metas(step)
+        for layer in self.owned:
             streams = layer(streams, input_ids, step, metas, capture)
+        if not self.last:
+            return self.stage_output(streams, None)
         return self.norm(self.hc_head(streams))
 
 

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from hetero.engine.context import ModelContext
-from hetero.engine.layers.dsa import SharedIndices, SparseMLAttention
+from hetero.engine.layers.dsa import SharedIndices, SparseMLAttention, indexer_types_of
 from hetero.engine.layers.hyper import HyperConnection, HyperHead, expand_streams
 from hetero.engine.layers.linear import ColumnParallelLinear
 from hetero.engine.layers.rotary import RotaryEmbedding
@@ -38,6 +38,7 @@ from hetero.engine.models.decoder import GATE_UP_PACKED, IGNORE, DecoderForCausa
 from hetero.engine.models.deepseek import DeepseekMoE
 from hetero.engine.models.hy_v3 import is_sparse_layer
 from hetero.engine.models.wrapper import TextOfMultimodal
+from hetero.engine.pipeline import StandIn
 from hetero.engine.quant.config import QuantConfig
 from hetero.engine.step import Step
 
@@ -149,23 +150,23 @@ class HYV4Model(DecoderModel):
         super().__init__(ctx, config, layer_cls, **kw)
         self.streams = int(config.hc_mult)
         self.hc_pre = nn.Module()
-        self.hc_pre.hc_head = HyperHead(
-            ctx,
-            config,
-            names=("hc_head_fn", "hc_head_base", "hc_head_scale"),
-            prefix=join_prefix(self.prefix, "hc_pre.hc_head"),
-        )
-        shared = SharedIndices()  # a "shared" indexer layer reads what the full layer before it wrote
-        for layer in self.layers:
-            layer.self_attn.shared = shared
+        names = ("hc_head_fn", "hc_head_base", "hc_head_scale")
+        prefix = join_prefix(self.prefix, "hc_pre.hc_head")
+        head = HyperHead(ctx, config, names=names, prefix=prefix) if self.last else StandIn("the hyper-connection head")
+        self.hc_pre.hc_head = head
+        # a "shared" indexer layer reads what the full layer before it wrote
+        self.share_indices(SharedIndices(), indexer_types_of(config))
 
-    def forward(self, input_ids: torch.Tensor, step: Step, capture: list[torch.Tensor] | None = None) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        if capture is not None:
-            capture.append(hidden)
-        streams = expand_streams(hidden, self.streams)
-        for layer in self.layers:
+    def forward(self, input_ids: torch.Tensor, step: Step, capture=None, intermediate=None):  # type: ignore[override]
+        streams, _ = self.stage_input(input_ids, intermediate)
+        if intermediate is None:
+            if capture is not None:
+                capture.append(streams)
+            streams = expand_streams(streams, self.streams)
+        for layer in self.owned:
             streams, _ = layer(streams, None, step, capture)
+        if not self.last:
+            return self.stage_output(streams, None)
         return self.norm(self.hc_pre.hc_head(streams))
 
 

@@ -7,10 +7,11 @@ import dataclasses
 import torch
 
 import hetero
-from hetero.engine.config import EngineConfig
+from hetero.engine.config import EngineConfig, text_config
 from hetero.engine.forward import build_model
 from hetero.engine.layers.cached import CachedLayer, StateEntry
 from hetero.engine.parallel import Parallel
+from hetero.engine.pipeline import stage_of
 from hetero.engine.runtime import compile_cache
 from hetero.engine.runtime.compiled import CompiledForward
 from hetero.engine.runtime.kv_cache import allocate_kv_cache, bytes_per_block, bytes_per_state_slot
@@ -70,12 +71,22 @@ class ModelRunner:
         # every op); the engine builds every index itself and backends keep reads inside the tensors
         self.ops = hetero.load(config.backend, device=config.device, validate=False if config.compile else None)
         self.device = torch.device(self.ops.device)
-        self.parallel = Parallel(comm, config.expert_parallel)
+        self.stage, tp_comm = None, comm
+        if config.pipeline_parallel_size > 1:
+            layers = int(text_config(config.hf_config).num_hidden_layers)
+            tp_comm, self.stage = stage_of(config, layers, comm)
+        self.parallel = Parallel(tp_comm, config.expert_parallel)
         self.dtype = config.torch_dtype
-        self.model = build_model(config.model, self.ops, self.dtype, self.parallel, hf_config=config.hf_config)
+        self.model = build_model(
+            config.model, self.ops, self.dtype, self.parallel, hf_config=config.hf_config, stage=self.stage
+        )
         self.block_size = config.block_size
         slot_bytes = bytes_per_state_slot(self.model, self.dtype)
         self.num_state_slots, self.num_state_snapshots = config.state_slots(slot_bytes)
+        if self.stage is not None:  # a stage without state layers still keeps the slots' numbering
+            self.num_state_slots, self.num_state_snapshots = self._agree(
+                "max", self.num_state_slots, self.num_state_snapshots
+            )
         spec = config.speculative_config
         # speculative decoding keeps the state after each verified row: 1 + k slots per sequence
         self.state_group = 1 + spec.num_speculative_tokens if spec is not None and self.num_state_slots else 1
@@ -85,6 +96,8 @@ class ModelRunner:
         self.draft = build_draft(spec, self) if spec is not None and spec.uses_model else None
         block_bytes = sum(bytes_per_block(m, self.block_size, self.dtype) for m in (self.model, self.draft) if m)
         self.num_kv_blocks = config.kv_blocks(block_bytes, state_bytes)
+        if self.stage is not None:  # rank 0's block ids must exist on every stage
+            (self.num_kv_blocks,) = self._agree("min", self.num_kv_blocks)
         with torch.no_grad():
             self.cache = allocate_kv_cache(
                 self.model,
@@ -113,6 +126,11 @@ class ModelRunner:
         self.capture_layers = False  # a proposer that drafts from the target's layer outputs sets it
         self.last_hidden = self.last_step = self.last_captured = None
 
+    def _agree(self, op: str, *values: int) -> list[int]:
+        """``values`` reduced (``op``) over every rank of the pipeline."""
+        x = torch.tensor(values, dtype=torch.int64, device=self.stage.world.device)
+        return self.stage.world.all_reduce(x, op).tolist()
+
     @property
     def num_physical_slots(self) -> int:
         """Slots of the state pool: a group per running sequence, then the snapshots."""
@@ -134,17 +152,9 @@ class ModelRunner:
         ``last_hidden`` (with ``last_step``) for a proposer that drafts from them.
         """
         with torch.inference_mode():
-            self.cache.apply(plan.cache_ops)  # even without rows: a snapshot must not be lost
-            if not plan.query_lens:
+            step, input_ids = self._prepare(plan)
+            if step is None:
                 return []
-            sample = plan.sample if plan.spec_lens is None else plan.num_logits
-            step, input_ids = self.buffers.fill(
-                plan.query_lens, plan.seq_lens, plan.block_tables, sample, plan.state_slots, plan.input_ids
-            )
-            if self.plans:
-                step = self._plan(step)
-            if plan.token_slots is not None:
-                step = dataclasses.replace(step, token_states=self._token_states(plan, step))
             capture = [] if self.capture_layers else None
             hidden = self.forward(input_ids, step) if capture is None else self.model(input_ids, step, capture=capture)
             self.last_hidden, self.last_step, self.last_captured = hidden, step, capture
@@ -152,6 +162,37 @@ class ModelRunner:
                 return []
             logits = self.model.compute_logits(hidden[step.logits_indices])
             return self._sample(logits, sampled or [], plan)
+
+    def forward_stage(self, plan: StepPlan, intermediate: dict[str, torch.Tensor] | None = None):
+        """Pipeline parallelism: this stage's layers over ``plan``'s rows, from the previous stage's
+        ``intermediate`` (None on the first stage). Returns what the stage sends on (a dict of tensors),
+        or on the last stage the float32 logits of the rows ``plan`` samples; None when there are none."""
+        with torch.inference_mode():
+            step, input_ids = self._prepare(plan)
+            if step is None:
+                return None
+            out = self.model(input_ids, step, None, intermediate)
+            if not self.stage.last:
+                return out
+            if step.logits_indices.numel() == 0:
+                return None
+            return self.model.compute_logits(out[step.logits_indices])
+
+    def _prepare(self, plan: StepPlan) -> tuple[Step | None, torch.Tensor | None]:
+        """``plan``'s cache operations applied (even without rows: a snapshot must not be lost), and its
+        ``Step`` and input ids in the persistent buffers, planned; (None, None) when it has no rows."""
+        self.cache.apply(plan.cache_ops)
+        if not plan.query_lens:
+            return None, None
+        sample = plan.sample if plan.spec_lens is None else plan.num_logits
+        step, input_ids = self.buffers.fill(
+            plan.query_lens, plan.seq_lens, plan.block_tables, sample, plan.state_slots, plan.input_ids
+        )
+        if self.plans:
+            step = self._plan(step)
+        if plan.token_slots is not None:
+            step = dataclasses.replace(step, token_states=self._token_states(plan, step))
+        return step, input_ids
 
     def _token_states(self, plan: StepPlan, step: Step) -> TokenStates:
         n, dev = len(plan.token_slots), self.device

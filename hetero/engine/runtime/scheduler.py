@@ -32,6 +32,9 @@ class Scheduler:
     ``num_lookahead_tokens`` positions more, where the proposer writes the next step's draft KV.
     ``postprocess`` counts only the accepted rows as computed (``num_computed_tokens`` moves past the
     accepted drafts and no further), so a block holding a rejected token is never hashed.
+
+    Pipeline parallelism: the sequences in ``in_flight`` (a step of theirs is still in the pipeline) are
+    neither scheduled nor preempted until their step's tokens come back.
     """
 
     def __init__(
@@ -52,6 +55,8 @@ class Scheduler:
         self.num_lookahead_tokens = num_lookahead_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.in_flight: set[Sequence] = set()
+        self._cap = max_num_seqs
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -94,15 +99,17 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> ScheduledBatch:
-        """The next step's batch (decodes first, then prefill chunks)."""
+    def schedule(self, max_seqs: int | None = None) -> ScheduledBatch:
+        """The next step's batch (decodes first, then prefill chunks), of at most ``max_seqs`` sequences
+        (pipeline parallelism spreads the running sequences over its micro-batches)."""
         batch = ScheduledBatch()
+        self._cap = max_seqs or self.max_num_seqs
         budget = self._schedule_decodes(batch)
         for seq in self.running:
-            if budget == 0:
+            if budget == 0 or len(batch) >= self._cap:
                 break
             remaining = seq.num_tokens - seq.num_computed_tokens
-            if remaining > 1:
+            if remaining > 1 and seq not in self.in_flight:
                 chunk = self._chunk(seq, budget)
                 batch.add(seq, chunk)
                 budget -= chunk
@@ -114,13 +121,13 @@ class Scheduler:
     def _schedule_decodes(self, batch: ScheduledBatch) -> int:
         budget = self.max_num_batched_tokens
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0 and len(batch) < self._cap:
             seq = self.running[i]
-            if seq.num_tokens - seq.num_computed_tokens == 1:
+            if seq.num_tokens - seq.num_computed_tokens == 1 and seq not in self.in_flight:
                 drafts = self._drafts(seq, budget)
                 extra = self._room(seq, len(drafts) + self.num_lookahead_tokens)
                 while not self.block_manager.can_append(seq, extra):
-                    victim = self.running[-1]
+                    victim = next((s for s in reversed(self.running) if s not in self.in_flight), seq)
                     self._preempt(victim, batch)
                     if victim is seq:
                         return budget
@@ -159,7 +166,7 @@ class Scheduler:
         batch.preempted.append(seq)
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and len(batch) < self._cap:
             seq = self.waiting[0]
             reuse, extra = seq.imported is None, self._room(seq, self.num_lookahead_tokens)
             if not self.block_manager.can_allocate(seq, reuse, extra):
@@ -198,11 +205,15 @@ class Scheduler:
         for i, (seq, query_len, sample, drafts) in enumerate(
             zip(batch.seqs, batch.query_lens, batch.sample, batch.drafts)
         ):
+            if not sample and seq.is_finished:
+                continue
             if not sample:
                 seq.num_computed_tokens += query_len
                 self.block_manager.cache_computed(seq)
                 continue
             tokens = next(lists)
+            if seq.is_finished:  # aborted while its step was in the pipeline
+                continue
             tokens = [tokens] if isinstance(tokens, int) else tokens
             if drafts:
                 seq.spec_decode.add([len(drafts)], [tokens])

@@ -34,13 +34,13 @@ def open_role(
     from hetero.serve.pd.transfer import KVReceiver, KVSender
     from hetero.serve.pd.wire import tokens_per_payload
 
-    if llm.runner.parallel.size > 1:
+    if llm.world.size > 1:
         raise UsageError(
-            f"hetero serve --role {role}: disaggregation needs tensor_parallel_size 1 on both instances "
-            f"(an exported cache is one rank's shard), got {llm.runner.parallel.size}",
+            f"hetero serve --role {role}: disaggregation needs one process (tensor and pipeline parallel "
+            f"size 1) on both instances (an exported cache is one rank's shard), got {llm.world.size}",
             arg="--tensor-parallel-size",
             expected=1,
-            got=llm.runner.parallel.size,
+            got=llm.world.size,
         )
     link = connect(role, addr, Identity.of(llm, role), timeout_s)
     if role == "prefill":
