@@ -66,6 +66,8 @@ engine_args=(--device cuda)
 if (( smoke )); then
   export HETERO_TRITON_INTERPRET=1
   bench_args+=(--smoke --reps 1)  # interpreted timings prove the script runs, not how fast: one run each
+  # GPU_CHECK_SMOKE_OPS: time only these ops (the tests: every kernel already runs in interpreted conformance)
+  if [[ -n "${GPU_CHECK_SMOKE_OPS:-}" ]]; then bench_args+=(--ops "$GPU_CHECK_SMOKE_OPS"); fi
   conformance_args=(--quick --ops rms_norm,silu_and_mul)
   robustness_args=(--ops write_kv,grouped_gemm)
   engine_args=(--quick --device cpu --configs hetero-torch --requests 2 --max-tokens 4)

@@ -136,15 +136,3 @@ def test_unimplemented_ops_are_fallback_never_pass():
     assert all(s == "pass" for op, s in statuses if op == "gemm") and all(
         s == "fallback" for op, s in statuses if op != "gemm"
     )
-
-
-def test_reference_passes_the_full_catalog():
-    """Every case of the full tier is well-formed and the reference meets its own tolerances (the quick cases:
-    test_reference_passes_every_quick_case)."""
-    registry = hetero.Registry(entry_points=[])
-    registry.register(hetero_cpu_ref.plugin, "cpu_ref")
-    runner = Runner(registry.load("cpu_ref"), registry.backends["cpu_ref"].cls())
-    quick = {c.id for c in QUICK}
-    rest = [c for c in catalog() if c.id not in quick]
-    bad = [(c.id, r.status, r.message) for c in rest for r in [runner.run(c)] if r.status != "pass"]
-    assert bad == []
