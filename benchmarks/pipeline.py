@@ -1,7 +1,7 @@
 """Pipeline parallelism beside one process: throughput, per-rank memory and the bubble, measured side by side.
 
     .venv/bin/python benchmarks/pipeline.py [--models qwen3,qwen3-0.6b] [--requests 16] [--input-len 64]
-        [--output-len 32] [--repeats 2] [--markdown F] [--json F]
+        [--output-len 32] [--repeats 2] [--partition 15,13] [--markdown F] [--json F]
 
 Targets: engine_vs_vllm.py's checkpoints (``_workloads.MODELS``: a tiny float32 Qwen3 of 8 layers and
 Qwen3-0.6B's shape in bfloat16, 28 layers, random weights). Per target, interleaved over the repeats, every
@@ -105,17 +105,22 @@ def measure(args: argparse.Namespace) -> list[dict]:
             vocab = 151936 if model.real else 256
             prompts = _prompts(args.requests, args.input_len, vocab)
             engine = dict(model=str(paths[name]), backend="torch", dtype=model.dtype, max_num_seqs=args.requests)
-            runs: dict[str, list[list[dict]]] = {c[0]: [] for c in CONFIGS}
+            configs = list(CONFIGS)
+            if args.partition:
+                configs.append((f"PP=2, partition {args.partition}", 2, 1, None))
+            runs: dict[str, list[list[dict]]] = {c[0]: [] for c in configs}
             for _ in range(args.repeats):
-                for label, pp, threads, microbatches in CONFIGS:
+                for label, pp, threads, microbatches in configs:
                     extra = {"pipeline_parallel_size": pp} if pp > 1 else {}
                     if microbatches:
                         extra["pipeline_microbatches"] = microbatches
+                    if label.startswith("PP=2, partition"):
+                        extra["pp_layer_partition"] = args.partition
                     spec = dict(engine=dict(engine, **extra), threads=threads, prompts=prompts)
                     spec.update(output_len=args.output_len, out=str(root / "out.json"))
                     runs[label].append(_run(spec, pp, root))
             base_tokens = runs[CONFIGS[0][0]][0][0]["tokens"]
-            for label, pp, threads, _ in CONFIGS:
+            for label, pp, threads, _ in configs:
                 tps = [args.requests * args.output_len / ranks[0]["seconds"] for ranks in runs[label]]
                 last = runs[label][-1]
                 rows.append(
@@ -129,8 +134,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
                         same_tokens=last[0]["tokens"] == base_tokens,
                     )
                 )
-            base = rows[-len(CONFIGS)]["tok_s"]
-            for row in rows[-len(CONFIGS) :]:
+            base = rows[-len(configs)]["tok_s"]
+            for row in rows[-len(configs) :]:
                 row["ratio"] = row["tok_s"] / base
     return rows
 
@@ -159,6 +164,7 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--partition", help="one more PP=2 row with this pp_layer_partition (e.g. 15,13)")
     p.add_argument("--markdown")
     p.add_argument("--json")
     args = p.parse_args()

@@ -38,7 +38,7 @@ def check_pipeline(config: EngineConfig) -> None:
         raise UsageError(
             f"speculative_config: method {spec.method!r} drafts with a model that reads the target's embedding "
             "(first stage) and its last hidden states (last stage); under pipeline parallelism only 'ngram' "
-            "runs, as in vLLM",
+            "runs",
             arg="speculative_config.method",
             expected="'ngram' under pipeline parallelism",
             got=spec.method,

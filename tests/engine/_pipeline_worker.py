@@ -28,6 +28,8 @@ def run(job: dict) -> dict:
         temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True, logprobs=job.get("logprobs")
     )
     tokens, logprobs = [], []
+    if job.get("abort_after"):  # step by step; rank 0 aborts the first request after that many steps
+        return aborting(llm, job, params)
     for prompts in job["rounds"]:
         for out in llm.generate(prompts, params, progress=False):
             tokens.append(list(out.token_ids))
@@ -35,6 +37,21 @@ def run(job: dict) -> dict:
     weights, cache = resident_bytes(llm)
     stats = {k: llm.stats[k] for k in ("preemptions", "cached_prompt_tokens")}
     return {"tokens": tokens, "logprobs": logprobs, "weight_bytes": weights, "kv_bytes": cache, "stats": stats}
+
+
+def aborting(llm, job: dict, params) -> dict:
+    """The other requests' tokens (rank 0), whether the first was aborted unfinished and never reported as
+    finished after, and the blocks still in use."""
+    ids = [llm.add_request(p, params) for p in job["rounds"][0]]
+    done, steps, aborted = {}, 0, False
+    while llm.has_unfinished():
+        done.update((o.request_id, o) for o in llm.step() if o.finished)
+        steps += 1
+        if steps == job["abort_after"] and llm.rank == 0:
+            aborted = llm.abort(ids[0]) and ids[0] not in done
+    tokens = [list(done[i].token_ids) for i in ids[1:]] if llm.rank == 0 else []
+    aborted = aborted and ids[0] not in done
+    return {"tokens": tokens, "aborted": aborted, "blocks_in_use": llm.block_manager.num_used_blocks}
 
 
 def main(jobs_path: str, out_path: str) -> None:

@@ -41,10 +41,11 @@ def _one_process(jobs: list[dict]) -> list[dict]:
     return [run({**job, "engine": {k: v for k, v in job["engine"].items() if k not in single}}) for job in jobs]
 
 
-def _job(model, max_tokens: int = 6, rounds=None, logprobs=None, **engine) -> dict:
+def _job(model, max_tokens: int = 6, rounds=None, logprobs=None, abort_after=None, **engine) -> dict:
     base = dict(model=str(model), backend="cpu_ref", dtype="float32", max_num_seqs=8, block_size=8)
     rounds = rounds or [prompts(256, (6, 13, 29, 9), seed=3)]
-    return {"engine": {**base, **engine}, "rounds": rounds, "max_tokens": max_tokens, "logprobs": logprobs}
+    job = {"engine": {**base, **engine}, "rounds": rounds, "max_tokens": max_tokens, "logprobs": logprobs}
+    return dict(job, abort_after=abort_after) if abort_after else job
 
 
 def _check(jobs, got, want, what):
@@ -75,8 +76,17 @@ def test_pp2_is_one_process_for_every_family_and_a_mixed_batch(checkpoints, tmp_
         _job(checkpoints("qwen3_next"), 10, **mixed, speculative_config=spec),
     ]
     want = _one_process(jobs)
+    # abort: rank 0 ends a request while its micro-batch is in the pipeline; the others run on
+    abort = _job(checkpoints("qwen3"), 12, pipeline_parallel_size=2, abort_after=3)
+    jobs.append(abort)
     got = _torchrun(jobs, tmp_path, 2)
+    aborted = [g.pop() for g in got]
+    jobs.pop()
     _check(jobs, got, want, "PP=2")
+    assert aborted[0]["aborted"] and aborted[0]["blocks_in_use"] == 0, aborted[0]
+    rest = {k: v for k, v in abort.items() if k != "abort_after"}
+    alone = _one_process([dict(rest, rounds=[abort["rounds"][0][1:]])])[0]["tokens"]
+    assert aborted[0]["tokens"] == alone, "the requests beside the aborted one changed"
     for i in (-2, -1):
         for stats in (got[0][i]["stats"], want[i]["stats"]):
             assert stats["preemptions"] > 0 and stats["cached_prompt_tokens"] > 0, (i, stats)
