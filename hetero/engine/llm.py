@@ -165,6 +165,13 @@ class LLM:
 
     def export_cache(self, request_id: str) -> SequenceCache:
         """The cache of a running request's computed tokens, on the CPU in a layout another engine imports."""
+        if self.pipeline is not None:
+            raise UsageError(
+                "export_cache: not supported under pipeline parallelism (each stage holds its own layers' cache)",
+                arg="pipeline_parallel_size",
+                expected=1,
+                got=self.config.pipeline_parallel_size,
+            )
         for seq in self.scheduler.running:
             if seq.request_id == request_id:
                 return export_sequence_cache(
