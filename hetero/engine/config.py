@@ -53,7 +53,7 @@ class EngineConfig:
     - ``pipeline_parallel_size``: stages the decoder layers are split over (torchrun starts
       tensor_parallel_size x pipeline_parallel_size processes; ``hetero.engine.pipeline``);
       ``pp_layer_partition``: layers per stage (a list, or "12,12,8"), else an even split;
-      ``pipeline_microbatches``: steps in flight at once (None: one per stage; 1: no overlap).
+      ``pipeline_microbatches``: steps in flight at once (None: one per stage, the most; 1: no overlap).
     - ``device``: device of the backend (None: its default); ``seed``: sampling seed.
     - ``compile``: run decode-only steps through ``torch.compile`` of the model's forward
       (``hetero.engine.runtime.compiled``), with the registry's value checks off; outputs stay

@@ -101,7 +101,9 @@ def test_pp3_on_odd_layer_counts_and_a_partition(checkpoints, tmp_path):
     from hetero.tools import tiny
 
     five = tiny.build("qwen3", tmp_path / "five", num_hidden_layers=5)
+    moe = tiny.build("qwen3_moe", tmp_path / "moe", num_hidden_layers=3)
     jobs = [_job(five, pipeline_parallel_size=3), _job(five, pipeline_parallel_size=3, pp_layer_partition="1,3,1")]
+    jobs.append(_job(moe, pipeline_parallel_size=3))
     archs = ("deepseek_v3", "deepseek_v32", "qwen3_next", "deepseek_v4")  # V4: one compressed layer kind a stage
     jobs += [_job(checkpoints(a), pipeline_parallel_size=3) for a in archs]
     want = _one_process(jobs)

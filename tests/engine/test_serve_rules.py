@@ -113,6 +113,7 @@ class _FakeLLM:
 
     def __init__(self):
         self.runner = SimpleNamespace(parallel=SimpleNamespace(size=1))
+        self.world, self.pipeline = SimpleNamespace(size=1), None  # one process: no followers, no pipeline
         self.scheduler = SimpleNamespace(has_unfinished=lambda: bool(self.requests))
         self.requests: dict[str, list] = {}
         self.aborted: list[str] = []

@@ -68,7 +68,7 @@ class MicroBatchPipeline:
 
     def __init__(self, runner: ModelRunner, in_flight: set[Sequence], depth: int | None = None):
         self.runner, self.stage, self.in_flight = runner, runner.stage, in_flight
-        self.depth = depth or self.stage.size
+        self.depth = min(depth or self.stage.size, self.stage.size)  # more than P could never all be busy
         self.flying: deque[tuple[int, ScheduledBatch]] = deque()  # rank 0: (tick, batch), oldest first
         self.held: tuple[MicroBatch | None, dict[str, torch.Tensor]] = (None, {})  # stages > 0
         self.requests: dict[int, _Request] = {}  # the sampling rank
@@ -124,8 +124,8 @@ class MicroBatchPipeline:
         if batch is None or not (batch.seqs or batch.cache_ops):
             return MicroBatch(self.ticks, StepPlan(), released=released) if released else None
         sampling = []
-        for seq, drafts in zip(batch.seqs, batch.drafts):
-            if seq in batch.sampled_seqs:
+        for seq, drafts, sampled in zip(batch.seqs, batch.drafts, batch.sample):
+            if sampled:
                 sampling.append((seq.index, None if seq.index in self.sent else seq.sampling_params, list(drafts)))
                 self.sent[seq.index] = seq
         stateful = self.runner.num_state_slots > 0
