@@ -24,8 +24,16 @@ def sampling_params(body, max_tokens: int, logprobs: int | None) -> SamplingPara
 
 
 def usage(out: RequestOutput) -> dict:
+    """OpenAI's usage, with ``prompt_tokens_details.cached_tokens``: the prompt tokens the prefix cache
+    served (how a client, or a test, sees that a router sent the request where its prefix was)."""
     prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = {"cached_tokens": int(out.metrics.get("num_cached_tokens", 0))}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": cached,
+    }
 
 
 class Choice:

@@ -25,10 +25,13 @@ from hetero.engine import LLM
 from hetero.errors import UsageError
 from hetero.serve._choices import Choice, ChoiceStream, sampling_params, usage
 from hetero.serve._disconnect import ClientGone, unless_gone
+from hetero.serve.auth import require_api_key
 from hetero.serve.engine_loop import EngineLoop
+from hetero.serve.kv_events import KVEventPublisher
 from hetero.serve.metrics import ServerMetrics
 from hetero.serve.pd.roles import DecodeRole, PrefillRole, Unavailable
 from hetero.serve.protocol import ChatCompletionRequest, CompletionRequest, error_body
+from hetero.serve.worker_api import worker_routes
 
 __all__ = ["build_app"]
 
@@ -40,12 +43,37 @@ class BadRequest(Exception):
 
 
 def build_app(
-    llm: LLM, model_name: str, pd: PrefillRole | DecodeRole | None = None, metrics: ServerMetrics | None = None
+    llm: LLM,
+    model_name: str,
+    pd: PrefillRole | DecodeRole | None = None,
+    metrics: ServerMetrics | None = None,
+    *,
+    kv_events: KVEventPublisher | None = None,
+    api_key: str | None = None,
 ) -> FastAPI:
     """The app serving ``llm`` as ``model_name``; its engine thread runs while the app is up (lifespan).
-    ``pd``: this instance's side of prefill/decode disaggregation (its counters in ``metrics``)."""
+    ``pd``: this instance's side of prefill/decode disaggregation (its counters in ``metrics``); ``kv_events``:
+    where each step's KV events go (closed with the app); ``api_key``: required on the ``/v1/`` routes (``auth``)."""
     metrics = metrics or ServerMetrics(model_name)
-    engine = EngineLoop(llm, on_step=metrics.on_step)
+    blocks = llm.block_manager.blocks
+    if kv_events is not None:
+        blocks.events = []
+
+    def publish() -> None:
+        if kv_events is not None:
+            events, blocks.events = blocks.events, []
+            kv_events.publish(events)
+
+    def on_step(llm: LLM, outputs) -> None:
+        metrics.on_step(llm, outputs)
+        publish()
+
+    def reset(llm: LLM) -> int:
+        evicted = blocks.reset_prefix_cache()
+        publish()
+        return evicted
+
+    engine = EngineLoop(llm, on_step=on_step)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -54,12 +82,24 @@ def build_app(
         engine.start()
         yield
         engine.stop()
+        if kv_events is not None:
+            kv_events.close()
 
     app = FastAPI(title="hetero", lifespan=lifespan)
     app.state.engine, app.state.metrics, app.state.model_name = engine, metrics, model_name
     _errors(app)
+    if api_key:
+        require_api_key(app, api_key)
     _routes(app, llm, engine, metrics, model_name, pd)
+    ids, chat_ids = (lambda p: _prompt_ids(llm, p)), (lambda b: _render_chat(llm, b))
+    worker_routes(app, llm, engine, model_name, kv_events, ids, chat_ids, reset)
     return app
+
+
+def _prompt_ids(llm: LLM, prompt) -> list[int]:
+    if isinstance(prompt, str) and llm.tokenizer is None:
+        raise BadRequest("this checkpoint has no tokenizer: send the prompt as a list of token ids", "prompt")
+    return llm.encode(prompt)
 
 
 def _errors(app: FastAPI) -> None:
@@ -248,7 +288,12 @@ async def _events(out, outputs: AsyncIterator, state: ChoiceStream, shape: _Shap
                 yield f"data: {json.dumps(shape.envelope([delta], chunk=True))}\n\n"
             if state.done:
                 break
-            out = await anext(outputs)
+            try:
+                out = await anext(outputs)
+            except Exception as e:  # noqa: BLE001  (the engine failed the request: say so, never a silent cut)
+                error = error_body(f"the request failed mid-stream: {e}", 500, None, "InternalServerError")
+                yield f"data: {json.dumps(error)}\n\n"
+                break
     finally:
         await outputs.aclose()  # a client gone mid-stream: the request is aborted, its blocks freed
     yield "data: [DONE]\n\n"

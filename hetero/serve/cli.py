@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,18 @@ def _add_serve_parser(sub: Any) -> None:
     pipeline_arg(p)
     compile_arg(p)
     speculative_arg(p)
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("HETERO_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' on /v1/ requests (default: $HETERO_API_KEY)",
+    )
+    p.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help="publish KV events as vLLM does, for vllm-router's kv_aware policy: e.g. '{\"enable_kv_cache_events\": "
+        'true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'',
+    )
     pd = p.add_argument_group("prefill/decode disaggregation")
     pd.add_argument(
         "--role",
@@ -113,8 +126,10 @@ def _serve_model(args: argparse.Namespace, console: Any) -> int:
     from hetero.engine import LLM
     from hetero.serve.app import build_app
     from hetero.serve.engine_loop import follow
+    from hetero.serve.kv_events import KVEventPublisher, KVEventsConfig
     from hetero.serve.metrics import ServerMetrics
 
+    events_config = KVEventsConfig.parse(args.kv_events_config)  # refused before the model loads
     extra = {"max_model_len": args.max_model_len} if args.max_model_len else {}
     llm = LLM(
         args.model,
@@ -137,6 +152,7 @@ def _serve_model(args: argparse.Namespace, console: Any) -> int:
         return EXIT_OK
     name = args.served_model_name or Path(args.model).resolve().name
     metrics, pd = ServerMetrics(name), None
+    kv_events = KVEventPublisher(events_config) if events_config is not None else None
     if args.role is not None:
         from hetero.serve.pd import open_role
 
@@ -154,5 +170,6 @@ def _serve_model(args: argparse.Namespace, console: Any) -> int:
     console.print(
         f"serving {name} (backend {args.backend or 'auto'}){role} on http://{args.host}:{args.port}/v1", highlight=False
     )
-    uvicorn.run(build_app(llm, name, pd, metrics), host=args.host, port=args.port, log_level="warning")
+    app = build_app(llm, name, pd, metrics, kv_events=kv_events, api_key=args.api_key)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return EXIT_OK

@@ -125,6 +125,22 @@ class EngineLoop:
             export,
         )
 
+    @property
+    def num_requests(self) -> int:
+        """Requests this server has in the engine now (waiting, running or exporting): its load."""
+        return len(self._streams)
+
+    async def call(self, fn: Callable[[LLM], object]) -> object:
+        """``fn(llm)`` run on the engine thread between two steps (the engine's state is that thread's);
+        its result, or its exception raised here."""
+        loop = asyncio.get_running_loop()
+        call = _Call(fn, loop, loop.create_future())
+        self._send(call)
+        result = await call.done
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
     def _send(self, command: tuple) -> None:
         self._commands.put(command)
         self._wake.set()
@@ -171,6 +187,13 @@ class EngineLoop:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
+            if isinstance(command, _Call):
+                try:
+                    result: object = command.fn(self.llm)
+                except Exception as e:  # noqa: BLE001  (the caller learns why)
+                    result = e
+                command.loop.call_soon_threadsafe(_settle_value, command.done, result)
+                continue
             if isinstance(command, tuple):  # ("abort", request_id)
                 if self._streams.pop(command[1], None) is not None:
                     self._exports.discard(command[1])
@@ -225,6 +248,18 @@ def follow(llm: LLM) -> None:
             return
         if what == "step":
             llm.step()
+
+
+@dataclass
+class _Call:
+    fn: Callable[[LLM], object]
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future
+
+
+def _settle_value(future: asyncio.Future, value: object) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def _settle(future: asyncio.Future, error: BaseException | None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from hetero.engine.runtime.kv_events import BlockRemoved, BlockStored
 from hetero.engine.runtime.sequence import Sequence
 
 __all__ = ["BlockAllocator", "block_hash"]
@@ -45,6 +46,7 @@ class BlockAllocator:
         self._blocks = [_Block(i) for i in range(num_blocks)]
         self._free: dict[int, None] = dict.fromkeys(range(num_blocks))  # insertion order = order freed
         self._cached: dict[int, int] = {}  # block hash -> block id
+        self.events: list | None = None  # a list: KV events (``kv_events``) are appended to it
 
     @property
     def num_free_blocks(self) -> int:
@@ -125,6 +127,9 @@ class BlockAllocator:
             if h not in self._cached and block.hash is None:
                 block.hash, block.token_ids = h, tokens
                 self._cached[h] = block.block_id
+                if self.events is not None:
+                    parent = seq.block_hashes[-2] if len(seq.block_hashes) > 1 else None
+                    self.events.append(BlockStored([h], parent, list(tokens), bs))
 
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s blocks, last block first (so its prefix stays cached longest)."""
@@ -141,8 +146,20 @@ class BlockAllocator:
         block_id = next(iter(self._free))
         del self._free[block_id]
         block = self._blocks[block_id]
-        if block.hash is not None:
-            del self._cached[block.hash]
-            block.hash, block.token_ids = None, ()
+        self._evict(block)
         block.ref_count = 1
         return block_id
+
+    def _evict(self, block: _Block) -> None:
+        if block.hash is not None:
+            del self._cached[block.hash]
+            if self.events is not None:
+                self.events.append(BlockRemoved([block.hash]))
+            block.hash, block.token_ids = None, ()
+
+    def reset_prefix_cache(self) -> int:
+        """Evict every cached block no sequence uses (vLLM's ``/reset_prefix_cache``); how many were."""
+        idle = [self._blocks[b] for b in self._free if self._blocks[b].hash is not None]
+        for block in idle:
+            self._evict(block)
+        return len(idle)
