@@ -55,21 +55,20 @@ def build_app(
     ``pd``: this instance's side of prefill/decode disaggregation (its counters in ``metrics``); ``kv_events``:
     where each step's KV events go (closed with the app); ``api_key``: required on the ``/v1/`` routes (``auth``)."""
     metrics = metrics or ServerMetrics(model_name)
-    blocks = llm.block_manager.blocks
+    cache = llm.block_manager
     if kv_events is not None:
-        blocks.events = []
+        cache.record_kv_events()
 
     def publish() -> None:
         if kv_events is not None:
-            events, blocks.events = blocks.events, []
-            kv_events.publish(events)
+            kv_events.publish(cache.take_kv_events())
 
     def on_step(llm: LLM, outputs) -> None:
         metrics.on_step(llm, outputs)
         publish()
 
     def reset(llm: LLM) -> int:
-        evicted = blocks.reset_prefix_cache()
+        evicted = cache.reset_prefix_cache()
         publish()
         return evicted
 

@@ -2,7 +2,7 @@
 
 ``--kv-events-config`` takes vLLM's ``kv_events_config`` keys. Each step's events (``BlockStored`` when a
 full block is computed and registered in the prefix cache, ``BlockRemoved`` when it is evicted,
-``hetero.engine.runtime.kv_events``) go out as one batch on a ZMQ PUB socket bound at ``endpoint``: the
+``hetero.engine.kv_events``) go out as one batch on a ZMQ PUB socket bound at ``endpoint``: the
 frames ``[topic, sequence number (8 bytes, big-endian), msgpack([timestamp, [event maps], data-parallel
 rank 0])]``, the sequence counting batches from 0. ``/kv_event_sources`` tells a router where to subscribe.
 """
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from hetero.engine.runtime.kv_events import to_wire
+from hetero.engine.kv_events import to_wire
 from hetero.errors import UsageError
 
 __all__ = ["KVEventsConfig", "KVEventPublisher"]
@@ -93,7 +93,7 @@ class KVEventPublisher:
         self.seq = 0
 
     def publish(self, events: list) -> None:
-        """Send ``events`` (``hetero.engine.runtime.kv_events``) as the next batch; nothing when empty."""
+        """Send ``events`` (``hetero.engine.kv_events``) as the next batch; nothing when empty."""
         if not events:
             return
         import msgpack

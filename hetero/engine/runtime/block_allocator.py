@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from hetero.engine.runtime.kv_events import BlockRemoved, BlockStored
+from hetero.engine.kv_events import BlockRemoved, BlockStored
 from hetero.engine.runtime.sequence import Sequence
 
 __all__ = ["BlockAllocator", "block_hash"]

@@ -44,6 +44,23 @@ class BlockManager:
         self.slots = SlotAllocator(num_state_slots, num_state_snapshots, state_group) if num_state_slots else None
         self._ops: list[CacheOp] = []
 
+    def record_kv_events(self) -> None:
+        """From now on, keep the prefix cache's KV events (``hetero.engine.kv_events``) for ``take_kv_events``."""
+        if self.blocks.events is None:
+            self.blocks.events = []
+
+    def take_kv_events(self) -> list:
+        """The KV events since the last call, oldest first (none unless ``record_kv_events`` was called)."""
+        events = self.blocks.events
+        if events is None:
+            return []
+        self.blocks.events = []
+        return events
+
+    def reset_prefix_cache(self) -> int:
+        """Evict every cached block no sequence uses (vLLM's ``reset_prefix_cache``); how many were."""
+        return self.blocks.reset_prefix_cache()
+
     @property
     def num_blocks(self) -> int:
         return self.blocks.num_blocks

@@ -1,8 +1,8 @@
 """What the prefix cache tells a cache-aware router: blocks stored (computed and registered under their hash)
 and removed (evicted), as vLLM's KV events name them (``vllm/distributed/kv_events.py``).
 
-The allocator appends these to ``BlockAllocator.events`` when a list is set there; ``hetero serve`` drains
-them after each step and publishes them (``hetero.serve.kv_events``). Hashes are the allocator's own,
+``BlockManager.record_kv_events`` turns them on and ``take_kv_events`` drains them; ``hetero serve`` does so
+after each step and publishes them (``hetero.serve.kv_events``). Hashes are the allocator's own,
 as unsigned 64-bit integers: a router uses them only to chain a block to its parent and to remove it.
 """
 
