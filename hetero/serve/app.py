@@ -15,6 +15,7 @@ import contextlib
 import json
 import time
 import uuid
+from functools import partial
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -26,6 +27,7 @@ from hetero.errors import UsageError
 from hetero.serve._choices import Choice, ChoiceStream, sampling_params, usage
 from hetero.serve._disconnect import ClientGone, unless_gone
 from hetero.serve.auth import require_api_key
+from hetero.serve.drain import refuse_while_draining
 from hetero.serve.engine_loop import EngineLoop
 from hetero.serve.kv_events import KVEventPublisher
 from hetero.serve.metrics import ServerMetrics
@@ -87,11 +89,11 @@ def build_app(
     app = FastAPI(title="hetero", lifespan=lifespan)
     app.state.engine, app.state.metrics, app.state.model_name = engine, metrics, model_name
     _errors(app)
+    refuse_while_draining(app)
     if api_key:
         require_api_key(app, api_key)
     _routes(app, llm, engine, metrics, model_name, pd)
-    ids, chat_ids = (lambda p: _prompt_ids(llm, p)), (lambda b: _render_chat(llm, b))
-    worker_routes(app, llm, engine, model_name, kv_events, ids, chat_ids, reset)
+    worker_routes(app, llm, engine, model_name, kv_events, partial(_prompt_ids, llm), partial(_render_chat, llm), reset)
     return app
 
 

@@ -59,6 +59,13 @@ def _add_serve_parser(sub: Any) -> None:
         help="publish KV events as vLLM does, for vllm-router's kv_aware policy: e.g. '{\"enable_kv_cache_events\": "
         'true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'',
     )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM: refuse new requests (503) and let the running ones finish for up to S seconds",
+    )
     pd = p.add_argument_group("prefill/decode disaggregation")
     pd.add_argument(
         "--role",
@@ -125,6 +132,7 @@ def _serve_model(args: argparse.Namespace, console: Any) -> int:
 
     from hetero.engine import LLM
     from hetero.serve.app import build_app
+    from hetero.serve.drain import DrainingServer
     from hetero.serve.engine_loop import follow
     from hetero.serve.kv_events import KVEventPublisher, KVEventsConfig
     from hetero.serve.metrics import ServerMetrics
@@ -171,5 +179,6 @@ def _serve_model(args: argparse.Namespace, console: Any) -> int:
         f"serving {name} (backend {args.backend or 'auto'}){role} on http://{args.host}:{args.port}/v1", highlight=False
     )
     app = build_app(llm, name, pd, metrics, kv_events=kv_events, api_key=args.api_key)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+    DrainingServer(config, app, args.drain_timeout).run()
     return EXIT_OK

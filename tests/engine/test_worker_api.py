@@ -93,3 +93,50 @@ def test_a_stream_the_engine_fails_ends_with_an_error_event(served, monkeypatch)
     with urllib.request.urlopen(req, timeout=60) as r:
         events = [line[6:] for line in r.read().decode().splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and "the device fell off the bus" in json.loads(events[-2])["error"]["message"]
+
+
+def test_sigterm_drains_new_requests_get_503_and_the_running_one_finishes(checkpoints):
+    """`hetero serve` under SIGTERM: health and new requests answer 503 (a router retries them elsewhere), the
+    stream already running ends whole, then the process exits."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from _serving import healthy
+
+    from hetero.distributed import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "hetero.cli", "serve", "--model", str(checkpoints("qwen3")), "--backend", "cpu_ref"]
+    cmd += ["--dtype", "float32", "--port", str(port), "--served-model-name", "tiny", "--drain-timeout", "120"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url, streamed = f"http://127.0.0.1:{port}", []
+    try:
+        deadline = time.monotonic() + 120
+        while not healthy(url):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.2)
+        c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def long_stream():
+            extra = {"ignore_eos": True, "return_token_ids": True}
+            chunks = c.completions.create(model="tiny", prompt=[5, 6], max_tokens=400, stream=True, extra_body=extra)
+            streamed.extend(t for ch in chunks for t in ch.choices[0].token_ids)
+
+        runner = threading.Thread(target=long_stream)
+        runner.start()
+        while _call(url + "/get_load")[1]["load"] == 0:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with pytest.raises(urllib.error.HTTPError, match="503"):
+            urllib.request.urlopen(url + "/health", timeout=30)
+        status, body = _call(url + "/v1/completions", "POST", {"model": "tiny", "prompt": [5], "max_tokens": 2})
+        assert status == 503 and body["error"]["type"] == "ServiceUnavailableError", (status, body)
+        runner.join(120)
+        assert len(streamed) == 400, "the running stream was cut"
+        proc.wait(60)
+    finally:
+        proc.kill()
