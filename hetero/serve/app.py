@@ -1,11 +1,8 @@
-"""The OpenAI-compatible HTTP API of ``hetero serve`` (FastAPI): completions, chat completions (both
-streamed as server-sent events on ``stream=true``), models (with ``max_model_len`` and
-``vocab_size``), health and Prometheus metrics.
-
-One ``EngineLoop`` serves every request; a client that disconnects, streamed or not, has its
-request aborted and its blocks freed. A bad request gets OpenAI's error body with status 400 and
-the server goes on serving. With a ``pd`` role the endpoints also take ``kv_transfer_params``
-(prefill/decode disaggregation, ``hetero.serve.pd``).
+"""The OpenAI-compatible HTTP API of ``hetero serve`` (FastAPI): completions, chat completions (both streamed
+as server-sent events on ``stream=true``), models (with ``max_model_len`` and ``vocab_size``), health and
+Prometheus metrics. One ``EngineLoop`` serves every request; a client that disconnects, streamed or not, has
+its request aborted and its blocks freed. A bad request gets OpenAI's error body with status 400 and the server
+goes on serving. With a ``pd`` role the endpoints also take ``kv_transfer_params`` (``hetero.serve.pd``).
 """
 
 from __future__ import annotations
@@ -98,9 +95,13 @@ def build_app(
 
 
 def _prompt_ids(llm: LLM, prompt) -> list[int]:
+    _need_tokenizer(llm, prompt)
+    return llm.encode(prompt)
+
+
+def _need_tokenizer(llm: LLM, prompt) -> None:
     if isinstance(prompt, str) and llm.tokenizer is None:
         raise BadRequest("this checkpoint has no tokenizer: send the prompt as a list of token ids", "prompt")
-    return llm.encode(prompt)
 
 
 def _errors(app: FastAPI) -> None:
@@ -162,8 +163,7 @@ def _routes(
         cache = await _imported(body, pd)
         prefill_only = _prefill_only(body, pd)
         _check_common(body, llm, model_name, prefill_only)
-        if isinstance(body.prompt, str) and llm.tokenizer is None:
-            raise BadRequest("this checkpoint has no tokenizer: send the prompt as a list of token ids", "prompt")
+        _need_tokenizer(llm, body.prompt)
         params = sampling_params(body, body.max_tokens or 16, body.logprobs)
         if prefill_only:
             return await _prefill(pd, engine, llm, body.prompt, request)

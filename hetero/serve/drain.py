@@ -31,8 +31,8 @@ def refuse_while_draining(app: FastAPI) -> None:
             if request.url.path == "/health":
                 return Response("draining", status_code=503)
             if request.url.path.startswith("/v1/"):
-                body = error_body("this instance is draining: send the request elsewhere", 503, None)
-                return JSONResponse(body | {"error": body["error"] | {"type": "ServiceUnavailableError"}}, 503)
+                message = "this instance is draining: send the request elsewhere"
+                return JSONResponse(error_body(message, 503, None, "ServiceUnavailableError"), 503)
         return await call_next(request)
 
 

@@ -19,8 +19,16 @@ from hetero.errors import UsageError
 
 __all__ = ["KVEventsConfig", "KVEventPublisher"]
 
-_KEYS = {"enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "topic", "hwm", "buffer_steps"}
-_KEYS |= {"max_queue_size"}
+_KEYS = {
+    "enable_kv_cache_events",
+    "publisher",
+    "endpoint",
+    "replay_endpoint",
+    "topic",
+    "hwm",
+    "buffer_steps",
+    "max_queue_size",
+}
 
 
 def _bad(key: str, expected: str, got: Any) -> UsageError:

@@ -20,12 +20,23 @@ from torch import nn
 from hetero.engine.context import ModelContext
 from hetero.engine.layers.weights import copy_checked, join_prefix
 
-__all__ = ["HyperConnection", "HyperHead", "expand_streams"]
+__all__ = ["HyperConnection", "HyperHead", "expand_streams", "entry_streams"]
 
 
 def expand_streams(hidden: torch.Tensor, streams: int) -> torch.Tensor:
     """The embedding output [T, H] copied into ``streams`` identical streams [T, N, H]."""
     return hidden.unsqueeze(1).expand(-1, streams, -1).contiguous()
+
+
+def entry_streams(hidden: torch.Tensor, embedded: bool, capture: list | None, streams: int) -> torch.Tensor:
+    """A hyper-connection model's streams at its (pipeline stage's) start: the embedding output ``hidden``
+    (appended to ``capture``) copied into ``streams`` streams when ``embedded``, else ``hidden`` as the previous
+    stage sent it."""
+    if not embedded:
+        return hidden
+    if capture is not None:
+        capture.append(hidden)
+    return expand_streams(hidden, streams)
 
 
 def _float32_params(module: nn.Module, ctx: ModelContext, prefix: str, shapes: dict[str, tuple[int, ...]]) -> None:

@@ -28,7 +28,7 @@ from torch import nn
 from hetero.engine.context import ModelContext
 from hetero.engine.layers.cached import compressed_block_table
 from hetero.engine.layers.compressed_attention import CompressedAttention
-from hetero.engine.layers.hyper import HyperConnection, HyperHead, expand_streams
+from hetero.engine.layers.hyper import HyperConnection, HyperHead, entry_streams
 from hetero.engine.layers.moe_v4 import DeepseekV4MoE
 from hetero.engine.layers.norm import RMSNorm
 from hetero.engine.layers.rotary import RotaryEmbedding
@@ -197,11 +197,8 @@ class DeepseekV4Model(DecoderModel):
         }
 
     def forward(self, input_ids: torch.Tensor, step: Step, capture=None, intermediate=None):  # type: ignore[override]
-        streams, _ = self.stage_input(input_ids, intermediate)
-        if intermediate is None:
-            if capture is not None:
-                capture.append(streams)
-            streams = expand_streams(streams, self.streams)
+        hidden, _ = self.stage_input(input_ids, intermediate)
+        streams = entry_streams(hidden, intermediate is None, capture, self.streams)
         metas = self.compressed_metas(step)
         for layer in self.owned:
             streams = layer(streams, input_ids, step, metas, capture)

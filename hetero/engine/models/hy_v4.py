@@ -29,7 +29,7 @@ from torch import nn
 
 from hetero.engine.context import ModelContext
 from hetero.engine.layers.dsa import SharedIndices, SparseMLAttention, indexer_types_of
-from hetero.engine.layers.hyper import HyperConnection, HyperHead, expand_streams
+from hetero.engine.layers.hyper import HyperConnection, HyperHead, entry_streams
 from hetero.engine.layers.linear import ColumnParallelLinear
 from hetero.engine.layers.rotary import RotaryEmbedding
 from hetero.engine.layers.weights import head_param, join_prefix
@@ -158,11 +158,8 @@ class HYV4Model(DecoderModel):
         self.share_indices(SharedIndices(), indexer_types_of(config))
 
     def forward(self, input_ids: torch.Tensor, step: Step, capture=None, intermediate=None):  # type: ignore[override]
-        streams, _ = self.stage_input(input_ids, intermediate)
-        if intermediate is None:
-            if capture is not None:
-                capture.append(streams)
-            streams = expand_streams(streams, self.streams)
+        hidden, _ = self.stage_input(input_ids, intermediate)
+        streams = entry_streams(hidden, intermediate is None, capture, self.streams)
         for layer in self.owned:
             streams, _ = layer(streams, None, step, capture)
         if not self.last:
