@@ -7,7 +7,6 @@ goes on serving. With a ``pd`` role the endpoints also take ``kv_transfer_params
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -16,7 +15,6 @@ from functools import partial
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from hetero.engine import LLM
@@ -28,8 +26,8 @@ from hetero.serve.drain import refuse_while_draining
 from hetero.serve.engine_loop import EngineLoop
 from hetero.serve.kv_events import KVEventPublisher
 from hetero.serve.metrics import ServerMetrics
-from hetero.serve.pd.roles import DecodeRole, PrefillRole, Unavailable
-from hetero.serve.protocol import ChatCompletionRequest, CompletionRequest, error_body
+from hetero.serve.pd.roles import DecodeRole, PrefillRole, Unavailable, imported, prefill, wants_prefill
+from hetero.serve.protocol import ChatCompletionRequest, CompletionRequest, check_limits, error_body, request_errors
 from hetero.serve.worker_api import worker_routes
 
 __all__ = ["build_app"]
@@ -75,11 +73,11 @@ def build_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        if isinstance(pd, DecodeRole):
-            pd.receiver.bind(asyncio.get_running_loop())
         engine.start()
         yield
         engine.stop()
+        if isinstance(pd, DecodeRole):
+            pd.puller.close()
         if kv_events is not None:
             kv_events.close()
 
@@ -105,12 +103,7 @@ def _need_tokenizer(llm: LLM, prompt) -> None:
 
 
 def _errors(app: FastAPI) -> None:
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
-        return JSONResponse(error_body(message, 400, where), status_code=400)
+    request_errors(app)
 
     @app.exception_handler(BadRequest)
     async def bad(_: Request, exc: BadRequest) -> JSONResponse:
@@ -160,64 +153,31 @@ def _routes(
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        cache = await _imported(body, pd)
-        prefill_only = _prefill_only(body, pd)
+        cache = await imported(body, pd)
+        prefill_only = wants_prefill(body, pd)
         _check_common(body, llm, model_name, prefill_only)
         _need_tokenizer(llm, body.prompt)
         params = sampling_params(body, body.max_tokens or 16, body.logprobs)
         if prefill_only:
-            return await _prefill(pd, engine, llm, body.prompt, request)
+            return await prefill(pd, engine, llm, llm.encode(body.prompt), request, model_name, chat=False)
         choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs is not None)
         shape = _Shape("cmpl", "text_completion", model_name, chat=False)
         return await _respond(engine, body.prompt, params, choice, shape, body.stream, request, cache)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
-        cache = await _imported(body, pd)
-        prefill_only = _prefill_only(body, pd)
+        cache = await imported(body, pd)
+        prefill_only = wants_prefill(body, pd)
         _check_common(body, llm, model_name, prefill_only)
         prompt = _render_chat(llm, body)
         limit = body.max_completion_tokens or body.max_tokens or max(1, max_model_len - len(prompt))
         top = (body.top_logprobs or 0) if body.logprobs else None
         params = sampling_params(body, limit, top)
         if prefill_only:
-            return await _prefill(pd, engine, llm, prompt, request)
+            return await prefill(pd, engine, llm, prompt, request, model_name, chat=True)
         choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs)
         shape = _Shape("chatcmpl", "chat.completion", model_name, chat=True)
         return await _respond(engine, prompt, params, choice, shape, body.stream, request, cache)
-
-
-def _prefill_only(body, pd) -> bool:
-    """A prefill request of a disaggregated pair (answered with ``kv_transfer_params``, not tokens)."""
-    if not (body.kv_transfer_params or {}).get("do_remote_decode"):
-        return False
-    if not isinstance(pd, PrefillRole):
-        raise BadRequest(
-            "kv_transfer_params.do_remote_decode: this server is not a prefill instance (hetero serve --role prefill)",
-            "kv_transfer_params",
-        )
-    return True
-
-
-async def _prefill(pd: PrefillRole, engine: EngineLoop, llm: LLM, prompt, request: Request):
-    try:
-        return await unless_gone(request, pd.prefill(engine, llm, prompt))
-    except ClientGone:  # the router gave up: the export is aborted (a cache already on its way is dropped there)
-        return Response(status_code=499)
-
-
-async def _imported(body, pd):
-    """The cache a decode request's ``kv_transfer_params`` names, taken from the KV link (None: none).
-    Taken before the request is checked, so a refused request leaves no cache behind."""
-    params = body.kv_transfer_params or {}
-    if params.get("transfer_id") is None:
-        return None
-    if not isinstance(pd, DecodeRole):
-        raise BadRequest(
-            "kv_transfer_params.transfer_id: this server is not a decode instance (hetero serve --role decode)",
-            "kv_transfer_params",
-        )
-    return await pd.cache(params)
 
 
 def _check_common(body, llm: LLM, model_name: str, prefill_only: bool) -> None:
@@ -226,6 +186,7 @@ def _check_common(body, llm: LLM, model_name: str, prefill_only: bool) -> None:
         raise BadRequest(f"model {body.model!r} is not served here; this server serves {model_name!r}", "model")
     if body.n != 1:
         raise BadRequest(f"n must be 1 (got {body.n})", "n")
+    check_limits(body, llm.config)
     if body.stop and llm.tokenizer is None:
         raise BadRequest("stop strings need a tokenizer, and this checkpoint has none: use stop_token_ids", "stop")
 
@@ -236,7 +197,10 @@ def _render_chat(llm: LLM, body: ChatCompletionRequest) -> list[int]:
         raise BadRequest("this checkpoint has no tokenizer with a chat template: use /v1/completions", "messages")
     messages = [m.model_dump() for m in body.messages]
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    if len(ids) > llm.config.max_model_len:  # the engine's refusal would name "prompt", a field chat has not
+        raise BadRequest(f"messages: {len(ids)} tokens, over max_model_len ({llm.config.max_model_len})", "messages")
+    return ids
 
 
 class _Shape:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero.errors import UsageError
-from hetero.tools._cli_common import EXIT_FAIL, EXIT_OK, compile_arg, model_args, pipeline_arg, speculative_arg
+from hetero.tools._cli_common import EXIT_OK, compile_arg, model_args, pipeline_arg, speculative_arg
 
 __all__ = ["add_parser"]
 
@@ -71,21 +71,19 @@ def _add_serve_parser(sub: Any) -> None:
         "--role",
         choices=("prefill", "decode", "router"),
         default=None,
-        help="prefill: compute prompts' caches and send them to the decode instance; decode: generate "
-        "from them; router: the OpenAI API in front of both (default: serve alone)",
+        help="prefill: compute prompts' caches and hold them for decode instances; decode: pull them and "
+        "generate; router: the OpenAI API in front of one pair (default: serve alone)",
     )
     pd.add_argument(
         "--kv-transfer-addr",
         default=None,
         metavar="HOST:PORT",
-        help="prefill and decode: where they meet (the decode instance listens there)",
+        help="prefill: where decode instances link to this one to pull caches",
     )
     pd.add_argument(
-        "--kv-connect-timeout",
-        type=float,
-        default=600.0,
-        metavar="S",
-        help="prefill and decode: how long to wait for the other (default 600)",
+        "--kv-link-secret",
+        default=os.environ.get("HETERO_KV_LINK_SECRET") or None,
+        help="prefill and decode: the secret both ends of a KV link prove (default: $HETERO_KV_LINK_SECRET)",
     )
     pd.add_argument("--prefill-url", default=None, help="router: the prefill instance, http://HOST:PORT")
     pd.add_argument("--decode-url", default=None, help="router: the decode instance, http://HOST:PORT")
@@ -96,7 +94,7 @@ def _check_role(args: argparse.Namespace) -> None:
     need = {
         "router": ("prefill_url", "decode_url"),
         "prefill": ("model", "kv_transfer_addr"),
-        "decode": ("model", "kv_transfer_addr"),
+        "decode": ("model",),
         None: ("model",),
     }[args.role]
     for name in need:
@@ -162,19 +160,14 @@ def _serve_model(args: argparse.Namespace, console: Any) -> int:
     metrics, pd = ServerMetrics(name), None
     kv_events = KVEventPublisher(events_config) if events_config is not None else None
     if args.role is not None:
+        import socket
+
         from hetero.serve.pd import open_role
 
-        console.print(
-            f"{args.role}: meeting the {'decode' if args.role == 'prefill' else 'prefill'} instance at "
-            f"{args.kv_transfer_addr}",
-            highlight=False,
-        )
-        try:
-            pd = open_role(llm, args.role, args.kv_transfer_addr, args.kv_connect_timeout, metrics.registry)
-        except TimeoutError as e:
-            console.print(f"[red]error:[/] {e}", highlight=False)
-            return EXIT_FAIL
-    role = f" as the {args.role} instance" if args.role else ""
+        who = f"{socket.gethostname()}:{args.port}"
+        pd = open_role(llm, args.role, args.kv_transfer_addr, metrics.registry, args.kv_link_secret, who)
+    links = f", KV links at {args.kv_transfer_addr}" if args.role == "prefill" else ""
+    role = f" as a {args.role} instance{links}" if args.role else ""
     console.print(
         f"serving {name} (backend {args.backend or 'auto'}){role} on http://{args.host}:{args.port}/v1", highlight=False
     )

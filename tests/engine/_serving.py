@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import shutil
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 from typing import Iterator, Sequence
 
 import openai
@@ -151,21 +155,40 @@ def command_servers(
             proc.wait(stop_s)
 
 
-def linked(ident_prefill, ident_decode, timeout_s: float = 60):
-    """Both ends of a link at a free port, connected from two threads: (prefill, decode), or their errors."""
-    from hetero.serve.pd.link import connect
+def pd_ends(ident_prefill, ident_decode, secret=None, decode_secret=None, max_tokens=64, unclaimed_s=120.0, name="d"):
+    """A ``KVSource`` at a free port (whole blocks of 4 tokens a payload) and a ``KVPuller`` (its secret
+    ``decode_secret``, else ``secret``) that pulls from it: ``(source, pull)``, ``pull(transfer_id)``
+    blocking, on the source's current engine."""
+    from hetero.serve.pd.transfer import KVPuller, KVSource
 
-    addr, ends = f"127.0.0.1:{free_port()}", {}
+    source = KVSource(f"127.0.0.1:{free_port()}", ident_prefill, secret, 4, unclaimed_s=unclaimed_s)
+    puller = KVPuller(ident_decode, decode_secret if decode_secret is not None else secret, max_tokens, name)
 
-    def join(role, ident):
-        try:
-            ends[role] = connect(role, addr, ident, timeout_s)
-        except Exception as e:  # noqa: BLE001
-            ends[role] = e
+    def pull(transfer_id: str):
+        server = source.server
+        return asyncio.run(puller.pull(server.host, server.port, server.engine_id, transfer_id))
 
-    threads = [threading.Thread(target=join, args=a) for a in (("decode", ident_decode), ("prefill", ident_prefill))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s + 30)
-    return ends["prefill"], ends["decode"]
+    pull.puller = puller
+    return source, pull
+
+
+ROUTER = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
+
+
+@contextlib.contextmanager
+def router(urls: list[str], *options: str):
+    """vllm-router in front of ``urls`` (``--worker-urls``, unless empty); its URL once /health answers."""
+    port = free_port()
+    cmd = [ROUTER, "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port())]
+    cmd += ["--health-check-interval-secs", "1", *(["--worker-urls", *urls] if urls else []), *options]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not healthy(url):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)

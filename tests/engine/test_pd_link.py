@@ -5,14 +5,18 @@ families crossing from cpu_ref to torch over the link with greedy tokens equal t
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
-import threading
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from _serving import TIMEOUT, linked, prompts
+from _serving import TIMEOUT, pd_ends, prompts
 
+from hetero.distributed import free_port
 from hetero.engine import LLM, SamplingParams
 from hetero.engine.runtime.cache_io import SequenceCache
 from hetero.serve.pd.identity import Identity, fingerprint, refusal
@@ -27,10 +31,11 @@ def identity(paged=(("a.k", "torch.bfloat16", (2, 3)),), state=(("b.s", "torch.f
     return Identity("decode", "/m", fp, tuple(paged), tuple(state))
 
 
-def random_cache(ident: Identity, n: int) -> SequenceCache:
+def random_cache(ident: Identity, n: int, seed: int | None = None) -> SequenceCache:
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
     dt = lambda name: getattr(torch, name.removeprefix("torch."))  # noqa: E731
-    paged = {name: torch.randn(n, *s).to(dt(d)) for name, d, s in ident.paged}
-    state = {name: torch.randn(*s).to(dt(d)) for name, d, s in ident.state}
+    paged = {name: torch.randn(n, *s, generator=gen).to(dt(d)) for name, d, s in ident.paged}
+    state = {name: torch.randn(*s, generator=gen).to(dt(d)) for name, d, s in ident.state}
     return SequenceCache(n, paged, state, list(range(3, 3 + n)))
 
 
@@ -85,41 +90,56 @@ def test_the_fingerprint_sees_other_weights_and_refusal_names_the_difference(che
 
 
 def test_a_link_between_two_models_is_refused_on_both_sides():
-    pre, dec = linked(identity(fp="1" * 32), identity(fp="2" * 32))
-    for end in (pre, dec):
-        assert isinstance(end, KVLinkRefused) and "serves another model" in str(end)
+    source, pull = pd_ends(identity(fp="1" * 32), identity(fp="2" * 32), name="other-model")
+    with pytest.raises(KVLinkRefused, match="serves another model"):
+        pull(source.hold(random_cache(identity(fp="1" * 32), 3)))
+    assert (
+        source.server.refused[-1].startswith("other-model: it refused")
+        and "serves another model" in source.server.refused[-1]
+    )
 
 
-def test_the_link_keeps_in_step_past_a_refused_transfer():
+def test_a_peer_without_the_secret_is_refused_by_name_and_both_go_on_serving():
+    from hetero.serve.pd.transfer import KVPuller
+
     ident = identity()
-    pre, dec = linked(ident, ident)
+    source, stranger = pd_ends(ident, ident, secret="s3cret", decode_secret="guess", name="stranger")
+    srv, cache = source.server, random_cache(ident, 5)
+    transfer = source.hold(cache)
+    with pytest.raises(KVLinkRefused, match="does not hold this link's secret"):
+        stranger(transfer)
+    assert srv.refused[-1].startswith("stranger: ") and "secret" in srv.refused[-1]
+    with pytest.raises(KVLinkRefused, match="secret"):  # no secret at all is no better
+        asyncio.run(KVPuller(ident, None, 64, "nobody").pull(srv.host, srv.port, srv.engine_id, transfer))
+    assert srv.refused[-1].startswith("nobody: ")
+    friend = KVPuller(ident, "s3cret", 64, "friend")
+    assert torch.equal(
+        asyncio.run(friend.pull(srv.host, srv.port, srv.engine_id, transfer)).paged["a.k"], cache.paged["a.k"]
+    )
+    own, _ = pd_ends(ident, ident, secret="guess")  # the refused instance goes on pulling from its own peers
+    mine = own.hold(cache)
+    own_srv = own.server
+    got = asyncio.run(stranger.puller.pull(own_srv.host, own_srv.port, own_srv.engine_id, mine))
+    assert torch.equal(got.state["b.s"], cache.state["b.s"])
+
+
+def test_pulls_keep_in_step_past_refused_and_missing_transfers():
+    ident = identity()
+    source, pull = pd_ends(ident, ident)
     caches = [random_cache(ident, 9), random_cache(ident, 70), random_cache(ident, 3)]
-
-    def send():
-        for i, cache in enumerate(caches):
-            header = header_of(cache, f"t{i}", pre.identity, 4)
-            pre.send(header, payloads(cache, header))
-
-    sender = threading.Thread(target=send)
-    sender.start()
-    got = []
-    for _ in caches:
-        header = dec.recv_header()
-        try:
-            assembly = Assembly(header, dec.identity, max_tokens=64)
-        except ValueError as e:  # 70 tokens: more than this instance takes; drained, and the next one comes
-            got.append(str(e))
-            for _ in dec.recv_payloads(header):
-                pass
-            continue
-        for i, data in enumerate(dec.recv_payloads(header)):
-            assembly.take(i, data)
-        got.append(assembly.result())
-    sender.join(30)
-    assert "'t1' refused: num_tokens" in got[1]
-    for i in (0, 2):
-        assert torch.equal(got[i].paged["a.k"], caches[i].paged["a.k"])
-        assert torch.equal(got[i].state["b.s"], caches[i].state["b.s"])
+    ids = [source.hold(c) for c in caches]
+    assert torch.equal(pull(ids[0]).paged["a.k"], caches[0].paged["a.k"])
+    with pytest.raises(ValueError, match="refused: num_tokens"):  # 70 tokens: more than this instance takes
+        pull(ids[1])
+    with pytest.raises(LookupError, match="holds no KV transfer"):
+        pull("nope")
+    with pytest.raises(LookupError, match="holds no KV transfer"):  # a cache is pulled once
+        pull(ids[0])
+    got = pull(ids[2])
+    assert torch.equal(got.paged["a.k"], caches[2].paged["a.k"]) and torch.equal(
+        got.state["b.s"], caches[2].state["b.s"]
+    )
+    assert source.held() == 0 and len(pull.puller.peers) == 1, "one link served every pull"
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "deepseek_v3", "deepseek_v32", "qwen3_5"])
@@ -127,31 +147,30 @@ def test_caches_cross_backends_over_the_link_with_equal_tokens(arch, checkpoints
     """Dense KV, the MLA latent (with DSA's indexer keys) and the linear-attention state, exported on
     cpu_ref, imported on torch."""
     from hetero.serve.engine_loop import EngineLoop
-    from hetero.serve.pd.transfer import KVReceiver, KVSender
 
     path = str(checkpoints(arch))
     ps = prompts(3, seed=7)
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     want = [o.token_ids for o in LLM(path, **DECODE).generate(ps, greedy, progress=False)]
     prefill, decode = LLM(path, **PREFILL), LLM(path, **DECODE)
-    pre, dec = linked(Identity.of(prefill, "prefill"), Identity.of(decode, "decode"))
-    sender, receiver = KVSender(pre, 5), KVReceiver(dec, decode.config.max_model_len)
+    source, pull = pd_ends(Identity.of(prefill, "prefill"), Identity.of(decode, "decode"), max_tokens=512)
     exporter = EngineLoop(prefill)
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
-    async def run():
-        receiver.bind(asyncio.get_running_loop())
-        for i, p in enumerate(ps):
+    async def export():
+        out = []
+        for p in ps:
             cache = await exporter.export(p[:-1])
             assert bool(cache.state) == (arch == "qwen3_5") and cache.num_tokens == len(p) - 1
-            await sender.send(f"t{i}", cache)
-            decode.add_request(p, params, f"r{i}", cache=await receiver.take(f"t{i}", 30))
+            out.append(source.hold(cache))
+        return out
 
     exporter.start()
     try:
-        asyncio.run(asyncio.wait_for(run(), TIMEOUT))
+        ids = asyncio.run(asyncio.wait_for(export(), TIMEOUT))
     finally:
         exporter.stop()
+    for i, (p, transfer) in enumerate(zip(ps, ids)):
+        decode.add_request(p, greedy, f"r{i}", cache=pull(transfer))
     done = {}
     while decode.has_unfinished():
         done.update((o.request_id, o.token_ids) for o in decode.step() if o.finished)
@@ -161,75 +180,69 @@ def test_caches_cross_backends_over_the_link_with_equal_tokens(arch, checkpoints
     assert decode.stats["prompt_tokens"] == sum(map(len, ps))
 
 
-@pytest.fixture
-def ends(request):
-    """A sender and a receiver over a fresh link, the receiver bound to a loop of its own thread
-    (its unclaimed caches dropped after ``request.param`` seconds, 120 unless parametrized)."""
-    from hetero.serve.pd.transfer import KVReceiver, KVSender
-
+def test_a_cache_nobody_pulls_is_dropped():
     ident = identity()
-    pre, dec = linked(ident, ident)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    receiver = KVReceiver(dec, max_tokens=64, unclaimed_s=getattr(request, "param", 120.0))
-    loop.call_soon_threadsafe(receiver.bind, loop)
-    yield KVSender(pre, 4), receiver, loop, ident
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    source, pull = pd_ends(ident, ident, unclaimed_s=0.4)
+    transfer = source.hold(random_cache(ident, 3))
+    deadline = time.monotonic() + 30
+    while source.held():
+        assert time.monotonic() < deadline, "the unclaimed cache was never dropped"
+        time.sleep(0.05)
+    with pytest.raises(LookupError, match="holds no KV transfer"):
+        pull(transfer)
 
 
-def on(loop, coro, timeout: float = 30):
-    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+def test_a_link_that_breaks_fails_its_pull_only_and_the_next_pull_dials_again(monkeypatch):
+    ident = identity()
+    source, pull = pd_ends(ident, ident)
+    cache = random_cache(ident, 9)
+    pull(source.hold(cache))
+    (peer,) = pull.puller.peers.values()
+
+    def broken(header, window=4):
+        raise RuntimeError("planted: the link broke")
+
+    monkeypatch.setattr(peer.link, "recv_payloads", broken)
+    with pytest.raises(ConnectionError, match="planted"):
+        pull(source.hold(cache))
+    assert torch.equal(pull(source.hold(cache)).paged["a.k"], cache.paged["a.k"])
+    assert list(pull.puller.peers.values())[0] is not peer, "the broken link was replaced"
 
 
-def test_a_cancelled_send_leaves_the_sender_working(ends):
-    sender, receiver, loop, ident = ends
-    caches = [random_cache(ident, 9), random_cache(ident, 5)]
+def test_a_killed_prefill_instance_fails_its_pulls_and_its_restart_is_dialed_again(tmp_path):
+    """A prefill instance in another process, SIGKILLed, then started again on the same port."""
+    ident = identity()
+    port = free_port()
+    _, pull = pd_ends(ident, ident)
+    local, _ = pd_ends(ident, ident)  # another prefill instance, which the death must not touch
+    puller = pull.puller
 
-    async def cancel_one():
-        task = asyncio.ensure_future(sender.send("gone", caches[0]))
-        await asyncio.sleep(0)
-        task.cancel()
-        return await asyncio.gather(task, return_exceptions=True)
+    def start():
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("_kv_source.py")), str(port)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        return proc, json.loads(proc.stdout.readline())
 
-    assert isinstance(on(loop, cancel_one())[0], asyncio.CancelledError)
-    assert on(loop, sender.send("next", caches[1])) > 0 and sender.error is None
-    assert torch.equal(on(loop, receiver.take("next", 30)).paged["a.k"], caches[1].paged["a.k"])
-
-
-@pytest.mark.parametrize("ends", [0.4], indirect=True)
-def test_a_cache_nobody_claims_is_dropped_and_a_second_taker_is_refused(ends):
-    sender, receiver, loop, ident = ends
-    on(loop, sender.send("orphan", random_cache(ident, 3)))
-    for present in (True, False):  # it arrives, and with no other transfer to prompt it, it goes
-        deadline = time.monotonic() + 30
-        while ("orphan" in receiver._ready) != present:
-            assert time.monotonic() < deadline, f"the unclaimed cache was never {'kept' if present else 'dropped'}"
-            time.sleep(0.02)
-
-    async def two_takers():
-        first = asyncio.ensure_future(receiver.take("late", 30))
-        await asyncio.sleep(0.05)
-        with pytest.raises(ValueError, match="already being waited for"):
-            await receiver.take("late", 30)
-        return first
-
-    first = on(loop, two_takers())
-    on(loop, sender.send("late", random_cache(ident, 2)))
-    assert asyncio.run_coroutine_threadsafe(asyncio.wait_for(first, 30), loop).result(40).num_tokens == 2
-
-
-def test_a_receiver_that_fails_closes_the_link_and_the_sender_learns_it(ends, monkeypatch):
-    sender, receiver, loop, ident = ends
-
-    def broken(header):
-        raise RuntimeError("planted: the receiver broke")
-
-    monkeypatch.setattr(receiver, "_receive", broken)
-    with pytest.raises(RuntimeError):  # this transfer, or at the latest the next, finds the link closed
-        for i in range(3):
-            on(loop, sender.send(f"t{i}", random_cache(ident, 4)), timeout=60)
-    assert sender.error is not None and "planted" in repr(receiver.error)
-    with pytest.raises(RuntimeError, match="link .*down"):
-        on(loop, receiver.take("t9", 5))
+    proc, first = start()
+    try:
+        want = random_cache(ident, 6, seed=0)
+        got = asyncio.run(puller.pull("127.0.0.1", port, first["engine"], first["ids"][0]))
+        assert torch.equal(got.paged["a.k"], want.paged["a.k"])
+        proc.kill()
+        proc.wait(30)
+        with pytest.raises((ConnectionError, LookupError)):
+            asyncio.run(puller.pull("127.0.0.1", port, first["engine"], first["ids"][1]))
+        mine = random_cache(ident, 4)
+        srv = local.server
+        assert torch.equal(
+            asyncio.run(puller.pull(srv.host, srv.port, srv.engine_id, local.hold(mine))).paged["a.k"],
+            mine.paged["a.k"],
+        )
+        proc, second = start()
+        assert second["engine"] != first["engine"]
+        got = asyncio.run(puller.pull("127.0.0.1", port, second["engine"], second["ids"][1]))
+        assert torch.equal(got.paged["a.k"], random_cache(ident, 6, seed=1).paged["a.k"])
+    finally:
+        proc.kill()

@@ -4,11 +4,7 @@ instance that holds a prompt's prefix."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,14 +13,13 @@ import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("zmq")
-from _serving import Server, client, concurrent_streams, healthy  # noqa: E402
+from _serving import ROUTER, Server, client, concurrent_streams, router  # noqa: E402
 
 from hetero.distributed import free_port  # noqa: E402
 from hetero.engine import LLM, SamplingParams  # noqa: E402
 from hetero.serve import build_app  # noqa: E402
 from hetero.serve.kv_events import KVEventPublisher, KVEventsConfig  # noqa: E402
 
-ROUTER = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
 ENGINE = dict(backend="cpu_ref", dtype="float32", block_size=16, max_num_seqs=16)
 GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
 POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash", "sticky_least_loaded")
@@ -44,25 +39,6 @@ def instances(checkpoints):
     yield path, made
     for server, _ in made:
         server.stop()
-
-
-@contextlib.contextmanager
-def router(urls: list[str], *options: str):
-    """vllm-router in front of ``urls``; its URL once /health answers."""
-    port = free_port()
-    cmd = [ROUTER, "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port())]
-    cmd += ["--health-check-interval-secs", "1", "--worker-urls", *urls, *options]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while not healthy(url):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def offline(path, prompts, max_tokens):
@@ -92,6 +68,25 @@ def test_every_policy_gives_offline_tokens_streamed_and_not(instances):
             ]
             assert got == want, policy
             assert concurrent_streams(c, "tiny", ps, 5) == want, policy
+
+
+def test_kv_aware_sends_a_shared_prefix_to_the_instance_that_holds_it(instances):
+    """For each instance in turn: a 64-token prefix computed there (directly), then prefix + suffix through the
+    router is served there, its prefix from the cache. (vllm-router scores only requests whose fields it knows:
+    ``return_token_ids`` or any other field outside OpenAI's and vLLM's makes it route by load alone.)"""
+    _, made = instances
+    urls = [s.url for s, _ in made]
+    sources = [f"--kv-event-source={s.url}={events}" for s, events in made]
+    plain = dict(temperature=0.0, extra_body={"ignore_eos": True})
+    with router(
+        urls, "--policy", "kv_aware", "--kv-event-model", "tiny", "--kv-event-block-size", "16", *sources
+    ) as url:
+        for i, (server, _) in enumerate(made):
+            prefix = _prompts(1, 64, seed=20 + i)[0]
+            client(server.url).completions.create(model="tiny", prompt=prefix, max_tokens=1, **plain)
+            time.sleep(0.5)  # the events reach the router
+            got = client(url).completions.create(model="tiny", prompt=prefix + [7, 8], max_tokens=1, **plain)
+            assert got.usage.prompt_tokens_details.cached_tokens == 64, f"instance {i}'s prefix was not found"
 
 
 def test_kv_events_are_vllms_frames_and_follow_the_prefix_cache(checkpoints):

@@ -2,13 +2,13 @@
 front. Through the router the openai client gets one instance's tokens (whole, streamed, chat,
 concurrent), bad requests are the instances' 400s and leave no cache behind, prompts at the length
 limit answer as one server does, and a client that leaves aborts the decode. The three ``hetero
-serve`` roles pair up as processes, and a pair of different models is refused at start. Every
+serve`` roles pair up as processes, and a decode instance refuses the cache of another model's prefill
+instance (a 503 naming why), both going on serving. Every
 server is stopped and every wait is bounded. (The link itself: ``test_pd_link.py``.)"""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -25,7 +25,6 @@ from _serving import (  # noqa: E402
     concurrent_streams,
     get,
     leave_a_whole_request,
-    linked,
     prompts,
     wait_aborted,
     with_chat_template,
@@ -33,7 +32,6 @@ from _serving import (  # noqa: E402
 
 from hetero.distributed import free_port  # noqa: E402
 from hetero.engine import LLM, SamplingParams  # noqa: E402
-from hetero.serve.pd.identity import Identity  # noqa: E402
 
 PREFILL = dict(backend="cpu_ref", dtype="float32", block_size=8, max_num_seqs=16)
 DECODE = dict(backend="torch", dtype="float32", block_size=16, max_num_seqs=16)
@@ -57,17 +55,15 @@ def pair(path):
     from prometheus_client import CollectorRegistry
 
     from hetero.serve import build_app
-    from hetero.serve.pd.roles import DecodeRole, PrefillRole
+    from hetero.serve.pd import open_role
     from hetero.serve.pd.router import build_router
-    from hetero.serve.pd.transfer import KVReceiver, KVSender
 
     prefill, decode = LLM(path, **PREFILL), LLM(path, **DECODE)
-    pre, dec = linked(Identity.of(prefill, "prefill"), Identity.of(decode, "decode"))
-    receiver = KVReceiver(dec, decode.config.max_model_len)
-    p = Server(build_app(prefill, "tiny", PrefillRole(KVSender(pre, 8), CollectorRegistry())))
-    d = Server(build_app(decode, "tiny", DecodeRole(receiver, CollectorRegistry())))
+    pre = open_role(prefill, "prefill", f"127.0.0.1:{free_port()}", CollectorRegistry(), "s", "p")
+    p = Server(build_app(prefill, "tiny", pre))
+    d = Server(build_app(decode, "tiny", open_role(decode, "decode", None, CollectorRegistry(), "s", "d")))
     r = Server(build_router(p.url, d.url))
-    yield r, prefill, decode, receiver
+    yield r, prefill, decode, pre.source
     for server in (r, p, d):
         server.stop()
 
@@ -104,7 +100,7 @@ def test_the_router_serves_concurrent_streams(pair, path):
 
 
 def test_a_bad_request_through_the_router_is_the_instances_400_and_leaves_nothing(pair):
-    router, prefill, decode, receiver = pair
+    router, prefill, decode, source = pair
     c = client(router.url)
     computed = prefill.stats["prompt_tokens"]
     with pytest.raises(openai.BadRequestError, match="vocab_size"):
@@ -124,12 +120,12 @@ def test_a_bad_request_through_the_router_is_the_instances_400_and_leaves_nothin
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(req, timeout=30)
         assert refused.value.code == 400
-    assert not receiver._ready, "a refused request left its cache on the decode instance"
+    assert not source.held(), "a refused request left its cache on the prefill instance"
     assert get(router.url + "/health")[0] == 200
 
 
 def test_prompts_at_the_length_limit_answer_as_one_server(pair, path):
-    router, prefill, decode, receiver = pair
+    router, prefill, decode, source = pair
     c = client(router.url)
     limit = decode.config.max_model_len
     assert prefill.config.max_model_len == limit
@@ -139,7 +135,7 @@ def test_prompts_at_the_length_limit_answer_as_one_server(pair, path):
         assert got.token_ids == offline(path, [prompt], 3)[0] and got.finish_reason == "length"
     with pytest.raises(openai.BadRequestError, match=f"longer than|{limit + 1}"):
         c.completions.create(model="tiny", prompt=[5] * (limit + 1), max_tokens=3)
-    assert not receiver._ready and prefill.block_manager.num_used_blocks == 0
+    assert not source.held() and prefill.block_manager.num_used_blocks == 0
 
 
 def test_a_client_gone_from_the_router_aborts_the_decode(pair):
@@ -153,48 +149,30 @@ def test_a_client_gone_from_the_router_aborts_the_decode(pair):
     assert decode.block_manager.num_used_blocks == 0
 
 
+def post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        url, method="POST", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
 def test_the_serve_roles_pair_up_and_a_mismatched_pair_is_refused(path, tmp_path):
     from hetero.tools import tiny
 
-    addr = f"127.0.0.1:{free_port()}"
-    base = [sys.executable]
+    other = str(tiny.build("qwen3", tmp_path / "other", seed=1))
+    base, common = [sys.executable], ["--dtype", "float32", "--served-model-name", "tiny"]
+    addr, other_addr = (f"127.0.0.1:{free_port()}" for _ in range(2))
+    prefill = ["--backend", "cpu_ref", "--block-size", "8", "--role", "prefill", "--kv-transfer-addr"]
     roles = [
-        (
-            base,
-            [
-                "--model",
-                path,
-                "--backend",
-                "cpu_ref",
-                "--dtype",
-                "float32",
-                "--block-size",
-                "8",
-                "--role",
-                "prefill",
-                "--kv-transfer-addr",
-                addr,
-            ],
-        ),
-        (
-            base,
-            [
-                "--model",
-                path,
-                "--backend",
-                "torch",
-                "--dtype",
-                "float32",
-                "--role",
-                "decode",
-                "--kv-transfer-addr",
-                addr,
-                "--served-model-name",
-                "tiny",
-            ],
-        ),
+        (base, ["--model", path, *common, *prefill, addr]),
+        (base, ["--model", path, *common, "--backend", "torch", "--role", "decode"]),
+        (base, ["--model", other, *common, *prefill, other_addr]),
     ]
-    with command_servers(roles, 300, 30) as (pre_url, dec_url):
+    with command_servers(roles, 300, 30, env={"HETERO_KV_LINK_SECRET": "s3cret"}) as (pre_url, dec_url, other_url):
         with command_servers(
             [(base, ["--role", "router", "--prefill-url", pre_url, "--decode-url", dec_url])], 120, 30
         ) as (url,):
@@ -205,36 +183,12 @@ def test_the_serve_roles_pair_up_and_a_mismatched_pair_is_refused(path, tmp_path
             ]
             assert got == offline(path, ps, 8)
             assert [m.id for m in c.models.list().data] == ["tiny"]
-    other = str(tiny.build("qwen3", tmp_path / "other", seed=1))
-    addr = f"127.0.0.1:{free_port()}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "hetero.cli",
-        "serve",
-        "--backend",
-        "cpu_ref",
-        "--kv-transfer-addr",
-        addr,
-        "--kv-connect-timeout",
-        "120",
-    ]
-    procs = [
-        subprocess.Popen(
-            [*cmd, "--model", m, "--role", role, "--port", str(free_port())],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for m, role in ((path, "decode"), (other, "prefill"))
-    ]
-    try:
-        outs = [proc.communicate(timeout=180)[0] for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-    assert [proc.returncode for proc in procs] == [2, 2], outs
-    assert all("refused: the" in out and "serves another model" in out for out in outs), outs
+        ask = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": 4}
+        status, answer = post(other_url + "/v1/completions", dict(ask, kv_transfer_params={"do_remote_decode": True}))
+        assert status == 200 and answer["kv_transfer_params"]["do_remote_prefill"], answer
+        status, refused = post(dec_url + "/v1/completions", dict(ask, kv_transfer_params=answer["kv_transfer_params"]))
+        assert status == 503 and "serves another model" in refused["error"]["message"], refused
+        assert get(dec_url + "/health")[0] == 200 and get(other_url + "/health")[0] == 200
 
 
 def test_a_client_gone_from_a_whole_request_through_the_router_aborts_the_decode(pair):

@@ -25,7 +25,6 @@ from hetero.serve.engine_loop import EngineLoop  # noqa: E402
 from hetero.serve.metrics import ServerMetrics  # noqa: E402
 from hetero.serve.pd.identity import Identity, fingerprint, refusal  # noqa: E402
 from hetero.serve.pd.link import parse_addr  # noqa: E402
-from hetero.serve.pd.transfer import KVReceiver  # noqa: E402
 
 
 def _out(rid="r", tokens=(), new=(), reason=None, **metrics) -> RequestOutput:
@@ -299,13 +298,3 @@ def test_instances_of_other_block_sizes_and_pool_sizes_accept_each_other(tmp_pat
     prefill, decode = identity("prefill", 100, 16), identity("decode", 37, 4)
     assert prefill.paged == (("k", "torch.float32", (2, 8)), ("v", "torch.float32", (2, 8)))
     assert refusal(decode, prefill) is None and refusal(prefill, decode) is None
-
-
-def test_only_caches_unclaimed_for_too_long_are_swept():
-    receiver = KVReceiver(link=None, max_tokens=8, unclaimed_s=5.0)
-    later = []
-    receiver._loop = SimpleNamespace(call_later=lambda delay, fn: later.append(delay))
-    now = time.monotonic()
-    receiver._ready = {"stale": (now - 6.0, "a"), "fresh": (now - 1.0, "b"), "new": (now, "c")}
-    receiver._sweep()
-    assert set(receiver._ready) == {"fresh", "new"} and later == [1.25]

@@ -1,10 +1,12 @@
 """Prefill/decode disaggregation: ``hetero serve --role prefill|decode|router``.
 
-A prefill instance computes prompts' caches, a decode instance generates from them, and a router
-fronts both with the OpenAI API. The two instances may run different backends on different
-chips: the cache moves in a hardware-neutral layout (``wire``) over a torch.distributed gloo link
-(``link``), after both sides proved they serve the same model with the same cache layout
-(``identity``).
+A prefill instance computes prompts' caches and holds them; a decode instance pulls each from the
+prefill instance its request names and generates from it; a router (vllm-router's PD mode, or
+``--role router`` for one pair) fronts them with the OpenAI API. The instances may run different
+backends on different chips: the cache moves in a hardware-neutral layout (``wire``) over
+torch.distributed gloo links (``link``), made once per pair after both sides proved a shared
+secret and that they serve the same model with the same cache layout (``rendezvous``,
+``identity``).
 """
 
 from __future__ import annotations
@@ -23,15 +25,14 @@ __all__ = ["open_role"]
 
 
 def open_role(
-    llm: "LLM", role: str, addr: str, timeout_s: float, registry: "CollectorRegistry"
+    llm: "LLM", role: str, addr: str | None, registry: "CollectorRegistry", secret: str | None, name: str
 ) -> "PrefillRole | DecodeRole":
-    """Meet the peer at ``addr`` (waiting up to ``timeout_s``) and return this instance's role.
-
-    Raises ``KVLinkRefused`` (a UsageError) when the peer serves another model or cache layout."""
+    """This instance's role: a prefill instance accepts decode instances' links at ``addr``; a decode
+    instance (named ``name`` to its peers) dials each prefill instance the first time a request names
+    it. Each link proves ``secret`` on both sides."""
     from hetero.serve.pd.identity import Identity
-    from hetero.serve.pd.link import connect
     from hetero.serve.pd.roles import DecodeRole, PrefillRole
-    from hetero.serve.pd.transfer import KVReceiver, KVSender
+    from hetero.serve.pd.transfer import KVPuller, KVSource
     from hetero.serve.pd.wire import tokens_per_payload
 
     if llm.world.size > 1:
@@ -42,7 +43,8 @@ def open_role(
             expected=1,
             got=llm.world.size,
         )
-    link = connect(role, addr, Identity.of(llm, role), timeout_s)
+    identity = Identity.of(llm, role)
     if role == "prefill":
-        return PrefillRole(KVSender(link, tokens_per_payload(link.identity, llm.config.block_size)), registry)
-    return DecodeRole(KVReceiver(link, llm.config.max_model_len), registry)
+        source = KVSource(addr, identity, secret, tokens_per_payload(identity, llm.config.block_size))
+        return PrefillRole(source, registry)
+    return DecodeRole(KVPuller(identity, secret, llm.config.max_model_len, name), registry)

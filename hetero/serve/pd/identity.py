@@ -20,7 +20,7 @@ from hetero.errors import UsageError
 __all__ = ["WIRE_VERSION", "Identity", "fingerprint", "refusal"]
 
 #: the version of the transfer's framing (``wire.py``); instances of different versions refuse each other
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 
 _SAMPLE = 64  # bytes hashed at the start, middle and end of every tensor
 

@@ -1,174 +1,185 @@
-"""The two ends of a ``KVLink`` as the servers use them: ``KVSender`` on the prefill instance queues
-caches to send, ``KVReceiver`` on the decode instance receives them and hands each to the request
-that names its transfer id. Each owns one thread, so gloo calls never block the event loop."""
+"""The two ends of the KV links as the servers use them. ``KVSource`` on a prefill instance holds the
+caches it computed until a decode instance pulls them; ``KVPuller`` on a decode instance pulls the
+cache a request names from the prefill instance that holds it, over a link it dials the first time
+and keeps (dialing again when that link broke or its peer restarted). Gloo calls run on threads of
+their own, never on the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import logging
-import queue
 import threading
 import time
+import uuid
+from typing import Callable
 
 from hetero.engine.runtime.cache_io import SequenceCache
+from hetero.serve.pd.identity import Identity
 from hetero.serve.pd.link import KVLink
+from hetero.serve.pd.rendezvous import KVServer, dial
 from hetero.serve.pd.wire import Assembly, header_of, payloads
 
-__all__ = ["KVSender", "KVReceiver"]
+__all__ = ["KVSource", "KVPuller", "Peer", "UNCLAIMED_S"]
 
 log = logging.getLogger("hetero.serve")
 
-#: by default, a received cache no request claimed in this long is dropped (its router gave up on it)
+#: by default, a held cache no decode instance pulled in this long is dropped (its router gave up on it)
 UNCLAIMED_S = 120.0
 
 
-class KVSender:
-    """Sends caches over ``link`` in the order they were queued, in blocks of ``tokens_per_block``."""
+class KVSource:
+    """Serves the caches ``hold`` was given to the decode instances that pull them, in blocks of
+    ``tokens_per_block`` tokens; ``on_sent(bytes, seconds)`` after each."""
 
-    def __init__(self, link: KVLink, tokens_per_block: int):
-        self.link, self.tokens_per_block = link, tokens_per_block
-        self.error: BaseException | None = None
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="hetero-kv-sender", daemon=True).start()
-
-    async def send(self, transfer_id: str, cache: SequenceCache) -> int:
-        """Send ``cache`` as ``transfer_id``; the bytes sent, once they are on their way."""
-        if self.error is not None:
-            raise RuntimeError(f"the KV link to the decode instance is down: {self.error}")
-        done: concurrent.futures.Future = concurrent.futures.Future()
-        self._jobs.put((transfer_id, cache, done))
-        return await asyncio.wrap_future(done)
-
-    def _run(self) -> None:
-        while True:
-            transfer_id, cache, done = self._jobs.get()
-            if not done.set_running_or_notify_cancel():  # its waiter gave up before it was sent
-                continue
-            if self.error is not None:
-                _resolve(done, error=RuntimeError(f"the KV link to the decode instance is down: {self.error}"))
-                continue
-            try:
-                header = header_of(cache, transfer_id, self.link.identity, self.tokens_per_block)
-                sent = self.link.send(header, payloads(cache, header))
-            except Exception as e:  # noqa: BLE001  (a broken link fails this and every later transfer)
-                self.error = e
-                log.error("KV link to the decode instance failed: %s", e)
-                self.link.close()
-                _resolve(done, error=RuntimeError(f"the KV link to the decode instance failed: {e}"))
-                continue
-            _resolve(done, sent)
-
-
-def _resolve(done: concurrent.futures.Future, result: object = None, error: BaseException | None = None) -> None:
-    """Settle a running job's future (a running future cannot be cancelled any more)."""
-    if error is not None:
-        done.set_exception(error)
-    else:
-        done.set_result(result)
-
-
-class KVReceiver:
-    """Receives every transfer on ``link``; ``take(transfer_id)`` waits for one. ``bind`` gives it
-    the event loop its takers run on, before the first transfer can arrive. A cache nobody takes
-    within ``unclaimed_s`` is dropped."""
-
-    def __init__(self, link: KVLink, max_tokens: int, unclaimed_s: float = UNCLAIMED_S):
-        self.link, self.max_tokens, self.unclaimed_s = link, max_tokens, unclaimed_s
-        self.error: BaseException | None = None
+    def __init__(
+        self,
+        addr: str,
+        identity: Identity,
+        secret: str | None,
+        tokens_per_block: int,
+        unclaimed_s: float = UNCLAIMED_S,
+        on_sent: Callable[[int, float], None] = lambda n, s: None,
+    ):
+        self.tokens_per_block, self.unclaimed_s, self.on_sent = tokens_per_block, unclaimed_s, on_sent
         self._lock = threading.Lock()
-        self._ready: dict[str, tuple[float, SequenceCache | Exception]] = {}
-        self._waiting: dict[str, asyncio.Future] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._held: dict[str, tuple[float, SequenceCache]] = {}
+        self.server = KVServer(addr, identity, secret, self._serve)
+        threading.Thread(target=self._sweep, name="hetero-kv-sweep", daemon=True).start()
 
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        threading.Thread(target=self._run, name="hetero-kv-receiver", daemon=True).start()
-        self._sweep()
+    @property
+    def error(self) -> BaseException | None:
+        return self.server.error
 
-    async def take(self, transfer_id: str, timeout_s: float = 60.0) -> SequenceCache:
-        """The cache sent as ``transfer_id`` (ValueError if it was refused, TimeoutError if it never came)."""
+    def hold(self, cache: SequenceCache) -> str:
+        """Keep ``cache`` for a decode instance to pull; its transfer id."""
+        transfer_id = uuid.uuid4().hex
         with self._lock:
-            item = self._ready.pop(transfer_id, None)
-            if item is None:
-                if self.error is not None:
-                    raise RuntimeError(f"the KV link to the prefill instance is down: {self.error}")
-                if transfer_id in self._waiting:
-                    raise ValueError(f"KV transfer {transfer_id!r} is already being waited for by another request")
-                future = self._waiting[transfer_id] = asyncio.get_running_loop().create_future()
-        if item is None:
-            try:
-                item = await asyncio.wait_for(future, timeout_s)
-            except asyncio.TimeoutError:
-                raise TimeoutError(f"KV transfer {transfer_id!r} did not arrive within {timeout_s:g} s") from None
-            finally:
-                with self._lock:
-                    if self._waiting.get(transfer_id) is future:
-                        del self._waiting[transfer_id]
-        if isinstance(item[1], Exception):
-            raise item[1]
-        return item[1]
+            self._held[transfer_id] = (time.monotonic(), cache)
+        return transfer_id
 
-    def _sweep(self) -> None:
-        """Drop the caches nobody claimed in time (their router gave up); again in a while."""
-        now = time.monotonic()
+    def held(self) -> int:
         with self._lock:
-            stale = [k for k, (at, _) in self._ready.items() if now - at > self.unclaimed_s]
-            for k in stale:
-                del self._ready[k]
-        for k in stale:
-            log.warning("KV transfer %r was never claimed; dropped", k)
-        self._loop.call_later(self.unclaimed_s / 4, self._sweep)
+            return len(self._held)
 
-    def _run(self) -> None:
+    def _serve(self, link: KVLink) -> None:
         try:
             while True:
-                header = self.link.recv_header()
-                self._arrive(str(header.get("transfer_id")), self._receive(header))
-        except Exception as e:  # noqa: BLE001  (the peer is gone or broke the protocol: every taker learns it)
-            log.error("KV link to the prefill instance failed: %s", e)
-            self.link.close()  # a prefill instance still sending learns it too, rather than wait
-            with self._lock:
-                self.error = e
-                waiting, self._waiting = list(self._waiting.values()), {}
-            for future in waiting:
-                self._loop.call_soon_threadsafe(_fail, future, RuntimeError(f"the KV link failed: {e}"))
+                transfer_id = link.next_request()
+                with self._lock:
+                    _, cache = self._held.pop(transfer_id, (None, None))
+                start = time.perf_counter()
+                if cache is None:
+                    missing = f"this prefill instance holds no KV transfer {transfer_id!r} (any more)"
+                    link.send({"transfer_id": transfer_id, "missing": missing}, iter(()))
+                    continue
+                header = header_of(cache, transfer_id, link.identity, self.tokens_per_block)
+                self.on_sent(link.send(header, payloads(cache, header)), time.perf_counter() - start)
+        except Exception as e:  # noqa: BLE001  (the decode instance is gone or broke the protocol: this link only)
+            log.warning("KV link with decode instance %r ended: %s", link.peer_name, e)
+            link.close()
 
-    def _receive(self, header: dict) -> SequenceCache | Exception:
-        """The transfer's cache, or why it was refused. Every payload is received either way, so the
-        link stays in step; only a failure of the link itself escapes."""
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(self.unclaimed_s / 4)
+            now = time.monotonic()
+            with self._lock:
+                stale = [k for k, (at, _) in self._held.items() if now - at > self.unclaimed_s]
+                for k in stale:
+                    del self._held[k]
+            for k in stale:
+                log.warning("KV transfer %r was never pulled; dropped", k)
+
+
+class Peer:
+    """A link to one prefill instance (``engine_id`` names its incarnation), used by one pull at a time."""
+
+    def __init__(self, link: KVLink, engine_id: str):
+        self.link, self.engine_id, self.lock, self.broken = link, engine_id, threading.Lock(), False
+
+
+class KVPuller:
+    """Pulls caches for this decode instance (``identity``, named ``name`` to its peers)."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        secret: str | None,
+        max_tokens: int,
+        name: str,
+        dial_timeout_s: float = 10.0,
+        op_timeout_s: float = 120.0,
+    ):
+        self.identity, self.secret, self.max_tokens, self.name = identity, secret, max_tokens, name
+        self.dial_timeout_s, self.op_timeout_s = dial_timeout_s, op_timeout_s
+        self.peers: dict[tuple[str, int], Peer] = {}
+        self._lock = threading.Lock()
+        self._dialing: dict[tuple[str, int], threading.Lock] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="hetero-kv-pull")
+
+    async def pull(self, host: str, port: int, engine_id: str, transfer_id: str) -> SequenceCache:
+        """The cache ``transfer_id`` from the prefill instance ``engine_id`` at ``host:port``. Raises
+        ``KVLinkRefused`` when the two refuse each other, ``LookupError`` when it holds no such
+        transfer, ``ValueError`` when the cache does not fit this instance, and ``ConnectionError``
+        when the link failed (this pull only: the next one dials again)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._pull, host, port, engine_id, transfer_id)
+
+    def _peer(self, host: str, port: int, engine_id: str) -> Peer:
+        key = (host, port)
+        with self._lock:
+            gate = self._dialing.setdefault(key, threading.Lock())
+        with gate:
+            peer = self.peers.get(key)
+            if peer is not None and (peer.broken or peer.engine_id != engine_id):
+                peer.link.close()  # broken, or its prefill instance restarted since: dial the new one
+                peer = None
+            if peer is None:
+                link, live = dial(
+                    host, port, self.identity, self.secret, self.name, self.dial_timeout_s, self.op_timeout_s
+                )
+                peer = self.peers[key] = Peer(link, live)
+            return peer
+
+    def _pull(self, host: str, port: int, engine_id: str, transfer_id: str) -> SequenceCache:
+        peer = self._peer(host, port, engine_id)
+        if peer.engine_id != engine_id:
+            raise LookupError(
+                f"the prefill instance at {host}:{port} is engine {peer.engine_id}, not {engine_id}: it restarted "
+                f"and lost transfer {transfer_id!r}"
+            )
+        with peer.lock:
+            try:
+                peer.link.ask(transfer_id)
+                header = peer.link.recv_header()
+                if "missing" in header:
+                    raise LookupError(str(header["missing"]))
+                return self._assemble(peer.link, header)
+            except (LookupError, ValueError):
+                raise
+            except Exception as e:  # noqa: BLE001  (the link failed: this pull fails, the next dials again)
+                peer.broken = True
+                peer.link.close()
+                raise ConnectionError(f"the KV link to the prefill instance at {host}:{port} failed: {e}") from None
+
+    def _assemble(self, link: KVLink, header: dict) -> SequenceCache:
+        """The transfer's cache; every payload is received even when it is refused, so the link stays in step."""
         try:
-            assembly: Assembly | None = Assembly(header, self.link.identity, self.max_tokens)
+            assembly: Assembly | None = Assembly(header, self.identity, self.max_tokens)
             problem: Exception | None = None
         except ValueError as e:
             assembly, problem = None, e
-        for index, data in enumerate(self.link.recv_payloads(header, window=4 if assembly else 1)):
+        for index, data in enumerate(link.recv_payloads(header, window=4 if assembly else 1)):
             if assembly is not None:
                 try:
                     assembly.take(index, data)
                 except Exception as e:  # noqa: BLE001  (this transfer is lost, the link is not)
-                    assembly, problem = None, e
+                    assembly, problem = None, ValueError(f"KV transfer {header.get('transfer_id')!r}: {e}")
         if assembly is None:
-            return problem
-        try:
-            return assembly.result()
-        except Exception as e:  # noqa: BLE001
-            return e
+            raise problem
+        return assembly.result()
 
-    def _arrive(self, transfer_id: str, item: SequenceCache | Exception) -> None:
-        with self._lock:
-            future = self._waiting.pop(transfer_id, None)
-            if future is None:
-                self._ready[transfer_id] = (time.monotonic(), item)
-        if future is not None:
-            self._loop.call_soon_threadsafe(_settle, future, (time.monotonic(), item))
-
-
-def _settle(future: asyncio.Future, item) -> None:
-    if not future.done():
-        future.set_result(item)
-
-
-def _fail(future: asyncio.Future, error: BaseException) -> None:
-    if not future.done():
-        future.set_exception(error)
+    def close(self) -> None:
+        for peer in list(self.peers.values()):
+            peer.link.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
