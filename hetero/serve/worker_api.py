@@ -17,18 +17,12 @@ import uuid
 from typing import Any, Callable
 
 from fastapi import FastAPI
-from pydantic import BaseModel
 
 from hetero.engine import LLM
 from hetero.serve.engine_loop import EngineLoop
-from hetero.serve.protocol import ChatCompletionRequest, CompletionRequest
+from hetero.serve.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 
 __all__ = ["worker_routes"]
-
-
-class TokenizeRequest(BaseModel):
-    prompt: str | list[int]
-    add_special_tokens: bool = True
 
 
 def worker_routes(
