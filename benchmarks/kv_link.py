@@ -1,15 +1,16 @@
-"""The PD KV link alone: one cache packed, sent over gloo on localhost, received and unpacked.
+"""The PD KV link alone: one cache held on the prefill side, pulled over gloo on localhost and unpacked.
 
     .venv/bin/python benchmarks/kv_link.py [--layers 8] [--kv-heads 2] [--head-dim 64] [--tokens 256,2048,8192]
 
-Both ends run in this process, on two threads; the time is the best of ``--repeats`` transfers,
-from packing on the sender to the last payload unpacked on the receiver.
+Both ends run in this process; the time is the best of ``--repeats`` pulls, from the decode side's
+request to the last payload unpacked (packing on the prefill side included; the link is dialed
+before the first timed pull).
 """
 
 from __future__ import annotations
 
 import argparse
-import threading
+import asyncio
 import time
 
 import torch
@@ -17,8 +18,8 @@ import torch
 from hetero.distributed import free_port
 from hetero.engine.runtime.cache_io import SequenceCache
 from hetero.serve.pd.identity import Identity
-from hetero.serve.pd.link import connect
-from hetero.serve.pd.wire import Assembly, header_of, payloads, tokens_per_payload
+from hetero.serve.pd.transfer import KVPuller, KVSource
+from hetero.serve.pd.wire import tokens_per_payload
 
 
 def main() -> None:
@@ -38,36 +39,27 @@ def main() -> None:
         tuple((f"layers.{i}.{k}", "torch.float32", shape) for i in range(args.layers) for k in ("k", "v")),
         (),
     )
-    addr, ends = f"127.0.0.1:{free_port()}", {}
-    joins = [
-        threading.Thread(target=lambda r: ends.__setitem__(r, connect(r, addr, ident, 60)), args=(r,))
-        for r in ("decode", "prefill")
-    ]
-    for t in joins:
-        t.start()
-    for t in joins:
-        t.join()
-    per = tokens_per_payload(ident, args.block_size)
+    source = KVSource(f"127.0.0.1:{free_port()}", ident, None, tokens_per_payload(ident, args.block_size))
+    sizes = list(map(int, args.tokens.split(",")))
+    puller = KVPuller(ident, None, max(sizes), "bench")
+    server = source.server
+
+    def pull(cache: SequenceCache) -> SequenceCache:
+        return asyncio.run(puller.pull(server.host, server.port, server.engine_id, source.hold(cache)))
+
+    pull(SequenceCache(1, {name: torch.randn(1, *shape) for name, _, _ in ident.paged}, {}, [0]))  # dial
     print("| tokens | MiB | best ms | GiB/s |\n| ---: | ---: | ---: | ---: |")
-    for n in map(int, args.tokens.split(",")):
+    for n in sizes:
         cache = SequenceCache(n, {name: torch.randn(n, *shape) for name, _, _ in ident.paged}, {}, list(range(n)))
-        best, sent = float("inf"), 0
-        for rep in range(args.repeats):
-            receiver = threading.Thread(target=_receive, args=(ends["decode"], ident, n))
-            receiver.start()
+        sent = sum(t.nbytes for t in cache.paged.values())
+        best = float("inf")
+        for _ in range(args.repeats):
             start = time.perf_counter()
-            header = header_of(cache, f"t{rep}", ident, per)
-            sent = ends["prefill"].send(header, payloads(cache, header))
-            receiver.join()
+            pull(cache)
             best = min(best, time.perf_counter() - start)
         print(f"| {n} | {sent / 2**20:.1f} | {best * 1e3:.1f} | {sent / best / 2**30:.2f} |")
-
-
-def _receive(link, ident: Identity, n: int) -> None:
-    header = link.recv_header()
-    assembly = Assembly(header, ident, n)
-    for i, data in enumerate(link.recv_payloads(header)):
-        assembly.take(i, data)
+    puller.close()
+    source.close()
 
 
 if __name__ == "__main__":

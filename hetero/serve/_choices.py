@@ -38,10 +38,10 @@ def usage(out: RequestOutput) -> dict:
 
 class Choice:
     """How a request's tokens become its choice: the tokenizer (None: text stays empty), the stop
-    strings, and whether token ids and logprobs are returned."""
+    strings, whether token ids and logprobs are returned, and whether a stream ends with the usage."""
 
-    def __init__(self, tokenizer, stop: str | list[str] | None, token_ids: bool, logprobs: bool):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, stop: str | list[str] | None, token_ids: bool, logprobs: bool, usage: bool = False):
+        self.tokenizer, self.usage = tokenizer, usage
         self.stop = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
         self.token_ids, self.logprobs = token_ids, logprobs
 

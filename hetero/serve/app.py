@@ -76,8 +76,8 @@ def build_app(
         engine.start()
         yield
         engine.stop()
-        if isinstance(pd, DecodeRole):
-            pd.puller.close()
+        if pd is not None:
+            pd.close()
         if kv_events is not None:
             kv_events.close()
 
@@ -160,7 +160,7 @@ def _routes(
         params = sampling_params(body, body.max_tokens or 16, body.logprobs)
         if prefill_only:
             return await prefill(pd, engine, llm, llm.encode(body.prompt), request, model_name, chat=False)
-        choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs is not None)
+        choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs is not None, body.include_usage)
         shape = _Shape("cmpl", "text_completion", model_name, chat=False)
         return await _respond(engine, body.prompt, params, choice, shape, body.stream, request, cache)
 
@@ -175,7 +175,7 @@ def _routes(
         params = sampling_params(body, limit, top)
         if prefill_only:
             return await prefill(pd, engine, llm, prompt, request, model_name, chat=True)
-        choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs)
+        choice = Choice(llm.tokenizer, body.stop, body.return_token_ids, body.logprobs, body.include_usage)
         shape = _Shape("chatcmpl", "chat.completion", model_name, chat=True)
         return await _respond(engine, prompt, params, choice, shape, body.stream, request, cache)
 
@@ -261,4 +261,6 @@ async def _events(out, outputs: AsyncIterator, state: ChoiceStream, shape: _Shap
                 break
     finally:
         await outputs.aclose()  # a client gone mid-stream: the request is aborted, its blocks freed
+    if state.done and state.choice.usage:
+        yield f"data: {json.dumps(shape.envelope([], chunk=True, usage=usage(state.last)))}\n\n"
     yield "data: [DONE]\n\n"

@@ -54,6 +54,10 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False)
 
 
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
 class SamplingFields(_Body):
     """What both endpoints share: the model, the sampling and stopping parameters, streaming."""
 
@@ -66,10 +70,16 @@ class SamplingFields(_Body):
     seed: int | None = Field(default=None, ge=0, le=_INT64_MAX)
     stop: Union[Text, list[Text], None] = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] = Field(default_factory=list)
     return_token_ids: bool = False
     kv_transfer_params: dict | None = None  # prefill/decode disaggregation, between hetero's own servers
+
+    @property
+    def include_usage(self) -> bool:
+        """A stream ends with a usage chunk (no choices), as OpenAI's ``stream_options.include_usage``."""
+        return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
 
 class CompletionRequest(SamplingFields):

@@ -123,13 +123,17 @@ def healthy(url: str) -> bool:
         return False
 
 
+class _Urls(list):
+    procs: list[subprocess.Popen]
+
+
 @contextlib.contextmanager
 def command_servers(
     commands: Sequence[tuple[list[str], list[str]]], seconds: float, stop_s: float, env: dict | None = None
 ) -> Iterator[list[str]]:
     """``hetero serve`` processes, one per ``(launcher, args)``, all started at once on free ports; their
-    URLs once every /health answers within ``seconds``. Each is terminated on exit and must end
-    within ``stop_s``."""
+    URLs (their processes as ``.procs``) once every /health answers within ``seconds``. Each is terminated
+    on exit and must end within ``stop_s``."""
     ports = [free_port() for _ in commands]
     procs = []
     try:
@@ -140,7 +144,8 @@ def command_servers(
                     cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
                 )
             )
-        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        urls = _Urls(f"http://127.0.0.1:{port}" for port in ports)
+        urls.procs = procs
         deadline = time.monotonic() + seconds
         for proc, url in zip(procs, urls):
             while not healthy(url):

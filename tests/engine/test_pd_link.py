@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from _serving import TIMEOUT, pd_ends, prompts
+from torch.distributed import PrefixStore, TCPStore
 
 from hetero.distributed import free_port
 from hetero.engine import LLM, SamplingParams
@@ -106,9 +107,18 @@ def test_a_peer_without_the_secret_is_refused_by_name_and_both_go_on_serving():
     source, stranger = pd_ends(ident, ident, secret="s3cret", decode_secret="guess", name="stranger")
     srv, cache = source.server, random_cache(ident, 5)
     transfer = source.hold(cache)
-    with pytest.raises(KVLinkRefused, match="does not hold this link's secret"):
+    with pytest.raises(
+        KVLinkRefused, match="to the prefill instance at .* refused: it does not hold this link's secret"
+    ):
         stranger(transfer)
     assert srv.refused[-1].startswith("stranger: ") and "secret" in srv.refused[-1]
+    client = TCPStore(srv.host, srv.port, None, False)
+    raw = PrefixStore(f"kv/{client.add('kv/pairs', 1)}", client)
+    raw.set("hello", json.dumps({"name": "raw", "nonce": "n", "identity": ident.to_json().decode()}))
+    raw.wait(["welcome"])  # a stranger that skips checking the prefill side and answers with a forged proof
+    raw.set("proof", json.dumps({"proof": "0" * 64, "refused": None}))
+    raw.wait(["verdict"])
+    assert "does not hold this link's secret" in raw.get("verdict").decode() and srv.refused[-1].startswith("raw: ")
     with pytest.raises(KVLinkRefused, match="secret"):  # no secret at all is no better
         asyncio.run(KVPuller(ident, None, 64, "nobody").pull(srv.host, srv.port, srv.engine_id, transfer))
     assert srv.refused[-1].startswith("nobody: ")
@@ -182,14 +192,15 @@ def test_caches_cross_backends_over_the_link_with_equal_tokens(arch, checkpoints
 
 def test_a_cache_nobody_pulls_is_dropped():
     ident = identity()
-    source, pull = pd_ends(ident, ident, unclaimed_s=0.4)
-    transfer = source.hold(random_cache(ident, 3))
-    deadline = time.monotonic() + 30
-    while source.held():
-        assert time.monotonic() < deadline, "the unclaimed cache was never dropped"
-        time.sleep(0.05)
+    source, pull = pd_ends(ident, ident, unclaimed_s=5.0)
+    now = time.monotonic()
+    ids = [source.hold(random_cache(ident, 3)) for _ in range(3)]
+    for transfer, age in zip(ids, (6.0, 1.0, 0.0)):
+        source._held[transfer] = (now - age, source._held[transfer][1])
+    assert source.drop_stale(now) == ids[:1] and source.held() == 2
     with pytest.raises(LookupError, match="holds no KV transfer"):
-        pull(transfer)
+        pull(ids[0])
+    assert pull(ids[1]).num_tokens == 3
 
 
 def test_a_link_that_breaks_fails_its_pull_only_and_the_next_pull_dials_again(monkeypatch):
@@ -227,22 +238,22 @@ def test_a_killed_prefill_instance_fails_its_pulls_and_its_restart_is_dialed_aga
 
     proc, first = start()
     try:
-        want = random_cache(ident, 6, seed=0)
         got = asyncio.run(puller.pull("127.0.0.1", port, first["engine"], first["ids"][0]))
-        assert torch.equal(got.paged["a.k"], want.paged["a.k"])
+        assert torch.equal(got.paged["a.k"], random_cache(ident, 6, seed=0).paged["a.k"])
         proc.kill()
         proc.wait(30)
-        with pytest.raises((ConnectionError, LookupError)):
-            asyncio.run(puller.pull("127.0.0.1", port, first["engine"], first["ids"][1]))
-        mine = random_cache(ident, 4)
-        srv = local.server
-        assert torch.equal(
-            asyncio.run(puller.pull(srv.host, srv.port, srv.engine_id, local.hold(mine))).paged["a.k"],
-            mine.paged["a.k"],
-        )
-        proc, second = start()
+        proc, second = start()  # restarted while the decode side was idle: its next pull dials the new one
         assert second["engine"] != first["engine"]
         got = asyncio.run(puller.pull("127.0.0.1", port, second["engine"], second["ids"][1]))
         assert torch.equal(got.paged["a.k"], random_cache(ident, 6, seed=1).paged["a.k"])
+        with pytest.raises(LookupError, match="restarted"):  # a transfer of the killed incarnation
+            asyncio.run(puller.pull("127.0.0.1", port, first["engine"], first["ids"][1]))
+        proc.kill()
+        proc.wait(30)
+        with pytest.raises(ConnectionError):
+            asyncio.run(puller.pull("127.0.0.1", port, second["engine"], second["ids"][0]))
+        mine, srv = random_cache(ident, 4), local.server  # the other prefill instance serves on
+        got = asyncio.run(puller.pull(srv.host, srv.port, srv.engine_id, local.hold(mine)))
+        assert torch.equal(got.paged["a.k"], mine.paged["a.k"])
     finally:
         proc.kill()

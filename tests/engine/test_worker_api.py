@@ -54,6 +54,22 @@ def test_the_worker_endpoints(served):
     assert _call(u + "/v1/completions/render", "POST", {"model": "tiny", "prompt": [999999]}, key)[0] == 400
 
 
+def test_a_stream_with_include_usage_ends_with_the_usage_and_its_cached_tokens(served):
+    server, _ = served
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="s3cret", max_retries=0)
+    ids = list(range(5, 25))
+    for cached in (0, 16):  # the second time, its two full blocks of 8 come from the prefix cache
+        chunks = list(
+            c.completions.create(
+                model="tiny", prompt=ids, max_tokens=3, stream=True, stream_options={"include_usage": True}
+            )
+        )
+        assert all(ch.usage is None for ch in chunks[:-1]) and chunks[-1].choices == []
+        usage = chunks[-1].usage
+        assert (usage.prompt_tokens, usage.completion_tokens) == (20, 3)
+        assert usage.prompt_tokens_details.cached_tokens == cached
+
+
 def test_the_api_key_guards_v1_and_leaves_health_and_metrics_open(served):
     server, _ = served
     u = server.url

@@ -71,19 +71,19 @@ class KVServer:
         self.engine_id = uuid.uuid4().hex
         self.refused: list[str] = []  # why each refused peer was refused, newest last
         self.error: BaseException | None = None
-        self._closed = False
+        self.closed = False
         self.store = TCPStore(host, self.port, None, True, datetime.timedelta(seconds=30), wait_for_workers=False)
         self.store.set("kv/engine", self.engine_id)
         threading.Thread(target=self._accept, name="hetero-kv-server", daemon=True).start()
 
     def close(self) -> None:
         """Stop accepting (the links already made end with their peers)."""
-        self._closed = True
+        self.closed = True
 
     def _accept(self) -> None:
         seen = 0
         try:
-            while not self._closed:
+            while not self.closed:
                 count = self.store.add("kv/pairs", 0)
                 for k in range(seen + 1, count + 1):
                     threading.Thread(target=self._pair, args=(str(k),), name=f"hetero-kv-pair-{k}", daemon=True).start()
@@ -97,7 +97,7 @@ class KVServer:
         store = PrefixStore(f"kv/{pair}", self.store)
         deadline = time.monotonic() + self.handshake_s
         try:
-            hello = _wait(store, "hello", deadline, lambda: self._closed)
+            hello = _wait(store, "hello", deadline, lambda: self.closed)
             if hello is None:
                 return
             hello = json.loads(hello)
@@ -109,7 +109,7 @@ class KVServer:
         welcome = {"identity": self.identity.to_json().decode(), "engine_id": self.engine_id, "nonce": mine}
         welcome["proof"] = _proof(self.secret, "prefill", pair, nonce, mine)
         store.set("welcome", json.dumps(welcome))
-        answer = _wait(store, "proof", deadline, lambda: self._closed)
+        answer = _wait(store, "proof", deadline, lambda: self.closed)
         if answer is None:
             self._refuse(store, name, "it never answered the challenge")
             return

@@ -72,6 +72,9 @@ class PrefillRole:
     def error(self) -> BaseException | None:
         return self.source.error
 
+    def close(self) -> None:
+        self.source.close()
+
     async def params(self, engine: EngineLoop, llm: LLM, ids: list[int]) -> dict[str, Any]:
         """The ``kv_transfer_params`` a decode instance needs for the prompt ``ids``."""
         if not 2 <= len(ids) < llm.config.max_model_len:
@@ -103,6 +106,9 @@ class DecodeRole:
     def __init__(self, puller: KVPuller, registry: CollectorRegistry):
         self.puller, self.counters = puller, _Counters(registry, "decode")
         self.error: BaseException | None = None  # a link that fails fails its requests, not the instance
+
+    def close(self) -> None:
+        self.puller.close()
 
     async def cache(self, params: dict[str, Any]) -> SequenceCache:
         """The cache ``params`` (a prefill instance's answer) name."""

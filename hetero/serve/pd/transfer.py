@@ -44,6 +44,7 @@ class KVSource:
         self.tokens_per_block, self.unclaimed_s, self.on_sent = tokens_per_block, unclaimed_s, on_sent
         self._lock = threading.Lock()
         self._held: dict[str, tuple[float, SequenceCache]] = {}
+        self._links: list[KVLink] = []
         self.server = KVServer(addr, identity, secret, self._serve)
         threading.Thread(target=self._sweep, name="hetero-kv-sweep", daemon=True).start()
 
@@ -62,7 +63,17 @@ class KVSource:
         with self._lock:
             return len(self._held)
 
+    def close(self) -> None:
+        """Stop taking links and close the ones made (before the process exits: gloo groups alive at exit abort it)."""
+        self.server.close()
+        with self._lock:
+            links, self._links = self._links, []
+        for link in links:
+            link.close()
+
     def _serve(self, link: KVLink) -> None:
+        with self._lock:
+            self._links.append(link)
         try:
             while True:
                 transfer_id = link.next_request()
@@ -76,19 +87,27 @@ class KVSource:
                 header = header_of(cache, transfer_id, link.identity, self.tokens_per_block)
                 self.on_sent(link.send(header, payloads(cache, header)), time.perf_counter() - start)
         except Exception as e:  # noqa: BLE001  (the decode instance is gone or broke the protocol: this link only)
-            log.warning("KV link with decode instance %r ended: %s", link.peer_name, e)
+            if not self.server.closed:
+                log.warning("KV link with decode instance %r ended: %s", link.peer_name, e)
             link.close()
+            with self._lock:
+                if link in self._links:
+                    self._links.remove(link)
 
     def _sweep(self) -> None:
         while True:
             time.sleep(self.unclaimed_s / 4)
-            now = time.monotonic()
-            with self._lock:
-                stale = [k for k, (at, _) in self._held.items() if now - at > self.unclaimed_s]
-                for k in stale:
-                    del self._held[k]
+            self.drop_stale(time.monotonic())
+
+    def drop_stale(self, now: float) -> list[str]:
+        """Drop the caches held longer than ``unclaimed_s`` at ``now``; their transfer ids."""
+        with self._lock:
+            stale = [k for k, (at, _) in self._held.items() if now - at > self.unclaimed_s]
             for k in stale:
-                log.warning("KV transfer %r was never pulled; dropped", k)
+                del self._held[k]
+        for k in stale:
+            log.warning("KV transfer %r was never pulled; dropped", k)
+        return stale
 
 
 class Peer:
@@ -180,6 +199,8 @@ class KVPuller:
         return assembly.result()
 
     def close(self) -> None:
+        """Close every link (before the process exits: gloo groups alive at exit abort it)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
         for peer in list(self.peers.values()):
             peer.link.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.peers.clear()

@@ -1,0 +1,158 @@
+"""Failover through vllm-router over three hetero instances, with the configuration docs/serving.md gives
+(round_robin, health checks every second, one failure marks a worker down, the router's default 5 attempts):
+
+- a soak of hundreds of concurrent requests, streamed and not, a quarter of whose clients leave early,
+  answers every request that stayed in full with offline tokens, and leaves every instance with no request
+  and every KV block free;
+- SIGTERM of an instance under load loses nothing: it drains (new requests 503, which the router retries on
+  another instance) while its running requests finish;
+- SIGKILL of an instance under load loses no request that is not streamed (the router retries it on another
+  instance); a stream it cut ends in an error the client sees, never a hang (vllm-router cuts a relayed
+  stream without an error event: its behaviour, measured here)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+from _serving import Server, command_servers, get, router  # noqa: E402
+
+from hetero.engine import LLM, SamplingParams  # noqa: E402
+
+ENGINE = dict(backend="cpu_ref", dtype="float32", block_size=16, max_num_seqs=16)
+GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
+FAILOVER = ("--policy", "round_robin", "--health-failure-threshold", "1")
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        torch.randint(3, 256, (int(torch.randint(4, 40, (), generator=gen)),), generator=gen).tolist() for _ in range(n)
+    ]
+
+
+def offline(path, ps, max_tokens):
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return [o.token_ids for o in LLM(path, **ENGINE).generate(ps, params, progress=False)]
+
+
+async def _one(c: openai.AsyncOpenAI, prompt, max_tokens: int, kind: str):
+    """``kind``: whole, stream, leave (a stream whose client leaves after its first chunk), or gone (a whole
+    request whose client times out at once). The token ids answered, or the exception the client saw."""
+    try:
+        if kind == "whole":
+            r = await c.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, **GREEDY)
+            return r.choices[0].token_ids
+        if kind == "gone":
+            await c.with_options(timeout=0.05).completions.create(model="tiny", prompt=prompt, max_tokens=400, **GREEDY)
+            return None
+        stream = await c.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, stream=True, **GREEDY)
+        tokens = []
+        async for chunk in stream:
+            tokens += chunk.choices[0].token_ids or []
+            if kind == "leave":
+                await stream.close()
+                return None
+        return tokens
+    except Exception as e:  # noqa: BLE001  (what the client saw: a status, a timeout, a cut connection)
+        return e
+
+
+async def _load(url: str, jobs: list[tuple[list[int], str]], max_tokens: int, concurrency: int, on_started=None):
+    c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", timeout=120, max_retries=0)
+    gate, started = asyncio.Semaphore(concurrency), [0]
+
+    async def run(prompt, kind):
+        async with gate:
+            started[0] += 1
+            if on_started is not None:
+                on_started(started[0])
+            return await _one(c, prompt, max_tokens, kind)
+
+    try:
+        return await asyncio.wait_for(asyncio.gather(*(run(p, k) for p, k in jobs)), 180)
+    finally:
+        await c.close()
+
+
+@pytest.fixture(scope="module")
+def path(checkpoints):
+    return str(checkpoints("qwen3"))
+
+
+def test_a_soak_answers_every_staying_request_in_full_and_leaves_every_pool_as_it_started(path):
+    from hetero.serve import build_app
+
+    llms = [LLM(path, **ENGINE) for _ in range(3)]
+    free = [llm.block_manager.num_free_blocks for llm in llms]
+    servers = [Server(build_app(llm, "tiny")) for llm in llms]
+    ps = _prompts(12, seed=5)
+    want = offline(path, ps, 6)
+    kinds = ("whole", "stream", "whole", "stream", "leave", "gone", "whole", "stream")
+    jobs = [(ps[i % len(ps)], kinds[i % len(kinds)]) for i in range(240)]
+    try:
+        with router([s.url for s in servers], *FAILOVER) as url:
+            got = asyncio.run(_load(url, jobs, 6, concurrency=64))
+        for i, ((prompt, kind), answer) in enumerate(zip(jobs, got)):
+            if kind in ("whole", "stream"):
+                assert answer == want[i % len(ps)], (i, kind, answer)
+        deadline = time.monotonic() + 60
+        while any(s.app.state.engine.num_requests or llm.scheduler.has_unfinished() for s, llm in zip(servers, llms)):
+            assert time.monotonic() < deadline, "requests were left in an engine"
+            time.sleep(0.05)
+        assert [llm.block_manager.num_used_blocks for llm in llms] == [0, 0, 0]
+        assert [llm.block_manager.num_free_blocks for llm in llms] == free
+        assert all(llm.stats["generated_tokens"] for llm in llms), "every instance served"
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def _strike_when_busy(url: str, proc, sig) -> threading.Thread:
+    """Signal ``proc`` 0.2 s after its instance at ``url`` holds at least 3 requests (polled every 20 ms)."""
+
+    def watch():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if json.loads(get(url + "/get_load")[1])["load"] >= 3:
+                    time.sleep(0.2)  # their streams under way
+                    break
+            except OSError:
+                pass
+            time.sleep(0.02)
+        proc.send_signal(sig)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_sigterm_and_sigkill_of_an_instance_under_load_lose_no_request(path):
+    base = [sys.executable]
+    args = ["--model", path, "--backend", "cpu_ref", "--dtype", "float32", "--served-model-name", "tiny"]
+    ps = _prompts(8, seed=9)
+    want = offline(path, ps, 32)
+    with command_servers([(base, args)] * 3, 300, 60) as urls, router(urls, *FAILOVER) as url:
+        for sig, victim in ((signal.SIGTERM, 0), (signal.SIGKILL, 1)):
+            # a period of 3 over the 2 or 3 instances round robin takes turns on: each gets both kinds
+            jobs = [(ps[i % len(ps)], ("whole", "stream", "stream")[i % 3]) for i in range(48)]
+            strike = _strike_when_busy(urls[victim], urls.procs[victim], sig)
+            got = asyncio.run(_load(url, jobs, 32, concurrency=16))
+            strike.join(10)
+            assert urls.procs[victim].wait(60) is not None
+            for i, ((prompt, kind), answer) in enumerate(zip(jobs, got)):
+                if kind == "whole" or sig == signal.SIGTERM:
+                    assert answer == want[i % len(ps)], (sig, i, kind, answer)
+                else:  # a stream on the killed instance ends with an error the client sees; the rest are whole
+                    assert answer == want[i % len(ps)] or isinstance(answer, Exception), (sig, i, answer)
