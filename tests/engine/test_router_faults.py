@@ -25,6 +25,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 from _serving import Server, command_servers, get, router  # noqa: E402
 
+from hetero.distributed import free_port  # noqa: E402
 from hetero.engine import LLM, SamplingParams  # noqa: E402
 
 ENGINE = dict(backend="cpu_ref", dtype="float32", block_size=16, max_num_seqs=16)
@@ -118,15 +119,15 @@ def test_a_soak_answers_every_staying_request_in_full_and_leaves_every_pool_as_i
             s.stop()
 
 
-def _strike_when_busy(url: str, proc, sig) -> threading.Thread:
-    """Signal ``proc`` 0.2 s after its instance at ``url`` holds at least 3 requests (polled every 20 ms)."""
+def _strike_when_busy(url: str, proc, sig, load: int = 3, delay: float = 0.2) -> threading.Thread:
+    """Signal ``proc`` ``delay`` s after its instance at ``url`` holds ``load`` requests (polled every 20 ms)."""
 
     def watch():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if json.loads(get(url + "/get_load")[1])["load"] >= 3:
-                    time.sleep(0.2)  # their streams under way
+                if json.loads(get(url + "/get_load")[1])["load"] >= load:
+                    time.sleep(delay)  # their streams under way
                     break
             except OSError:
                 pass
@@ -156,3 +157,68 @@ def test_sigterm_and_sigkill_of_an_instance_under_load_lose_no_request(path):
                     assert answer == want[i % len(ps)], (sig, i, kind, answer)
                 else:  # a stream on the killed instance ends with an error the client sees; the rest are whole
                     assert answer == want[i % len(ps)] or isinstance(answer, Exception), (sig, i, answer)
+
+
+def test_a_prefill_or_decode_instance_killed_in_xpyd_fails_only_what_it_carried(path):
+    """2P2D, one prefill and one decode instance in processes of their own (the victims), one of each in this
+    process: each kill fails some requests, each with an error the client sees (vllm-router does not retry in
+    PD mode), the rest answer in full, and once the router's health check has the victim down, every request
+    answers in full again. The survivors end with no request and every block free."""
+    from prometheus_client import CollectorRegistry
+
+    from hetero.serve import build_app
+    from hetero.serve.pd import open_role
+
+    secret = {"HETERO_KV_LINK_SECRET": "s3cret"}
+    model = ["--model", path, "--dtype", "float32", "--served-model-name", "tiny", "--block-size", "16"]
+    procs = [
+        (
+            [sys.executable],
+            [*model, "--backend", "cpu_ref", "--role", "prefill", "--kv-transfer-addr", f"127.0.0.1:{free_port()}"],
+        ),
+        ([sys.executable], [*model, "--backend", "torch", "--role", "decode"]),
+    ]
+    local = []
+    for role, backend in (("prefill", "cpu_ref"), ("decode", "torch")):
+        llm = LLM(path, **dict(ENGINE, backend=backend))
+        addr = f"127.0.0.1:{free_port()}" if role == "prefill" else None
+        local.append(
+            (llm, Server(build_app(llm, "tiny", open_role(llm, role, addr, CollectorRegistry(), "s3cret", role))))
+        )
+    ps = _prompts(8, seed=13)
+    want = offline(path, ps, 32)
+    try:
+        with command_servers(procs, 300, 60, env=secret) as urls:
+            flags = ["--vllm-pd-disaggregation", "--kv-connector", "nixl", *FAILOVER[2:]]
+            flags += ["--prefill-policy", "round_robin", "--decode-policy", "round_robin"]
+            flags += [
+                "--prefill",
+                local[0][1].url,
+                "--prefill",
+                urls[0],
+                "--decode",
+                local[1][1].url,
+                "--decode",
+                urls[1],
+            ]
+            with router([], *flags) as url:
+                for victim, load, delay in ((0, 1, 0.0), (1, 3, 0.2)):
+                    jobs = [(ps[i % len(ps)], ("whole", "stream", "stream")[i % 3]) for i in range(24)]
+                    strike = _strike_when_busy(urls[victim], urls.procs[victim], signal.SIGKILL, load, delay)
+                    got = asyncio.run(_load(url, jobs, 32, concurrency=12))
+                    strike.join(10)
+                    assert urls.procs[victim].wait(60) is not None
+                    for i, answer in enumerate(got):
+                        assert answer == want[i % len(ps)] or isinstance(answer, Exception), (victim, i, answer)
+                    time.sleep(3)  # the health check (every second, one failure) takes the victim out
+                    again = asyncio.run(_load(url, jobs[:8], 32, concurrency=8))
+                    assert again == [want[i % len(ps)] for i in range(8)], victim
+        for llm, server in local:
+            deadline = time.monotonic() + 60
+            while server.app.state.engine.num_requests or llm.scheduler.has_unfinished():
+                assert time.monotonic() < deadline, "requests were left in a surviving instance"
+                time.sleep(0.05)
+            assert llm.block_manager.num_used_blocks == 0
+    finally:
+        for _, server in local:
+            server.stop()
