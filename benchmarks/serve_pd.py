@@ -1,4 +1,4 @@
-"""One server against a prefill/decode pair behind a router, under the same `hetero bench-serve` load.
+"""One server against a prefill/decode pair behind vllm-router's PD mode, under the same `hetero bench-serve` load.
 
     .venv/bin/python benchmarks/serve_pd.py [--model DIR] [--prefill-backend torch] [--decode-backend torch]
         [--num-prompts 64] [--input-len 256] [--output-len 32] [--max-concurrency 8] [--rounds 2] [--markdown FILE]
@@ -7,7 +7,8 @@ Configs, run in turn ``--rounds`` times (so drift hits each alike), each on fres
 warm-up load:
 
 - ``single``: one ``hetero serve`` on the decode backend, ``OMP_NUM_THREADS`` = ``--threads``;
-- ``pd``: prefill and decode instances (``OMP_NUM_THREADS`` = ``--pd-threads`` each) and a router.
+- ``pd``: prefill and decode instances (``OMP_NUM_THREADS`` = ``--pd-threads`` each) and
+  ``vllm-router --vllm-pd-disaggregation`` in front.
 
 Beside bench-serve's summary it reads the pair's KV transfer counters from the instances' /metrics.
 The default model is the engine benchmark's dense Qwen3 (``vllm_route.write_models``).
@@ -19,6 +20,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -67,6 +69,25 @@ def _servers(commands: list[tuple[list[str], dict]], seconds: float = 600):
             proc.terminate()
         for proc in procs:
             proc.wait(60)
+
+
+@contextlib.contextmanager
+def _pd_router(prefill: str, decode: str, seconds: float = 120):
+    exe = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
+    port = free_port()
+    cmd = [exe, "--port", str(port), "--prometheus-port", str(free_port()), "--vllm-pd-disaggregation"]
+    proc = subprocess.Popen([*cmd, "--prefill", prefill, "--decode", decode], stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + seconds
+        while not _healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vllm-router did not come up: {' '.join(cmd)}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def _bench(url: str, args: argparse.Namespace, n: int, out: Path | None) -> dict | None:
@@ -126,12 +147,12 @@ def _run(name: str, args: argparse.Namespace, work: Path) -> dict:
         one = {"OMP_NUM_THREADS": str(args.pd_threads)}
         commands = [
             ([*model, "--backend", args.prefill_backend, "--role", "prefill", "--kv-transfer-addr", addr], one),
-            ([*model, "--backend", args.decode_backend, "--role", "decode", "--kv-transfer-addr", addr], one),
+            ([*model, "--backend", args.decode_backend, "--role", "decode"], one),
         ]
     with _servers(commands) as urls:
         if name == "single":
             return _measure(urls[0], args, work, name)
-        with _servers([(["--role", "router", "--prefill-url", urls[0], "--decode-url", urls[1]], {})]) as (router,):
+        with _pd_router(urls[0], urls[1]) as router:
             summary = _measure(router, args, work, name)
             summary["transfer"] = _transfer(urls[0])
             return summary

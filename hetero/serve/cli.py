@@ -28,7 +28,7 @@ def _add_serve_parser(sub: Any) -> None:
         description="Serve a checkpoint directory: /v1/completions, /v1/chat/completions (with a "
         "tokenizer and chat template), /v1/models, /health and /metrics (Prometheus).",
     )
-    p.add_argument("--model", default=None, metavar="DIR", help="checkpoint directory (every role but router)")
+    p.add_argument("--model", default=None, metavar="DIR", help="checkpoint directory")
     model_args(p)
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the directory name)")
     p.add_argument("--host", default="127.0.0.1")
@@ -69,10 +69,10 @@ def _add_serve_parser(sub: Any) -> None:
     pd = p.add_argument_group("prefill/decode disaggregation")
     pd.add_argument(
         "--role",
-        choices=("prefill", "decode", "router"),
+        choices=("prefill", "decode"),
         default=None,
         help="prefill: compute prompts' caches and hold them for decode instances; decode: pull them and "
-        "generate; router: the OpenAI API in front of one pair (default: serve alone)",
+        "generate (vllm-router --vllm-pd-disaggregation fronts both; default: serve alone)",
     )
     pd.add_argument(
         "--kv-transfer-addr",
@@ -85,14 +85,11 @@ def _add_serve_parser(sub: Any) -> None:
         default=os.environ.get("HETERO_KV_LINK_SECRET") or None,
         help="prefill and decode: the secret both ends of a KV link prove (default: $HETERO_KV_LINK_SECRET)",
     )
-    pd.add_argument("--prefill-url", default=None, help="router: the prefill instance, http://HOST:PORT")
-    pd.add_argument("--decode-url", default=None, help="router: the decode instance, http://HOST:PORT")
     p.set_defaults(func=_cmd_serve)
 
 
 def _check_role(args: argparse.Namespace) -> None:
     need = {
-        "router": ("prefill_url", "decode_url"),
         "prefill": ("model", "kv_transfer_addr"),
         "decode": ("model",),
         None: ("model",),
@@ -104,24 +101,19 @@ def _check_role(args: argparse.Namespace) -> None:
     if args.kv_transfer_addr is not None:
         from hetero.serve.pd.link import parse_addr
 
+        if args.role != "prefill":
+            raise UsageError(
+                "--kv-transfer-addr is where a prefill instance takes KV links; a decode instance dials the prefill "
+                "instances its requests name",
+                arg="--kv-transfer-addr",
+                expected="--role prefill",
+                got=args.role,
+            )
         parse_addr(args.kv_transfer_addr)
 
 
 def _cmd_serve(args: argparse.Namespace, registry: Any, console: Any) -> int:
-    import uvicorn
-
     _check_role(args)
-    if args.role == "router":
-        from hetero.serve.pd.router import build_router
-
-        console.print(
-            f"routing {args.prefill_url} (prefill) -> {args.decode_url} (decode) on http://{args.host}:{args.port}/v1",
-            highlight=False,
-        )
-        uvicorn.run(
-            build_router(args.prefill_url, args.decode_url), host=args.host, port=args.port, log_level="warning"
-        )
-        return EXIT_OK
     return _serve_model(args, console)
 
 

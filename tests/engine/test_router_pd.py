@@ -1,8 +1,7 @@
 """xPyD through vLLM's own router (the real ``vllm-router`` binary, ``--vllm-pd-disaggregation`` with the NIXL
 request protocol): two prefill instances on cpu_ref and two decode instances on torch, every decode instance
 pulling caches from both prefill instances over links it dials itself; the openai client gets one instance's
-tokens, whole, streamed and chat, and a prefill instance killed under load fails only the requests it carried,
-each with an explicit error, while the rest answer in full."""
+tokens, whole, streamed and chat. (Instances killed under load in xPyD: ``test_router_faults.py``.)"""
 
 from __future__ import annotations
 

@@ -217,40 +217,6 @@ def test_unless_gone_cancels_the_work_as_soon_as_the_client_leaves():
 # ---------------------------------------------------------------- the router
 
 
-class _Answer:
-    def __init__(self, status: int, payload: dict):
-        self.status_code, self.content = status, json.dumps(payload).encode()
-        self.headers = {"content-type": "application/json"}
-
-    def json(self):
-        return json.loads(self.content)
-
-
-def test_the_router_relays_a_refusal_of_the_prefill_instance_without_asking_the_decode_one():
-    router = pytest.importorskip("hetero.serve.pd.router")
-    asked = []
-
-    class Http:
-        async def post(self, url, json):
-            asked.append(url)
-            return _Answer(400, {"error": {"message": "max_tokens: bad"}})
-
-        def build_request(self, *a, **k):
-            asked.append("decode")
-
-    response = asyncio.run(
-        router._forward(
-            Http(),
-            {"prefill": "http://p", "decode": "http://d"},
-            "/v1/completions",
-            {"prompt": [1], "max_tokens": 0},
-            router._Metrics(),
-        )
-    )
-    assert response.status_code == 400 and b"max_tokens: bad" in response.body
-    assert asked == ["http://p/v1/completions"]
-
-
 # ---------------------------------------------------------------- the KV link
 
 

@@ -1,8 +1,8 @@
-"""Prefill/decode disaggregation: ``hetero serve --role prefill|decode|router``.
+"""Prefill/decode disaggregation: ``hetero serve --role prefill|decode``.
 
 A prefill instance computes prompts' caches and holds them; a decode instance pulls each from the
-prefill instance its request names and generates from it; a router (vllm-router's PD mode, or
-``--role router`` for one pair) fronts them with the OpenAI API. The instances may run different
+prefill instance its request names and generates from it; vllm-router's PD mode fronts them with
+the OpenAI API. The instances may run different
 backends on different chips: the cache moves in a hardware-neutral layout (``wire``) over
 torch.distributed gloo links (``link``), made once per pair after both sides proved a shared
 secret and that they serve the same model with the same cache layout (``rendezvous``,
