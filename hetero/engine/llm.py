@@ -8,6 +8,7 @@ import time
 from typing import Any
 from typing import Sequence as Seq
 
+from hetero.engine._export import export_running
 from hetero.engine._inputs import check_import, check_logprobs, check_params, encode_prompt, params_list, prompt_list
 from hetero.engine._pipeline_step import account, advance, check_pipeline, pipeline_step
 from hetero.engine._progress import progress_bar
@@ -16,7 +17,7 @@ from hetero.engine.config import EngineConfig, text_config
 from hetero.engine.outputs import RequestOutput
 from hetero.engine.parallel import Parallel
 from hetero.engine.runtime.block_manager import BlockManager
-from hetero.engine.runtime.cache_io import SequenceCache, check_fits, export_sequence_cache
+from hetero.engine.runtime.cache_io import SequenceCache, check_fits
 from hetero.engine.runtime.microbatch import MicroBatchPipeline
 from hetero.engine.runtime.model_runner import ModelRunner
 from hetero.engine.runtime.scheduler import Scheduler
@@ -145,13 +146,13 @@ class LLM:
         check_logprobs(params, getattr(text_config(self.config.hf_config), "vocab_size", None), index)
         seq = Sequence(request_id if request_id is not None else str(index), self._encode(prompt, index), params, index)
         if cache is not None:
-            if self.world.size > 1:
+            if self.pipeline is not None:
                 raise UsageError(
-                    f"request {index}: argument 'cache': importing a cache under tensor or pipeline parallelism "
-                    f"is not supported (each rank holds its own shard)",
+                    f"request {index}: argument 'cache': importing a cache under pipeline parallelism is not "
+                    f"supported (each stage holds its own layers' cache)",
                     arg="cache",
-                    expected="one process (tensor_parallel_size and pipeline_parallel_size 1)",
-                    got=self.world.size,
+                    expected="pipeline_parallel_size 1",
+                    got=self.config.pipeline_parallel_size,
                 )
             check_import(cache, seq.prompt_token_ids, index)
             check_fits(self.runner.cache, cache)
@@ -163,30 +164,11 @@ class LLM:
         self.stats["prompt_tokens"] += seq.num_prompt_tokens
         return seq.request_id
 
-    def export_cache(self, request_id: str) -> SequenceCache:
-        """The cache of a running request's computed tokens, on the CPU in a layout another engine imports."""
-        if self.pipeline is not None:
-            raise UsageError(
-                "export_cache: not supported under pipeline parallelism (each stage holds its own layers' cache)",
-                arg="pipeline_parallel_size",
-                expected=1,
-                got=self.config.pipeline_parallel_size,
-            )
-        for seq in self.scheduler.running:
-            if seq.request_id == request_id:
-                return export_sequence_cache(
-                    self.runner.cache,
-                    seq.block_table,
-                    None if seq.state_slot is None else seq.state_slot + seq.state_column,
-                    seq.num_computed_tokens,
-                    seq.token_ids,
-                )
-        raise UsageError(
-            f"export_cache: argument 'request_id': no running request {request_id!r}",
-            arg="request_id",
-            expected="a running request",
-            got=request_id,
-        )
+    def export_cache(self, request_id: str | None = None) -> SequenceCache | None:
+        """The cache of a running request's computed tokens, on the CPU in a layout another engine imports, of any
+        tensor-parallel size. Under tensor parallelism every rank calls it together, rank 0 naming the request:
+        rank 0 gets the cache gathered from every rank's shard, the others None."""
+        return export_running(self, request_id)
 
     def encode(self, prompt: str | Seq[int]) -> list[int]:
         """The token ids ``add_request`` would queue for ``prompt``, checked as it checks them."""

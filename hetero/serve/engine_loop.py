@@ -217,6 +217,7 @@ class EngineLoop:
                 raise RuntimeError(
                     f"request {out.request_id} finished ({out.finish_reason}) before its cache was exported"
                 )
+            _tell(self.llm, "export")  # every rank exports its shard with rank 0
             item: object = self.llm.export_cache(out.request_id)
             self.llm.abort(out.request_id)
         except Exception as e:  # noqa: BLE001  (the exporter learns why)
@@ -241,13 +242,16 @@ def _tell(llm: LLM, what: str) -> None:
 
 
 def follow(llm: LLM) -> None:
-    """A rank other than 0 of a served engine: step when rank 0 says so, until it says stop."""
+    """A rank other than 0 of a served engine: step (or export its shard of a cache) when rank 0 says so, until it
+    says stop."""
     while True:
         what = llm.world.broadcast_object(None, llm.runner.device)
         if what == "stop":
             return
         if what == "step":
             llm.step()
+        elif what == "export":
+            llm.export_cache()
 
 
 @dataclass

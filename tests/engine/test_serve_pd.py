@@ -201,3 +201,48 @@ def test_a_client_gone_from_a_whole_request_through_the_router_aborts_the_decode
     leave_a_whole_request(router.port, decode, "the request never reached the decode instance")
     wait_aborted(decode, "the decode request was not aborted")
     assert decode.block_manager.num_used_blocks == 0 and decode.stats["generated_tokens"] - before < 400
+
+
+def test_tp2_and_tp1_instances_pair_up_both_ways(path):
+    """Served: a TP=2 prefill instance (torchrun) with a TP=1 decode instance, and a TP=1 prefill instance with a
+    TP=2 decode instance, behind one vllm-router whose round robin pairs them so; one instance's tokens."""
+    from prometheus_client import CollectorRegistry
+
+    from hetero.serve import build_app
+    from hetero.serve.pd import open_role
+
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+    model = ["--model", path, "--dtype", "float32", "--served-model-name", "tiny", "--tensor-parallel-size", "2"]
+    addr = f"127.0.0.1:{free_port()}"
+    tp2 = [
+        (
+            [*launcher, "--master-port", str(free_port())],
+            [*model, "--backend", "cpu_ref", "--role", "prefill", "--kv-transfer-addr", addr],
+        ),
+        ([*launcher, "--master-port", str(free_port())], [*model, "--backend", "torch", "--role", "decode"]),
+    ]
+    prefill, decode = LLM(path, **PREFILL), LLM(path, **DECODE)
+    pre = Server(
+        build_app(
+            prefill, "tiny", open_role(prefill, "prefill", f"127.0.0.1:{free_port()}", CollectorRegistry(), None, "p1")
+        )
+    )
+    dec = Server(build_app(decode, "tiny", open_role(decode, "decode", None, CollectorRegistry(), None, "d1")))
+    ps = prompts(4, seed=17)
+    want = offline(path, ps, 6)
+    try:
+        with command_servers(tp2, 300, 60, env={"OMP_NUM_THREADS": "1"}) as (pre2, dec2):
+            rr = ("--prefill-policy", "round_robin", "--decode-policy", "round_robin")
+            with router(
+                [], *PD, *rr, "--prefill", pre2, "--prefill", pre.url, "--decode", dec.url, "--decode", dec2
+            ) as url:
+                c = client(url)
+                got = [
+                    c.completions.create(model="tiny", prompt=p, max_tokens=6, **GREEDY).choices[0].token_ids
+                    for p in ps
+                ]
+                assert got == want
+        assert prefill.stats["prompt_tokens"] and decode.stats["prompt_tokens"], "both crossings ran"
+    finally:
+        pre.stop()
+        dec.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hetero.engine.context import ModelContext
-from hetero.engine.layers.cached import CachedLayer, PagedEntry
+from hetero.engine.layers.cached import CachedLayer, PagedEntry, Shard
 from hetero.engine.step import Step
 
 __all__ = ["Attention"]
@@ -16,7 +16,8 @@ class Attention(CachedLayer):
 
     q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, Dv] of this rank's heads (Dv: ``v_head_dim``, default D); returns
     [T, Hq, Dv]. With ``sinks`` the caller passes float32 [Hq] sink logits (gpt-oss, this rank's heads) to every
-    call; the op is resolved with that option.
+    call; the op is resolved with that option. ``kv_heads``: (this rank's first KV head, the model's KV heads)
+    under tensor parallelism, where its cache sits in a cache of every head.
     """
 
     def __init__(
@@ -30,9 +31,12 @@ class Attention(CachedLayer):
         window: tuple[int, int] = (-1, -1),
         sinks: bool = False,
         v_head_dim: int | None = None,
+        kv_heads: tuple[int, int] | None = None,
     ):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        first, total = kv_heads or (0, num_kv_heads)
+        self.kv_shard = Shard.of(0, total, range(first, first + num_kv_heads))
         self.v_head_dim = v_head_dim or head_dim
         self.scale, self.window = float(scale), window
         ctx.bind_op(self, "_write_kv", "write_kv")
@@ -45,8 +49,8 @@ class Attention(CachedLayer):
 
     def cache_spec(self) -> tuple[PagedEntry, ...]:
         return (
-            PagedEntry("k_cache", (self.num_kv_heads, self.head_dim)),
-            PagedEntry("v_cache", (self.num_kv_heads, self.v_head_dim)),
+            PagedEntry("k_cache", (self.num_kv_heads, self.head_dim), shard=self.kv_shard),
+            PagedEntry("v_cache", (self.num_kv_heads, self.v_head_dim), shard=self.kv_shard),
         )
 
     def forward(

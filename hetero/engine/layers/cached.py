@@ -21,7 +21,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["CachedLayer", "PagedEntry", "StateEntry", "CacheEntry", "STATE_INITS", "compressed_block_table"]
+__all__ = [
+    "CachedLayer",
+    "PagedEntry",
+    "StateEntry",
+    "CacheEntry",
+    "Shard",
+    "STATE_INITS",
+    "compressed_block_table",
+]
 
 #: How a state slot starts: "zeros", zeroed by the runtime when a sequence gets it;
 #: "flag", left as it is, the layer reading ``Step.has_initial_state`` instead.
@@ -29,9 +37,28 @@ STATE_INITS = ("zeros", "flag")
 
 
 @dataclass(frozen=True)
+class Shard:
+    """Where a tensor-parallel rank's entry sits in the entry one rank holding every head would have: along
+    ``dim`` of the entry's shape (per token or per sequence) that entry has ``total`` rows, of which this rank
+    holds ``rows``, in order. An entry without a shard is the same whole entry on every rank (replicated).
+    A cache moved between instances of different tensor-parallel sizes is gathered and cut by it."""
+
+    dim: int
+    total: int
+    rows: tuple[int, ...]
+
+    @classmethod
+    def of(cls, dim: int, total: int, rows) -> "Shard | None":
+        """The shard, or None when ``rows`` is the whole."""
+        rows = tuple(int(r) for r in rows)
+        return None if rows == tuple(range(total)) else cls(dim, total, rows)
+
+
+@dataclass(frozen=True)
 class PagedEntry:
     """A per-token cache tensor: ``shape`` per token, ``dtype`` (None: the model's), ``fill`` at allocation;
-    ``tokens_per_slot``: one slot per that many tokens (a power of two; 1: per token).
+    ``tokens_per_slot``: one slot per that many tokens (a power of two; 1: per token); ``shard``: this rank's
+    part of it under tensor parallelism (None: whole).
 
     The default NaN fill makes a read of a slot nobody wrote show up in the output.
     """
@@ -41,6 +68,7 @@ class PagedEntry:
     dtype: torch.dtype | None = None
     fill: float = float("nan")
     tokens_per_slot: int = 1
+    shard: Shard | None = None
 
     def __post_init__(self) -> None:
         m = self.tokens_per_slot
@@ -66,12 +94,13 @@ def compressed_block_table(block_table: torch.Tensor, block_size: int, tokens_pe
 @dataclass(frozen=True)
 class StateEntry:
     """A per-sequence state tensor: ``shape`` per sequence, ``dtype`` (None: the model's), ``init``
-    (one of :data:`STATE_INITS`)."""
+    (one of :data:`STATE_INITS`), ``shard`` (as :class:`PagedEntry`'s)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype | None = None
     init: str = "zeros"
+    shard: Shard | None = None
 
     def __post_init__(self) -> None:
         if self.init not in STATE_INITS:

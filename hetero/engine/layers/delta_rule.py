@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from hetero.engine.context import ModelContext
-from hetero.engine.layers.cached import CachedLayer, StateEntry
+from hetero.engine.layers.cached import CachedLayer, Shard, StateEntry
 from hetero.engine.step import Step
 from hetero.ops import takes_option
 
@@ -29,6 +29,14 @@ class DeltaRuleMixer(CachedLayer):
         """This rank's (key heads, value heads, key dim, value dim) and the conv width; binds the two ops."""
         self.hk, self.hv, self.dk, self.dv = heads
         self.width, self.channels = width, 2 * self.hk * self.dk + self.hv * self.dv
+        r, n = ctx.parallel.rank, ctx.parallel.size
+        qk, v = self.hk * self.dk, self.hv * self.dv  # this rank's q (and k) and v channels, cut in rank order
+        rows = [*range(r * qk, (r + 1) * qk), *range((n + r) * qk, (n + r + 1) * qk)]
+        rows += range(2 * n * qk + r * v, 2 * n * qk + (r + 1) * v)
+        self.shards = (
+            Shard.of(1, n * self.channels, rows),
+            Shard.of(0, n * self.hv, range(r * self.hv, (r + 1) * self.hv)),
+        )
         # a step plan is passed only to ops that take one (an implementation older than spec 1.6 does not)
         bound = {
             op: ctx.bind_op(self, attr, op)
@@ -43,8 +51,8 @@ class DeltaRuleMixer(CachedLayer):
 
     def cache_spec(self) -> tuple[StateEntry, ...]:
         return (
-            StateEntry("conv_state", (self.width - 1, self.channels), init="flag"),
-            StateEntry("ssm_state", (self.hv, self.dk, self.dv), torch.float32, init="flag"),
+            StateEntry("conv_state", (self.width - 1, self.channels), init="flag", shard=self.shards[0]),
+            StateEntry("ssm_state", (self.hv, self.dk, self.dv), torch.float32, init="flag", shard=self.shards[1]),
         )
 
     def recur(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, step: Step) -> torch.Tensor:

@@ -90,7 +90,9 @@ class GatedAttention(nn.Module):
         self.q_norm = ZeroCenteredRMSNorm(ctx, d, config.rms_norm_eps, prefix=join_prefix(prefix, "q_norm"))
         self.k_norm = ZeroCenteredRMSNorm(ctx, d, config.rms_norm_eps, prefix=join_prefix(prefix, "k_norm"))
         self.rotary_emb = rotary
-        self.attn = Attention(ctx, self.num_heads, self.num_kv_heads, d, d**-0.5)
+        self.attn = Attention(
+            ctx, self.num_heads, self.num_kv_heads, d, d**-0.5, kv_heads=self.qkv_proj.kv_heads_held()
+        )
 
     def forward(self, hidden: torch.Tensor, step: Step) -> torch.Tensor:
         tokens = hidden.shape[0]

@@ -103,6 +103,7 @@ class GQAttention(nn.Module):
             window=sliding_window_of(config, layer_idx),
             sinks=self.with_sinks,
             v_head_dim=self.v_head_dim,
+            kv_heads=self.qkv_proj.kv_heads_held(),
         )
         self.sinks: torch.Tensor | None = None
 

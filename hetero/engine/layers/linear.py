@@ -214,6 +214,10 @@ class QKVParallelLinear(Linear):
             ctx, hidden, splits, bias=bias, shard_ids=["q", "k", "v"], prefix=prefix, quant_config=quant_config
         )
 
+    def kv_heads_held(self) -> tuple[int, int]:
+        """(this rank's first KV head, the checkpoint's KV heads): where its KV cache sits in one rank's."""
+        return self.rank_part("k")[0] * self.num_kv_heads, self.total_kv_heads
+
     def rank_part(self, shard: Any) -> tuple[int, int]:
         if shard == "q" or self.ctx.parallel.size == 1:
             return super().rank_part(shard)

@@ -8,12 +8,20 @@ them into blocks and a slot of its own, which may be numbered and sized otherwis
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Callable, Protocol
 from typing import Sequence as Seq
 
 import torch
 
-__all__ = ["SequenceCache", "Pools", "export_sequence_cache", "write_sequence_cache", "check_fits"]
+__all__ = [
+    "SequenceCache",
+    "Pools",
+    "export_sequence_cache",
+    "gather_sequence_cache",
+    "whole_shape",
+    "write_sequence_cache",
+    "check_fits",
+]
 
 
 class Pools(Protocol):
@@ -24,11 +32,13 @@ class Pools(Protocol):
     paged: dict[str, torch.Tensor]
     state: dict[str, torch.Tensor]
     tokens_per_slot: dict[str, int]
+    shards: dict[str, Any]  # name -> layers.cached.Shard: this tensor-parallel rank's part of the entry
 
 
 @dataclass
 class SequenceCache:
-    """The cache of one sequence's first ``num_tokens`` tokens (on one rank, under TP: its shard).
+    """The cache of one sequence's first ``num_tokens`` tokens, every head of it (an export under tensor
+    parallelism is gathered from the ranks' shards, and an import cut into them).
 
     ``paged[name]`` is ``[num_tokens, *shape]``, token-major, for every per-token entry
     (``name`` = ``"{layer path}.{entry}"``; ``[num_tokens // m, *shape]`` for an entry of one slot per m
@@ -74,11 +84,47 @@ def export_sequence_cache(
     return out
 
 
-def _check(kind: str, have: dict[str, torch.Tensor], got: dict[str, torch.Tensor], lead, cut: int) -> None:
+def gather_sequence_cache(
+    cache: SequenceCache, pools: Pools, all_gather: Callable[[torch.Tensor], torch.Tensor]
+) -> SequenceCache:
+    """The whole cache from ``cache``, this tensor-parallel rank's export (every rank calls it together):
+    each sharded entry's rows from every rank put in place (``all_gather`` of ``[1, ...]`` gives
+    ``[ranks, ...]``); the other entries, the same on every rank, as they are."""
+    for kind, lead in (("paged", 1), ("state", 0)):
+        entries = getattr(cache, kind)
+        for name in sorted(n for n in entries if n in pools.shards):
+            shard, mine = pools.shards[name], entries[name]
+            parts = all_gather(mine.unsqueeze(0))
+            rows = all_gather(torch.tensor([shard.rows], dtype=torch.int64))
+            shape = list(mine.shape)
+            shape[lead + shard.dim] = shard.total
+            whole = torch.empty(shape, dtype=mine.dtype)
+            for part, index in zip(parts, rows):
+                whole.index_copy_(lead + shard.dim, index, part)
+            entries[name] = whole
+    return cache
+
+
+def whole_shape(pools: Pools, name: str, shape) -> tuple[int, ...]:
+    """An entry's shape (per token or per sequence) with every head, of this rank's ``shape``."""
+    shape, shard = list(shape), pools.shards.get(name)
+    if shard is not None:
+        shape[shard.dim] = shard.total
+    return tuple(shape)
+
+
+def _mine(pools: Pools, name: str, t: torch.Tensor, lead: int) -> torch.Tensor:
+    """This rank's part of a whole entry ``t`` (``lead`` dimensions before the entry's shape)."""
+    shard = pools.shards.get(name)
+    return t if shard is None else t.index_select(lead + shard.dim, torch.tensor(shard.rows, device=t.device))
+
+
+def _check(kind: str, pools: Pools, got: dict[str, torch.Tensor], lead, cut: int) -> None:
+    have = getattr(pools, kind)
     if set(have) != set(got):
         raise ValueError(f"the cache to import has {kind} entries {sorted(got)}, this model has {sorted(have)}")
     for name, t in have.items():
-        want = (*lead(name), *t.shape[cut:])
+        want = (*lead(name), *whole_shape(pools, name, t.shape[cut:]))
         if tuple(got[name].shape) != want or got[name].dtype != t.dtype:
             raise ValueError(
                 f"{kind} entry '{name}': expected {t.dtype} {list(want)}, "
@@ -87,18 +133,19 @@ def _check(kind: str, have: dict[str, torch.Tensor], got: dict[str, torch.Tensor
 
 
 def check_fits(pools: Pools, cache: SequenceCache) -> None:
-    """ValueError unless ``cache`` has exactly the pools' entries, each of the right shape and dtype."""
-    _check("paged", pools.paged, cache.paged, lambda n: (cache.num_tokens // pools.tokens_per_slot.get(n, 1),), 2)
-    _check("state", pools.state, cache.state, lambda n: (), 1)
+    """ValueError unless ``cache`` has exactly the pools' entries, each of the right (whole) shape and dtype."""
+    _check("paged", pools, cache.paged, lambda n: (cache.num_tokens // pools.tokens_per_slot.get(n, 1),), 2)
+    _check("state", pools, cache.state, lambda n: (), 1)
 
 
 def write_sequence_cache(pools: Pools, block_table: Seq[int], slot: int | None, cache: SequenceCache) -> None:
-    """Write ``cache`` into ``block_table``'s blocks and state ``slot`` (ValueError when it does not fit the model)."""
+    """Write this rank's part of ``cache`` into ``block_table``'s blocks and state ``slot`` (ValueError when it
+    does not fit the model)."""
     check_fits(pools, cache)
     for name, t in pools.paged.items():
         slots = _slots(pools, name, block_table, cache.num_tokens, t.device)
-        t.flatten(0, 1).index_copy_(0, slots, cache.paged[name].to(t.device))
+        t.flatten(0, 1).index_copy_(0, slots, _mine(pools, name, cache.paged[name], 1).to(t.device))
     for name, t in pools.state.items():
         if slot is None:
             raise ValueError(f"the model has state entry '{name}' but the sequence holds no state slot")
-        t[slot].copy_(cache.state[name])
+        t[slot].copy_(_mine(pools, name, cache.state[name], 0))

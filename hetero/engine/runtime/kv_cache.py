@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from hetero.engine.layers.cached import CachedLayer, PagedEntry, StateEntry
+from hetero.engine.layers.cached import CachedLayer, PagedEntry, Shard, StateEntry
 from hetero.engine.runtime.cache_io import write_sequence_cache
 from hetero.engine.runtime.cache_ops import CacheOp, CopySlot, ImportCache, ResetSlot
 
@@ -45,7 +45,8 @@ class CachePools:
     ``paged[name]`` is ``[num_blocks, block_size, *shape]``; ``state[name]`` is
     ``[num_state_slots, *shape]``; ``zeroed`` names the state entries reset to zeros
     when a sequence takes a slot (``init="zeros"``); ``tokens_per_slot`` the paged entries
-    with one slot per several tokens (``[num_blocks, block_size // m or 1, *shape]``).
+    with one slot per several tokens (``[num_blocks, block_size // m or 1, *shape]``); ``shards`` this
+    tensor-parallel rank's part of each entry it holds only a part of (``layers.cached.Shard``).
     """
 
     block_size: int
@@ -53,6 +54,7 @@ class CachePools:
     tokens_per_slot: dict[str, int] = field(default_factory=dict)
     state: dict[str, torch.Tensor] = field(default_factory=dict)
     zeroed: tuple[str, ...] = ()
+    shards: dict[str, Shard] = field(default_factory=dict)
 
     def apply(self, ops: list[CacheOp]) -> None:
         """Apply allocation's cache ops in order (before the step that needs them)."""
@@ -89,6 +91,8 @@ def allocate_kv_cache(
     for path, layer in _cached_layers(model):
         tensors = {}
         for e in layer.cache_spec():
+            if e.shard is not None:
+                pools.shards[f"{path}.{e.name}"] = e.shard
             if isinstance(e, PagedEntry):
                 slots = e.slots_per_block(block_size)
                 t = torch.full((num_blocks, slots, *e.shape), e.fill, dtype=e.dtype or dtype, device=device)

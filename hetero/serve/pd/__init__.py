@@ -35,13 +35,13 @@ def open_role(
     from hetero.serve.pd.transfer import KVPuller, KVSource
     from hetero.serve.pd.wire import tokens_per_payload
 
-    if llm.world.size > 1:
+    if llm.pipeline is not None:
         raise UsageError(
-            f"hetero serve --role {role}: disaggregation needs one process (tensor and pipeline parallel "
-            f"size 1) on both instances (an exported cache is one rank's shard), got {llm.world.size}",
-            arg="--tensor-parallel-size",
+            f"hetero serve --role {role}: disaggregation does not move caches under pipeline parallelism (each "
+            f"stage holds its own layers' cache)",
+            arg="--pipeline-parallel-size",
             expected=1,
-            got=llm.world.size,
+            got=llm.config.pipeline_parallel_size,
         )
     identity = Identity.of(llm, role)
     if role == "prefill":

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hetero.engine import LLM
+from hetero.engine.runtime.cache_io import whole_shape
 from hetero.errors import UsageError
 
 __all__ = ["WIRE_VERSION", "Identity", "fingerprint", "refusal"]
@@ -55,7 +56,9 @@ class Identity:
     """One side of a KV link: its role, model directory, fingerprint and cache layout.
 
     ``paged`` / ``state``: ``[name, dtype, shape]`` per entry, sorted by name; a paged entry's
-    shape is per token, a state entry's per sequence."""
+    shape is per token, a state entry's per sequence, each with every head (under tensor parallelism a
+    cache is gathered on export and cut on import, so instances of any ``tp`` sizes pair up, and a layer
+    whose shard is not declared shows as a shape that differs)."""
 
     role: str
     model: str
@@ -63,6 +66,7 @@ class Identity:
     paged: tuple[tuple[str, str, tuple[int, ...]], ...]
     state: tuple[tuple[str, str, tuple[int, ...]], ...]
     wire: int = WIRE_VERSION
+    tp: int = 1
 
     @classmethod
     def of(cls, llm: LLM, role: str) -> "Identity":
@@ -74,9 +78,11 @@ class Identity:
                 expected="a model whose paged cache entries are all per token",
                 got=", ".join(pools.tokens_per_slot),
             )
-        paged = tuple((n, str(t.dtype), tuple(t.shape[2:])) for n, t in sorted(pools.paged.items()))
-        state = tuple((n, str(t.dtype), tuple(t.shape[1:])) for n, t in sorted(pools.state.items()))
-        return cls(role, str(Path(llm.config.model).resolve()), fingerprint(llm.config.model), paged, state)
+        whole = lambda n, t, lead: (n, str(t.dtype), whole_shape(pools, n, t.shape[lead:]))  # noqa: E731
+        paged = tuple(whole(n, t, 2) for n, t in sorted(pools.paged.items()))
+        state = tuple(whole(n, t, 1) for n, t in sorted(pools.state.items()))
+        model = str(Path(llm.config.model).resolve())
+        return cls(role, model, fingerprint(llm.config.model), paged, state, tp=llm.runner.parallel.size)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -85,7 +91,8 @@ class Identity:
     def from_json(cls, data: bytes) -> "Identity":
         d = json.loads(data)
         entries = lambda key: tuple((n, dt, tuple(shape)) for n, dt, shape in d[key])  # noqa: E731
-        return cls(d["role"], d["model"], d["fingerprint"], entries("paged"), entries("state"), d.get("wire", 0))
+        wire, tp = d.get("wire", 0), d.get("tp", 1)
+        return cls(d["role"], d["model"], d["fingerprint"], entries("paged"), entries("state"), wire, tp)
 
 
 def refusal(mine: Identity, theirs: Identity) -> str | None:
