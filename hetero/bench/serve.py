@@ -6,8 +6,12 @@ Requests are streamed completions sent by the official ``openai`` client (asynci
 ``--burstiness`` (1: Poisson; inf: a fixed rate), under a ``--max-concurrency`` cap. Prompts are
 seeded random token ids (``--dataset-name random``, ``--random-input-len`` / ``--random-output-len``
 / ``--random-range-ratio``) or the lines of a JSONL file (``--dataset-path``: ``{"prompt": str or
-token ids, "output_len": int}``). Per request: TTFT (send to first token), TPOT ((latency - TTFT) /
-(tokens - 1)), ITL (the gaps between token-bearing chunks) and E2E latency.
+token ids, "output_len": int}``), or conversations that keep their history (``--dataset-name multi-turn``,
+``hetero.bench.multiturn``). Per request: TTFT (send to the first chunk with a choice), TPOT ((latency - TTFT) /
+(tokens - 1)), ITL (the gaps between chunks with a choice), E2E latency, and from the stream's usage chunk (asked for
+with ``stream_options.include_usage``) the output tokens and the prompt tokens the server's prefix cache served
+(``usage.prompt_tokens_details.cached_tokens``). No ``return_token_ids`` unless the ids are needed (multi-turn's
+token format): vllm-router's kv_aware policy gives no prefix credit to a request carrying a field it does not know.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ __all__ = [
     "random_requests",
     "file_requests",
     "arrival_gaps",
+    "stream_completion",
     "run_load",
     "summarize",
     "results_json",
@@ -51,6 +56,7 @@ class RequestResult:
     latency: float | None = None
     itl: list[float] = field(default_factory=list)
     error: str = ""
+    cached_tokens: int | None = None  # None: the server reported no usage
 
     @property
     def tpot(self) -> float | None:
@@ -109,10 +115,18 @@ def arrival_gaps(n: int, rate: float, burstiness: float, seed: int) -> list[floa
     return [rng.gammavariate(burstiness, 1.0 / (rate * burstiness)) for _ in range(n)]
 
 
-async def _one(client: Any, model: str, spec: RequestSpec, ignore_eos: bool) -> RequestResult:
+async def stream_completion(
+    client: Any, model: str, spec: RequestSpec, ignore_eos: bool, answer: list | None = None, token_ids: bool = False
+) -> RequestResult:
+    """One streamed completion. ``answer``, when given, collects what was generated: the text of each chunk, or with
+    ``token_ids`` (sent as ``return_token_ids``, only then: vllm-router's kv_aware gives no prefix credit to a
+    request with a field it does not know) the token ids. Output tokens are the usage chunk's ``completion_tokens``
+    (else one a chunk, or the chunk's ids); TTFT and ITL time the chunks with a choice, whose text may be empty (a
+    step's token whose text is held back or has none still comes as a chunk)."""
     prompt_len = len(spec.prompt) if isinstance(spec.prompt, list) else 0
     result = RequestResult(False, prompt_len)
     start = last = time.perf_counter()
+    usage, chunks = None, 0
     try:
         stream = await client.completions.create(
             model=model,
@@ -120,25 +134,39 @@ async def _one(client: Any, model: str, spec: RequestSpec, ignore_eos: bool) -> 
             max_tokens=spec.output_len,
             stream=True,
             temperature=0.0,
-            extra_body={"ignore_eos": ignore_eos, "return_token_ids": True},
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": ignore_eos, **({"return_token_ids": True} if token_ids else {})},
         )
         async for chunk in stream:
-            choice = chunk.choices[0] if chunk.choices else None
-            tokens = len(getattr(choice, "token_ids", None) or []) if choice is not None else 0
-            if not tokens and not (choice is not None and choice.text):
+            usage = getattr(chunk, "usage", None) or usage
+            if not chunk.choices:
                 continue
+            choice = chunk.choices[0]
+            ids = (getattr(choice, "token_ids", None) or []) if token_ids else []
+            if answer is not None:
+                answer += ids if token_ids else [choice.text or ""]
             now = time.perf_counter()
             if result.ttft is None:
                 result.ttft = now - start
             else:
                 result.itl.append(now - last)
             last = now
-            result.output_tokens += tokens or 1
+            chunks += len(ids) or 1
         result.latency = time.perf_counter() - start
         result.ok = result.ttft is not None
+        result.output_tokens = chunks
+        if usage is not None:
+            _usage(result, usage)
     except Exception as e:  # noqa: BLE001  (a failed request is counted and reported, the run goes on)
         result.error = f"{type(e).__name__}: {e}"[:300]
     return result
+
+
+def _usage(result: RequestResult, usage: Any) -> None:
+    cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)
+    result.prompt_len = usage.prompt_tokens or result.prompt_len
+    result.output_tokens = usage.completion_tokens if usage.completion_tokens is not None else result.output_tokens
+    result.cached_tokens = int(cached or 0)
 
 
 async def run_load(
@@ -154,9 +182,9 @@ async def run_load(
 
     async def send(spec: RequestSpec) -> RequestResult:
         if limit is None:
-            return await _one(client, model, spec, ignore_eos)
+            return await stream_completion(client, model, spec, ignore_eos)
         async with limit:
-            return await _one(client, model, spec, ignore_eos)
+            return await stream_completion(client, model, spec, ignore_eos)
 
     start = time.perf_counter()
     tasks = []
@@ -168,12 +196,15 @@ async def run_load(
 
 
 def summarize(results: Sequence[RequestResult], seconds: float, slo: dict[str, float]) -> dict[str, Any]:
-    """Throughputs, TTFT/TPOT/ITL/E2E mean and percentiles (ms), and goodput under ``slo``
-    ({"ttft": ms, "tpot": ms, "e2el": ms}: requests meeting every bound, per second)."""
+    """Throughputs, TTFT/TPOT/ITL/E2E mean and percentiles (ms), goodput under ``slo`` ({"ttft": ms, "tpot": ms,
+    "e2el": ms}: requests meeting every bound, per second), and the prefix-cache hit rate: the cached prompt tokens
+    over the prompt tokens of the requests whose usage the server reported (None: none did)."""
     done = [r for r in results if r.ok]
     ms = lambda xs: {k: (v * 1e3 if v is not None else None) for k, v in percentiles(xs).items()}  # noqa: E731
     tokens = sum(r.output_tokens for r in done)
     good = [r for r in done if _meets(r, slo)]
+    reported = [r for r in done if r.cached_tokens is not None]
+    prompt, cached = sum(r.prompt_len for r in reported), sum(r.cached_tokens for r in reported)
     return {
         "completed": len(done),
         "failed": len(results) - len(done),
@@ -181,6 +212,9 @@ def summarize(results: Sequence[RequestResult], seconds: float, slo: dict[str, f
         "request_throughput": len(done) / seconds if seconds else 0.0,
         "output_throughput": tokens / seconds if seconds else 0.0,
         "total_output_tokens": tokens,
+        "total_prompt_tokens": sum(r.prompt_len for r in done),
+        "total_cached_tokens": cached if reported else None,
+        "prefix_hit_rate": cached / prompt if prompt else None,
         "ttft_ms": ms([r.ttft for r in done]),
         "tpot_ms": ms([r.tpot for r in done if r.tpot is not None]),
         "itl_ms": ms([g for r in done for g in r.itl]),

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetero.bench.baseline import Metric, check_environment, compare, environment, load_baseline, save_baseline
+from hetero.bench.multiturn import add_multi_turn_args
 from hetero.errors import UsageError
 
 __all__ = ["add_bench_parser"]
@@ -36,7 +37,12 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 Poisson, inf a fixed rate")
     p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dataset-name", choices=("random",), default="random")
+    p.add_argument(
+        "--dataset-name",
+        choices=("random", "multi-turn"),
+        default="random",
+        help="random prompts, or conversations keeping their history over a shared system prompt",
+    )
     p.add_argument("--dataset-path", default=None, help='JSONL, one {"prompt": text or ids, "output_len": n} a line')
     p.add_argument("--random-input-len", type=int, default=64)
     p.add_argument("--random-output-len", type=int, default=32)
@@ -47,6 +53,7 @@ def add_bench_parser(sub: Any) -> None:
         default=None,
         help="random token ids below this (default: the server's model card, else 1000)",
     )
+    add_multi_turn_args(p)
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--slo", default=None, metavar="ttft=MS,tpot=MS", help="goodput bounds in ms (ttft, tpot, e2el)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the summary and every request's timings")
@@ -77,6 +84,8 @@ def _metrics(summary: dict) -> list[Metric]:
         Metric("output_throughput", summary["output_throughput"], "tok/s", higher_is_better=True),
         Metric("request_throughput", summary["request_throughput"], "req/s", higher_is_better=True),
     ]
+    if summary["prefix_hit_rate"] is not None:
+        metrics.append(Metric("prefix_hit_rate", summary["prefix_hit_rate"], "fraction", higher_is_better=True))
     for name in ("ttft", "tpot", "itl"):
         for q in ("p50", "p90", "p99"):
             value = summary[f"{name}_ms"][q]
@@ -97,6 +106,12 @@ def _print(console: Console, summary: dict) -> None:
         ),
         highlight=False,
     )
+    if summary["prefix_hit_rate"] is not None:
+        console.print(
+            f"prefix cache hit rate {summary['prefix_hit_rate']:.1%} ({summary['total_cached_tokens']} of "
+            f"{summary['total_prompt_tokens']} prompt tokens cached)",
+            highlight=False,
+        )
     table = Table(title="latency (ms)")
     for col in ("metric", "mean", "p50", "p90", "p99"):
         table.add_column(col, justify="left" if col == "metric" else "right")
@@ -119,17 +134,22 @@ def _cmd_bench_serve(args: argparse.Namespace, registry: Any, console: Console) 
             "arguments --num-prompts, --request-rate, --burstiness: expected positive values, got "
             f"{args.num_prompts}, {args.request_rate}, {args.burstiness}"
         )
+    if args.dataset_name == "multi-turn" and args.dataset_path:
+        raise UsageError("argument --dataset-path: not with --dataset-name multi-turn (its prompts are generated)")
     model, card = asyncio.run(_model(args.url, args.model))
     vocab = args.vocab_size or card.get("vocab_size") or 1000
-    specs = (
-        file_requests(args.dataset_path, args.num_prompts, args.random_output_len)
-        if args.dataset_path
-        else random_requests(
+    if args.dataset_name == "multi-turn":
+        from hetero.bench.multiturn import from_args
+
+        specs = from_args(args, vocab)
+    elif args.dataset_path:
+        specs = file_requests(args.dataset_path, args.num_prompts, args.random_output_len)
+    else:
+        specs = random_requests(
             args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio, vocab, args.seed
         )
-    )
-    gaps = arrival_gaps(args.num_prompts, args.request_rate, args.burstiness, args.seed)
-    results, seconds = asyncio.run(_load(args.url, model, specs, gaps, args.max_concurrency, args.ignore_eos))
+    gaps = arrival_gaps(len(specs), args.request_rate, args.burstiness, args.seed)
+    results, seconds = asyncio.run(_load(args.url, model, specs, gaps, args.max_concurrency, args.ignore_eos, args))
     summary = summarize(results, seconds, slo)
     _print(console, summary)
     command = " ".join(["hetero", *sys.argv[1:]]) if sys.argv[1:2] == ["bench-serve"] else "hetero bench-serve"
@@ -177,13 +197,19 @@ async def _model(url: str, model: str | None) -> tuple[str, dict]:
     return found[0].id, found[0].model_dump()
 
 
-async def _load(url: str, model: str, specs, gaps, max_concurrency, ignore_eos):
+async def _load(url: str, model: str, specs, gaps, max_concurrency, ignore_eos, args):
     import openai
 
+    from hetero.bench.multiturn import run_multi_turn
     from hetero.bench.serve import run_load
 
     client = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key="unused", max_retries=0, timeout=600)
     try:
+        if args.dataset_name == "multi-turn":
+            results, seconds, _ = await run_multi_turn(
+                client, model, specs, args.random_output_len, gaps, max_concurrency, ignore_eos
+            )
+            return results, seconds
         return await run_load(client, model, specs, gaps, max_concurrency, ignore_eos)
     finally:
         await client.close()
