@@ -130,6 +130,15 @@ def encode_prompt(prompt: str | Sequence[int], tokenizer: Any, config: EngineCon
                 expected="token ids",
                 got=prompt[:40],
             )
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate: the tokenizer would fail with a TypeError
+            raise UsageError(
+                f"request {index}: argument 'prompt': not valid Unicode ({e.reason} at position {e.start})",
+                arg="prompt",
+                expected="a valid Unicode string",
+                got=prompt[max(0, e.start - 10) : e.start + 10],
+            ) from None
         return _no_media(list(tokenizer.encode(prompt)), config.hf_config, index)
     if not hasattr(prompt, "__iter__"):
         raise UsageError(

@@ -50,6 +50,7 @@ def no_ops(checkpoints, monkeypatch):
         ([[5, 6], []], "request 1: argument 'prompt': expected at least one token, got an empty prompt"),
         ([[5, 6], [7] * 513], "request 1: argument 'prompt': prompt of 513 tokens is longer than max_model_len (512)"),
         ([[5, 6], None], "request 1: argument 'prompt': expected a string or a list of token ids, got None"),
+        ([[5, 6], "ab\ud800c"], "request 1: argument 'prompt': not valid Unicode (surrogates not allowed"),
     ],
 )
 def test_malformed_prompts_are_refused_before_any_op(no_ops, prompts, message):

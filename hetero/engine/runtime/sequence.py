@@ -75,8 +75,8 @@ class SamplingParams:
             raise _bad("top_p", "a number in (0, 1]", p)
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise _bad("max_tokens", "an integer >= 1", self.max_tokens)
-        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
-            raise _bad("seed", "an integer >= 0 or None", self.seed)
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+            raise _bad("seed", "an integer in [0, 2**63) or None", self.seed)
         if not isinstance(self.ignore_eos, bool):
             raise _bad("ignore_eos", "True or False", self.ignore_eos)
         ids = self.stop_token_ids
