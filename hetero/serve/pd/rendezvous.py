@@ -15,6 +15,7 @@ logged by name on the prefill side and told why; both go on serving. Then the pa
 
 from __future__ import annotations
 
+import collections
 import datetime
 import hashlib
 import hmac
@@ -43,6 +44,11 @@ def _proof(secret: str | None, role: str, pair: str, theirs: str, mine: str) -> 
     return hmac.new((secret or "").encode(), message, hashlib.sha256).hexdigest()
 
 
+def _same(a: str, b: str) -> bool:
+    """Constant-time equality of two proofs (bytes: ``compare_digest`` refuses non-ASCII text)."""
+    return hmac.compare_digest(a.encode(errors="replace"), b.encode())
+
+
 def _wait(store: TCPStore, key: str, deadline: float, closed: Callable[[], bool] = lambda: False) -> bytes | None:
     while not store.check([key]):
         if time.monotonic() > deadline or closed():
@@ -65,11 +71,13 @@ class KVServer:
         op_timeout_s: float = 120.0,
     ):
         host, self.port = parse_addr(addr)
-        self.host = socket.getfqdn() if host in ("0.0.0.0", "::", "*") else host
+        anywhere = host in ("0.0.0.0", "::", "*")
+        self.host = socket.getfqdn() if anywhere else host
+        self._local = "127.0.0.1" if anywhere else host
         self.identity, self.secret, self.serve = identity, secret, serve
         self.handshake_s, self.op_timeout = handshake_s, datetime.timedelta(seconds=op_timeout_s)
         self.engine_id = uuid.uuid4().hex
-        self.refused: list[str] = []  # why each refused peer was refused, newest last
+        self.refused: collections.deque[str] = collections.deque(maxlen=100)  # why peers were refused, newest last
         self.error: BaseException | None = None
         self.closed = False
         self.store = TCPStore(host, self.port, None, True, datetime.timedelta(seconds=30), wait_for_workers=False)
@@ -94,7 +102,9 @@ class KVServer:
             log.error("KV server at %s:%s failed: %s", self.host, self.port, e)
 
     def _pair(self, pair: str) -> None:
-        store = PrefixStore(f"kv/{pair}", self.store)
+        # a client of its own: a store call that waits (gloo's set-up does) holds its client, not every pair's
+        client = TCPStore(self._local, self.port, None, False, datetime.timedelta(seconds=self.handshake_s))
+        store = PrefixStore(f"kv/{pair}", client)
         deadline = time.monotonic() + self.handshake_s
         try:
             hello = _wait(store, "hello", deadline, lambda: self.closed)
@@ -122,7 +132,7 @@ class KVServer:
         if their_refusal:
             self._refuse(store, name, f"it refused this instance: {their_refusal}")
             return
-        if not hmac.compare_digest(proof, _proof(self.secret, "decode", pair, mine, nonce)):
+        if not _same(proof, _proof(self.secret, "decode", pair, mine, nonce)):
             self._refuse(store, name, "it does not hold this link's secret (--kv-link-secret)")
             return
         reason = refusal(self.identity, peer)
@@ -173,7 +183,7 @@ def dial(
     welcome = json.loads(welcome)
     peer, theirs = Identity.from_json(welcome["identity"].encode()), str(welcome["nonce"])
     reason = refusal(identity, peer)
-    if reason is None and not hmac.compare_digest(str(welcome["proof"]), _proof(secret, "prefill", pair, mine, theirs)):
+    if reason is None and not _same(str(welcome["proof"]), _proof(secret, "prefill", pair, mine, theirs)):
         reason = "it does not hold this link's secret (--kv-link-secret)"
     proof = _proof(secret, "decode", pair, theirs, mine) if reason is None else ""
     store.set("proof", json.dumps({"proof": proof, "refused": reason}))
