@@ -150,15 +150,17 @@ class KVPuller:
             gate = self._dialing.setdefault(key, threading.Lock())
         with gate:
             peer = self.peers.get(key)
-            if peer is not None and (peer.broken or peer.engine_id != engine_id):
-                peer.link.close()  # broken, or its prefill instance restarted since: dial the new one
-                peer = None
-            if peer is None:
-                link, live = dial(
-                    host, port, self.identity, self.secret, self.name, self.dial_timeout_s, self.op_timeout_s
-                )
-                peer = self.peers[key] = Peer(link, live)
-            return peer
+            if peer is not None and not peer.broken and peer.engine_id == engine_id:
+                return peer
+            timeouts = (self.dial_timeout_s, self.op_timeout_s)
+            fresh = Peer(*dial(host, port, self.identity, self.secret, self.name, *timeouts))
+            if peer is not None and not peer.broken and fresh.engine_id == peer.engine_id:
+                fresh.link.close()  # the kept link is to the live process; the request names an older one
+                return peer
+            if peer is not None:  # broken, or its prefill instance restarted since
+                peer.link.close()
+            self.peers[key] = fresh
+            return fresh
 
     def _pull(self, host: str, port: int, engine_id: str, transfer_id: str) -> SequenceCache:
         peer = self._peer(host, port, engine_id)
