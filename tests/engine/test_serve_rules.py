@@ -257,9 +257,9 @@ def test_instances_of_other_block_sizes_and_pool_sizes_accept_each_other(tmp_pat
 
     def identity(role, blocks, block_size):
         paged = {name: torch.empty(blocks, block_size, 2, 8) for name in ("k", "v")}
-        cache = SimpleNamespace(paged=paged, state={"s": torch.empty(3, 4, 4)})
-        llm = SimpleNamespace(runner=SimpleNamespace(cache=cache), config=SimpleNamespace(model=str(model)))
-        return Identity.of(llm, role)
+        cache = SimpleNamespace(paged=paged, state={"s": torch.empty(3, 4, 4)}, shards={})
+        runner = SimpleNamespace(cache=cache, parallel=SimpleNamespace(size=1))
+        return Identity.of(SimpleNamespace(runner=runner, config=SimpleNamespace(model=str(model))), role)
 
     prefill, decode = identity("prefill", 100, 16), identity("decode", 37, 4)
     assert prefill.paged == (("k", "torch.float32", (2, 8)), ("v", "torch.float32", (2, 8)))
