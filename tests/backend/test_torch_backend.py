@@ -185,3 +185,26 @@ def test_a_packed_weight_is_one_opaque_call_in_a_compiled_graph():
     assert (out.double() - a.double() @ w.double().T).abs().max().item() < 1e-3
     key, packed = getattr(w, "_hetero_torch_packed")
     assert packed is not None and key[1] == w.data_ptr()
+
+
+def test_the_backend_marks_constants_as_torch_does_without_importing_dynamo():
+    """``hetero_torch._traced.constant_when_traced`` sets the mark ``torch.compiler.assume_constant_result``
+    sets (a torch that marks otherwise fails here, not silently in a compiled graph), and an engine on this
+    backend that never compiles does not pay for importing torch._dynamo."""
+    import subprocess
+    import sys
+
+    from hetero_torch._traced import constant_when_traced
+
+    def ours():
+        return True
+
+    def theirs():
+        return True
+
+    torch.compiler.assume_constant_result(theirs)
+    assert constant_when_traced(ours) is ours and vars(ours) == vars(theirs) == {"_dynamo_marked_constant": True}
+    code = (
+        "import sys, hetero_torch._attention_native, hetero_torch._layers_native; print('torch._dynamo' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

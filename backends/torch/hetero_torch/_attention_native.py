@@ -19,6 +19,7 @@ import torch
 from hetero.spec.types import AttentionMeta
 from hetero_torch._native import DTYPES, extension
 from hetero_torch._native import rows as _rows
+from hetero_torch._traced import constant_when_traced
 
 __all__ = ["applies", "index_of", "paged_attention", "write_kv"]
 
@@ -74,7 +75,7 @@ def applies(
 
 
 # traced, the answer is a constant of the graph: the build is read once, not traced into
-@torch.compiler.assume_constant_result
+@constant_when_traced
 def _built() -> bool:
     return _registered()
 

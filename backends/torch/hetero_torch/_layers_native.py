@@ -16,6 +16,7 @@ import torch
 
 from hetero_torch._native import DTYPES, extension
 from hetero_torch._native import rows as _rows
+from hetero_torch._traced import constant_when_traced
 
 __all__ = ["norm_applies", "act_applies", "rotary_applies", "rms_norm", "silu_and_mul", "rotary_embedding"]
 
@@ -41,7 +42,7 @@ def _registered() -> bool:
     return True
 
 
-@torch.compiler.assume_constant_result
+@constant_when_traced
 def _built() -> bool:
     return _registered()
 
