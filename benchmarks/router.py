@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -42,35 +41,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _servers import ROUTER, stopping, wait_up  # noqa: E402
+
 from hetero.distributed import free_port  # noqa: E402
-from hetero.engine._setup import TOKENIZER_FILES  # noqa: E402
-from hetero.tools.tiny import _tokenizer  # noqa: E402
+from hetero.tools.tiny import char_tokenizer  # noqa: E402
 
-ROUTER = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
 NAME, BLOCK = "bench", 16
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=5) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def _wait(proc: subprocess.Popen, url: str, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not _healthy(url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{' '.join(map(str, proc.args))} did not come up: {proc.stdout.read()[-3000:]}")
-        time.sleep(0.3)
 
 
 @contextlib.contextmanager
 def _instances(args: argparse.Namespace, model: Path, max_len: int):
     """Three hetero serve processes: [(url, KV events endpoint)]."""
-    procs, made = [], []
-    try:
+    made = []
+    with stopping() as procs:
         for _ in range(3):
             port, events = free_port(), f"tcp://127.0.0.1:{free_port()}"
             kv = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events})
@@ -81,13 +64,8 @@ def _instances(args: argparse.Namespace, model: Path, max_len: int):
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
             made.append((f"http://127.0.0.1:{port}", events))
         for proc, (url, _) in zip(procs, made):
-            _wait(proc, url, 900)
+            wait_up(proc, url, 900)
         yield made
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(60)
 
 
 @contextlib.contextmanager
@@ -99,15 +77,12 @@ def _router(made: list[tuple[str, str]], policy: str):
     if policy == "kv_aware":
         cmd += ["--kv-event-model", NAME, "--kv-event-block-size", str(BLOCK)]
         cmd += [f"--kv-event-source={url}={events}" for url, events in made]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    with stopping(30) as procs:
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         url = f"http://127.0.0.1:{port}"
-        _wait(proc, url, 60)
+        wait_up(procs[0], url, 60)
         time.sleep(1.0)  # kv_aware's subscriptions reach the publishers (ZMQ's slow joiner)
         yield url, f"http://127.0.0.1:{prom}/metrics"
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def _post(url: str) -> None:
@@ -164,7 +139,10 @@ def _conversations(args: argparse.Namespace, model: Path, vocab: int) -> tuple[l
         return convs, args.system_len + args.history_len + args.rounds * args.question_len
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as e:
+        sys.exit(f"{model} has no tokenizer ({e}): run with --format tokens")
     per_word = len(tokenizer.encode("".join(" " + w for w in WORDS))) / len(WORDS)
     args.words = [int(n // per_word) for n in lens[:2]] + [max(1, int(lens[2] // per_word))]
     convs = conversations(args.users, args.rounds, *args.words, args.seed)
@@ -248,9 +226,7 @@ def main() -> None:
             model = _workloads.write(Path(tmp), [args.model])[args.model]
             if args.format == "text":
                 vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-                _tokenizer(vocab).save_pretrained(model)
-        if args.format == "text" and not any((model / f).exists() for f in TOKENIZER_FILES):
-            sys.exit(f"{model} has no tokenizer ({', '.join(TOKENIZER_FILES)}): run with --format tokens")
+                char_tokenizer(vocab).save_pretrained(model)
         runs = measure(args, model)
     text = markdown(runs, "python benchmarks/router.py " + " ".join(sys.argv[1:]), args)
     print(text)

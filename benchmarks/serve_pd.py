@@ -20,74 +20,47 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _servers import ROUTER, stopping, wait_up  # noqa: E402
+
 from hetero.distributed import free_port  # noqa: E402
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=5) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager
 def _servers(commands: list[tuple[list[str], dict]], seconds: float = 600):
-    procs, urls = [], []
-    try:
-        for args, env in commands:
-            port = free_port()
-            urls.append(f"http://127.0.0.1:{port}")
+    urls = [f"http://127.0.0.1:{free_port()}" for _ in commands]
+    with stopping() as procs:
+        for (args, env), url in zip(commands, urls):
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "hetero.cli", "serve", *args, "--port", str(port)],
+                    [sys.executable, "-m", "hetero.cli", "serve", *args, "--port", url.rsplit(":", 1)[1]],
                     env={**os.environ, **env},
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     text=True,
                 )
             )
-        deadline = time.monotonic() + seconds
         for proc, url in zip(procs, urls):
-            while not _healthy(url):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{' '.join(map(str, proc.args))} did not come up: {proc.stderr.read()[-2000:]}")
-                time.sleep(0.5)
+            wait_up(proc, url, seconds)
         yield urls
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(60)
 
 
 @contextlib.contextmanager
 def _pd_router(prefill: str, decode: str, seconds: float = 120):
-    exe = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
     port = free_port()
-    cmd = [exe, "--port", str(port), "--prometheus-port", str(free_port()), "--vllm-pd-disaggregation"]
-    proc = subprocess.Popen([*cmd, "--prefill", prefill, "--decode", decode], stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + seconds
-        while not _healthy(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"vllm-router did not come up: {' '.join(cmd)}")
-            time.sleep(0.2)
+    cmd = [ROUTER, "--port", str(port), "--prometheus-port", str(free_port()), "--vllm-pd-disaggregation"]
+    with stopping(30) as procs:
+        procs.append(subprocess.Popen([*cmd, "--prefill", prefill, "--decode", decode], stdout=subprocess.DEVNULL))
+        url = f"http://127.0.0.1:{port}"
+        wait_up(procs[0], url, seconds)
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def _bench(url: str, args: argparse.Namespace, n: int, out: Path | None) -> dict | None:

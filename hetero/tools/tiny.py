@@ -22,7 +22,7 @@ from hetero.tools._tiny_archs import ARCHS
 from hetero.tools._tiny_eagle3 import write as write_eagle3
 from hetero.tools._tiny_mtp import add_mtp
 
-__all__ = ["ARCHS", "add_mtp", "build", "tiny_config", "write_eagle3"]
+__all__ = ["ARCHS", "add_mtp", "build", "char_tokenizer", "tiny_config", "write_eagle3"]
 
 
 def tiny_config(arch: str, **overrides: Any):
@@ -78,7 +78,7 @@ def _randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
             b.copy_(torch.stack([torch.randperm(n, generator=gen)[: b.shape[1]] for _ in range(b.shape[0])]))
 
 
-def _tokenizer(vocab_size: int):
+def char_tokenizer(vocab_size: int):
     """A character-level fast tokenizer (ids 0-2: pad, bos, eos; then printable ASCII)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -115,7 +115,7 @@ def build(
     kwargs = {"max_shard_size": shard_size} if shard_size else {}
     model.save_pretrained(path, **kwargs)
     if tokenizer:
-        _tokenizer(config.get_text_config().vocab_size).save_pretrained(path)
+        char_tokenizer(config.get_text_config().vocab_size).save_pretrained(path)
     return path
 
 
