@@ -67,6 +67,15 @@ def get(url: str) -> tuple[int, str]:
         return r.status, r.read().decode()
 
 
+def offline(path, prompt_list, max_tokens: int, **engine) -> list[list[int]]:
+    """The greedy tokens (EOS ignored) of one ``LLM(path, **engine)``: what a server, or a router over
+    servers, must answer."""
+    from hetero.engine import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return [o.token_ids for o in LLM(path, **engine).generate(prompt_list, params, progress=False)]
+
+
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(3, 256, (4 + 3 * i,), generator=gen).tolist() for i in range(n)]

@@ -4,6 +4,7 @@ instance that holds a prompt's prefix."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import urllib.request
@@ -13,14 +14,15 @@ import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("zmq")
-from _serving import ROUTER, Server, client, concurrent_streams, router  # noqa: E402
+from _serving import ROUTER, Server, client, concurrent_streams, offline, router  # noqa: E402
 
 from hetero.distributed import free_port  # noqa: E402
-from hetero.engine import LLM, SamplingParams  # noqa: E402
+from hetero.engine import LLM  # noqa: E402
 from hetero.serve import build_app  # noqa: E402
 from hetero.serve.kv_events import KVEventPublisher, KVEventsConfig  # noqa: E402
 
 ENGINE = dict(backend="cpu_ref", dtype="float32", block_size=16, max_num_seqs=16)
+offline = functools.partial(offline, **ENGINE)
 GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
 POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash", "sticky_least_loaded")
 
@@ -39,11 +41,6 @@ def instances(checkpoints):
     yield path, made
     for server, _ in made:
         server.stop()
-
-
-def offline(path, prompts, max_tokens):
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    return [o.token_ids for o in LLM(path, **ENGINE).generate(prompts, params, progress=False)]
 
 
 def _prompts(n: int, length: int, seed: int) -> list[list[int]]:

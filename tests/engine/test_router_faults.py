@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import signal
 import sys
@@ -23,28 +24,15 @@ import pytest
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
-from _serving import Server, command_servers, get, router  # noqa: E402
+from _serving import Server, command_servers, get, offline, prompts, router  # noqa: E402
 
 from hetero.distributed import free_port  # noqa: E402
-from hetero.engine import LLM, SamplingParams  # noqa: E402
+from hetero.engine import LLM  # noqa: E402
 
 ENGINE = dict(backend="cpu_ref", dtype="float32", block_size=16, max_num_seqs=16)
+offline = functools.partial(offline, **ENGINE)
 GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
 FAILOVER = ("--policy", "round_robin", "--health-failure-threshold", "1")
-
-
-def _prompts(n: int, seed: int) -> list[list[int]]:
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        torch.randint(3, 256, (int(torch.randint(4, 40, (), generator=gen)),), generator=gen).tolist() for _ in range(n)
-    ]
-
-
-def offline(path, ps, max_tokens):
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    return [o.token_ids for o in LLM(path, **ENGINE).generate(ps, params, progress=False)]
 
 
 async def _one(c: openai.AsyncOpenAI, prompt, max_tokens: int, kind: str):
@@ -97,7 +85,7 @@ def test_a_soak_answers_every_staying_request_in_full_and_leaves_every_pool_as_i
     llms = [LLM(path, **ENGINE) for _ in range(3)]
     free = [llm.block_manager.num_free_blocks for llm in llms]
     servers = [Server(build_app(llm, "tiny")) for llm in llms]
-    ps = _prompts(12, seed=5)
+    ps = prompts(12, seed=5)
     want = offline(path, ps, 6)
     kinds = ("whole", "stream", "whole", "stream", "leave", "gone", "whole", "stream")
     jobs = [(ps[i % len(ps)], kinds[i % len(kinds)]) for i in range(240)]
@@ -142,7 +130,7 @@ def _strike_when_busy(url: str, proc, sig, load: int = 3, delay: float = 0.2) ->
 def test_sigterm_and_sigkill_of_an_instance_under_load_lose_no_request(path):
     base = [sys.executable]
     args = ["--model", path, "--backend", "cpu_ref", "--dtype", "float32", "--served-model-name", "tiny"]
-    ps = _prompts(8, seed=9)
+    ps = prompts(8, seed=9)
     want = offline(path, ps, 32)
     with command_servers([(base, args)] * 3, 300, 60) as urls, router(urls, *FAILOVER) as url:
         for sig, victim in ((signal.SIGTERM, 0), (signal.SIGKILL, 1)):
@@ -185,7 +173,7 @@ def test_a_prefill_or_decode_instance_killed_in_xpyd_fails_only_what_it_carried(
         local.append(
             (llm, Server(build_app(llm, "tiny", open_role(llm, role, addr, CollectorRegistry(), "s3cret", role))))
         )
-    ps = _prompts(8, seed=13)
+    ps = prompts(8, seed=13)
     want = offline(path, ps, 32)
     try:
         with command_servers(procs, 300, 60, env=secret) as urls:

@@ -5,19 +5,30 @@ tokens, whole, streamed and chat. (Instances killed under load in xPyD: ``test_r
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
-from _serving import ROUTER, Server, client, concurrent_streams, prompts, router, with_chat_template  # noqa: E402
+from _serving import (  # noqa: E402
+    ROUTER,
+    Server,
+    client,
+    concurrent_streams,
+    offline,
+    prompts,
+    router,
+    with_chat_template,
+)
 
 from hetero.distributed import free_port  # noqa: E402
-from hetero.engine import LLM, SamplingParams  # noqa: E402
+from hetero.engine import LLM  # noqa: E402
 
 PREFILL = dict(backend="cpu_ref", dtype="float32", block_size=8, max_num_seqs=16)
 DECODE = dict(backend="torch", dtype="float32", block_size=16, max_num_seqs=16)
+offline = functools.partial(offline, **DECODE)
 GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
 
 
@@ -46,11 +57,6 @@ def xpyd(path):
     yield servers, llms
     for server in servers:
         server.stop()
-
-
-def offline(path, prompt_list, max_tokens: int) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    return [o.token_ids for o in LLM(path, **DECODE).generate(prompt_list, params, progress=False)]
 
 
 def pd_router(prefills, decodes, *options: str):

@@ -8,6 +8,7 @@ server is stopped and every wait is bounded. (The link itself: ``test_pd_link.py
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import urllib.error
@@ -28,6 +29,7 @@ from _serving import (  # noqa: E402
     concurrent_streams,
     get,
     leave_a_whole_request,
+    offline,
     prompts,
     router,
     wait_aborted,
@@ -35,9 +37,10 @@ from _serving import (  # noqa: E402
 )
 
 from hetero.distributed import free_port  # noqa: E402
-from hetero.engine import LLM, SamplingParams  # noqa: E402
+from hetero.engine import LLM  # noqa: E402
 
 PREFILL = dict(backend="cpu_ref", dtype="float32", block_size=8, max_num_seqs=16)
+offline = functools.partial(offline, **PREFILL)
 DECODE = dict(backend="torch", dtype="float32", block_size=16, max_num_seqs=16)
 GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True, "return_token_ids": True})
 PD = ("--vllm-pd-disaggregation", "--kv-connector", "nixl")
@@ -47,11 +50,6 @@ PD = ("--vllm-pd-disaggregation", "--kv-connector", "nixl")
 def path(checkpoints, tmp_path_factory):
     """The tiny Qwen3 with its char-level tokenizer and a plain chat template."""
     return with_chat_template(checkpoints("qwen3"), tmp_path_factory.mktemp("pd") / "tiny-qwen3")
-
-
-def offline(path, prompt_list, max_tokens: int, **engine) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    return [o.token_ids for o in LLM(path, **(engine or PREFILL)).generate(prompt_list, params, progress=False)]
 
 
 @pytest.fixture(scope="module")

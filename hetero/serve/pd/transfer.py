@@ -95,7 +95,7 @@ class KVSource:
                     self._links.remove(link)
 
     def _sweep(self) -> None:
-        while True:
+        while not self.server.closed:
             time.sleep(self.unclaimed_s / 4)
             self.drop_stale(time.monotonic())
 
