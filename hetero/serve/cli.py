@@ -113,11 +113,6 @@ def _check_role(args: argparse.Namespace) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace, registry: Any, console: Any) -> int:
-    _check_role(args)
-    return _serve_model(args, console)
-
-
-def _serve_model(args: argparse.Namespace, console: Any) -> int:
     import uvicorn
 
     from hetero.engine import LLM
@@ -127,6 +122,7 @@ def _serve_model(args: argparse.Namespace, console: Any) -> int:
     from hetero.serve.kv_events import KVEventPublisher, KVEventsConfig
     from hetero.serve.metrics import ServerMetrics
 
+    _check_role(args)
     events_config = KVEventsConfig.parse(args.kv_events_config)  # refused before the model loads
     extra = {"max_model_len": args.max_model_len} if args.max_model_len else {}
     llm = LLM(
