@@ -78,8 +78,9 @@ def register() -> None:
 
     check_vllm_version(vllm.__version__)
     _own_compile_cache()
-    from hetero_vllm import attention, layers, moe
+    from hetero_vllm import attention, census, layers, moe
 
+    census.install()
     routed = layers.register() + moe.register() + attention.register()
     report.arm_at_exit()
     _registered.append(True)

@@ -59,6 +59,8 @@ def register_oot(vllm_cls: type, replacement: type, routes: list[str]) -> bool:
         report.not_routed(name, reason)
         return False
     replacement.vllm_op_name = getattr(vllm_cls, "name", name)
+    replacement.vllm_class_name = name
+    replacement.hetero_route = True  # the census tells hetero's replacements from vLLM's own subclasses
     CustomOp.register_oot(replacement, name=name)
     routes.append(name)
     return True

@@ -117,6 +117,7 @@ class HeteroAttentionImpl(AttentionImpl):
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.attn_type = attn_type
         self.sinks = sinks
+        self.hetero_site = report.site(_SITE)
         _backend.remember_config()
 
     def do_kv_cache_update(
@@ -132,7 +133,7 @@ class HeteroAttentionImpl(AttentionImpl):
             return
         k_cache, v_cache = _kv_views(kv_cache, self.head_size)
         n = min(key.shape[0], slot_mapping.shape[0])
-        torch.ops.hetero.write_kv(key[:n], value[:n], k_cache, v_cache, slot_mapping[:n], _SITE)
+        torch.ops.hetero.write_kv(key[:n], value[:n], k_cache, v_cache, slot_mapping[:n], self.hetero_site)
 
     def forward(
         self,
@@ -172,7 +173,7 @@ class HeteroAttentionImpl(AttentionImpl):
             self.softcap,
             sinks,
             out,
-            _SITE,
+            self.hetero_site,
         )
         return output
 

@@ -13,7 +13,7 @@ import torch
 from hetero_vllm import report, torch_ops  # noqa: F401  (torch_ops defines torch.ops.hetero.*)
 from hetero_vllm._oot import AlwaysOn, dispatch_to, register_oot
 
-__all__ = ["ROTARY_CLASSES", "register"]
+__all__ = ["ROTARY_CLASSES", "own_forward", "register"]
 
 #: Rotary classes routed when they keep the base class's forward: they differ only in how
 #: the cos/sin cache is computed, which vLLM still does; hetero applies it.
@@ -27,20 +27,6 @@ ROTARY_CLASSES = (
     "YaRNScalingRotaryEmbedding",
     "Gemma4RotaryEmbedding",
 )
-#: vLLM classes of these families that keep vLLM's kernels, and why.
-NOT_ROUTED = {
-    "GemmaRMSNorm": "not routed yet (hetero rms_norm weight_offset=1.0 would serve it)",
-    "RMSNormGated": "group/gate order differs from hetero rms_norm's gate",
-    "MRotaryEmbedding": "multimodal rope (3-D positions): no hetero op",
-    "DeepseekScalingRotaryEmbedding": "overrides the base forward (hetero rotary_embedding is not applied to it yet)",
-    "Llama4VisionRotaryEmbedding": "vision rope with its own forward",
-    "FourierRotaryEmbedding": "overrides the base forward",
-    "Phi3LongRoPEScaledRotaryEmbedding": "switches caches by length in its forward",
-    "DualChunkRotaryEmbedding": "dual-chunk attention rope",
-    "SiluAndMulWithClamp": "clamped SwiGLU: no hetero dense op",
-    "MulAndSilu": "reversed halves: no hetero op",
-    "GeluAndMul": "no hetero gelu op",
-}
 _FORWARDS = ("forward", "forward_native", "forward_cpu", "forward_cuda", "forward_oot", "forward_static")
 
 
@@ -51,15 +37,18 @@ def _rms_norm_class(base: type) -> type:
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.hetero_ok = self.has_weight and self.variance_size_override is None
-            if not self.hetero_ok:
-                report.not_routed("RMSNorm[no weight or var_hidden_size]", "hetero rms_norm needs a full weight")
+            if self.hetero_ok:
+                self.hetero_site = report.site("RMSNorm")
+            else:
+                self.hetero_reason = "hetero rms_norm needs a full weight (no weight, or var_hidden_size)"
 
         def forward_hetero(self, x: torch.Tensor, residual: torch.Tensor | None = None):
             if not self.hetero_ok:
                 return self.forward_native(x, residual)
             if residual is None:
-                return torch.ops.hetero.rms_norm(x, self.weight, self.variance_epsilon, "RMSNorm")
-            return torch.ops.hetero.fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon, "RMSNorm")
+                return torch.ops.hetero.rms_norm(x, self.weight, self.variance_epsilon, self.hetero_site)
+            eps, site = self.variance_epsilon, self.hetero_site
+            return torch.ops.hetero.fused_add_rms_norm(x, residual, self.weight, eps, site)
 
     return dispatch_to(HeteroRMSNorm, "forward_hetero")
 
@@ -68,8 +57,12 @@ def _silu_and_mul_class(base: type) -> type:
     class HeteroSiluAndMul(AlwaysOn, base):  # type: ignore[misc, valid-type]
         """vLLM SiluAndMul on hetero ``silu_and_mul``."""
 
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.hetero_site = report.site("SiluAndMul")
+
         def forward_hetero(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.ops.hetero.silu_and_mul(x, "SiluAndMul")
+            return torch.ops.hetero.silu_and_mul(x, self.hetero_site)
 
     return dispatch_to(HeteroSiluAndMul, "forward_hetero")
 
@@ -85,11 +78,16 @@ def _rotary_forward(self, positions: torch.Tensor, query: torch.Tensor, key: tor
     tokens = positions.shape[0]
     q = query.reshape(tokens, -1, self.head_size)
     k = key.reshape(tokens, -1, self.head_size)
-    q, k = torch.ops.hetero.rotary_embedding(positions, q, k, cache, self.is_neox_style, type(self).name)
+    q, k = torch.ops.hetero.rotary_embedding(positions, q, k, cache, self.is_neox_style, self.hetero_site)
     return q.reshape(query.shape), k.reshape(key.shape)
 
 
-def _own_forward(cls: type, base: type) -> str | None:
+def _rotary_init(self, *args, **kwargs) -> None:
+    super(type(self), self).__init__(*args, **kwargs)
+    self.hetero_site = report.site(type(self).vllm_class_name)
+
+
+def own_forward(cls: type, base: type) -> str | None:
     """The first class from ``cls`` up to ``base`` (excluded) that defines its own forward, if any."""
     for klass in cls.__mro__:
         if klass is base:
@@ -106,11 +104,10 @@ def _rotary_classes(routes: list[str]) -> None:
         vllm_cls = getattr(rope, name, None)
         if vllm_cls is None:
             continue
-        owner = _own_forward(vllm_cls, rope.RotaryEmbedding)
-        if owner is not None:
-            report.not_routed(name, f"{owner} overrides RotaryEmbedding's forward")
-            continue
-        replacement = type(f"Hetero{name}", (AlwaysOn, vllm_cls), {"forward_hetero": _rotary_forward})
+        if own_forward(vllm_cls, rope.RotaryEmbedding) is not None:
+            continue  # built, it is listed by the census as a subclass with its own forward
+        methods = {"forward_hetero": _rotary_forward, "__init__": _rotary_init}
+        replacement = type(f"Hetero{name}", (AlwaysOn, vllm_cls), methods)
         register_oot(vllm_cls, dispatch_to(replacement, "forward_hetero"), routes)
 
 
@@ -123,6 +120,4 @@ def register() -> list[str]:
     register_oot(RMSNorm, _rms_norm_class(RMSNorm), routes)
     register_oot(SiluAndMul, _silu_and_mul_class(SiluAndMul), routes)
     _rotary_classes(routes)
-    for name, reason in NOT_ROUTED.items():
-        report.not_routed(name, reason)
     return routes

@@ -41,9 +41,12 @@ MOE_ROUTES = {
 
 
 def assert_routed(report: dict, expected: dict[str, set[str]], backend: str = "cpu_ref") -> None:
-    """Every expected class shows each of its hetero ops with calls > 0 (a silent bypass fails here)."""
+    """Every expected class shows each of its hetero ops with calls > 0, and every instance of it that vLLM built
+    called hetero (a silent bypass fails here)."""
     assert report["backend"] == backend
     for cls, ops in expected.items():
         calls = report["routed"].get(cls, {})
         assert ops <= calls.keys(), f"{cls}: hetero ops {sorted(calls)} served it, expected {sorted(ops)}"
         assert all(calls[op] > 0 for op in ops), f"{cls}: {calls}"
+        built = report["instances"].get(cls, {"built": 0, "called": 0})
+        assert built["called"] == built["built"] > 0, f"{cls}: {built} (every built instance calls hetero)"
