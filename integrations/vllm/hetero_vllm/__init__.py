@@ -78,10 +78,10 @@ def register() -> None:
 
     check_vllm_version(vllm.__version__)
     _own_compile_cache()
-    from hetero_vllm import attention, census, layers, moe
+    from hetero_vllm import attention, census, gdn, layers, moe
 
     census.install()
-    routed = layers.register() + moe.register() + attention.register()
+    routed = layers.register() + moe.register() + attention.register() + gdn.register()
     report.arm_at_exit()
     _registered.append(True)
     _logger.info(

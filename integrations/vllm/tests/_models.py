@@ -1,10 +1,10 @@
-"""Tiny random checkpoints written by transformers: Llama, Qwen3 dense, Qwen3-MoE and Gemma2, float32."""
+"""Tiny random float32 checkpoints written by transformers (directly, or by hetero.tools.tiny and hetero quantize)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["write_llama", "write_qwen3", "write_qwen3_moe", "write_gemma2"]
+__all__ = ["WRITERS"]
 
 _COMMON = dict(
     vocab_size=256,
@@ -88,3 +88,48 @@ def write_gemma2(path: Path) -> Path:
         **{**_COMMON, "tie_word_embeddings": True},
     )  # vLLM's Gemma2 has no separate lm_head
     return _save(Gemma2ForCausalLM(config).float(), path)
+
+
+def _tiny(arch: str, path: Path, **overrides) -> Path:
+    from hetero.tools.tiny import build
+
+    return build(arch, path, shard_size=None, **overrides)
+
+
+def write_deepseek_v3(path: Path) -> Path:
+    """A tiny DeepSeek-V3 (MLA, a dense layer then MoE layers with a shared expert), its latent 512 + rope 64:
+    the only MLA head vLLM-CPU's own MLA kernel (the stock reference) takes."""
+    return _tiny("deepseek_v3", path, kv_lora_rank=512, qk_rope_head_dim=64)
+
+
+def write_deepseek_v32(path: Path) -> Path:
+    """A tiny DeepSeek-V3.2 (MLA with the DSA indexer's top-k sparse attention)."""
+    return _tiny("deepseek_v32", path)
+
+
+def write_qwen3_next(path: Path) -> Path:
+    """A tiny Qwen3-Next: three Gated DeltaNet layers, then a gated full-attention layer; MoE."""
+    return _tiny("qwen3_next", path)
+
+
+def write_qwen3_fp8(path: Path) -> Path:
+    """The tiny Qwen3 of ``write_qwen3``, FP8 block-quantized (DeepSeek/Qwen3-FP8 layout) by ``hetero quantize``."""
+    import tempfile
+
+    from hetero.tools.quantize import quantize_checkpoint
+
+    with tempfile.TemporaryDirectory() as src:
+        quantize_checkpoint(write_qwen3(Path(src)), path, "fp8-block")
+    return path
+
+
+WRITERS = (
+    write_llama,
+    write_qwen3,
+    write_qwen3_moe,
+    write_gemma2,
+    write_deepseek_v3,
+    write_deepseek_v32,
+    write_qwen3_next,
+    write_qwen3_fp8,
+)

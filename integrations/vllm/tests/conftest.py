@@ -52,6 +52,7 @@ class Runs:
         multiprocess: bool = False,
         platform: bool = False,
         env: dict[str, str] | None = None,
+        dtype: str = "float32",
     ):
         """(sequences, routing report or None for a stock run).
 
@@ -59,7 +60,8 @@ class Runs:
         neither ``HETERO_VLLM`` nor ``HETERO_BACKEND``), the backend given as vLLM's
         ``additional_config``. The report gains ``driver_platform``, the platform class in use.
         """
-        settings = (backend, compiled, multiprocess, platform, env or {})
+        extra = {**(env or {}), **({"dtype": dtype} if dtype != "float32" else {})}
+        settings = (backend, compiled, multiprocess, platform, extra)
         tag = self._tag(model, *settings)
         if tag not in self.cache:
             self.cache[tag] = self._shared(tag, model, *settings)
@@ -107,6 +109,9 @@ class Runs:
             cmd += ["--hetero-backend", backend]
         elif backend is not None:
             env.update(HETERO_VLLM="1", HETERO_BACKEND=backend, HETERO_VLLM_REPORT=str(report))
+        extra = dict(extra)
+        if "dtype" in extra:
+            cmd += ["--dtype", extra.pop("dtype")]
         env.update(extra)
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
@@ -139,12 +144,23 @@ def _checkpoint(root: Path, write: Callable[[Path], Path]) -> Path:
 
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, Path]:
-    """{"llama": dir, "qwen3": dir, "qwen3_moe": dir, "gemma2": dir}: tiny random float32 checkpoints."""
+    """Tiny random float32 checkpoints by name (``_models.WRITERS``), each written on first use."""
     import _models
 
     root = _session_dir(tmp_path_factory, "models")
-    writers = (_models.write_llama, _models.write_qwen3, _models.write_qwen3_moe, _models.write_gemma2)
-    return {w.__name__.removeprefix("write_"): _checkpoint(root, w) for w in writers}
+    return _Models(root, _models.WRITERS)
+
+
+class _Models(dict):
+    """{name: checkpoint dir}, written lazily: a test that needs one model does not pay for the others."""
+
+    def __init__(self, root: Path, writers) -> None:
+        super().__init__()
+        self.root, self.writers = root, {w.__name__.removeprefix("write_"): w for w in writers}
+
+    def __missing__(self, name: str) -> Path:
+        self[name] = _checkpoint(self.root, self.writers[name])
+        return self[name]
 
 
 @pytest.fixture(scope="session")
