@@ -65,9 +65,12 @@ def _own_compile_cache() -> None:
     ``forward_native`` inlined) would otherwise be loaded by a routed run, silently bypassing hetero."""
     import vllm.envs as envs
 
+    from hetero_vllm.fp8 import fp8_routed
+
+    name = "hetero-vllm" if fp8_routed() else "hetero-vllm-fp8-off"  # HETERO_VLLM_FP8 is outside vLLM's key too
     root = envs.VLLM_CACHE_ROOT
-    if os.path.basename(os.path.normpath(root)) != "hetero-vllm":
-        os.environ["VLLM_CACHE_ROOT"] = os.path.join(root, "hetero-vllm")
+    if not os.path.basename(os.path.normpath(root)).startswith("hetero-vllm"):
+        os.environ["VLLM_CACHE_ROOT"] = os.path.join(root, name)
 
 
 def register() -> None:
@@ -78,10 +81,11 @@ def register() -> None:
 
     check_vllm_version(vllm.__version__)
     _own_compile_cache()
-    from hetero_vllm import attention, census, gdn, layers, moe
+    from hetero_vllm import attention, census, dsa, fp8, gdn, layers, mla, moe
 
     census.install()
-    routed = layers.register() + moe.register() + attention.register() + gdn.register()
+    routed = layers.register() + moe.register() + fp8.register()
+    routed += attention.register() + mla.register() + dsa.register() + gdn.register()
     report.arm_at_exit()
     _registered.append(True)
     _logger.info(

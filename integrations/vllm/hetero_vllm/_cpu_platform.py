@@ -43,9 +43,13 @@ class HeteroCpuPlatform(CpuPlatform):
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads: int | None = None) -> str:
-        """hetero's paged attention for decoder attention; MLA, sparse and non-decoder attention keep the CPU
-        platform's choice."""
+        """hetero's paged attention for decoder attention, hetero's sparse MLA for DSA (which the CPU platform
+        refuses); dense MLA and non-decoder attention keep the CPU platform's choice."""
         other = str(getattr(attn_selector_config.attn_type, "value", attn_selector_config.attn_type)) != "decoder"
+        if attn_selector_config.use_mla and attn_selector_config.use_sparse and not other:
+            from hetero_vllm.dsa import backend_path
+
+            return backend_path()
         if attn_selector_config.use_mla or attn_selector_config.use_sparse or other:
             return super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
         from hetero_vllm.attention import HeteroAttentionBackend

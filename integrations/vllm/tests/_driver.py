@@ -78,7 +78,8 @@ def main() -> None:
             results.append({"tokens": list(seq.token_ids), "logprobs": logprobs})
     with open(args.out, "w") as f:
         platform = f"{type(current_platform).__module__}.{type(current_platform).__qualname__}"
-        json.dump({"pid": os.getpid(), "platform": platform, "sequences": results}, f)
+        mode = llm.llm_engine.vllm_config.compilation_config.mode  # vLLM may turn compilation off by itself
+        json.dump({"pid": os.getpid(), "platform": platform, "compilation": mode.name, "sequences": results}, f)
 
 
 if __name__ == "__main__":

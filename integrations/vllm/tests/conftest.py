@@ -122,6 +122,7 @@ class Runs:
         routing = json.loads(report.read_text())
         routing["driver_pid"] = result["pid"]  # which writer was the front-end process
         routing["driver_platform"] = result["platform"]
+        routing["driver_compilation"] = result["compilation"]  # "NONE" when vLLM ran eagerly
         return result["sequences"], routing
 
 

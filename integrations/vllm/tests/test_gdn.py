@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _compare import assert_routed
+from _compare import assert_compiled, assert_routed
 
 ROUTES = {"QwenGatedDeltaNetAttention": {"causal_conv1d", "gated_delta_rule"}}
 #: |logprob| tolerance against float64 transformers: vLLM runs float32 end to end (4 layers, MoE, lm head),
@@ -70,6 +70,7 @@ def test_compiled_torch_matches_float64_transformers(qwen3_next, runs, tmp_path_
     """Compiled mode traces vLLM's projections and keeps hetero::gdn_attention_core as one opaque node."""
     env = {"VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache-gdn"))}
     got, report = runs(qwen3_next, backend="torch", compiled=True, env=env)
+    assert_compiled(report)
     _assert_all_layers_routed(report, "torch")
     _assert_matches_transformers(qwen3_next, got)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from _compare import DENSE_ROUTES, LLAMA_ROUTES, MOE_ROUTES, assert_routed, assert_same_generation
+from _compare import DENSE_ROUTES, LLAMA_ROUTES, MOE_ROUTES, assert_compiled, assert_routed, assert_same_generation
 
 
 def test_dense_eager_matches_stock(models, runs):
@@ -53,6 +53,7 @@ def test_dense_compiled_matches_stock(models, runs, tmp_path_factory):
     env = {"VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
     stock, _ = runs(models["qwen3"], compiled=True, env=env)
     got, report = runs(models["qwen3"], backend="cpu_ref", compiled=True, env=env)
+    assert_compiled(report)
     assert_same_generation(got, stock)
     assert_routed(report, DENSE_ROUTES)
 
@@ -69,6 +70,7 @@ def test_moe_compiled_matches_stock(models, runs):
     env = {"VLLM_DISABLE_COMPILE_CACHE": "1"}
     stock, _ = runs(models["qwen3_moe"], compiled=True, env=env)
     got, report = runs(models["qwen3_moe"], backend="cpu_ref", compiled=True, env=env)
+    assert_compiled(report)
     assert_same_generation(got, stock)
     assert_routed(report, MOE_ROUTES)
 
