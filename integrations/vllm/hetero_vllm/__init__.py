@@ -1,4 +1,5 @@
-"""hetero-vllm: vLLM's norms, activation, rotary embedding, paged attention and fused MoE on a hetero backend.
+"""hetero-vllm: vLLM's layers on a hetero backend: norms, activation, rope, GEMMs, attention (GQA, MLA, DSA),
+Gated DeltaNet, fused MoE and FP8.
 
 vLLM loads the ``vllm.general_plugins`` entry point ``hetero = hetero_vllm:register``
 in every process (API server, engine core, each worker). ``register()`` does
@@ -13,10 +14,13 @@ The backend is ``additional_config={"hetero_backend": name}`` of the engine when
 given, else ``HETERO_BACKEND`` (``_backend``).
 
 Routed: ``RMSNorm`` (and its fused residual add), ``SiluAndMul``, the rotary
-classes that use the base forward (``layers``), the attention backend
-(``attention``: ``write_kv`` + ``paged_attention`` over vLLM's block table and
-cache) and ``UnquantizedFusedMoEMethod`` (``moe``). Everything else keeps vLLM's
-kernels; ``report`` lists what ran where (``HETERO_VLLM_REPORT=path.json``).
+classes that use the base forward (``layers``); the unquantized parallel linear
+layers' GEMMs (``linear``); the attention backend (``attention``: ``write_kv`` +
+``paged_attention`` over vLLM's block table and cache), MLA (``mla``) and, on
+hetero's platform, DeepSeek-V3.2's sparse attention (``dsa``); Qwen3-Next's Gated
+DeltaNet (``gdn``); ``UnquantizedFusedMoEMethod`` (``moe``); FP8 checkpoints (``fp8``).
+Everything else keeps vLLM's kernels; ``report`` lists what ran where, from what
+this process actually built (``census``; ``HETERO_VLLM_REPORT=path.json``).
 """
 
 from __future__ import annotations
@@ -81,10 +85,10 @@ def register() -> None:
 
     check_vllm_version(vllm.__version__)
     _own_compile_cache()
-    from hetero_vllm import attention, census, dsa, fp8, gdn, layers, mla, moe
+    from hetero_vllm import attention, census, dsa, fp8, gdn, layers, linear, mla, moe
 
     census.install()
-    routed = layers.register() + moe.register() + fp8.register()
+    routed = layers.register() + linear.register() + moe.register() + fp8.register()
     routed += attention.register() + mla.register() + dsa.register() + gdn.register()
     report.arm_at_exit()
     _registered.append(True)

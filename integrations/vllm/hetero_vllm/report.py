@@ -37,6 +37,7 @@ from typing import Any, Callable
 __all__ = [
     "REPORT_ENV",
     "site",
+    "withdraw",
     "record",
     "not_routed",
     "forget",
@@ -70,6 +71,13 @@ def site(vllm_class: str) -> str:
         index = _built[vllm_class]
         _built[vllm_class] += 1
     return f"{vllm_class}#{index}"
+
+
+def withdraw(call_site: str | None) -> None:
+    """Take back a site from ``site()``: its instance turned out to keep vLLM's path (it notes why itself)."""
+    if call_site:
+        with _lock:
+            _built[call_site.split("#", 1)[0]] -= 1
 
 
 def record(call_site: str, op: str) -> None:

@@ -25,6 +25,10 @@ def assert_same_generation(got: list[dict[str, Any]], want: list[dict[str, Any]]
 
 #: The vLLM classes hetero must have served in a dense Qwen3, and the hetero ops each one used.
 DENSE_ROUTES = {
+    "QKVParallelLinear": {"gemm"},
+    "MergedColumnParallelLinear": {"gemm"},
+    "RowParallelLinear": {"gemm"},
+    "ParallelLMHead": {"gemm"},
     "RMSNorm": {"rms_norm", "rms_norm+residual"},
     "SiluAndMul": {"silu_and_mul"},
     "RotaryEmbedding": {"rotary_embedding"},
@@ -35,7 +39,7 @@ LLAMA_ROUTES = {
     "Llama3RotaryEmbedding": {"rotary_embedding"},
 }  # a rope subclass, routed under its own name
 MOE_ROUTES = {
-    **{k: v for k, v in DENSE_ROUTES.items() if k != "SiluAndMul"},
+    **{k: v for k, v in DENSE_ROUTES.items() if k not in ("SiluAndMul", "MergedColumnParallelLinear")},
     "UnquantizedFusedMoEMethod": {"fused_moe"},
 }
 
