@@ -126,7 +126,8 @@ def _by_class() -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]], d
     instances = {cls: {"built": n, "called": len(called.get(cls, ()))} for cls, n in sorted(_built.items())}
     idle = {
         cls: f"{c['built'] - c['called']} of {c['built']} built instances never called hetero "
-        "(forward_native called directly, or the layer never ran)"
+        "(vLLM took another path: forward_native called directly, the weight read directly as MLA's kv_b_proj is, "
+        "or the layer never ran)"
         for cls, c in instances.items()
         if c["called"] < c["built"]
     }

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DENSE_ROUTES", "LLAMA_ROUTES", "MOE_ROUTES", "assert_compiled", "assert_routed", "assert_same_generation"]
+__all__ = [
+    "DENSE_ROUTES",
+    "EXPERT_ROUTES",
+    "LINEAR_ROUTES",
+    "LLAMA_ROUTES",
+    "MOE_ROUTES",
+    "assert_compiled",
+    "assert_routed",
+    "assert_same_generation",
+]
 
 
 def assert_same_generation(got: list[dict[str, Any]], want: list[dict[str, Any]], atol: float = 1e-5) -> float:
@@ -38,6 +47,9 @@ LLAMA_ROUTES = {
     **{k: v for k, v in DENSE_ROUTES.items() if k != "RotaryEmbedding"},
     "Llama3RotaryEmbedding": {"rotary_embedding"},
 }  # a rope subclass, routed under its own name
+#: The linear layers every tested model has (attention output, MLP or shared expert, LM head), and its experts.
+LINEAR_ROUTES = {"RowParallelLinear": {"gemm"}, "MergedColumnParallelLinear": {"gemm"}, "ParallelLMHead": {"gemm"}}
+EXPERT_ROUTES = {"UnquantizedFusedMoEMethod": {"fused_moe"}}
 MOE_ROUTES = {
     **{k: v for k, v in DENSE_ROUTES.items() if k not in ("SiluAndMul", "MergedColumnParallelLinear")},
     "UnquantizedFusedMoEMethod": {"fused_moe"},

@@ -10,10 +10,13 @@ schedule the indexer op after vLLM's opaque attention op unless the indexer's fe
 from __future__ import annotations
 
 import pytest
+from _compare import EXPERT_ROUTES, LINEAR_ROUTES
 
 DSA_ROUTES = {
     "MLAAttention": {"write_mla_kv", "mla_attention"},
     "SparseAttnIndexer": {"write_index_k", "indexer_topk"},
+    **LINEAR_ROUTES,
+    **EXPERT_ROUTES,
 }
 
 

@@ -23,7 +23,11 @@ from _compare import assert_compiled, assert_routed
 from hetero_vllm import _backend, report
 
 TOP_K = 5
-DENSE = {"Fp8LinearMethod": {"quantize_activation", "scaled_gemm"}, "Attention": {"paged_attention"}}
+DENSE = {
+    "Fp8LinearMethod": {"quantize_activation", "scaled_gemm"},
+    "Attention": {"paged_attention"},
+    "ParallelLMHead": {"gemm"},
+}
 #: Sizes where 128-blocks matter (as hetero's engine tests): hidden 192 (a partial 64-column block), q/k/v
 #: 128 rows each (vLLM requires each fused shard but the last to be a multiple of the 128-row block).
 _DENSE_SIZES = dict(hidden_size=192, num_key_value_heads=4, intermediate_size=256)

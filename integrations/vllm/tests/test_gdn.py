@@ -15,9 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from _compare import assert_compiled, assert_routed
+from _compare import EXPERT_ROUTES, LINEAR_ROUTES, assert_compiled, assert_routed
 
-ROUTES = {"QwenGatedDeltaNetAttention": {"causal_conv1d", "gated_delta_rule"}}
+ROUTES = {
+    "QwenGatedDeltaNetAttention": {"causal_conv1d", "gated_delta_rule"},
+    "Attention": {"write_kv", "paged_attention"},
+    **LINEAR_ROUTES,
+    **EXPERT_ROUTES,
+}
 #: |logprob| tolerance against float64 transformers: vLLM runs float32 end to end (4 layers, MoE, lm head),
 #: and transformers' chunked delta rule runs in float32 even in a float64 model; measured worst 1.9e-5.
 ATOL = 1e-4

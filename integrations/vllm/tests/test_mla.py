@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from _compare import assert_compiled, assert_routed, assert_same_generation
+from _compare import EXPERT_ROUTES, LINEAR_ROUTES, assert_compiled, assert_routed, assert_same_generation
 from filelock import FileLock
 
 from hetero_vllm import _backend, report
@@ -22,7 +22,7 @@ from hetero_vllm import _backend, report
 L, R, H, BS, NB = 32, 8, 4, 16, 8
 SCALE = 0.3
 ATOL = 1e-4  # the engine runs' logprobs (see the module docstring); the backend alone is held to 1e-5
-MLA_ROUTES = {"MLAAttention": {"write_mla_kv", "mla_attention"}}
+MLA_ROUTES = {"MLAAttention": {"write_mla_kv", "mla_attention"}, **LINEAR_ROUTES}
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +224,7 @@ def test_deepseek_v3_eager_matches_stock(models, runs):
     stock, _ = runs(models["deepseek_v3"])
     got, routing = runs(models["deepseek_v3"], backend="cpu_ref")
     assert_same_generation(got, stock, atol=ATOL)
-    assert_routed(routing, MLA_ROUTES)
+    assert_routed(routing, {**MLA_ROUTES, **EXPERT_ROUTES})
     assert routing["instances"]["MLAAttention"] == {"built": 3, "called": 3}
     assert "MLAAttention" not in routing["not_routed"]
 
