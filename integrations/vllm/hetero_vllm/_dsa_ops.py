@@ -1,8 +1,7 @@
 """DeepSeek sparse attention (DSA) as opaque ``torch.ops.hetero.dsa_*`` ops (see ``torch_ops`` for the pattern).
 
-- ``dsa_write_mla_kv``: hetero ``write_mla_kv`` into vLLM's MLA layer cache ``[NB, BS, L + R]``, whose
-  first L channels are the latent cache and the last R the rope-key cache (strided views, no copy);
-- ``dsa_mla_attention``: hetero ``mla_attention(..., topk_indices=...)`` over that cache;
+(The sparse attention itself is ``_mla_ops``'s ``mla_attention`` with ``topk_indices``.)
+
 - ``dsa_indexer``: hetero ``write_index_k`` of the step's indexer keys into the indexer's own cache, then
   ``indexer_topk`` into vLLM's shared top-k buffer. The cache and the step's metadata are the ones vLLM bound
   to the indexer cache layer ``layer_name`` (read from the forward context, as vLLM's own indexer op does).
@@ -23,7 +22,7 @@ import torch
 
 from hetero_vllm import _backend, report
 
-__all__ = ["dsa_write_mla_kv", "dsa_mla_attention", "dsa_indexer", "meta_of", "topk_fresh"]
+__all__ = ["dsa_indexer", "meta_of", "topk_fresh"]
 
 #: indexer cache layer name -> the forward context of the step in which its ``dsa_indexer`` last ran
 _topk_step: dict[str, object] = {}
@@ -34,51 +33,6 @@ def meta_of(query_start_loc, seq_lens, block_table, max_query_len: int, max_seq_
     from hetero import AttentionMeta
 
     return AttentionMeta(query_start_loc, seq_lens, block_table, int(max_query_len), int(max_seq_len))
-
-
-@torch.library.custom_op("hetero::dsa_write_mla_kv", mutates_args=("kv_cache",))
-def dsa_write_mla_kv(
-    kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, site: str
-) -> None:
-    """hetero ``write_mla_kv``: kv_c [T, L], k_pe [T, R] into kv_cache [NB, BS, L + R] at slot_mapping [T]."""
-    report.record(site, "write_mla_kv")
-    lkv = kv_c.shape[-1]
-    _backend.ops().write_mla_kv(kv_c, k_pe, kv_cache[..., :lkv], kv_cache[..., lkv:], slot_mapping)
-
-
-@dsa_write_mla_kv.register_fake
-def _(kv_c, k_pe, kv_cache, slot_mapping, site):
-    return None
-
-
-@torch.library.custom_op("hetero::dsa_mla_attention", mutates_args=())
-def dsa_mla_attention(
-    q_nope: torch.Tensor,
-    q_pe: torch.Tensor,
-    kv_cache: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    max_query_len: int,
-    max_seq_len: int,
-    scale: float,
-    topk_indices: torch.Tensor,
-    site: str,
-) -> torch.Tensor:
-    """hetero sparse ``mla_attention``: q_nope [T, H, L] (W_UK absorbed), q_pe [T, H, R], kv_cache
-    [NB, BS, L + R], topk_indices int32 [T, K] (positions, -1 skipped); returns out [T, H, L]."""
-    report.record(site, "mla_attention")
-    lkv = q_nope.shape[-1]
-    meta = meta_of(query_start_loc, seq_lens, block_table, max_query_len, max_seq_len)
-    out = _backend.ops().mla_attention(
-        q_nope, q_pe, kv_cache[..., :lkv], kv_cache[..., lkv:], meta, scale=scale, topk_indices=topk_indices
-    )
-    return out if out.untyped_storage().data_ptr() != q_nope.untyped_storage().data_ptr() else out.clone()
-
-
-@dsa_mla_attention.register_fake
-def _(q_nope, q_pe, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, max_seq_len, scale, topk, site):
-    return torch.empty_like(q_nope)
 
 
 def topk_fresh(layer_name: str) -> bool:

@@ -49,14 +49,18 @@ def mla_attention(
     scale: float,
     causal: bool,
     site: str,
+    topk_indices: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """hetero ``mla_attention`` (dense): q_nope [T, H, L] already absorbed by W_UK, q_pe [T, H, R] over the
-    latent caches; returns out [T, H, L] in the latent space (the caller applies W_UV)."""
+    """hetero ``mla_attention``: q_nope [T, H, L] already absorbed by W_UK, q_pe [T, H, R] over the latent
+    caches; returns out [T, H, L] in the latent space (the caller applies W_UV). ``topk_indices`` int32 [T, K]
+    (sequence positions, -1 skipped): DSA's sparse attention over those positions only."""
     import hetero
 
     report.record(site, "mla_attention")
     meta = hetero.AttentionMeta(query_start_loc, seq_lens, block_table, max_query_len, max_seq_len)
-    out = _backend.ops().mla_attention(q_nope, q_pe, ckv_cache, kpe_cache, meta, scale=scale, causal=causal)
+    out = _backend.ops().mla_attention(
+        q_nope, q_pe, ckv_cache, kpe_cache, meta, scale=scale, causal=causal, topk_indices=topk_indices
+    )
     return _fresh(out, q_nope, q_pe, ckv_cache)
 
 
@@ -74,5 +78,6 @@ def _(
     scale,
     causal,
     site,
+    topk_indices=None,
 ):
     return q_nope.new_empty((q_nope.shape[0], q_nope.shape[1], ckv_cache.shape[-1]))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from vllm.v1.attention.backend import AttentionBackend, AttentionType, CommonAttentionMetadata, MLAAttentionImpl
 
-from hetero_vllm import _dsa_ops, report  # noqa: F401  (_dsa_ops defines torch.ops.hetero.dsa_*)
+from hetero_vllm import _dsa_ops, _mla_ops, report  # noqa: F401  (they define torch.ops.hetero.*)
 from hetero_vllm.attention import HeteroAttentionMetadata, HeteroAttentionMetadataBuilder
 
 __all__ = ["HeteroSparseMLABackend", "HeteroSparseMLAImpl", "backend_path", "register"]
@@ -157,7 +157,9 @@ class HeteroSparseMLAImpl(MLAAttentionImpl):
             return
         n = min(kv_c_normed.shape[0], slot_mapping.shape[0])
         k_pe = k_pe.reshape(k_pe.shape[0], -1)
-        torch.ops.hetero.dsa_write_mla_kv(kv_c_normed[:n], k_pe[:n], kv_cache, slot_mapping[:n], self.hetero_site)
+        lkv = kv_c_normed.shape[-1]
+        ckv, kpe = kv_cache[..., :lkv], kv_cache[..., lkv:]
+        torch.ops.hetero.write_mla_kv(kv_c_normed[:n], k_pe[:n], ckv, kpe, slot_mapping[:n], self.hetero_site)
 
     def forward_mqa(
         self,
@@ -178,18 +180,21 @@ class HeteroSparseMLAImpl(MLAAttentionImpl):
             )
         m = attn_metadata
         n = q_nope.shape[0]
-        out = torch.ops.hetero.dsa_mla_attention(
+        lkv = q_nope.shape[-1]
+        out = torch.ops.hetero.mla_attention(
             q_nope,
             q_pe,
-            kv_c_and_k_pe_cache,
+            kv_c_and_k_pe_cache[..., :lkv],
+            kv_c_and_k_pe_cache[..., lkv:],
             m.query_start_loc,
             m.seq_lens,
             m.block_table,
             m.max_query_len,
             m.max_seq_len,
             self.scale,
-            self.topk_indices_buffer[:n],
+            True,
             self.hetero_site,
+            self.topk_indices_buffer[:n],
         )
         return out, None
 

@@ -167,3 +167,16 @@ class _Models(dict):
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory) -> Runs:
     return Runs(_session_dir(tmp_path_factory, "runs"))
+
+
+@pytest.fixture
+def cpu_ref(monkeypatch):
+    """hetero-vllm in this process on cpu_ref, with a fresh op table and report (yielded)."""
+    from hetero_vllm import _backend, report
+
+    monkeypatch.setenv("HETERO_BACKEND", "cpu_ref")
+    _backend._tables.clear()
+    report.reset()
+    yield report
+    _backend._tables.clear()
+    report.reset()

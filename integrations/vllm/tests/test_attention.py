@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 
-from hetero_vllm import _backend, report
+from hetero_vllm import report
 from hetero_vllm.attention import HeteroAttentionImpl, HeteroAttentionMetadata
 
 HQ, HKV, D, BS, NB = 4, 2, 32, 16, 8
 WINDOW, SOFTCAP = 9, 20.0
-
-
-@pytest.fixture
-def cpu_ref(monkeypatch):
-    monkeypatch.setenv("HETERO_BACKEND", "cpu_ref")
-    _backend._tables.clear()
-    report.reset()
-    yield
-    _backend._tables.clear()
-    report.reset()
 
 
 def _reference(q, k, v, pos, scale, sinks):

@@ -20,7 +20,7 @@ import pytest
 import torch
 from _compare import assert_compiled, assert_routed
 
-from hetero_vllm import _backend, report
+from hetero_vllm import report
 
 TOP_K = 5
 DENSE = {
@@ -146,21 +146,15 @@ def test_block_fp8_experts_within_the_oracles_top_k(fp8, runs):
 
 
 @pytest.fixture
-def cpu_ref(monkeypatch):
+def fp8_cpu_ref(cpu_ref, monkeypatch):
     """cpu_ref in this process, and vLLM's fp8 method constructed outside an engine (float32 activations)."""
     import vllm.model_executor.layers.quantization.fp8 as vllm_fp8
 
     config = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.float32))
     monkeypatch.setattr(vllm_fp8, "get_current_vllm_config", lambda: config)
-    monkeypatch.setenv("HETERO_BACKEND", "cpu_ref")
-    _backend._tables.clear()
-    report.reset()
-    yield
-    _backend._tables.clear()
-    report.reset()
 
 
-def test_per_tensor_shard_scales_become_per_channel(cpu_ref):
+def test_per_tensor_shard_scales_become_per_channel(fp8_cpu_ref):
     """A fused q/k/v layer's three per-tensor scales act per output channel (no requantization to one scale);
     inputs are quantized per token."""
     import hetero

@@ -85,18 +85,6 @@ H, HV, K, V, W, SLOTS = 2, 4, 16, 16, 4, 4
 C = 2 * H * K + HV * V  # the conv channels: q | k | v
 
 
-@pytest.fixture
-def cpu_ref(monkeypatch):
-    from hetero_vllm import _backend, report
-
-    monkeypatch.setenv("HETERO_BACKEND", "cpu_ref")
-    _backend._tables.clear()
-    report.reset()
-    yield report
-    _backend._tables.clear()
-    report.reset()
-
-
 def _layer(dim_first: bool, packed: bool):
     """A stand-in for vLLM's layer: the attributes the op reads, vLLM's own q/k/v split, a NaN-filled cache."""
     from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention

@@ -5,22 +5,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 import torch.nn.functional as F
 from test_plugin import _python
 
-from hetero_vllm import _backend, report
-
-
-@pytest.fixture
-def cpu_ref(monkeypatch):
-    monkeypatch.setenv("HETERO_BACKEND", "cpu_ref")
-    _backend._tables.clear()
-    report.reset()
-    yield
-    _backend._tables.clear()
-    report.reset()
+from hetero_vllm import report
 
 
 def test_gemm_compiles_as_an_opaque_node_and_matches_linear(cpu_ref):

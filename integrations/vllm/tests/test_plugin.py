@@ -103,16 +103,6 @@ def test_report_merges_processes(tmp_path):
     assert report.read(path) == merged
 
 
-@pytest.fixture
-def cpu_ref(monkeypatch):
-    monkeypatch.setenv("HETERO_BACKEND", "cpu_ref")
-    _backend._tables.clear()
-    report.reset()
-    yield
-    _backend._tables.clear()
-    report.reset()
-
-
 def test_ops_compile_as_opaque_nodes(cpu_ref):
     """torch.compile(fullgraph=True) traces the hetero ops without entering hetero's Python, and they run."""
     from hetero_vllm import torch_ops  # noqa: F401
