@@ -2,7 +2,7 @@
 
 ``torch.utils.cpp_extension`` compiles every source into one module for the host CPU (about
 30 s, once per machine and source; kept in torch's extensions directory, named by a hash of the
-sources, the flags and the CPU). It holds the expert GEMM of ``_moe_native`` (a Python function)
+sources, the flags, the CPU and the Python environment). It holds the expert GEMM of ``_moe_native`` (a Python function)
 and the ``hetero_torch_native`` ops of ``_attention_native`` (``torch.ops``, so torch.compile
 calls them from its graphs). ``HETERO_TORCH_NATIVE=0`` turns it off; where it cannot be built
 (no C++ compiler or OpenMP) the callers warn once and keep torch's operators.
@@ -15,6 +15,7 @@ import functools
 import hashlib
 import os
 import platform
+import sys
 import warnings
 from pathlib import Path
 
@@ -68,7 +69,9 @@ def extension() -> tuple[object | None, str | None]:
     if not NATIVE:
         return None, "HETERO_TORCH_NATIVE=0"
     text = "".join(p.read_text() for p in [*_SOURCES, *sorted(_CSRC.glob("*.h"))])
-    tag = hashlib.sha256(f"{text}{_FLAGS}{_cpu_tag()}".encode()).hexdigest()[:12]
+    # sys.prefix: two venvs write different build files (include paths) into the same directory, so one
+    # sharing the extensions directory with another would rebuild in turn forever, a lock held all the while
+    tag = hashlib.sha256(f"{text}{_FLAGS}{_cpu_tag()}{sys.prefix}".encode()).hexdigest()[:12]
     try:
         from torch.utils.cpp_extension import load
 
