@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero_vllm import _backend, report, torch_ops  # noqa: F401  (torch_ops defines torch.ops.hetero.*)
+from hetero_vllm import report, torch_ops  # noqa: F401  (torch_ops defines torch.ops.hetero.*)
 from hetero_vllm._oot import AlwaysOn, dispatch_to, register_oot
 
 __all__ = [
@@ -132,18 +132,18 @@ def fused_moe_ep(
     rows, local_weights, local_ids = _local_pairs(expert_map, weights, ids)
     if rows.numel() == 0:  # no token of this batch chose this rank's experts: nothing for hetero to run
         return out
-    report.record(site, "fused_moe")
-    out[rows] = _backend.ops().fused_moe(
+    out[rows] = torch.ops.hetero.fused_moe(  # counts the call under ``site`` too
         x[rows],
         w13,
         w2,
         local_weights,
         local_ids,
-        activation=activation,
-        alpha=alpha,
-        limit=limit,
+        activation,
+        site,
         w13_bias=w13_bias,
         w2_bias=w2_bias,
+        alpha=alpha,
+        limit=limit,
         w13_scale=w13_scale,
         w2_scale=w2_scale,
         act_quant=act_quant,
